@@ -1,0 +1,1 @@
+//! linkerd-cni node agent library.

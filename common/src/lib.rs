@@ -1,0 +1,12 @@
+//! The contract between the linkerd-cni eBPF programs and the node agent: the `#[repr(C)]`
+//! structs stored in the maps, the map and program names, and the bpffs pin layout.
+//!
+//! Every struct here has no implicit padding (explicit `_pad` fields, `u32` flags instead of
+//! `bool`) and a size assertion, so the kernel and user sides can never disagree on layout.
+#![no_std]
+
+pub mod names;
+pub mod paths;
+pub mod types;
+
+pub use types::*;

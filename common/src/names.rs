@@ -1,0 +1,60 @@
+//! Program and map names as the kernel shows them (`bpftool prog show`, `bpftool map show`).
+//!
+//! The kernel keeps at most 15 characters of a name: every name here fits, and all start with
+//! `l5d_` so `bpftool prog show | grep l5d_` lists exactly this project's objects.
+
+/// `cgroup/connect4`: outbound IPv4 (and v4-mapped) redirection to the proxy.
+pub const PROG_CONNECT4: &str = "l5d_connect4";
+/// `cgroup/connect6`: outbound IPv6 redirection to the proxy.
+pub const PROG_CONNECT6: &str = "l5d_connect6";
+/// `sockops`: links a redirected socket to its 4-tuple and cleans up on close.
+pub const PROG_SOCKOPS: &str = "l5d_sockops";
+/// `cgroup/getsockopt`: answers `SO_ORIGINAL_DST` on the proxy's accepted sockets.
+pub const PROG_GETSOCKOPT: &str = "l5d_getsockopt";
+/// `cgroup/getpeername4`: the app sees the original destination as its peer.
+pub const PROG_GETPEERNAME4: &str = "l5d_getpeer4";
+/// `cgroup/getpeername6`: the same for IPv6 sockets.
+pub const PROG_GETPEERNAME6: &str = "l5d_getpeer6";
+
+/// Every program attached to a pod's cgroup, in attach order.
+pub const CGROUP_PROGRAMS: [&str; 6] = [
+    PROG_CONNECT4,
+    PROG_CONNECT6,
+    PROG_SOCKOPS,
+    PROG_GETSOCKOPT,
+    PROG_GETPEERNAME4,
+    PROG_GETPEERNAME6,
+];
+
+/// netns cookie → [`crate::PodConfig`]: which pods are meshed, and how.
+pub const MAP_POD_CONFIG: &str = "l5d_pod_config";
+/// [`crate::PortSetKey`] → [`crate::PortBlock`]: per-pod port sets (ignored ports), as bitmaps.
+pub const MAP_PORT_SETS: &str = "l5d_port_sets";
+/// LPM trie of [`crate::AddrKey`]: per-pod ignored subnets and the pod's own addresses.
+pub const MAP_ADDRS: &str = "l5d_addrs";
+/// socket cookie → [`crate::OrigDst`]: original destination of each redirected app socket.
+pub const MAP_SOCK_DST: &str = "l5d_sock_dst";
+/// [`crate::ConnKey`] → [`crate::OrigDst`]: original destination by the proxy-side 4-tuple.
+pub const MAP_CONN_DST: &str = "l5d_conn_dst";
+/// netns cookie → [`crate::PodStats`] (per CPU): live counters.
+pub const MAP_POD_STATS: &str = "l5d_pod_stats";
+
+/// Every map, as pinned under `paths::PIN_MAPS`.
+pub const MAPS: [&str; 6] = [
+    MAP_POD_CONFIG,
+    MAP_PORT_SETS,
+    MAP_ADDRS,
+    MAP_SOCK_DST,
+    MAP_CONN_DST,
+    MAP_POD_STATS,
+];
+
+/// Capacity of the pod config map: the most pods one node agent can mesh.
+pub const MAX_PODS: u32 = 4096;
+/// Capacity of the port-set map (a pod with every port ignored uses 256 blocks).
+pub const MAX_PORT_BLOCKS: u32 = 65536;
+/// Capacity of the subnet / own-address trie.
+pub const MAX_ADDRS: u32 = 65536;
+/// Capacity of the per-socket and per-connection original destination maps. They are cleaned
+/// on close and are LRU, so a leak can never fill them.
+pub const MAX_CONNS: u32 = 262144;

@@ -1,0 +1,30 @@
+//! Every filesystem location the project uses by default, in one place.
+//!
+//! bpffs layout under [`PIN_ROOT`]:
+//!
+//! ```text
+//! /sys/fs/bpf/linkerd-cni/
+//!   maps/<map name>            the maps (names in `names`), shared by every program generation
+//!   progs/<program name>       the programs new pods are attached to
+//!   pods/<pod id>/<program>    one pinned cgroup link per program, per pod (per-pod attach)
+//!   shared/<program>           links on the shared ancestor cgroup (fallback attach)
+//! ```
+
+/// bpffs mount point.
+pub const BPFFS: &str = "/sys/fs/bpf";
+/// Root of everything this project pins.
+pub const PIN_ROOT: &str = "/sys/fs/bpf/linkerd-cni";
+/// Under the pin root: maps.
+pub const PIN_MAPS: &str = "maps";
+/// Under the pin root: programs.
+pub const PIN_PROGS: &str = "progs";
+/// Under the pin root: per-pod link directories.
+pub const PIN_PODS: &str = "pods";
+/// Under the pin root: links of the shared (fallback) attachment.
+pub const PIN_SHARED: &str = "shared";
+
+/// The agent's registration socket (root-only).
+pub const AGENT_SOCKET: &str = "/run/linkerd-cni/agent.sock";
+/// The agent's registry of pods (one JSON file per pod). Lives in /run like the pins: both
+/// vanish at reboot, when every pod netns is gone too.
+pub const STATE_DIR: &str = "/run/linkerd-cni/pods";

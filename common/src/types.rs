@@ -1,0 +1,194 @@
+//! Map keys and values shared by kernel and user side.
+
+/// [`PodConfig::flags`]: sockets whose owner UID is `proxy_uid` are not redirected.
+pub const FLAG_EXEMPT_UID: u32 = 1 << 0;
+/// [`PodConfig::flags`]: sockets whose owner GID is `proxy_gid` are not redirected.
+pub const FLAG_EXEMPT_GID: u32 = 1 << 1;
+/// [`PodConfig::flags`]: redirect IPv6 destinations too (v4-mapped ones always are).
+pub const FLAG_IPV6: u32 = 1 << 2;
+/// [`PodConfig::flags`]: the pod has outbound ignored ports (skip the lookup otherwise).
+pub const FLAG_OUT_PORTS: u32 = 1 << 3;
+/// [`PodConfig::flags`]: the pod has outbound ignored subnets (skip the lookup otherwise).
+pub const FLAG_OUT_SUBNETS: u32 = 1 << 4;
+
+/// Per-pod redirection settings, keyed by the pod's netns cookie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodConfig {
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// Proxy UID, as the kernel reports it (host UID).
+    pub proxy_uid: u32,
+    /// Proxy GID (meaningful with [`FLAG_EXEMPT_GID`]).
+    pub proxy_gid: u32,
+    /// Outbound proxy port (host byte order), 4140 by default.
+    pub outbound_port: u16,
+    /// Inbound proxy port (host byte order), 4143 by default.
+    pub inbound_port: u16,
+}
+const _: () = assert!(core::mem::size_of::<PodConfig>() == 16);
+
+/// Which port set a [`PortSetKey`] belongs to.
+pub const PORT_SET_OUTBOUND_SKIP: u16 = 1;
+/// Inbound destination ports not redirected.
+pub const PORT_SET_INBOUND_SKIP: u16 = 2;
+/// Inbound destination ports redirected (when the list is non-empty).
+pub const PORT_SET_INBOUND_REDIRECT: u16 = 3;
+
+/// A block of 256 ports of one pod's port set: `block = port >> 8`.
+///
+/// A set is a sparse bitmap: lookup is one hash probe and a bit test whatever the number of
+/// ranges, and a set holding every port costs 256 entries.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortSetKey {
+    pub netns_cookie: u64,
+    /// `PORT_SET_*`.
+    pub set: u16,
+    /// `port >> 8`.
+    pub block: u16,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<PortSetKey>() == 16);
+
+impl PortSetKey {
+    pub const fn new(netns_cookie: u64, set: u16, port: u16) -> Self {
+        Self { netns_cookie, set, block: port >> 8, _pad: 0 }
+    }
+}
+
+/// 256 bits: bit `port & 0xff` set when the port is in the set.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortBlock {
+    pub bits: [u64; 4],
+}
+const _: () = assert!(core::mem::size_of::<PortBlock>() == 32);
+
+impl PortBlock {
+    #[inline(always)]
+    pub const fn contains(&self, port: u16) -> bool {
+        let low = (port & 0xff) as usize;
+        self.bits[low >> 6] & (1u64 << (low & 63)) != 0
+    }
+
+    #[inline(always)]
+    pub fn insert(&mut self, port: u16) {
+        let low = (port & 0xff) as usize;
+        self.bits[low >> 6] |= 1u64 << (low & 63);
+    }
+}
+
+/// Which address set an [`AddrKey`] belongs to.
+pub const ADDR_OUTBOUND_SKIP_SUBNET: u32 = 1;
+/// Sources whose inbound connections are not redirected (`subnets-to-ignore`).
+pub const ADDR_INBOUND_SKIP_SOURCE: u32 = 2;
+/// The pod's own addresses (never redirected: iptables sees them leave via `lo`).
+pub const ADDR_POD_IP: u32 = 3;
+
+/// The data part of an LPM trie key: pod, set, then the address as IPv6 (IPv4 as
+/// `::ffff:a.b.c.d`). The trie matches bits from the first byte on, so the prefix length of a
+/// stored entry is `ADDR_KEY_FIXED_BITS + prefix` (IPv4 prefixes add 96).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AddrKey {
+    pub netns_cookie: u64,
+    /// `ADDR_*`, big-endian so the trie orders it like any other prefix byte.
+    pub set_be: u32,
+    /// Network byte order, IPv4 as v4-mapped IPv6.
+    pub addr: [u8; 16],
+    /// Never matched: the longest prefix ends before it.
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<AddrKey>() == 32);
+
+/// Bits of [`AddrKey`] before the address: cookie and set always match exactly.
+pub const ADDR_KEY_FIXED_BITS: u32 = 96;
+/// Full prefix length of one exact IPv6 address.
+pub const ADDR_KEY_FULL_BITS: u32 = ADDR_KEY_FIXED_BITS + 128;
+
+/// An address family as stored in [`OrigDst::family`].
+pub const FAMILY_V4: u16 = 2;
+/// IPv6 (pure, not v4-mapped).
+pub const FAMILY_V6: u16 = 10;
+
+/// Where a redirected connection was originally going.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrigDst {
+    /// Network byte order words, as in `bpf_sock_addr.user_ip6`; IPv4 is v4-mapped
+    /// (`addr[3]` holds it) and `family` says [`FAMILY_V4`].
+    pub addr: [u32; 4],
+    /// Network byte order.
+    pub port_be: u16,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u16,
+}
+const _: () = assert!(core::mem::size_of::<OrigDst>() == 20);
+
+/// The app side of a redirected connection as the proxy sees it from its accepted socket:
+/// the peer (the app's local address and port) in the pod's netns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnKey {
+    pub netns_cookie: u64,
+    /// App socket's local address, network byte order words, IPv4 v4-mapped.
+    pub addr: [u32; 4],
+    /// App socket's local port, host byte order.
+    pub port: u32,
+    /// Proxy port the app was redirected to, host byte order.
+    pub proxy_port: u32,
+}
+const _: () = assert!(core::mem::size_of::<ConnKey>() == 32);
+
+/// Live per-pod counters (one copy per CPU; sum them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodStats {
+    /// Outbound connects rewritten to the proxy.
+    pub out_redirected: u64,
+    /// Outbound connects left alone: owned by the proxy UID/GID.
+    pub out_exempt_owner: u64,
+    /// Outbound connects left alone: ignored port or subnet, loopback, own address, IPv6 off.
+    pub out_skipped: u64,
+    /// `SO_ORIGINAL_DST` answered from our maps.
+    pub orig_dst_answered: u64,
+    /// `SO_ORIGINAL_DST` asked on a proxy socket we knew nothing about.
+    pub orig_dst_missed: u64,
+}
+const _: () = assert!(core::mem::size_of::<PodStats>() == 40);
+
+impl PodStats {
+    pub fn add(&mut self, other: &PodStats) {
+        self.out_redirected += other.out_redirected;
+        self.out_exempt_owner += other.out_exempt_owner;
+        self.out_skipped += other.out_skipped;
+        self.orig_dst_answered += other.orig_dst_answered;
+        self.orig_dst_missed += other.orig_dst_missed;
+    }
+}
+
+/// `::ffff:a.b.c.d` words for an IPv4 address in network byte order.
+#[inline(always)]
+pub const fn v4_mapped_words(ip4_be: u32) -> [u32; 4] {
+    [0, 0, 0xffff_u32.to_be(), ip4_be]
+}
+
+/// Whether the words (network order) are a v4-mapped IPv6 address.
+#[inline(always)]
+pub const fn is_v4_mapped(words: &[u32; 4]) -> bool {
+    words[0] == 0 && words[1] == 0 && words[2] == 0xffff_u32.to_be()
+}
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+    // SAFETY: all of these are `#[repr(C)]`, plain integers, with no padding (asserted above).
+    unsafe impl aya::Pod for PodConfig {}
+    unsafe impl aya::Pod for PortSetKey {}
+    unsafe impl aya::Pod for PortBlock {}
+    unsafe impl aya::Pod for AddrKey {}
+    unsafe impl aya::Pod for OrigDst {}
+    unsafe impl aya::Pod for ConnKey {}
+    unsafe impl aya::Pod for PodStats {}
+}

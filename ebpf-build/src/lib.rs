@@ -1,0 +1,132 @@
+//! Builds the eBPF object (`ebpf/`, target `bpfel-unknown-none`).
+//!
+//! Used by `cargo xtask build-ebpf` and by the agent's build script, so `cargo build` of the
+//! agent builds the object it embeds, or fails with one line naming the command to run.
+//!
+//! The rustup toolchains here have no `rust-src`, so the object is built with Debian's
+//! `rustc-web` (`/usr/bin/rustc`, which ships a prebuilt `core` for the BPF targets in
+//! `libstd-rust-web-dev-bpf`) and linked by `bpf-linker` built against the same LLVM.
+
+use std::{
+    env,
+    fmt,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// Package name of the eBPF crate.
+pub const EBPF_PACKAGE: &str = "linkerd-cni-ebpf";
+/// The BPF target (little endian: x86_64 and arm64 nodes).
+pub const TARGET: &str = "bpfel-unknown-none";
+/// Cargo profile for the object (see the workspace `Cargo.toml`).
+pub const PROFILE: &str = "bpf";
+/// Debian's rustc that can target BPF.
+pub const BPF_RUSTC: &str = "/usr/bin/rustc";
+/// Debian's cargo that goes with it.
+pub const BPF_CARGO: &str = "/usr/bin/cargo";
+/// Where Debian's prebuilt `core` for the target lives.
+pub const BPF_SYSROOT_LIB: &str = "/usr/lib/rustlib/bpfel-unknown-none/lib";
+
+/// The one-line fix printed whenever the toolchain is incomplete.
+pub const SETUP_HINT: &str = "run `cargo xtask setup` (installs the eBPF toolchain), then retry";
+
+/// Why the object could not be built.
+#[derive(Debug)]
+pub enum BuildError {
+    /// A piece of the toolchain is not installed.
+    ToolchainMissing { what: String },
+    /// The compiler ran and failed (its output went to stderr).
+    CompileFailed { status: String },
+    /// The compiler could not be started.
+    Spawn { program: String, error: std::io::Error },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ToolchainMissing { what } => {
+                write!(f, "eBPF toolchain incomplete: {what} is missing; {SETUP_HINT}")
+            }
+            Self::CompileFailed { status } => {
+                write!(f, "building the eBPF object failed ({status}); see the compiler output above")
+            }
+            Self::Spawn { program, error } => write!(f, "cannot run {program}: {error}; {SETUP_HINT}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Where the object lands for a workspace rooted at `workspace`.
+pub fn object_path(workspace: &Path) -> PathBuf {
+    target_dir(workspace).join(TARGET).join(PROFILE).join(EBPF_PACKAGE)
+}
+
+/// A target directory of its own, so this build never waits on the lock of the build that
+/// runs the agent's build script.
+fn target_dir(workspace: &Path) -> PathBuf {
+    workspace.join("target").join("ebpf")
+}
+
+/// Finds `bpf-linker` on `PATH` or in cargo's bin directory.
+pub fn find_bpf_linker() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = env::var_os("PATH").map(|p| env::split_paths(&p).collect()).unwrap_or_default();
+    if let Some(home) = env::var_os("CARGO_HOME") {
+        dirs.push(PathBuf::from(home).join("bin"));
+    }
+    if let Some(home) = env::var_os("HOME") {
+        dirs.push(PathBuf::from(home).join(".cargo/bin"));
+    }
+    dirs.into_iter().map(|d| d.join("bpf-linker")).find(|p| p.is_file())
+}
+
+/// Checks every piece of the toolchain, naming the first one missing.
+pub fn check_toolchain() -> Result<PathBuf, BuildError> {
+    for (path, what) in [
+        (BPF_RUSTC, "Debian's rustc-web (/usr/bin/rustc)"),
+        (BPF_CARGO, "Debian's cargo-web (/usr/bin/cargo)"),
+        (BPF_SYSROOT_LIB, "Debian's libstd-rust-web-dev-bpf (core for bpfel-unknown-none)"),
+    ] {
+        if !Path::new(path).exists() {
+            return Err(BuildError::ToolchainMissing { what: what.into() });
+        }
+    }
+    find_bpf_linker().ok_or_else(|| BuildError::ToolchainMissing { what: "bpf-linker".into() })
+}
+
+/// Builds the object (incrementally: a no-op when nothing changed) and returns its path.
+pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
+    let linker = check_toolchain()?;
+    let mut cmd = Command::new(BPF_CARGO);
+    // Start from a clean environment: a build script inherits the outer cargo's variables
+    // (RUSTC, RUSTFLAGS, CARGO_*), which would point this build at the wrong compiler.
+    cmd.env_clear();
+    for keep in ["PATH", "HOME", "CARGO_HOME", "TERM", "TMPDIR"] {
+        if let Some(v) = env::var_os(keep) {
+            cmd.env(keep, v);
+        }
+    }
+    cmd.current_dir(workspace)
+        .env("RUSTC", BPF_RUSTC)
+        // aya-ebpf enables `asm_experimental_arch`.
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", &linker)
+        .args(["build", "--package", EBPF_PACKAGE, "--target", TARGET, "--profile", PROFILE])
+        .arg("--target-dir")
+        .arg(target_dir(workspace));
+    let status = cmd
+        .status()
+        .map_err(|error| BuildError::Spawn { program: BPF_CARGO.into(), error })?;
+    if !status.success() {
+        return Err(BuildError::CompileFailed { status: status.to_string() });
+    }
+    Ok(object_path(workspace))
+}
+
+/// The sources whose change must rebuild the object (for `cargo:rerun-if-changed`).
+pub fn source_paths(workspace: &Path) -> Vec<PathBuf> {
+    ["ebpf/src", "ebpf/Cargo.toml", "common/src", "common/Cargo.toml", "Cargo.lock"]
+        .iter()
+        .map(|p| workspace.join(p))
+        .collect()
+}

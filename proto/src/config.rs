@@ -1,0 +1,299 @@
+//! The `linkerd` section of the conflist entry, as Linkerd's CNI plugin defines it, plus the
+//! eBPF mode's own keys.
+
+use std::{fmt, net::IpAddr, str::FromStr};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Default inbound proxy port.
+pub const DEFAULT_INBOUND_PORT: u16 = 4143;
+/// Default outbound proxy port.
+pub const DEFAULT_OUTBOUND_PORT: u16 = 4140;
+/// Default proxy UID.
+pub const DEFAULT_PROXY_UID: u32 = 2102;
+/// Inbound ports never redirected by default: the proxy's control and admin ports.
+pub const DEFAULT_INBOUND_PORTS_TO_IGNORE: [&str; 2] = ["4191", "4190"];
+
+/// A parse error in a port, range or CIDR.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ParseError {
+    /// Not a port number, or 0.
+    #[error("invalid port {0:?}: expected 1-65535")]
+    Port(String),
+    /// A range whose bounds are not ports or are reversed.
+    #[error("invalid port range {0:?}: expected \"N\" or \"LOW-HIGH\" with 1 <= LOW <= HIGH <= 65535")]
+    Range(String),
+    /// Not `ADDR/PREFIX` with a prefix that fits the address family.
+    #[error("invalid CIDR {0:?}: expected ADDR/PREFIX")]
+    Cidr(String),
+}
+
+/// An inclusive range of ports; a single port is `first == last`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    pub const fn single(port: u16) -> Self {
+        Self { first: port, last: port }
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        (self.first..=self.last).contains(&port)
+    }
+
+    pub fn ports(&self) -> impl Iterator<Item = u16> {
+        self.first..=self.last
+    }
+}
+
+fn parse_port(s: &str) -> Option<u16> {
+    s.trim().parse::<u16>().ok().filter(|p| *p != 0)
+}
+
+impl FromStr for PortRange {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        match s.split_once('-') {
+            None => parse_port(s).map(Self::single).ok_or_else(|| ParseError::Port(s.into())),
+            Some((a, b)) => match (parse_port(a), parse_port(b)) {
+                (Some(first), Some(last)) if first <= last => Ok(Self { first, last }),
+                _ => Err(ParseError::Range(s.into())),
+            },
+        }
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+impl Serialize for PortRange {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Accepts `"8080"`, `"9000-9100"` and, as some configs write them, bare integers.
+impl<'de> Deserialize<'de> for PortRange {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => u16::try_from(n)
+                .ok()
+                .filter(|p| *p != 0)
+                .map(PortRange::single)
+                .ok_or_else(|| serde::de::Error::custom(ParseError::Port(n.to_string()))),
+            Raw::Str(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses a comma-separated list of ports and ranges, as in `config.linkerd.io/skip-*-ports`.
+/// Empty items are ignored.
+pub fn parse_port_list(s: &str) -> Result<Vec<PortRange>, ParseError> {
+    s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect()
+}
+
+/// An IPv4 or IPv6 network, `ADDR/PREFIX` (a bare address is a host route).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    pub fn host(addr: IpAddr) -> Self {
+        let prefix = if addr.is_ipv4() { 32 } else { 128 };
+        Self { addr, prefix }
+    }
+
+    /// Whether `ip` is inside this network (same family only).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
+        let err = || ParseError::Cidr(s.into());
+        let (addr, prefix) = match s.trim().split_once('/') {
+            Some((a, p)) => (a.parse::<IpAddr>().map_err(|_| err())?, Some(p)),
+            None => (s.trim().parse::<IpAddr>().map_err(|_| err())?, None),
+        };
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(err)?,
+            None => max,
+        };
+        Ok(Self { addr, prefix })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl Serialize for Cidr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses a comma-separated list of CIDRs, as in `config.linkerd.io/skip-subnets`.
+pub fn parse_cidr_list(s: &str) -> Result<Vec<Cidr>, ParseError> {
+    s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect()
+}
+
+/// The `linkerd` section of the `linkerd-cni` conflist entry. Every key is optional; unknown
+/// keys are ignored (Linkerd adds keys over time). Defaults are Linkerd's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", default)]
+pub struct LinkerdConfig {
+    pub incoming_proxy_port: u16,
+    pub outgoing_proxy_port: u16,
+    /// 0 means no UID exemption.
+    pub proxy_uid: i64,
+    /// Negative means no GID exemption.
+    pub proxy_gid: i64,
+    /// Inbound only: when non-empty, only these destination ports are redirected.
+    pub ports_to_redirect: Vec<PortRange>,
+    pub inbound_ports_to_ignore: Vec<PortRange>,
+    pub outbound_ports_to_ignore: Vec<PortRange>,
+    /// Sources whose inbound connections are not redirected (Linkerd's meaning).
+    pub subnets_to_ignore: Vec<Cidr>,
+    /// eBPF mode: destinations whose outbound connections are not redirected.
+    pub outbound_subnets_to_ignore: Vec<Cidr>,
+    /// Log what would be done and change nothing.
+    pub simulate: bool,
+    /// iptables mode only; accepted and ignored.
+    pub use_wait_flag: bool,
+    /// iptables mode only; accepted and ignored.
+    pub iptables_mode: Option<String>,
+    pub ipv6: bool,
+    /// eBPF mode: the node agent's registration socket.
+    pub agent_socket: String,
+    /// eBPF mode: how long the plugin waits for the agent, in milliseconds.
+    pub agent_timeout_ms: u64,
+}
+
+impl Default for LinkerdConfig {
+    fn default() -> Self {
+        Self {
+            incoming_proxy_port: DEFAULT_INBOUND_PORT,
+            outgoing_proxy_port: DEFAULT_OUTBOUND_PORT,
+            proxy_uid: i64::from(DEFAULT_PROXY_UID),
+            proxy_gid: -1,
+            ports_to_redirect: Vec::new(),
+            inbound_ports_to_ignore: DEFAULT_INBOUND_PORTS_TO_IGNORE
+                .iter()
+                .filter_map(|p| p.parse().ok())
+                .collect(),
+            outbound_ports_to_ignore: Vec::new(),
+            subnets_to_ignore: Vec::new(),
+            outbound_subnets_to_ignore: Vec::new(),
+            simulate: false,
+            use_wait_flag: false,
+            iptables_mode: None,
+            ipv6: false,
+            agent_socket: linkerd_cni_common::paths::AGENT_SOCKET.to_string(),
+            agent_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl LinkerdConfig {
+    /// The proxy UID exemption, if any (`proxy-uid` 0 or absent in Linkerd means none).
+    pub fn proxy_uid(&self) -> Option<u32> {
+        u32::try_from(self.proxy_uid).ok().filter(|u| *u != 0)
+    }
+
+    /// The proxy GID exemption, if any (negative means none).
+    pub fn proxy_gid(&self) -> Option<u32> {
+        u32::try_from(self.proxy_gid).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_ranges() {
+        assert_eq!("8080".parse(), Ok(PortRange::single(8080)));
+        assert_eq!("9000-9100".parse(), Ok(PortRange { first: 9000, last: 9100 }));
+        assert!("0".parse::<PortRange>().is_err());
+        assert!("70000".parse::<PortRange>().is_err());
+        assert!("9100-9000".parse::<PortRange>().is_err());
+        assert!("a-b".parse::<PortRange>().is_err());
+        assert_eq!(
+            parse_port_list("25, 587,,9000-9001").unwrap(),
+            vec![PortRange::single(25), PortRange::single(587), PortRange { first: 9000, last: 9001 }]
+        );
+    }
+
+    #[test]
+    fn cidrs() {
+        let c: Cidr = "10.0.0.0/8".parse().unwrap();
+        assert!(c.contains("10.1.2.3".parse().unwrap()));
+        assert!(!c.contains("11.0.0.1".parse().unwrap()));
+        assert!(!c.contains("::1".parse().unwrap()));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("1.2.3.4".parse().unwrap()));
+        assert_eq!("fd00::1".parse::<Cidr>().unwrap().prefix, 128);
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("nope/8".parse::<Cidr>().is_err());
+    }
+
+    #[test]
+    fn linkerd_section_defaults_and_keys() {
+        let c: LinkerdConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(c, LinkerdConfig::default());
+        assert_eq!(c.proxy_uid(), Some(2102));
+        assert_eq!(c.proxy_gid(), None);
+        let c: LinkerdConfig = serde_json::from_str(
+            r#"{"incoming-proxy-port":1,"outgoing-proxy-port":2,"proxy-uid":0,"proxy-gid":7,
+                "ports-to-redirect":[8080],"inbound-ports-to-ignore":["4191","4190"],
+                "outbound-ports-to-ignore":["25","9000-9100"],"subnets-to-ignore":["10.0.0.0/8"],
+                "simulate":true,"use-wait-flag":true,"iptables-mode":"legacy","ipv6":true,
+                "some-future-key":1}"#,
+        )
+        .unwrap();
+        assert_eq!(c.proxy_uid(), None);
+        assert_eq!(c.proxy_gid(), Some(7));
+        assert_eq!(c.outbound_ports_to_ignore[1], PortRange { first: 9000, last: 9100 });
+        assert!(serde_json::from_str::<LinkerdConfig>(r#"{"proxy-uid":"x"}"#).is_err());
+    }
+}

@@ -1,0 +1,10 @@
+//! What the `linkerd-cni` plugin and the node agent say to each other.
+//!
+//! - [`config`]: the `linkerd` section of the CNI network config (Linkerd's keys, parsed and
+//!   validated once), ports, port ranges and CIDRs.
+//! - [`wire`]: the versioned request/response protocol over the agent's Unix socket.
+//!
+//! Kept free of async runtimes and TLS so the plugin binary stays small and starts fast.
+
+pub mod config;
+pub mod wire;

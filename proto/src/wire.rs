@@ -1,0 +1,221 @@
+//! The registration protocol between the plugin and the agent.
+//!
+//! One request per connection on the agent's Unix socket. Each message is a frame: a 4-byte
+//! big-endian length, then that many bytes of JSON. Every request carries
+//! [`PROTOCOL_VERSION`]; an agent answers a version it does not speak with
+//! [`ErrorKind::VersionMismatch`], so plugin and agent can be upgraded independently.
+
+use std::{
+    io::{self, Read, Write},
+    net::IpAddr,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::LinkerdConfig;
+
+/// The protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest frame either side accepts.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// A request with its protocol version.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub version: u32,
+    pub request: Request,
+}
+
+impl Envelope {
+    pub fn new(request: Request) -> Self {
+        Self { version: PROTOCOL_VERSION, request }
+    }
+}
+
+/// The Kubernetes identity of a pod, from `CNI_ARGS`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    /// `K8S_POD_UID`, when the runtime sends it (used to find the pod's cgroup).
+    pub uid: Option<String>,
+}
+
+/// What the plugin asks of the agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// CNI ADD: decide, then (maybe) redirect this pod.
+    Add(AddRequest),
+    /// CNI DEL: forget the attachment; idempotent, works without the netns.
+    Del(AttachmentRef),
+    /// CNI CHECK: fail unless the redirection decided at ADD is in force.
+    Check(AttachmentRef),
+    /// CNI GC: drop every registration not in `valid`.
+    Gc(GcRequest),
+    /// CNI STATUS: is the agent ready for ADDs.
+    Status,
+}
+
+/// A CNI attachment: the container id and interface name identify it (CNI spec).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentRef {
+    pub container_id: String,
+    pub ifname: String,
+    /// May be empty on DEL.
+    pub netns: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AddRequest {
+    pub attachment: AttachmentRef,
+    /// `None` when `CNI_ARGS` has no `K8S_POD_NAMESPACE`/`K8S_POD_NAME` (never sent: the plugin
+    /// passes such pods through itself; kept for completeness).
+    pub pod: PodRef,
+    /// `runtimeConfig.cgroupPath`, when the runtime sent it.
+    pub cgroup_path: Option<String>,
+    /// The pod's addresses from `prevResult`.
+    pub pod_ips: Vec<IpAddr>,
+    /// The `linkerd` section of the network config.
+    pub config: LinkerdConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GcRequest {
+    /// Attachments that are still valid (container id, ifname); every other is dropped.
+    pub valid: Vec<AttachmentRef>,
+}
+
+/// What the agent answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Added {
+        /// Whether the pod's traffic now goes through its proxy.
+        redirected: bool,
+        /// Why, in words, for the plugin's log.
+        reason: String,
+    },
+    Deleted {
+        /// Whether there was anything to delete.
+        existed: bool,
+    },
+    Checked {
+        redirected: bool,
+    },
+    Collected {
+        /// Container ids whose registration was dropped.
+        removed: Vec<String>,
+    },
+    Status {
+        programs_loaded: bool,
+        pods: usize,
+    },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+/// Why the agent refused a request. The plugin maps these to CNI error codes in one place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The agent does not speak the request's protocol version.
+    VersionMismatch,
+    /// The request itself is malformed.
+    BadRequest,
+    /// The netns or container does not exist (or is not a network namespace).
+    UnknownContainer,
+    /// The Kubernetes API failed or timed out (the runtime should retry).
+    KubernetesApi,
+    /// The agent cannot serve now (programs not loaded, shutting down).
+    Unavailable,
+    /// CHECK found the redirection decided at ADD not in force.
+    NotInForce,
+    /// Anything else (kernel refused, I/O).
+    Internal,
+}
+
+/// A frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The socket failed or timed out.
+    #[error("I/O: {0}")]
+    Io(#[from] io::Error),
+    /// The peer announced a frame over [`MAX_FRAME`].
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge(usize),
+    /// The frame is not the JSON we expect.
+    #[error("malformed message: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Serializes `msg` as one frame (length prefix included).
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let body = serde_json::to_vec(msg)?;
+    if body.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Length of the frame whose 4-byte header is `header`, checked against [`MAX_FRAME`].
+pub fn frame_len(header: [u8; 4]) -> Result<usize, FrameError> {
+    let len = u32::from_be_bytes(header) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    Ok(len)
+}
+
+/// Writes one frame (blocking).
+pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
+    w.write_all(&encode(msg)?)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Reads one frame (blocking).
+pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T, FrameError> {
+    let mut header = [0u8; 4];
+    r.read_exact(&mut header)?;
+    let mut body = vec![0u8; frame_len(header)?];
+    r.read_exact(&mut body)?;
+    Ok(serde_json::from_slice(&body)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let req = Envelope::new(Request::Add(AddRequest {
+            attachment: AttachmentRef {
+                container_id: "abc".into(),
+                ifname: "eth0".into(),
+                netns: "/var/run/netns/cni-1".into(),
+            },
+            pod: PodRef { namespace: "ns".into(), name: "p".into(), uid: Some("u".into()) },
+            cgroup_path: None,
+            pod_ips: vec!["10.0.0.5".parse().unwrap()],
+            config: LinkerdConfig::default(),
+        }));
+        let bytes = encode(&req).unwrap();
+        let back: Envelope = read_frame(&mut &bytes[..]).unwrap();
+        assert_eq!(back, req);
+    }
+
+    #[test]
+    fn oversized_frames_are_refused() {
+        let header = ((MAX_FRAME + 1) as u32).to_be_bytes();
+        assert!(matches!(frame_len(header), Err(FrameError::TooLarge(_))));
+        let mut bytes = header.to_vec();
+        bytes.extend_from_slice(b"{}");
+        assert!(matches!(read_frame::<Response>(&mut &bytes[..]), Err(FrameError::TooLarge(_))));
+    }
+}
