@@ -28,3 +28,16 @@ pub const AGENT_SOCKET: &str = "/run/linkerd-cni/agent.sock";
 /// The agent's registry of pods (one JSON file per pod). Lives in /run like the pins: both
 /// vanish at reboot, when every pod netns is gone too.
 pub const STATE_DIR: &str = "/run/linkerd-cni/pods";
+
+/// Host directory of CNI network configs (Linkerd's `DEST_CNI_NET_DIR` default).
+pub const CNI_NET_DIR: &str = "/etc/cni/net.d";
+/// Host directory of CNI plugin binaries (Linkerd's `DEST_CNI_BIN_DIR` default).
+pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
+/// Where the installer container sees the host's root (Linkerd's `CONTAINER_MOUNT_PREFIX`).
+pub const CONTAINER_MOUNT_PREFIX: &str = "/host";
+/// Directory inside the installer image holding the plugin binary (`CONTAINER_CNI_BIN_DIR`).
+pub const CONTAINER_CNI_BIN_DIR: &str = "/opt/cni/bin";
+/// File name of the plugin's kubeconfig, written into the CNI net dir (`KUBECONFIG_FILE_NAME`).
+pub const KUBECONFIG_FILE_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
+/// The pod's projected service-account volume (token, `ca.crt`, `namespace`).
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
