@@ -1,0 +1,253 @@
+//! The CNI verbs: from environment and stdin to the node agent and back to a result.
+//!
+//! Policy decisions, beyond the CNI spec:
+//! - ADD, DEL and CHECK without `K8S_POD_NAMESPACE`/`K8S_POD_NAME` in `CNI_ARGS` contact
+//!   nobody: ADD passes `prevResult` through (Linkerd's rule), so nothing was registered that
+//!   DEL would remove or CHECK would verify.
+//! - With `linkerd.simulate`, ADD, DEL, CHECK and GC log what they would do and change
+//!   nothing (ADD still prints the result). STATUS still asks the agent.
+//! - GC refuses a config without `cni.dev/valid-attachments` (or `cni.dev/attachments`)
+//!   rather than treating it as "nothing is valid" and unregistering every pod.
+
+use std::{io::Read, time::Duration};
+
+use linkerd_cni_proto::wire::{AddRequest, AttachmentRef, GcRequest, Request, Response};
+use serde_json::{Value, json};
+
+use crate::{
+    agent::AgentClient,
+    env::{self, Command, Env},
+    error::{AgentError, CniErrorBody, PluginError},
+    log::{Level, Logger},
+    netconf::{self, NetConf},
+    netns,
+    result::CniResult,
+    version::SpecVersion,
+};
+
+/// What the process prints on stdout and exits with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The result or error JSON (with a trailing newline), or empty.
+    pub stdout: String,
+    pub exit_code: i32,
+}
+
+/// Runs one invocation. `get` reads environment variables; logs go to `log` only.
+pub fn run(
+    get: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    agent: &dyn AgentClient,
+    log: &mut Logger,
+) -> Outcome {
+    let input = netconf::read_limited(stdin);
+    let reply_version =
+        input.as_ref().ok().and_then(|b| netconf::peek_version(b)).unwrap_or(SpecVersion::LATEST);
+    match execute(get, input, agent, log) {
+        Ok(Some(value)) => Outcome { stdout: format!("{value}\n"), exit_code: 0 },
+        Ok(None) => Outcome { stdout: String::new(), exit_code: 0 },
+        Err(err) => {
+            let body = CniErrorBody::new(&err, reply_version);
+            log.error(format_args!("code {}: {}: {}", body.code, body.msg, body.details));
+            // Serializing a struct of strings and an integer cannot fail.
+            let stdout = serde_json::to_string(&body).unwrap_or_default();
+            Outcome { stdout: format!("{stdout}\n"), exit_code: 1 }
+        }
+    }
+}
+
+fn execute(
+    get: &dyn Fn(&str) -> Option<String>,
+    input: Result<Vec<u8>, PluginError>,
+    agent: &dyn AgentClient,
+    log: &mut Logger,
+) -> Result<Option<Value>, PluginError> {
+    let command = env::command(get)?;
+    if command == Command::Version {
+        return Ok(Some(version_info(input.ok().as_deref())));
+    }
+    let input = input?;
+    let env = Env::load(command, get)?;
+    log.set_context(&env.container_id, env.args.pod_namespace.as_deref(), env.args.pod_name.as_deref());
+    let conf = NetConf::parse(&input)?;
+    log.set_level(Level::from_config(conf.log_level.as_deref()));
+    if conf.cni_version < command.since() {
+        return Err(PluginError::VerbTooNew { command, version: conf.cni_version, since: command.since() });
+    }
+    log.debug(format_args!(
+        "{command} cniVersion={} netns={:?} ifname={:?} network={:?} kubeconfig={:?} simulate={}",
+        conf.cni_version, env.netns, env.ifname, conf.name, conf.kubeconfig, conf.linkerd.simulate
+    ));
+    let ctx = Ctx { env: &env, conf: &conf, agent, log };
+    match command {
+        Command::Add => ctx.add().map(Some),
+        Command::Del => ctx.del().map(|()| None),
+        Command::Check => ctx.check().map(|()| None),
+        Command::Gc => ctx.gc().map(|()| None),
+        Command::Status => ctx.status().map(|()| None),
+        // Answered above, before reading the environment.
+        Command::Version => Ok(Some(version_info(Some(&input)))),
+    }
+}
+
+/// The VERSION answer: the request's version when it names a supported one, else the latest.
+/// VERSION never fails, so a runtime can always learn what the plugin speaks.
+pub fn version_info(input: Option<&[u8]>) -> Value {
+    let version = input.and_then(netconf::peek_version).unwrap_or(SpecVersion::LATEST);
+    json!({
+        "cniVersion": version.as_str(),
+        "supportedVersions": SpecVersion::ALL.map(SpecVersion::as_str),
+    })
+}
+
+struct Ctx<'a> {
+    env: &'a Env,
+    conf: &'a NetConf,
+    agent: &'a dyn AgentClient,
+    log: &'a mut Logger,
+}
+
+fn unexpected(socket: &str, want: &str, got: &Response) -> PluginError {
+    AgentError::Protocol { socket: socket.into(), detail: format!("expected {want}, got {got:?}") }.into()
+}
+
+impl Ctx<'_> {
+    fn attachment(&self) -> AttachmentRef {
+        AttachmentRef {
+            container_id: self.env.container_id.clone(),
+            ifname: self.env.ifname.clone(),
+            netns: self.env.netns.clone(),
+        }
+    }
+
+    fn call(&mut self, request: Request) -> Result<Response, AgentError> {
+        let socket = &self.conf.linkerd.agent_socket;
+        self.log.debug(format_args!("asking the node agent at {socket}: {request:?}"));
+        let timeout = Duration::from_millis(self.conf.linkerd.agent_timeout_ms);
+        let answer = self.agent.call(socket, timeout, request);
+        self.log.debug(format_args!("node agent answered: {answer:?}"));
+        answer
+    }
+
+    fn add(mut self) -> Result<Value, PluginError> {
+        let prev = self.conf.prev_result.as_ref().map(CniResult::parse).transpose()?;
+        let output = prev.clone().unwrap_or_default().to_json(self.conf.cni_version);
+        let Some(pod) = self.env.args.pod() else {
+            self.log.info(format_args!(
+                "no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, passing prevResult through"
+            ));
+            return Ok(output);
+        };
+        netns::check(&self.env.netns)?;
+        let pod_ips = prev.map(|r| r.pod_ips()).unwrap_or_default();
+        if pod_ips.is_empty() {
+            self.log.warn(format_args!("prevResult holds no pod IP; registering the pod without addresses"));
+        }
+        let request = AddRequest {
+            attachment: self.attachment(),
+            pod,
+            cgroup_path: self.conf.cgroup_path.clone(),
+            pod_ips,
+            config: self.conf.linkerd.clone(),
+        };
+        if self.conf.linkerd.simulate {
+            self.log.info(format_args!(
+                "simulate: would register with the node agent at {}: {request:?}",
+                self.conf.linkerd.agent_socket
+            ));
+            return Ok(output);
+        }
+        match self.call(Request::Add(request))? {
+            Response::Added { redirected, reason } => {
+                let verb = if redirected { "redirected through its proxy" } else { "not redirected" };
+                self.log.info(format_args!("pod {verb}: {reason}"));
+                Ok(output)
+            }
+            other => Err(unexpected(&self.conf.linkerd.agent_socket, "Added", &other)),
+        }
+    }
+
+    fn del(mut self) -> Result<(), PluginError> {
+        if self.env.args.pod().is_none() {
+            self.log.info(format_args!("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: nothing was registered"));
+            return Ok(());
+        }
+        let attachment = self.attachment();
+        if self.conf.linkerd.simulate {
+            self.log.info(format_args!("simulate: would unregister {attachment:?}"));
+            return Ok(());
+        }
+        match self.call(Request::Del(attachment))? {
+            Response::Deleted { existed } => {
+                self.log.info(format_args!("unregistered (was registered: {existed})"));
+                Ok(())
+            }
+            other => Err(unexpected(&self.conf.linkerd.agent_socket, "Deleted", &other)),
+        }
+    }
+
+    fn check(mut self) -> Result<(), PluginError> {
+        if let Some(prev) = &self.conf.prev_result {
+            CniResult::parse(prev)?;
+        }
+        if self.env.args.pod().is_none() {
+            self.log.debug(format_args!("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: nothing to check"));
+            return Ok(());
+        }
+        netns::check(&self.env.netns)?;
+        let attachment = self.attachment();
+        if self.conf.linkerd.simulate {
+            self.log.info(format_args!("simulate: would check {attachment:?}"));
+            return Ok(());
+        }
+        match self.call(Request::Check(attachment))? {
+            Response::Checked { redirected } => {
+                self.log.debug(format_args!("check passed (redirected: {redirected})"));
+                Ok(())
+            }
+            other => Err(unexpected(&self.conf.linkerd.agent_socket, "Checked", &other)),
+        }
+    }
+
+    fn gc(mut self) -> Result<(), PluginError> {
+        let valid = self.conf.valid_attachments.clone().ok_or_else(|| PluginError::InvalidConfig {
+            field: "cni.dev/valid-attachments".into(),
+            reason: "missing: GC needs the list of attachments to keep".into(),
+        })?;
+        if self.conf.linkerd.simulate {
+            self.log.info(format_args!("simulate: would drop every registration but {valid:?}"));
+            return Ok(());
+        }
+        match self.call(Request::Gc(GcRequest { valid }))? {
+            Response::Collected { removed } => {
+                self.log.info(format_args!("garbage-collected {} registration(s): {removed:?}", removed.len()));
+                Ok(())
+            }
+            other => Err(unexpected(&self.conf.linkerd.agent_socket, "Collected", &other)),
+        }
+    }
+
+    fn status(mut self) -> Result<(), PluginError> {
+        match self.call(Request::Status) {
+            Ok(Response::Status { programs_loaded: true, pods }) => {
+                self.log.debug(format_args!("ready: node agent serves {pods} pod(s)"));
+                Ok(())
+            }
+            Ok(Response::Status { programs_loaded: false, .. }) => Err(PluginError::NotAvailable {
+                reason: "the node agent has not loaded its eBPF programs".into(),
+                source: None,
+            }),
+            Ok(other) => Err(PluginError::NotAvailable {
+                reason: "the node agent answered STATUS with something else".into(),
+                source: Some(AgentError::Protocol {
+                    socket: self.conf.linkerd.agent_socket.clone(),
+                    detail: format!("expected Status, got {other:?}"),
+                }),
+            }),
+            Err(e) => Err(PluginError::NotAvailable {
+                reason: "the node agent did not answer STATUS".into(),
+                source: Some(e),
+            }),
+        }
+    }
+}

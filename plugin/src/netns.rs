@@ -1,0 +1,112 @@
+//! Checks that `CNI_NETNS` names a network namespace before anything is registered for it.
+//!
+//! A namespace file lives on nsfs (`statfs` magic `NSFS_MAGIC`), whether it is a bind mount
+//! under `/var/run/netns` or a `/proc/<pid>/ns/net` link; the `NS_GET_NSTYPE` ioctl then tells
+//! a network namespace from the other kinds.
+//!
+//! # Minimum kernel version
+//! `NS_GET_NSTYPE` needs Linux 4.11; on older kernels any nsfs file is accepted.
+
+use std::{
+    fs::File,
+    io,
+    os::{fd::AsRawFd, unix::fs::FileTypeExt},
+};
+
+use crate::error::PluginError;
+
+/// `NSFS_MAGIC` from `linux/magic.h`.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+/// `NS_GET_NSTYPE` from `linux/nsfs.h`: `_IO(0xb7, 0x3)`.
+const NS_GET_NSTYPE: u64 = 0xb703;
+
+/// Succeeds when `path` is a network namespace; says precisely what it is otherwise.
+pub fn check(path: &str) -> Result<(), PluginError> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(PluginError::NetnsMissing { path: path.into() });
+        }
+        Err(source) => return Err(PluginError::Io { what: format!("opening network namespace {path:?}"), source }),
+    };
+    let fd = file.as_raw_fd();
+    let io_err = |what: &str, source| PluginError::Io { what: format!("{what} {path:?}"), source };
+
+    // SAFETY: `statfs` is plain data for which all-zero bytes are a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open for the duration of the call (owned by `file`) and `st` is a valid,
+    // writable `statfs`.
+    if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
+        return Err(io_err("inspecting", io::Error::last_os_error()));
+    }
+    #[allow(clippy::unnecessary_cast, reason = "f_type's width differs between libcs")]
+    let magic = st.f_type as i64;
+    if magic != NSFS_MAGIC {
+        let meta = file.metadata().map_err(|e| io_err("inspecting", e))?;
+        let ft = meta.file_type();
+        let what = if ft.is_dir() {
+            "a directory".to_string()
+        } else if ft.is_file() {
+            "a regular file".to_string()
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device".to_string()
+        } else if ft.is_fifo() || ft.is_socket() {
+            "a pipe or socket".to_string()
+        } else {
+            format!("a file on a filesystem with magic {magic:#x}")
+        };
+        return Err(PluginError::NotANetns { path: path.into(), what });
+    }
+
+    // SAFETY: `fd` is open (owned by `file`); NS_GET_NSTYPE takes no argument and returns the
+    // namespace type or -1.
+    let kind = unsafe { libc::ioctl(fd, NS_GET_NSTYPE as _) };
+    if kind == -1 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            // Kernel before 4.11: the file is on nsfs, that is all we can know.
+            Some(libc::ENOTTY | libc::EINVAL) => Ok(()),
+            _ => Err(io_err("querying the namespace type of", e)),
+        };
+    }
+    if kind != libc::CLONE_NEWNET {
+        let name = match kind {
+            libc::CLONE_NEWNS => "mount",
+            libc::CLONE_NEWUTS => "uts",
+            libc::CLONE_NEWIPC => "ipc",
+            libc::CLONE_NEWUSER => "user",
+            libc::CLONE_NEWPID => "pid",
+            libc::CLONE_NEWCGROUP => "cgroup",
+            _ => "other",
+        };
+        return Err(PluginError::NotANetns { path: path.into(), what: format!("a {name} namespace") });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::cni_code;
+
+    #[test]
+    fn classifies_paths() {
+        // No root needed: these exist for every process.
+        check("/proc/self/ns/net").unwrap_or_else(|e| panic!("own netns: {e}"));
+        let exe = std::env::current_exe().expect("test binary path");
+        let exe = exe.to_str().expect("utf-8 path");
+        let table = [
+            ("/nonexistent/netns/cni-0000", "not found"),
+            ("/", "a directory"),
+            (exe, "a regular file"),
+            ("/dev/null", "a device"),
+            ("/proc/self/ns/mnt", "a mount namespace"),
+            ("/proc/self/ns/uts", "a uts namespace"),
+        ];
+        for (path, what) in table {
+            let err = check(path).expect_err(path);
+            assert_eq!(cni_code(&err), 3, "{path}: {err}");
+            assert!(err.to_string().contains(what), "{path}: {err} should say {what}");
+        }
+    }
+}
