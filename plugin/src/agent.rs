@@ -18,7 +18,12 @@ use crate::error::AgentError;
 pub trait AgentClient {
     /// Sends `request` to the agent listening on `socket`, giving up after `timeout`. An
     /// agent `Error` answer comes back as [`AgentError::Refused`].
-    fn call(&self, socket: &str, timeout: Duration, request: Request) -> Result<Response, AgentError>;
+    fn call(
+        &self,
+        socket: &str,
+        timeout: Duration,
+        request: Request,
+    ) -> Result<Response, AgentError>;
 }
 
 /// The real client.
@@ -26,25 +31,53 @@ pub trait AgentClient {
 pub struct UnixAgent;
 
 impl AgentClient for UnixAgent {
-    fn call(&self, socket: &str, timeout: Duration, request: Request) -> Result<Response, AgentError> {
+    fn call(
+        &self,
+        socket: &str,
+        timeout: Duration,
+        request: Request,
+    ) -> Result<Response, AgentError> {
         let deadline = Instant::now() + timeout;
         let timed_out = || AgentError::Timeout {
             socket: socket.into(),
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         };
-        let mut stream = connect(socket, timeout).ok_or_else(timed_out)?.map_err(|source| {
-            AgentError::Unreachable { socket: socket.into(), source }
-        })?;
-        let remaining = || deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero());
+        let mut stream = connect(socket, timeout)
+            .ok_or_else(timed_out)?
+            .map_err(|source| AgentError::Unreachable {
+                socket: socket.into(),
+                source,
+            })?;
+        let remaining = || {
+            deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+        };
 
         let frame_err = |e: FrameError| match e {
-            FrameError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            FrameError::Io(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 timed_out()
             }
-            FrameError::Io(source) => AgentError::Connection { socket: socket.into(), source },
-            other => AgentError::Protocol { socket: socket.into(), detail: other.to_string() },
+            FrameError::Io(source) => AgentError::Connection {
+                socket: socket.into(),
+                source,
+            },
+            other => AgentError::Protocol {
+                socket: socket.into(),
+                detail: other.to_string(),
+            },
         };
-        let set = |r: io::Result<()>| r.map_err(|source| AgentError::Connection { socket: socket.into(), source });
+        let set = |r: io::Result<()>| {
+            r.map_err(|source| AgentError::Connection {
+                socket: socket.into(),
+                source,
+            })
+        };
 
         set(stream.set_write_timeout(Some(remaining().ok_or_else(timed_out)?)))?;
         wire::write_frame(&mut stream, &Envelope::new(request)).map_err(frame_err)?;
@@ -62,10 +95,12 @@ impl AgentClient for UnixAgent {
 fn connect(socket: &str, timeout: Duration) -> Option<io::Result<UnixStream>> {
     let (tx, rx) = mpsc::channel();
     let path = socket.to_string();
-    let spawned = thread::Builder::new().name("agent-connect".into()).spawn(move || {
-        // The receiver may be gone after a timeout; nothing to do then.
-        let _ = tx.send(UnixStream::connect(path));
-    });
+    let spawned = thread::Builder::new()
+        .name("agent-connect".into())
+        .spawn(move || {
+            // The receiver may be gone after a timeout; nothing to do then.
+            let _ = tx.send(UnixStream::connect(path));
+        });
     if let Err(e) = spawned {
         return Some(Err(e));
     }
@@ -81,7 +116,10 @@ mod tests {
     use super::*;
 
     fn socket_path(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("linkerd-cni-agent-test-{}-{name}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "linkerd-cni-agent-test-{}-{name}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
         dir.join("agent.sock")
@@ -105,16 +143,39 @@ mod tests {
     fn round_trip_and_refusal() {
         let path = socket_path("rt");
         let sock = path.to_str().expect("utf-8");
-        let server = serve_once(&path, Some(Response::Status { programs_loaded: true, pods: 3 }));
-        let got = UnixAgent.call(sock, Duration::from_secs(5), Request::Status).expect("status");
-        assert_eq!(got, Response::Status { programs_loaded: true, pods: 3 });
+        let server = serve_once(
+            &path,
+            Some(Response::Status {
+                programs_loaded: true,
+                pods: 3,
+            }),
+        );
+        let got = UnixAgent
+            .call(sock, Duration::from_secs(5), Request::Status)
+            .expect("status");
+        assert_eq!(
+            got,
+            Response::Status {
+                programs_loaded: true,
+                pods: 3
+            }
+        );
         let seen = server.join().expect("server thread");
         assert_eq!(seen, Envelope::new(Request::Status));
 
         std::fs::remove_file(&path).expect("rm socket");
-        let server = serve_once(&path, Some(Response::Error { kind: ErrorKind::Internal, message: "boom".into() }));
+        let server = serve_once(
+            &path,
+            Some(Response::Error {
+                kind: ErrorKind::Internal,
+                message: "boom".into(),
+            }),
+        );
         match UnixAgent.call(sock, Duration::from_secs(5), Request::Status) {
-            Err(AgentError::Refused { kind: ErrorKind::Internal, message }) => assert_eq!(message, "boom"),
+            Err(AgentError::Refused {
+                kind: ErrorKind::Internal,
+                message,
+            }) => assert_eq!(message, "boom"),
             other => panic!("expected Refused, got {other:?}"),
         }
         server.join().expect("server thread");
@@ -125,16 +186,24 @@ mod tests {
         let path = socket_path("fail");
         let sock = path.to_str().expect("utf-8");
         match UnixAgent.call(sock, Duration::from_secs(1), Request::Status) {
-            Err(AgentError::Unreachable { source, .. }) => assert_eq!(source.kind(), io::ErrorKind::NotFound),
+            Err(AgentError::Unreachable { source, .. }) => {
+                assert_eq!(source.kind(), io::ErrorKind::NotFound)
+            }
             other => panic!("expected Unreachable, got {other:?}"),
         }
         let server = serve_once(&path, None);
         let start = Instant::now();
         match UnixAgent.call(sock, Duration::from_millis(200), Request::Status) {
-            Err(AgentError::Timeout { timeout_ms: 200, .. }) => {}
+            Err(AgentError::Timeout {
+                timeout_ms: 200, ..
+            }) => {}
             other => panic!("expected Timeout, got {other:?}"),
         }
-        assert!(start.elapsed() < Duration::from_millis(550), "took {:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_millis(550),
+            "took {:?}",
+            start.elapsed()
+        );
         server.join().expect("server thread");
     }
 }

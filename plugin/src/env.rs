@@ -19,8 +19,14 @@ pub enum Command {
 
 impl Command {
     /// Every verb.
-    pub const ALL: [Command; 6] =
-        [Command::Add, Command::Del, Command::Check, Command::Version, Command::Gc, Command::Status];
+    pub const ALL: [Command; 6] = [
+        Command::Add,
+        Command::Del,
+        Command::Check,
+        Command::Version,
+        Command::Gc,
+        Command::Status,
+    ];
 
     /// Parses `CNI_COMMAND` (upper case, as the spec writes it).
     pub fn parse(s: &str) -> Option<Self> {
@@ -78,7 +84,10 @@ impl CniArgs {
     /// Parses `K=V;K=V`. Keys come in any order. A key this plugin does not know is an error
     /// unless `IgnoreUnknown` is true (`1`, `true`, `True`), wherever it appears in the list.
     pub fn parse(s: &str) -> Result<Self, PluginError> {
-        let invalid = |reason: String| PluginError::InvalidEnv { var: "CNI_ARGS", reason };
+        let invalid = |reason: String| PluginError::InvalidEnv {
+            var: "CNI_ARGS",
+            reason,
+        };
         let mut args = CniArgs::default();
         let mut ignore_unknown = false;
         let mut unknown = Vec::new();
@@ -93,7 +102,9 @@ impl CniArgs {
                         Some("1" | "true" | "True") => true,
                         Some("0" | "false" | "False") | None => false,
                         Some(other) => {
-                            return Err(invalid(format!("IgnoreUnknown={other:?} is not a boolean")));
+                            return Err(invalid(format!(
+                                "IgnoreUnknown={other:?} is not a boolean"
+                            )));
                         }
                     }
                 }
@@ -105,7 +116,9 @@ impl CniArgs {
             }
         }
         if !ignore_unknown && let Some(key) = unknown.first() {
-            return Err(invalid(format!("unknown key {key:?} (and IgnoreUnknown is not set)")));
+            return Err(invalid(format!(
+                "unknown key {key:?} (and IgnoreUnknown is not set)"
+            )));
         }
         Ok(args)
     }
@@ -138,23 +151,34 @@ pub struct Env {
 pub fn command(get: &dyn Fn(&str) -> Option<String>) -> Result<Command, PluginError> {
     let raw = get("CNI_COMMAND").unwrap_or_default();
     if raw.is_empty() {
-        return Err(PluginError::InvalidEnv { var: "CNI_COMMAND", reason: "not set".into() });
+        return Err(PluginError::InvalidEnv {
+            var: "CNI_COMMAND",
+            reason: "not set".into(),
+        });
     }
     Command::parse(&raw).ok_or_else(|| PluginError::InvalidEnv {
         var: "CNI_COMMAND",
-        reason: format!("unknown command {raw:?} (expected ADD, DEL, CHECK, VERSION, GC or STATUS)"),
+        reason: format!(
+            "unknown command {raw:?} (expected ADD, DEL, CHECK, VERSION, GC or STATUS)"
+        ),
     })
 }
 
 impl Env {
     /// Reads and validates every variable `command` needs, through `get` (the process
     /// environment in production, a table in tests).
-    pub fn load(command: Command, get: &dyn Fn(&str) -> Option<String>) -> Result<Self, PluginError> {
+    pub fn load(
+        command: Command,
+        get: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, PluginError> {
         let get = |var: &str| get(var).filter(|v| !v.is_empty());
         let required = |var: &'static str, needed: bool| -> Result<String, PluginError> {
             match get(var) {
                 Some(v) => Ok(v),
-                None if needed => Err(PluginError::InvalidEnv { var, reason: "not set".into() }),
+                None if needed => Err(PluginError::InvalidEnv {
+                    var,
+                    reason: "not set".into(),
+                }),
                 None => Ok(String::new()),
             }
         };
@@ -170,9 +194,19 @@ impl Env {
         let args = CniArgs::parse(&get("CNI_ARGS").unwrap_or_default())?;
         let path = get("CNI_PATH");
         if command == Command::Gc && path.is_none() {
-            return Err(PluginError::InvalidEnv { var: "CNI_PATH", reason: "not set (required for GC)".into() });
+            return Err(PluginError::InvalidEnv {
+                var: "CNI_PATH",
+                reason: "not set (required for GC)".into(),
+            });
         }
-        Ok(Self { command, container_id, netns, ifname, args, path })
+        Ok(Self {
+            command,
+            container_id,
+            netns,
+            ifname,
+            args,
+            path,
+        })
     }
 }
 
@@ -185,7 +219,9 @@ fn validate_container_id(id: &str) -> Result<(), PluginError> {
     } else {
         Err(PluginError::InvalidEnv {
             var: "CNI_CONTAINERID",
-            reason: format!("{id:?} must start with a letter or digit and hold only letters, digits, '_', '.', '-'"),
+            reason: format!(
+                "{id:?} must start with a letter or digit and hold only letters, digits, '_', '.', '-'"
+            ),
         })
     }
 }
@@ -196,7 +232,9 @@ fn validate_ifname(name: &str) -> Result<(), PluginError> {
     let bad = name.len() > 15
         || name == "."
         || name == ".."
-        || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+        || name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace());
     if bad {
         Err(PluginError::InvalidEnv {
             var: "CNI_IFNAME",
@@ -215,8 +253,10 @@ mod tests {
     use crate::error::cni_code;
 
     fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
@@ -240,9 +280,17 @@ mod tests {
         for shift in 0..items.len() {
             let mut v = items.to_vec();
             v.rotate_left(shift);
-            assert_eq!(CniArgs::parse(&v.join(";")).expect("parses"), want, "order {v:?}");
+            assert_eq!(
+                CniArgs::parse(&v.join(";")).expect("parses"),
+                want,
+                "order {v:?}"
+            );
             v.reverse();
-            assert_eq!(CniArgs::parse(&v.join(";")).expect("parses"), want, "order {v:?}");
+            assert_eq!(
+                CniArgs::parse(&v.join(";")).expect("parses"),
+                want,
+                "order {v:?}"
+            );
         }
     }
 
@@ -256,7 +304,10 @@ mod tests {
             ("K8S_POD_NAME=p;K8S_POD_NAMESPACE=n;", Some(("n", "p"))),
             (";;K8S_POD_NAMESPACE=n;K8S_POD_NAME=p", Some(("n", "p"))),
             ("K8S_POD_NAMESPACE=;K8S_POD_NAME=p", None),
-            ("IgnoreUnknown=True;X=1;K8S_POD_NAMESPACE=n;K8S_POD_NAME=p", Some(("n", "p"))),
+            (
+                "IgnoreUnknown=True;X=1;K8S_POD_NAMESPACE=n;K8S_POD_NAME=p",
+                Some(("n", "p")),
+            ),
         ];
         for (s, pod) in ok {
             let args = CniArgs::parse(s).unwrap_or_else(|e| panic!("{s:?}: {e}"));
@@ -264,24 +315,53 @@ mod tests {
             let want = pod.map(|(n, p)| (n.to_string(), p.to_string()));
             assert_eq!(got, want, "pod of {s:?}");
         }
-        for bad in ["X=1", "IgnoreUnknown=0;X=1", "K8S_POD_NAME", "IgnoreUnknown=maybe"] {
+        for bad in [
+            "X=1",
+            "IgnoreUnknown=0;X=1",
+            "K8S_POD_NAME",
+            "IgnoreUnknown=maybe",
+        ] {
             let err = CniArgs::parse(bad).expect_err(bad);
             assert_eq!(cni_code(&err), 4, "{bad:?}: {err}");
-            assert!(err.to_string().contains("CNI_ARGS"), "names the variable: {err}");
+            assert!(
+                err.to_string().contains("CNI_ARGS"),
+                "names the variable: {err}"
+            );
         }
     }
 
     #[test]
     fn command_parsing() {
         for c in Command::ALL {
-            assert_eq!(command(&lookup(&[("CNI_COMMAND", c.as_str())])).expect("parses"), c);
+            assert_eq!(
+                command(&lookup(&[("CNI_COMMAND", c.as_str())])).expect("parses"),
+                c
+            );
         }
         for bad in ["", "add", "FOO"] {
             let err = command(&lookup(&[("CNI_COMMAND", bad)])).expect_err(bad);
-            assert!(matches!(err, PluginError::InvalidEnv { var: "CNI_COMMAND", .. }), "{err}");
+            assert!(
+                matches!(
+                    err,
+                    PluginError::InvalidEnv {
+                        var: "CNI_COMMAND",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
         }
         let err = command(&lookup(&[])).expect_err("unset");
-        assert!(matches!(err, PluginError::InvalidEnv { var: "CNI_COMMAND", .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                PluginError::InvalidEnv {
+                    var: "CNI_COMMAND",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -294,14 +374,21 @@ mod tests {
         ];
         // (verb, variables whose absence is an error)
         let table: &[(Command, &[&str])] = &[
-            (Command::Add, &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"]),
-            (Command::Check, &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"]),
+            (
+                Command::Add,
+                &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"],
+            ),
+            (
+                Command::Check,
+                &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"],
+            ),
             (Command::Del, &["CNI_CONTAINERID", "CNI_IFNAME"]),
             (Command::Gc, &["CNI_PATH"]),
             (Command::Status, &[]),
         ];
         for (cmd, needed) in table {
-            Env::load(*cmd, &lookup(&full)).unwrap_or_else(|e| panic!("{cmd} with everything: {e}"));
+            Env::load(*cmd, &lookup(&full))
+                .unwrap_or_else(|e| panic!("{cmd} with everything: {e}"));
             for (var, _) in full {
                 let rest: Vec<_> = full.iter().copied().filter(|(k, _)| *k != var).collect();
                 let res = Env::load(*cmd, &lookup(&rest));
@@ -319,7 +406,11 @@ mod tests {
 
     #[test]
     fn malformed_ids_and_names() {
-        let base = [("CNI_NETNS", "/n"), ("CNI_CONTAINERID", "abc"), ("CNI_IFNAME", "eth0")];
+        let base = [
+            ("CNI_NETNS", "/n"),
+            ("CNI_CONTAINERID", "abc"),
+            ("CNI_IFNAME", "eth0"),
+        ];
         for (var, value) in [
             ("CNI_CONTAINERID", "-abc"),
             ("CNI_CONTAINERID", "a/b"),

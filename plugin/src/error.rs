@@ -31,7 +31,11 @@ pub enum PluginError {
     UnsupportedVersion { version: String, supported: String },
     /// The verb exists only from a later spec version than the config's.
     #[error("{command} needs CNI spec version {since} or later, the network config says {version}")]
-    VerbTooNew { command: Command, version: SpecVersion, since: SpecVersion },
+    VerbTooNew {
+        command: Command,
+        version: SpecVersion,
+        since: SpecVersion,
+    },
     /// The network config uses a field this plugin cannot honour.
     #[error("unsupported field {field} in network config: {reason}")]
     UnsupportedField { field: String, reason: String },
@@ -123,7 +127,9 @@ pub fn cni_code(err: &PluginError) -> u32 {
             AgentError::Refused { kind, .. } => match kind {
                 ErrorKind::UnknownContainer => 3,
                 ErrorKind::BadRequest => 7,
-                ErrorKind::KubernetesApi | ErrorKind::Unavailable | ErrorKind::VersionMismatch => 11,
+                ErrorKind::KubernetesApi | ErrorKind::Unavailable | ErrorKind::VersionMismatch => {
+                    11
+                }
                 ErrorKind::NotInForce => 100,
                 ErrorKind::Internal => 101,
             },
@@ -159,7 +165,12 @@ impl CniErrorBody {
                     .into(),
             );
         }
-        Self { cni_version: version.as_str(), code, msg: err.to_string(), details: causes.join(": ") }
+        Self {
+            cni_version: version.as_str(),
+            code,
+            msg: err.to_string(),
+            details: causes.join(": "),
+        }
     }
 }
 
@@ -168,16 +179,25 @@ mod tests {
     use super::*;
 
     fn agent(kind: ErrorKind) -> PluginError {
-        PluginError::Agent(AgentError::Refused { kind, message: "m".into() })
+        PluginError::Agent(AgentError::Refused {
+            kind,
+            message: "m".into(),
+        })
     }
 
     #[test]
     fn every_error_has_its_code() {
         let io = || io::Error::from(io::ErrorKind::NotFound);
-        let json = || serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let json = || serde_json::from_str::<serde_json::Value>("{").expect_err("broken JSON");
         let s = || "x".to_string();
         let table: Vec<(PluginError, u32)> = vec![
-            (PluginError::UnsupportedVersion { version: s(), supported: s() }, 1),
+            (
+                PluginError::UnsupportedVersion {
+                    version: s(),
+                    supported: s(),
+                },
+                1,
+            ),
             (
                 PluginError::VerbTooNew {
                     command: Command::Check,
@@ -186,19 +206,83 @@ mod tests {
                 },
                 1,
             ),
-            (PluginError::UnsupportedField { field: s(), reason: s() }, 2),
+            (
+                PluginError::UnsupportedField {
+                    field: s(),
+                    reason: s(),
+                },
+                2,
+            ),
             (PluginError::NetnsMissing { path: s() }, 3),
-            (PluginError::NotANetns { path: s(), what: s() }, 3),
-            (PluginError::InvalidEnv { var: "CNI_IFNAME", reason: s() }, 4),
-            (PluginError::Io { what: s(), source: io() }, 5),
+            (
+                PluginError::NotANetns {
+                    path: s(),
+                    what: s(),
+                },
+                3,
+            ),
+            (
+                PluginError::InvalidEnv {
+                    var: "CNI_IFNAME",
+                    reason: s(),
+                },
+                4,
+            ),
+            (
+                PluginError::Io {
+                    what: s(),
+                    source: io(),
+                },
+                5,
+            ),
             (PluginError::Decode { source: json() }, 6),
             (PluginError::ConfigTooLarge { limit: 1 }, 6),
-            (PluginError::InvalidConfig { field: s(), reason: s() }, 7),
-            (PluginError::NotAvailable { reason: s(), source: None }, 50),
-            (AgentError::Unreachable { socket: s(), source: io() }.into(), 11),
-            (AgentError::Timeout { socket: s(), timeout_ms: 1 }.into(), 11),
-            (AgentError::Connection { socket: s(), source: io() }.into(), 11),
-            (AgentError::Protocol { socket: s(), detail: s() }.into(), 102),
+            (
+                PluginError::InvalidConfig {
+                    field: s(),
+                    reason: s(),
+                },
+                7,
+            ),
+            (
+                PluginError::NotAvailable {
+                    reason: s(),
+                    source: None,
+                },
+                50,
+            ),
+            (
+                AgentError::Unreachable {
+                    socket: s(),
+                    source: io(),
+                }
+                .into(),
+                11,
+            ),
+            (
+                AgentError::Timeout {
+                    socket: s(),
+                    timeout_ms: 1,
+                }
+                .into(),
+                11,
+            ),
+            (
+                AgentError::Connection {
+                    socket: s(),
+                    source: io(),
+                }
+                .into(),
+                11,
+            ),
+            (
+                AgentError::Protocol {
+                    socket: s(),
+                    detail: s(),
+                }
+                .into(),
+                102,
+            ),
             (agent(ErrorKind::UnknownContainer), 3),
             (agent(ErrorKind::BadRequest), 7),
             (agent(ErrorKind::KubernetesApi), 11),
@@ -222,9 +306,17 @@ mod tests {
         let json = serde_json::to_value(&body).expect("serializes");
         assert_eq!(json["cniVersion"], "0.4.0");
         assert_eq!(json["code"], 11);
-        assert!(json["msg"].as_str().is_some_and(|m| m.contains("/run/a.sock")), "{json}");
+        assert!(
+            json["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("/run/a.sock")),
+            "{json}"
+        );
         let details = json["details"].as_str().unwrap_or_default();
-        assert!(details.starts_with("connection refused"), "cause first: {details}");
+        assert!(
+            details.starts_with("connection refused"),
+            "cause first: {details}"
+        );
         assert!(details.contains("DaemonSet"), "hint present: {details}");
     }
 }

@@ -28,9 +28,17 @@ use std::io::Write;
 pub fn run_process() -> i32 {
     let mut log = log::Logger::stderr();
     let get = |var: &str| std::env::var_os(var).map(|v| v.to_string_lossy().into_owned());
-    let outcome = cmd::run(&get, &mut std::io::stdin().lock(), &agent::UnixAgent, &mut log);
+    let outcome = cmd::run(
+        &get,
+        &mut std::io::stdin().lock(),
+        &agent::UnixAgent,
+        &mut log,
+    );
     let mut stdout = std::io::stdout().lock();
-    if let Err(e) = stdout.write_all(outcome.stdout.as_bytes()).and_then(|()| stdout.flush()) {
+    if let Err(e) = stdout
+        .write_all(outcome.stdout.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         log.error(format_args!("writing the result to stdout: {e}"));
         return 1;
     }

@@ -46,7 +46,13 @@ pub struct Logger {
 impl Logger {
     /// A logger at warn level (until the config says otherwise) writing to `sink`.
     pub fn new(sink: Box<dyn Write>) -> Self {
-        Self { level: Level::Warn, container: "-".into(), namespace: "-".into(), pod: "-".into(), sink }
+        Self {
+            level: Level::Warn,
+            container: "-".into(),
+            namespace: "-".into(),
+            pod: "-".into(),
+            sink,
+        }
     }
 
     /// The process's stderr.
@@ -120,7 +126,10 @@ pub(crate) mod tests {
 
     impl Write for Captured {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().expect("log buffer lock").extend_from_slice(buf);
+            self.0
+                .lock()
+                .expect("log buffer lock")
+                .extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> io::Result<()> {

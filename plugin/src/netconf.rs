@@ -40,9 +40,14 @@ pub fn read_limited(input: &mut dyn Read) -> Result<Vec<u8>, PluginError> {
     input
         .take(MAX_CONFIG_BYTES as u64 + 1)
         .read_to_end(&mut buf)
-        .map_err(|source| PluginError::Io { what: "reading the network config from stdin".into(), source })?;
+        .map_err(|source| PluginError::Io {
+            what: "reading the network config from stdin".into(),
+            source,
+        })?;
     if buf.len() > MAX_CONFIG_BYTES {
-        return Err(PluginError::ConfigTooLarge { limit: MAX_CONFIG_BYTES });
+        return Err(PluginError::ConfigTooLarge {
+            limit: MAX_CONFIG_BYTES,
+        });
     }
     Ok(buf)
 }
@@ -60,18 +65,30 @@ pub fn peek_version(bytes: &[u8]) -> Option<SpecVersion> {
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> PluginError {
-    PluginError::InvalidConfig { field: field.into(), reason: reason.into() }
-}
-
-/// `obj[key]` as a `T`; absent and `null` are `None`, a wrong type is an error naming `path`.
-fn opt<T: DeserializeOwned>(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<T>, PluginError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => T::deserialize(v).map(Some).map_err(|e| invalid(path, e.to_string())),
+    PluginError::InvalidConfig {
+        field: field.into(),
+        reason: reason.into(),
     }
 }
 
-fn object<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a Map<String, Value>>, PluginError> {
+/// `obj[key]` as a `T`; absent and `null` are `None`, a wrong type is an error naming `path`.
+fn opt<T: DeserializeOwned>(
+    obj: &Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<T>, PluginError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| invalid(path, e.to_string())),
+    }
+}
+
+fn object<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a Map<String, Value>>, PluginError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(o)) => Ok(Some(o)),
@@ -100,13 +117,21 @@ fn validate_linkerd(cfg: LinkerdConfig) -> Result<LinkerdConfig, PluginError> {
         return Err(invalid("linkerd.agent-socket", "must not be empty"));
     }
     if cfg.agent_timeout_ms == 0 {
-        return Err(invalid("linkerd.agent-timeout-ms", "must be greater than 0"));
+        return Err(invalid(
+            "linkerd.agent-timeout-ms",
+            "must be greater than 0",
+        ));
     }
     Ok(cfg)
 }
 
-fn attachments(obj: &Map<String, Value>, key: &str) -> Result<Option<Vec<AttachmentRef>>, PluginError> {
-    let Some(value) = obj.get(key) else { return Ok(None) };
+fn attachments(
+    obj: &Map<String, Value>,
+    key: &str,
+) -> Result<Option<Vec<AttachmentRef>>, PluginError> {
+    let Some(value) = obj.get(key) else {
+        return Ok(None);
+    };
     let items = match value {
         Value::Null => return Ok(Some(Vec::new())),
         Value::Array(items) => items,
@@ -117,10 +142,20 @@ fn attachments(obj: &Map<String, Value>, key: &str) -> Result<Option<Vec<Attachm
         .enumerate()
         .map(|(i, item)| {
             let field = |k: &str| format!("{key}[{i}].{k}");
-            let get = |k: &str| item.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
-            let container_id = get("containerID").ok_or_else(|| invalid(field("containerID"), "missing or not a string"))?;
-            let ifname = get("ifname").ok_or_else(|| invalid(field("ifname"), "missing or not a string"))?;
-            Ok(AttachmentRef { container_id: container_id.into(), ifname: ifname.into(), netns: String::new() })
+            let get = |k: &str| {
+                item.get(k)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+            };
+            let container_id = get("containerID")
+                .ok_or_else(|| invalid(field("containerID"), "missing or not a string"))?;
+            let ifname =
+                get("ifname").ok_or_else(|| invalid(field("ifname"), "missing or not a string"))?;
+            Ok(AttachmentRef {
+                container_id: container_id.into(),
+                ifname: ifname.into(),
+                netns: String::new(),
+            })
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
@@ -129,16 +164,18 @@ fn attachments(obj: &Map<String, Value>, key: &str) -> Result<Option<Vec<Attachm
 impl NetConf {
     /// Decodes and validates a network config.
     pub fn parse(bytes: &[u8]) -> Result<Self, PluginError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|source| PluginError::Decode { source })?;
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|source| PluginError::Decode { source })?;
         let Value::Object(obj) = value else {
             return Err(invalid("(top level)", "expected a JSON object"));
         };
-        let version: String =
-            opt(&obj, "cniVersion", "cniVersion")?.ok_or_else(|| invalid("cniVersion", "missing"))?;
-        let cni_version = SpecVersion::parse(&version).ok_or_else(|| PluginError::UnsupportedVersion {
-            version: version.clone(),
-            supported: SpecVersion::supported_list(),
-        })?;
+        let version: String = opt(&obj, "cniVersion", "cniVersion")?
+            .ok_or_else(|| invalid("cniVersion", "missing"))?;
+        let cni_version =
+            SpecVersion::parse(&version).ok_or_else(|| PluginError::UnsupportedVersion {
+                version: version.clone(),
+                supported: SpecVersion::supported_list(),
+            })?;
         let kubeconfig = match object(&obj, "kubernetes")? {
             Some(k) => opt(k, "kubeconfig", "kubernetes.kubeconfig")?,
             None => None,
@@ -198,7 +235,10 @@ mod tests {
         assert_eq!(nc.cni_version, SpecVersion::V0_3_1);
         assert_eq!(nc.name.as_deref(), Some("k8s-pod-network"));
         assert_eq!(nc.log_level.as_deref(), Some("debug"));
-        assert_eq!(nc.kubeconfig.as_deref(), Some("/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"));
+        assert_eq!(
+            nc.kubeconfig.as_deref(),
+            Some("/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig")
+        );
         assert_eq!(nc.linkerd.proxy_gid(), Some(2103));
         assert_eq!(nc.linkerd.ports_to_redirect.len(), 2);
         assert_eq!(nc.linkerd.agent_socket, "/tmp/a.sock");
@@ -211,23 +251,37 @@ mod tests {
 
     #[test]
     fn minimal_config_gets_linkerd_defaults() {
-        let nc = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni"}"#).expect("parses");
+        let nc = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni"}"#)
+            .expect("parses");
         assert_eq!(nc.linkerd, LinkerdConfig::default());
         assert_eq!(nc.prev_result, None);
     }
 
     #[test]
     fn gc_attachments_new_and_old_keys() {
-        let att = |c: &str| AttachmentRef { container_id: c.into(), ifname: "eth0".into(), netns: String::new() };
-        for (key, other) in [("cni.dev/valid-attachments", None), ("cni.dev/attachments", None), ("cni.dev/valid-attachments", Some("cni.dev/attachments"))] {
+        let att = |c: &str| AttachmentRef {
+            container_id: c.into(),
+            ifname: "eth0".into(),
+            netns: String::new(),
+        };
+        for (key, other) in [
+            ("cni.dev/valid-attachments", None),
+            ("cni.dev/attachments", None),
+            ("cni.dev/valid-attachments", Some("cni.dev/attachments")),
+        ] {
             let mut conf = json!({"cniVersion": "1.1.0", key: [{"containerID": "a", "ifname": "eth0"}, {"containerID": "b", "ifname": "eth0"}]});
             if let Some(other) = other {
                 conf[other] = json!([{"containerID": "old", "ifname": "eth0"}]);
             }
             let nc = NetConf::parse(conf.to_string().as_bytes()).expect("parses");
-            assert_eq!(nc.valid_attachments, Some(vec![att("a"), att("b")]), "{conf}");
+            assert_eq!(
+                nc.valid_attachments,
+                Some(vec![att("a"), att("b")]),
+                "{conf}"
+            );
         }
-        let nc = NetConf::parse(br#"{"cniVersion":"1.1.0","cni.dev/valid-attachments":null}"#).expect("parses");
+        let nc = NetConf::parse(br#"{"cniVersion":"1.1.0","cni.dev/valid-attachments":null}"#)
+            .expect("parses");
         assert_eq!(nc.valid_attachments, Some(vec![]));
     }
 
@@ -243,30 +297,80 @@ mod tests {
             (r#"{"cniVersion":"0.2.0"}"#, 1, "0.2.0"),
             (r#"{"cniVersion":"9.9.9"}"#, 1, "9.9.9"),
             (r#"{"cniVersion":"1.0.0","linkerd":"x"}"#, 7, "linkerd"),
-            (r#"{"cniVersion":"1.0.0","linkerd":{"proxy-uid":"x"}}"#, 7, "linkerd.proxy-uid"),
-            (r#"{"cniVersion":"1.0.0","linkerd":{"simulate":"yes","ipv6":false}}"#, 7, "linkerd.simulate"),
-            (r#"{"cniVersion":"1.0.0","linkerd":{"inbound-ports-to-ignore":["0"]}}"#, 7, "linkerd.inbound-ports-to-ignore"),
-            (r#"{"cniVersion":"1.0.0","linkerd":{"subnets-to-ignore":["nope"]}}"#, 7, "linkerd.subnets-to-ignore"),
-            (r#"{"cniVersion":"1.0.0","linkerd":{"agent-timeout-ms":0}}"#, 7, "linkerd.agent-timeout-ms"),
-            (r#"{"cniVersion":"1.0.0","linkerd":{"agent-socket":""}}"#, 7, "linkerd.agent-socket"),
+            (
+                r#"{"cniVersion":"1.0.0","linkerd":{"proxy-uid":"x"}}"#,
+                7,
+                "linkerd.proxy-uid",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","linkerd":{"simulate":"yes","ipv6":false}}"#,
+                7,
+                "linkerd.simulate",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","linkerd":{"inbound-ports-to-ignore":["0"]}}"#,
+                7,
+                "linkerd.inbound-ports-to-ignore",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","linkerd":{"subnets-to-ignore":["nope"]}}"#,
+                7,
+                "linkerd.subnets-to-ignore",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","linkerd":{"agent-timeout-ms":0}}"#,
+                7,
+                "linkerd.agent-timeout-ms",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","linkerd":{"agent-socket":""}}"#,
+                7,
+                "linkerd.agent-socket",
+            ),
             (r#"{"cniVersion":"1.0.0","log_level":3}"#, 7, "log_level"),
-            (r#"{"cniVersion":"1.0.0","kubernetes":{"kubeconfig":1}}"#, 7, "kubernetes.kubeconfig"),
-            (r#"{"cniVersion":"1.0.0","runtimeConfig":{"cgroupPath":[]}}"#, 7, "runtimeConfig.cgroupPath"),
-            (r#"{"cniVersion":"1.0.0","runtimeConfig":5}"#, 7, "runtimeConfig"),
-            (r#"{"cniVersion":"1.1.0","cni.dev/valid-attachments":[{"ifname":"eth0"}]}"#, 7, "containerID"),
-            (r#"{"cniVersion":"1.1.0","cni.dev/attachments":"x"}"#, 7, "cni.dev/attachments"),
+            (
+                r#"{"cniVersion":"1.0.0","kubernetes":{"kubeconfig":1}}"#,
+                7,
+                "kubernetes.kubeconfig",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","runtimeConfig":{"cgroupPath":[]}}"#,
+                7,
+                "runtimeConfig.cgroupPath",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","runtimeConfig":5}"#,
+                7,
+                "runtimeConfig",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","cni.dev/valid-attachments":[{"ifname":"eth0"}]}"#,
+                7,
+                "containerID",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","cni.dev/attachments":"x"}"#,
+                7,
+                "cni.dev/attachments",
+            ),
         ];
         for (input, code, needle) in table {
             let err = NetConf::parse(input.as_bytes()).expect_err(input);
             assert_eq!(cni_code(&err), *code, "{input}: {err}");
-            assert!(err.to_string().contains(needle), "{input}: {err:?} should mention {needle}");
+            assert!(
+                err.to_string().contains(needle),
+                "{input}: {err:?} should mention {needle}"
+            );
         }
     }
 
     #[test]
     fn stdin_size_limit() {
         let ok = vec![b' '; MAX_CONFIG_BYTES];
-        assert_eq!(read_limited(&mut &ok[..]).expect("at the limit").len(), MAX_CONFIG_BYTES);
+        assert_eq!(
+            read_limited(&mut &ok[..]).expect("at the limit").len(),
+            MAX_CONFIG_BYTES
+        );
         let big = vec![b' '; MAX_CONFIG_BYTES + 1];
         let err = read_limited(&mut &big[..]).expect_err("over the limit");
         assert_eq!(cni_code(&err), 6, "{err}");
@@ -274,7 +378,10 @@ mod tests {
 
     #[test]
     fn peek_only_supported_versions() {
-        assert_eq!(peek_version(br#"{"cniVersion":"0.4.0","x":1}"#), Some(SpecVersion::V0_4_0));
+        assert_eq!(
+            peek_version(br#"{"cniVersion":"0.4.0","x":1}"#),
+            Some(SpecVersion::V0_4_0)
+        );
         assert_eq!(peek_version(br#"{"cniVersion":"0.2.0"}"#), None);
         assert_eq!(peek_version(b"{"), None);
     }

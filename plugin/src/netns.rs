@@ -27,10 +27,18 @@ pub fn check(path: &str) -> Result<(), PluginError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(PluginError::NetnsMissing { path: path.into() });
         }
-        Err(source) => return Err(PluginError::Io { what: format!("opening network namespace {path:?}"), source }),
+        Err(source) => {
+            return Err(PluginError::Io {
+                what: format!("opening network namespace {path:?}"),
+                source,
+            });
+        }
     };
     let fd = file.as_raw_fd();
-    let io_err = |what: &str, source| PluginError::Io { what: format!("{what} {path:?}"), source };
+    let io_err = |what: &str, source| PluginError::Io {
+        what: format!("{what} {path:?}"),
+        source,
+    };
 
     // SAFETY: `statfs` is plain data for which all-zero bytes are a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
@@ -39,7 +47,10 @@ pub fn check(path: &str) -> Result<(), PluginError> {
     if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
         return Err(io_err("inspecting", io::Error::last_os_error()));
     }
-    #[allow(clippy::unnecessary_cast, reason = "f_type's width differs between libcs")]
+    #[allow(
+        clippy::unnecessary_cast,
+        reason = "f_type's width differs between libcs"
+    )]
     let magic = st.f_type as i64;
     if magic != NSFS_MAGIC {
         let meta = file.metadata().map_err(|e| io_err("inspecting", e))?;
@@ -55,7 +66,10 @@ pub fn check(path: &str) -> Result<(), PluginError> {
         } else {
             format!("a file on a filesystem with magic {magic:#x}")
         };
-        return Err(PluginError::NotANetns { path: path.into(), what });
+        return Err(PluginError::NotANetns {
+            path: path.into(),
+            what,
+        });
     }
 
     // SAFETY: `fd` is open (owned by `file`); NS_GET_NSTYPE takes no argument and returns the
@@ -79,7 +93,10 @@ pub fn check(path: &str) -> Result<(), PluginError> {
             libc::CLONE_NEWCGROUP => "cgroup",
             _ => "other",
         };
-        return Err(PluginError::NotANetns { path: path.into(), what: format!("a {name} namespace") });
+        return Err(PluginError::NotANetns {
+            path: path.into(),
+            what: format!("a {name} namespace"),
+        });
     }
     Ok(())
 }
@@ -106,7 +123,10 @@ mod tests {
         for (path, what) in table {
             let err = check(path).expect_err(path);
             assert_eq!(cni_code(&err), 3, "{path}: {err}");
-            assert!(err.to_string().contains(what), "{path}: {err} should say {what}");
+            assert!(
+                err.to_string().contains(what),
+                "{path}: {err} should say {what}"
+            );
         }
     }
 }

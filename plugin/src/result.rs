@@ -37,7 +37,10 @@ pub struct CniResult {
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> PluginError {
-    PluginError::InvalidConfig { field: field.into(), reason: reason.into() }
+    PluginError::InvalidConfig {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 fn objects(obj: &Map<String, Value>, key: &str) -> Result<Vec<Value>, PluginError> {
@@ -45,7 +48,10 @@ fn objects(obj: &Map<String, Value>, key: &str) -> Result<Vec<Value>, PluginErro
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => {
             if let Some(i) = items.iter().position(|v| !v.is_object()) {
-                return Err(invalid(format!("prevResult.{key}[{i}]"), "expected an object"));
+                return Err(invalid(
+                    format!("prevResult.{key}[{i}]"),
+                    "expected an object",
+                ));
             }
             Ok(items.clone())
         }
@@ -63,7 +69,9 @@ fn parse_cidr_address(s: &str) -> Option<IpAddr> {
 
 fn parse_ip(i: usize, v: &Value) -> Result<IpConfig, PluginError> {
     let field = |k: &str| format!("prevResult.ips[{i}].{k}");
-    let obj = v.as_object().ok_or_else(|| invalid(format!("prevResult.ips[{i}]"), "expected an object"))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| invalid(format!("prevResult.ips[{i}]"), "expected an object"))?;
     let address = obj
         .get("address")
         .and_then(Value::as_str)
@@ -77,10 +85,18 @@ fn parse_ip(i: usize, v: &Value) -> Result<IpConfig, PluginError> {
             let family_ok = match ver.as_str() {
                 "4" => ip.is_ipv4(),
                 "6" => ip.is_ipv6(),
-                _ => return Err(invalid(field("version"), format!("{ver:?} is not \"4\" or \"6\""))),
+                _ => {
+                    return Err(invalid(
+                        field("version"),
+                        format!("{ver:?} is not \"4\" or \"6\""),
+                    ));
+                }
             };
             if !family_ok {
-                return Err(invalid(field("version"), format!("{ver:?} does not match {address}")));
+                return Err(invalid(
+                    field("version"),
+                    format!("{ver:?} does not match {address}"),
+                ));
             }
         }
         Some(_) => return Err(invalid(field("version"), "expected \"4\" or \"6\"")),
@@ -92,15 +108,25 @@ fn parse_ip(i: usize, v: &Value) -> Result<IpConfig, PluginError> {
     };
     let interface = match obj.get("interface") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| invalid(field("interface"), "expected an index"))?),
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or_else(|| invalid(field("interface"), "expected an index"))?,
+        ),
     };
-    Ok(IpConfig { address, ip, gateway, interface })
+    Ok(IpConfig {
+        address,
+        ip,
+        gateway,
+        interface,
+    })
 }
 
 impl CniResult {
     /// Reads a `prevResult` in any supported format (with or without `ips[].version`).
     pub fn parse(value: &Value) -> Result<Self, PluginError> {
-        let obj = value.as_object().ok_or_else(|| invalid("prevResult", "expected an object"))?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| invalid("prevResult", "expected an object"))?;
         for old in ["ip4", "ip6"] {
             if obj.contains_key(old) {
                 return Err(PluginError::UnsupportedField {
@@ -111,9 +137,11 @@ impl CniResult {
         }
         let ips = match obj.get("ips") {
             None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(items)) => {
-                items.iter().enumerate().map(|(i, v)| parse_ip(i, v)).collect::<Result<_, _>>()?
-            }
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| parse_ip(i, v))
+                .collect::<Result<_, _>>()?,
             Some(_) => return Err(invalid("prevResult.ips", "expected an array")),
         };
         let dns = match obj.get("dns") {
@@ -121,7 +149,12 @@ impl CniResult {
             Some(v @ Value::Object(_)) => Some(v.clone()),
             Some(_) => return Err(invalid("prevResult.dns", "expected an object")),
         };
-        Ok(Self { interfaces: objects(obj, "interfaces")?, ips, routes: objects(obj, "routes")?, dns })
+        Ok(Self {
+            interfaces: objects(obj, "interfaces")?,
+            ips,
+            routes: objects(obj, "routes")?,
+            dns,
+        })
     }
 
     /// The result in spec version `version`: empty lists are left out, IPs get `version` in
@@ -154,9 +187,11 @@ impl CniResult {
             .ips
             .iter()
             .map(|ip| Ip {
-                version: version
-                    .ip_version_field()
-                    .then_some(if ip.ip.is_ipv4() { "4" } else { "6" }),
+                version: version.ip_version_field().then_some(if ip.ip.is_ipv4() {
+                    "4"
+                } else {
+                    "6"
+                }),
                 address: &ip.address,
                 gateway: ip.gateway.as_deref(),
                 interface: ip.interface,
@@ -178,12 +213,19 @@ impl CniResult {
     /// set), IPs on host-side interfaces (bridge, host veth) are left out; otherwise every IP
     /// counts.
     pub fn pod_ips(&self) -> Vec<IpAddr> {
-        let in_sandbox = |i: &Value| i.get("sandbox").and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+        let in_sandbox = |i: &Value| {
+            i.get("sandbox")
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+        };
         let any_sandbox = self.interfaces.iter().any(in_sandbox);
         self.ips
             .iter()
             .filter(|ip| {
-                let iface = ip.interface.and_then(|i| usize::try_from(i).ok()).and_then(|i| self.interfaces.get(i));
+                let iface = ip
+                    .interface
+                    .and_then(|i| usize::try_from(i).ok())
+                    .and_then(|i| self.interfaces.get(i));
                 match iface {
                     Some(iface) if any_sandbox => in_sandbox(iface),
                     _ => true,
@@ -240,10 +282,18 @@ mod tests {
     #[test]
     fn converts_between_every_pair_of_versions() {
         for from in SpecVersion::ALL {
-            let input = if from.ip_version_field() { bridge_0x(from.as_str()) } else { bridge_1x(from.as_str()) };
+            let input = if from.ip_version_field() {
+                bridge_0x(from.as_str())
+            } else {
+                bridge_1x(from.as_str())
+            };
             let parsed = CniResult::parse(&input).unwrap_or_else(|e| panic!("parse {from}: {e}"));
             for to in SpecVersion::ALL {
-                let golden = if to.ip_version_field() { bridge_0x(to.as_str()) } else { bridge_1x(to.as_str()) };
+                let golden = if to.ip_version_field() {
+                    bridge_0x(to.as_str())
+                } else {
+                    bridge_1x(to.as_str())
+                };
                 assert_eq!(parsed.to_json(to), golden, "{from} -> {to}");
             }
         }
@@ -258,7 +308,9 @@ mod tests {
             "routes": [{"dst": "10.1.0.0/16", "gw": "10.0.0.1", "mtu": 1400, "advmss": 1360,
                         "priority": 5, "table": 100, "scope": 0}]
         });
-        let out = CniResult::parse(&input).expect("parses").to_json(SpecVersion::V0_4_0);
+        let out = CniResult::parse(&input)
+            .expect("parses")
+            .to_json(SpecVersion::V0_4_0);
         assert_eq!(
             out,
             json!({
@@ -274,7 +326,11 @@ mod tests {
     #[test]
     fn empty_result_is_minimal() {
         for v in SpecVersion::ALL {
-            assert_eq!(CniResult::default().to_json(v), json!({"cniVersion": v.as_str()}), "{v}");
+            assert_eq!(
+                CniResult::default().to_json(v),
+                json!({"cniVersion": v.as_str()}),
+                "{v}"
+            );
             let parsed = CniResult::parse(&json!({"cniVersion": v.as_str()})).expect("parses");
             assert_eq!(parsed, CniResult::default());
         }
@@ -283,8 +339,19 @@ mod tests {
     #[test]
     fn pod_ips_skip_host_side_interfaces() {
         let mut r = CniResult::parse(&bridge_0x("0.4.0")).expect("parses");
-        r.ips.push(IpConfig { address: "10.22.0.1/16".into(), ip: "10.22.0.1".parse().expect("ip"), gateway: None, interface: Some(0) });
-        assert_eq!(r.pod_ips(), ["10.22.0.5".parse::<IpAddr>().expect("ip"), "fd00:22::5".parse().expect("ip")]);
+        r.ips.push(IpConfig {
+            address: "10.22.0.1/16".into(),
+            ip: "10.22.0.1".parse().expect("ip"),
+            gateway: None,
+            interface: Some(0),
+        });
+        assert_eq!(
+            r.pod_ips(),
+            [
+                "10.22.0.5".parse::<IpAddr>().expect("ip"),
+                "fd00:22::5".parse().expect("ip")
+            ]
+        );
         // No sandbox anywhere (some plugins only list the host veth): every IP is the pod's.
         let calico_like = json!({"interfaces": [{"name": "cali1"}], "ips": [{"address": "192.168.1.7/32", "interface": 0}]});
         let r = CniResult::parse(&calico_like).expect("parses");
@@ -296,13 +363,41 @@ mod tests {
         let table = [
             (json!([]), 7, "prevResult"),
             (json!({"ips": {}}), 7, "prevResult.ips"),
-            (json!({"ips": [{"version": "4"}]}), 7, "prevResult.ips[0].address"),
-            (json!({"ips": [{"address": "10.0.0.1"}]}), 7, "prevResult.ips[0].address"),
-            (json!({"ips": [{"address": "10.0.0.1/33"}]}), 7, "prevResult.ips[0].address"),
-            (json!({"ips": [{"address": "10.0.0.1/8", "version": "6"}]}), 7, "prevResult.ips[0].version"),
-            (json!({"ips": [{"address": "10.0.0.1/8", "version": 4}]}), 7, "prevResult.ips[0].version"),
-            (json!({"ips": [{"address": "10.0.0.1/8", "gateway": "x"}]}), 7, "prevResult.ips[0].gateway"),
-            (json!({"ips": [{"address": "10.0.0.1/8", "interface": -1}]}), 7, "prevResult.ips[0].interface"),
+            (
+                json!({"ips": [{"version": "4"}]}),
+                7,
+                "prevResult.ips[0].address",
+            ),
+            (
+                json!({"ips": [{"address": "10.0.0.1"}]}),
+                7,
+                "prevResult.ips[0].address",
+            ),
+            (
+                json!({"ips": [{"address": "10.0.0.1/33"}]}),
+                7,
+                "prevResult.ips[0].address",
+            ),
+            (
+                json!({"ips": [{"address": "10.0.0.1/8", "version": "6"}]}),
+                7,
+                "prevResult.ips[0].version",
+            ),
+            (
+                json!({"ips": [{"address": "10.0.0.1/8", "version": 4}]}),
+                7,
+                "prevResult.ips[0].version",
+            ),
+            (
+                json!({"ips": [{"address": "10.0.0.1/8", "gateway": "x"}]}),
+                7,
+                "prevResult.ips[0].gateway",
+            ),
+            (
+                json!({"ips": [{"address": "10.0.0.1/8", "interface": -1}]}),
+                7,
+                "prevResult.ips[0].interface",
+            ),
             (json!({"interfaces": [1]}), 7, "prevResult.interfaces[0]"),
             (json!({"routes": "x"}), 7, "prevResult.routes"),
             (json!({"dns": []}), 7, "prevResult.dns"),
@@ -311,7 +406,10 @@ mod tests {
         for (input, code, field) in table {
             let err = CniResult::parse(&input).expect_err(&input.to_string());
             assert_eq!(cni_code(&err), code, "{input}: {err}");
-            assert!(err.to_string().contains(field), "{input}: {err} should name {field}");
+            assert!(
+                err.to_string().contains(field),
+                "{input}: {err} should name {field}"
+            );
         }
     }
 }

@@ -45,7 +45,10 @@ impl SpecVersion {
     /// Whether results in this version carry `ips[].version` (`"4"`/`"6"`): the 0.3.x and
     /// 0.4.0 result format. 1.x results do not.
     pub const fn ip_version_field(self) -> bool {
-        matches!(self, SpecVersion::V0_3_0 | SpecVersion::V0_3_1 | SpecVersion::V0_4_0)
+        matches!(
+            self,
+            SpecVersion::V0_3_0 | SpecVersion::V0_3_1 | SpecVersion::V0_4_0
+        )
     }
 
     /// The supported versions joined for messages: `0.3.0, 0.3.1, ...`.
@@ -80,7 +83,17 @@ mod tests {
         sorted.sort();
         assert_eq!(sorted, SpecVersion::ALL, "ALL is oldest first");
         assert_eq!(SpecVersion::ALL.last(), Some(&SpecVersion::LATEST));
-        let legacy: Vec<_> = SpecVersion::ALL.into_iter().filter(|v| v.ip_version_field()).collect();
-        assert_eq!(legacy, [SpecVersion::V0_3_0, SpecVersion::V0_3_1, SpecVersion::V0_4_0]);
+        let legacy: Vec<_> = SpecVersion::ALL
+            .into_iter()
+            .filter(|v| v.ip_version_field())
+            .collect();
+        assert_eq!(
+            legacy,
+            [
+                SpecVersion::V0_3_0,
+                SpecVersion::V0_3_1,
+                SpecVersion::V0_4_0
+            ]
+        );
     }
 }
