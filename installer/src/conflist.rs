@@ -1,0 +1,282 @@
+//! Patching CNI network configs: pure functions from file contents to file contents.
+//!
+//! The rules are Linkerd's (`install-cni.sh` and its jq filter):
+//! - a document with a `type` is a single plugin (usually a `.conf`): it becomes
+//!   `{"name":"k8s-pod-network","cniVersion":"0.3.1","plugins":[<the document>, <linkerd>]}`,
+//!   and a `.conf` file is saved as `.conflist` (the `.conf` removed). The original document is
+//!   kept verbatim as the first plugin, its own `name`/`cniVersion` included (the runtime
+//!   overrides both with the list's when it calls a plugin);
+//! - a document with a `plugins` array is a list: every `linkerd-cni` entry is removed and ours
+//!   is appended last. Every other key and entry stays as it was, in its order.
+//!
+//! Removal on cleanup deletes our entries and nothing else, so the plugin list is exactly the
+//! one the primary CNI wrote. A converted `.conf` stays a `.conflist` holding its one plugin
+//! (this is what Linkerd does; the runtime treats both the same way).
+//!
+//! Output is pretty-printed JSON; patching its own output yields the same bytes, so a file the
+//! installer wrote is a fixed point and can never start a rewrite loop.
+
+use std::path::{Path, PathBuf};
+
+use crate::{config::PLUGIN_TYPE, error::Malformed, json::Json};
+
+/// Name of the list a wrapped `.conf` becomes.
+pub const WRAPPED_NAME: &str = "k8s-pod-network";
+/// CNI version of the list a wrapped `.conf` becomes.
+pub const WRAPPED_CNI_VERSION: &str = "0.3.1";
+
+/// The two kinds of file the installer looks at, by extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfKind {
+    /// `*.conf`: usually a single plugin.
+    Conf,
+    /// `*.conflist`: a plugin list.
+    Conflist,
+}
+
+impl ConfKind {
+    /// The kind of `path`, or `None` for every other file (kubeconfigs, temp files, `.json`).
+    pub fn of(path: &Path) -> Option<Self> {
+        match path.extension()?.to_str()? {
+            "conf" => Some(Self::Conf),
+            "conflist" => Some(Self::Conflist),
+            _ => None,
+        }
+    }
+}
+
+/// What [`patch`] wants written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Patched {
+    /// Where to write (the input path, or the `.conflist` next to a `.conf`).
+    pub path: PathBuf,
+    /// The new contents.
+    pub bytes: Vec<u8>,
+    /// A file to remove once `bytes` is in place (the converted `.conf`).
+    pub remove: Option<PathBuf>,
+}
+
+/// Whether a file already carries our entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileState {
+    /// A list whose last plugin is exactly our entry, with no other linkerd-cni entry.
+    Patched,
+    /// A usable config that does not (yet) carry our entry as it should.
+    Unpatched,
+    /// Left alone, for this reason.
+    Malformed(Malformed),
+}
+
+enum Shape<'a> {
+    Single,
+    List(&'a [Json]),
+}
+
+fn shape(doc: &Json) -> Result<Shape<'_>, Malformed> {
+    let Some(_) = doc.as_object() else { return Err(Malformed::NotObject) };
+    if doc.has("type") {
+        return match doc.get("type").and_then(Json::as_str) {
+            Some(_) => Ok(Shape::Single),
+            None => Err(Malformed::NoPlugins),
+        };
+    }
+    match doc.get("plugins") {
+        Some(Json::Array(plugins)) => {
+            if let Some(bad) = plugins.iter().position(|p| p.get("type").and_then(Json::as_str).is_none()) {
+                return Err(Malformed::BadPlugin(bad));
+            }
+            Ok(Shape::List(plugins))
+        }
+        _ => Err(Malformed::NoPlugins),
+    }
+}
+
+fn parse(input: &[u8]) -> Result<Json, Malformed> {
+    Json::parse(input).map_err(|e| Malformed::Json(e.to_string()))
+}
+
+/// Whether `plugin` is a linkerd-cni entry (ours or an older one): its `type` is
+/// `linkerd-cni` or the type of our entry.
+fn is_linkerd(plugin: &Json, entry_type: &str) -> bool {
+    matches!(plugin.get("type").and_then(Json::as_str), Some(t) if t == PLUGIN_TYPE || t == entry_type)
+}
+
+fn entry_type(entry: &Json) -> &str {
+    entry.get("type").and_then(Json::as_str).unwrap_or(PLUGIN_TYPE)
+}
+
+/// The patch for the file at `path` holding `input`, with `entry` as our plugin entry.
+/// `Ok(None)`: the file is already as it should be.
+pub fn patch(path: &Path, input: &[u8], entry: &Json) -> Result<Option<Patched>, Malformed> {
+    let doc = parse(input)?;
+    let ty = entry_type(entry);
+    let new_doc = match shape(&doc)? {
+        Shape::Single => {
+            if is_linkerd(&doc, ty) {
+                return Err(Malformed::NoPrimary);
+            }
+            Json::Object(vec![
+                ("name".into(), Json::string(WRAPPED_NAME)),
+                ("cniVersion".into(), Json::string(WRAPPED_CNI_VERSION)),
+                ("plugins".into(), Json::Array(vec![doc.clone(), entry.clone()])),
+            ])
+        }
+        Shape::List(plugins) => {
+            let mut kept: Vec<Json> = plugins.iter().filter(|p| !is_linkerd(p, ty)).cloned().collect();
+            if kept.is_empty() {
+                return Err(Malformed::NoPrimary);
+            }
+            kept.push(entry.clone());
+            let mut new_doc = doc.clone();
+            if let Some(slot) = new_doc.get_mut("plugins") {
+                *slot = Json::Array(kept);
+            }
+            new_doc
+        }
+    };
+    let (out_path, remove) = match ConfKind::of(path) {
+        Some(ConfKind::Conf) => (path.with_extension("conflist"), Some(path.to_path_buf())),
+        _ => (path.to_path_buf(), None),
+    };
+    if remove.is_none() && new_doc == doc {
+        return Ok(None);
+    }
+    Ok(Some(Patched { path: out_path, bytes: new_doc.to_pretty_bytes(), remove }))
+}
+
+/// The file without any linkerd-cni entry. `Ok(None)`: there is none, nothing to write.
+/// A list made only of linkerd-cni entries is not ours to empty: `Err(NoPrimary)`.
+pub fn unpatch(input: &[u8], entry: &Json) -> Result<Option<Vec<u8>>, Malformed> {
+    let doc = parse(input)?;
+    let ty = entry_type(entry);
+    let Shape::List(plugins) = shape(&doc)? else { return Ok(None) };
+    let kept: Vec<Json> = plugins.iter().filter(|p| !is_linkerd(p, ty)).cloned().collect();
+    if kept.len() == plugins.len() {
+        return Ok(None);
+    }
+    if kept.is_empty() {
+        return Err(Malformed::NoPrimary);
+    }
+    let mut new_doc = doc.clone();
+    if let Some(slot) = new_doc.get_mut("plugins") {
+        *slot = Json::Array(kept);
+    }
+    Ok(Some(new_doc.to_pretty_bytes()))
+}
+
+/// Whether the file at `path` holding `input` carries `entry` the way [`patch`] leaves it.
+pub fn state(path: &Path, input: &[u8], entry: &Json) -> FileState {
+    match patch(path, input, entry) {
+        Ok(None) => FileState::Patched,
+        Ok(Some(_)) => FileState::Unpatched,
+        Err(m) => FileState::Malformed(m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Json {
+        Json::parse(br#"{"name":"linkerd-cni","type":"linkerd-cni","capabilities":{"cgroupPath":true}}"#)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn types(bytes: &[u8]) -> Vec<String> {
+        let doc = Json::parse(bytes).unwrap_or_else(|e| panic!("output is not JSON: {e}"));
+        match doc.get("plugins") {
+            Some(Json::Array(ps)) => ps.iter().filter_map(|p| p.get("type")?.as_str().map(String::from)).collect(),
+            other => panic!("no plugins array: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn patch_table() {
+        // (file name, input, expected plugin types after patching, expected output name)
+        let cases: &[(&str, &str, &[&str], &str)] = &[
+            ("10-a.conf", r#"{"cniVersion":"1.0.0","name":"a","type":"bridge"}"#, &["bridge", "linkerd-cni"], "10-a.conflist"),
+            ("10-a.conflist", r#"{"name":"a","plugins":[{"type":"bridge"}]}"#, &["bridge", "linkerd-cni"], "10-a.conflist"),
+            (
+                "10-a.conflist",
+                r#"{"name":"a","plugins":[{"type":"bridge"},{"type":"linkerd-cni","old":1},{"type":"portmap"}]}"#,
+                &["bridge", "portmap", "linkerd-cni"],
+                "10-a.conflist",
+            ),
+            (
+                "10-a.conflist",
+                r#"{"name":"a","plugins":[{"type":"linkerd-cni"},{"type":"bridge"},{"type":"linkerd-cni"}]}"#,
+                &["bridge", "linkerd-cni"],
+                "10-a.conflist",
+            ),
+            // A list in a `.conf` file is still a list; the file is renamed like every `.conf`.
+            ("10-a.conf", r#"{"name":"a","plugins":[{"type":"bridge"}]}"#, &["bridge", "linkerd-cni"], "10-a.conflist"),
+        ];
+        for (name, input, want_types, want_name) in cases {
+            let path = Path::new("/d").join(name);
+            let p = patch(&path, input.as_bytes(), &entry())
+                .unwrap_or_else(|e| panic!("{name} {input}: {e}"))
+                .unwrap_or_else(|| panic!("{name} {input}: no patch"));
+            assert_eq!(types(&p.bytes), *want_types, "{name} {input}");
+            assert_eq!(p.path, Path::new("/d").join(want_name), "{name} {input}");
+            assert_eq!(p.remove.is_some(), name.ends_with(".conf"), "{name} {input}: removal");
+            // The output is a fixed point.
+            let again = patch(&p.path, &p.bytes, &entry()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(again, None, "{name} {input}: patching the output changed it");
+            assert_eq!(state(&p.path, &p.bytes, &entry()), FileState::Patched, "{name}");
+            assert_eq!(state(&path, input.as_bytes(), &entry()), FileState::Unpatched, "{name}");
+        }
+    }
+
+    #[test]
+    fn wrapped_conf_has_linkerd_header_and_verbatim_original() {
+        let input = br#"{"cniVersion":"1.0.0","name":"mynet","type":"bridge","ipam":{"type":"host-local"}}"#;
+        let p = patch(Path::new("/d/x.conf"), input, &entry())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("no patch"));
+        let doc = Json::parse(&p.bytes).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(doc.get("name").and_then(Json::as_str), Some(WRAPPED_NAME));
+        assert_eq!(doc.get("cniVersion").and_then(Json::as_str), Some(WRAPPED_CNI_VERSION));
+        let original = Json::parse(input).unwrap_or_else(|e| panic!("{e}"));
+        match doc.get("plugins") {
+            Some(Json::Array(ps)) => assert_eq!(ps.first(), Some(&original)),
+            other => panic!("plugins: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_table() {
+        let cases: &[(&str, Malformed)] = &[
+            ("{", Malformed::Json(String::new())),
+            ("[]", Malformed::NotObject),
+            (r#"{"name":"x"}"#, Malformed::NoPlugins),
+            (r#"{"plugins":{}}"#, Malformed::NoPlugins),
+            (r#"{"type":7}"#, Malformed::NoPlugins),
+            (r#"{"plugins":[{"type":"bridge"},{"name":"no type"}]}"#, Malformed::BadPlugin(1)),
+            (r#"{"plugins":[{"type":"linkerd-cni"}]}"#, Malformed::NoPrimary),
+            (r#"{"type":"linkerd-cni"}"#, Malformed::NoPrimary),
+        ];
+        for (input, want) in cases {
+            let got = patch(Path::new("/d/x.conflist"), input.as_bytes(), &entry()).err();
+            match (got, want) {
+                (Some(Malformed::Json(_)), Malformed::Json(_)) => {}
+                (got, want) => assert_eq!(got.as_ref(), Some(want), "{input}"),
+            }
+        }
+    }
+
+    #[test]
+    fn unpatch_restores_the_list() {
+        let cases: &[(&str, Option<&[&str]>)] = &[
+            (r#"{"plugins":[{"type":"bridge"},{"type":"linkerd-cni"}]}"#, Some(&["bridge"])),
+            (r#"{"plugins":[{"type":"linkerd-cni"},{"type":"a"},{"type":"b"},{"type":"linkerd-cni"}]}"#, Some(&["a", "b"])),
+            (r#"{"plugins":[{"type":"bridge"}]}"#, None),
+            (r#"{"type":"bridge"}"#, None),
+        ];
+        for (input, want) in cases {
+            let got = unpatch(input.as_bytes(), &entry()).unwrap_or_else(|e| panic!("{input}: {e}"));
+            assert_eq!(got.as_deref().map(types), want.map(|w| w.iter().map(|s| s.to_string()).collect()), "{input}");
+        }
+        let only = unpatch(br#"{"plugins":[{"type":"linkerd-cni"}]}"#, &entry()).err();
+        assert_eq!(only, Some(Malformed::NoPrimary));
+    }
+}
