@@ -3,7 +3,8 @@
 //! Policy decisions, beyond the CNI spec:
 //! - ADD, DEL and CHECK without `K8S_POD_NAMESPACE`/`K8S_POD_NAME` in `CNI_ARGS` contact
 //!   nobody: ADD passes `prevResult` through (Linkerd's rule), so nothing was registered that
-//!   DEL would remove or CHECK would verify.
+//!   DEL would remove or CHECK would verify. For the same reason `CNI_NETNS` is only inspected
+//!   when there is a pod to register or check.
 //! - With `linkerd.simulate`, ADD, DEL, CHECK and GC log what they would do and change
 //!   nothing (ADD still prints the result). STATUS still asks the agent.
 //! - GC refuses a config without `cni.dev/valid-attachments` (or `cni.dev/attachments`)

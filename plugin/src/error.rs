@@ -158,18 +158,21 @@ impl CniErrorBody {
             source = s.source();
         }
         let code = cni_code(err);
+        let mut details = causes.join(": ");
         if code == 11 {
-            causes.push(
+            if !details.is_empty() {
+                details.push_str("; ");
+            }
+            details.push_str(
                 "is the linkerd-cni DaemonSet running on this node? The pod is not started \
-                 unmeshed; the runtime retries"
-                    .into(),
+                 unmeshed; the runtime retries",
             );
         }
         Self {
             cni_version: version.as_str(),
             code,
             msg: err.to_string(),
-            details: causes.join(": "),
+            details,
         }
     }
 }
