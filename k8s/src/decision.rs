@@ -1,0 +1,552 @@
+//! The pure decision: from a Pod, its Namespace, the `default/kubernetes` Service and the
+//! conflist's `linkerd` section, whether the pod is redirected and with which configuration.
+//!
+//! Rules (the contract's section 2, steps 3 to 5):
+//! - redirected when a container **or** an init container is named `linkerd-proxy` and no init
+//!   container is named `linkerd-init` (that pod programs its own iptables); only names count;
+//! - overrides come from the pod's annotation, or, when the pod does not carry that annotation
+//!   at all, from its namespace's. A present but empty value means "no override";
+//! - `config.linkerd.io/skip-outbound-ports` replaces the outbound ignore list,
+//!   `config.linkerd.io/skip-inbound-ports` is appended to the inbound ignore list,
+//!   `config.linkerd.io/skip-subnets` replaces the subnets to ignore,
+//!   `config.linkerd.io/proxy-uid` / `config.linkerd.io/proxy-gid` replace the configured IDs;
+//! - pods labelled `linkerd.io/control-plane-component` also skip (outbound) the `port` and the
+//!   integer `targetPort`s of the `default/kubernetes` Service, or 443 and 6443 when that Service
+//!   could not be read.
+//!
+//! A malformed override is an error naming the annotation and where it came from: the ADD fails
+//! with that message rather than meshing the pod with a configuration its owner did not ask for.
+//! Annotations of pods that are not redirected are never read, so they cannot fail.
+
+use std::fmt;
+
+use k8s_openapi::{
+    api::core::v1::{Namespace, Pod, Service},
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+use linkerd_cni_proto::config::{self, LinkerdConfig, PortRange};
+
+/// The proxy container's name.
+pub const PROXY_CONTAINER: &str = "linkerd-proxy";
+/// The init container of pods that program their own iptables rules.
+pub const INIT_CONTAINER: &str = "linkerd-init";
+/// Replaces the outbound ports to ignore.
+pub const SKIP_OUTBOUND_PORTS: &str = "config.linkerd.io/skip-outbound-ports";
+/// Appended to the inbound ports to ignore.
+pub const SKIP_INBOUND_PORTS: &str = "config.linkerd.io/skip-inbound-ports";
+/// Replaces the subnets to ignore.
+pub const SKIP_SUBNETS: &str = "config.linkerd.io/skip-subnets";
+/// Replaces the proxy UID.
+pub const PROXY_UID: &str = "config.linkerd.io/proxy-uid";
+/// Replaces the proxy GID.
+pub const PROXY_GID: &str = "config.linkerd.io/proxy-gid";
+/// Label carried by Linkerd's control-plane pods.
+pub const CONTROL_PLANE_LABEL: &str = "linkerd.io/control-plane-component";
+/// Ports a control-plane pod skips when the `default/kubernetes` Service could not be read.
+pub const FALLBACK_API_SERVER_PORTS: [u16; 2] = [443, 6443];
+
+/// What to do with one pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the pod's traffic goes through its proxy.
+    pub redirect: bool,
+    /// Why, in words fit for a log line.
+    pub reason: String,
+    /// The conflist's configuration with the pod's overrides applied (unchanged when the pod is
+    /// not redirected).
+    pub config: LinkerdConfig,
+}
+
+/// Where an annotation was read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnnotationSource {
+    /// On the pod itself.
+    Pod { namespace: String, name: String },
+    /// On the pod's namespace (fallback).
+    Namespace { name: String },
+}
+
+impl fmt::Display for AnnotationSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pod { namespace, name } => write!(f, "pod {namespace}/{name}"),
+            Self::Namespace { name } => write!(f, "namespace {name}"),
+        }
+    }
+}
+
+/// A `config.linkerd.io/*` override whose value cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("annotation {annotation}={value:?} on {source_object} is malformed: {reason}")]
+pub struct AnnotationError {
+    /// The annotation's key.
+    pub annotation: &'static str,
+    /// Its value, as written.
+    pub value: String,
+    /// The object that carries it.
+    pub source_object: AnnotationSource,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Decides whether `pod` is redirected and computes its configuration from `base`.
+///
+/// `namespace` is the pod's namespace, for annotation fallback (`None`: no fallback).
+/// `kubernetes_service` is the `default/kubernetes` Service, `None` when it could not be read
+/// (only used for control-plane pods).
+pub fn decide(
+    pod: &Pod,
+    namespace: Option<&Namespace>,
+    kubernetes_service: Option<&Service>,
+    base: &LinkerdConfig,
+) -> Result<Decision, AnnotationError> {
+    let unchanged = |reason: &str| Decision {
+        redirect: false,
+        reason: reason.to_string(),
+        config: base.clone(),
+    };
+    if !has_proxy(pod) {
+        return Ok(unchanged("no linkerd-proxy container"));
+    }
+    if has_init_container(pod) {
+        return Ok(unchanged(
+            "linkerd-init init container present: the pod redirects its own traffic",
+        ));
+    }
+
+    let overrides = Overrides { pod, namespace };
+    let mut config = base.clone();
+    let mut applied = Vec::new();
+
+    if let Some((value, source)) = overrides.get(SKIP_OUTBOUND_PORTS) {
+        config.outbound_ports_to_ignore = ports(SKIP_OUTBOUND_PORTS, value, &source)?;
+        applied.push(format!("{SKIP_OUTBOUND_PORTS} from {source}"));
+    }
+    if let Some((value, source)) = overrides.get(SKIP_INBOUND_PORTS) {
+        config
+            .inbound_ports_to_ignore
+            .extend(ports(SKIP_INBOUND_PORTS, value, &source)?);
+        applied.push(format!("{SKIP_INBOUND_PORTS} from {source}"));
+    }
+    if let Some((value, source)) = overrides.get(SKIP_SUBNETS) {
+        config.subnets_to_ignore = config::parse_cidr_list(value)
+            .map_err(|e| malformed(SKIP_SUBNETS, value, &source, e.to_string()))?;
+        applied.push(format!("{SKIP_SUBNETS} from {source}"));
+    }
+    if let Some((value, source)) = overrides.get(PROXY_UID) {
+        // A UID; 0 keeps Linkerd's meaning (no exemption). Negative values are refused: they
+        // would silently drop the exemption and loop the proxy's own traffic back to it.
+        let uid = value.trim().parse::<u32>().map_err(|_| {
+            malformed(
+                PROXY_UID,
+                value,
+                &source,
+                "expected an integer 0-4294967295".into(),
+            )
+        })?;
+        config.proxy_uid = i64::from(uid);
+        applied.push(format!("{PROXY_UID} from {source}"));
+    }
+    if let Some((value, source)) = overrides.get(PROXY_GID) {
+        // Negative means "no GID exemption", as in the conflist.
+        let gid = value
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|g| *g <= i64::from(u32::MAX))
+            .ok_or_else(|| {
+                malformed(
+                    PROXY_GID,
+                    value,
+                    &source,
+                    "expected an integer <= 4294967295 (negative: none)".into(),
+                )
+            })?;
+        config.proxy_gid = gid;
+        applied.push(format!("{PROXY_GID} from {source}"));
+    }
+
+    if is_control_plane(pod) {
+        let ports = match kubernetes_service {
+            Some(svc) => service_ports(svc),
+            None => FALLBACK_API_SERVER_PORTS.to_vec(),
+        };
+        for port in ports {
+            let range = PortRange::single(port);
+            if !config.outbound_ports_to_ignore.contains(&range) {
+                config.outbound_ports_to_ignore.push(range);
+            }
+        }
+        applied.push(match kubernetes_service {
+            Some(_) => "control plane: skipping the default/kubernetes Service ports".to_string(),
+            None => "control plane: default/kubernetes Service unavailable, skipping 443 and 6443"
+                .to_string(),
+        });
+    }
+
+    let mut reason = "linkerd-proxy present, no linkerd-init".to_string();
+    if !applied.is_empty() {
+        reason.push_str("; ");
+        reason.push_str(&applied.join(", "));
+    }
+    Ok(Decision {
+        redirect: true,
+        reason,
+        config,
+    })
+}
+
+/// Whether the pod is redirected at all (rule 3), before any override is read.
+pub fn wants_redirect(pod: &Pod) -> bool {
+    has_proxy(pod) && !has_init_container(pod)
+}
+
+/// Whether some container or init container is named `linkerd-proxy`.
+fn has_proxy(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    spec.containers.iter().any(|c| c.name == PROXY_CONTAINER)
+        || spec
+            .init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == PROXY_CONTAINER)
+}
+
+/// Whether some init container is named `linkerd-init`.
+fn has_init_container(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .any(|c| c.name == INIT_CONTAINER)
+}
+
+/// Whether the pod carries the control-plane label (any value).
+pub fn is_control_plane(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL))
+}
+
+/// The Service's ports and integer target ports, in order, without duplicates.
+fn service_ports(svc: &Service) -> Vec<u16> {
+    let mut out = Vec::new();
+    for p in svc.spec.iter().flat_map(|s| s.ports.iter().flatten()) {
+        let target = match &p.target_port {
+            Some(IntOrString::Int(t)) => Some(*t),
+            // A named target port says nothing about the number the API server listens on.
+            Some(IntOrString::String(_)) | None => None,
+        };
+        for port in std::iter::once(p.port).chain(target) {
+            if let Some(port) = u16::try_from(port).ok().filter(|p| *p != 0)
+                && !out.contains(&port)
+            {
+                out.push(port);
+            }
+        }
+    }
+    out
+}
+
+/// Reads overrides from the pod, falling back to its namespace.
+struct Overrides<'a> {
+    pod: &'a Pod,
+    namespace: Option<&'a Namespace>,
+}
+
+impl<'a> Overrides<'a> {
+    /// The override's value and where it came from; `None` when unset or empty. A pod that
+    /// carries the annotation (even empty) hides its namespace's.
+    fn get(&self, key: &str) -> Option<(&'a str, AnnotationSource)> {
+        let on_pod = self
+            .pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key));
+        let (value, source) = match on_pod {
+            Some(v) => (
+                v,
+                AnnotationSource::Pod {
+                    namespace: self.pod.metadata.namespace.clone().unwrap_or_default(),
+                    name: self.pod.metadata.name.clone().unwrap_or_default(),
+                },
+            ),
+            None => {
+                let ns = self.namespace?;
+                let v = ns.metadata.annotations.as_ref()?.get(key)?;
+                (
+                    v,
+                    AnnotationSource::Namespace {
+                        name: ns.metadata.name.clone().unwrap_or_default(),
+                    },
+                )
+            }
+        };
+        (!value.trim().is_empty()).then_some((value.as_str(), source))
+    }
+}
+
+fn ports(
+    annotation: &'static str,
+    value: &str,
+    source: &AnnotationSource,
+) -> Result<Vec<PortRange>, AnnotationError> {
+    config::parse_port_list(value).map_err(|e| malformed(annotation, value, source, e.to_string()))
+}
+
+fn malformed(
+    annotation: &'static str,
+    value: &str,
+    source: &AnnotationSource,
+    reason: String,
+) -> AnnotationError {
+    AnnotationError {
+        annotation,
+        value: value.to_string(),
+        source_object: source.clone(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn pod(
+        containers: &[&str],
+        init_containers: &[&str],
+        annotations: Value,
+        labels: Value,
+    ) -> Pod {
+        let names = |n: &[&str]| {
+            n.iter()
+                .map(|n| json!({"name": n, "image": "x"}))
+                .collect::<Vec<_>>()
+        };
+        serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "emojivoto", "annotations": annotations, "labels": labels},
+            "spec": {"containers": names(containers), "initContainers": names(init_containers)},
+        }))
+        .expect("test pod JSON is a valid Pod")
+    }
+
+    fn namespace(annotations: Value) -> Namespace {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "emojivoto", "annotations": annotations},
+        }))
+        .expect("test namespace JSON is a valid Namespace")
+    }
+
+    fn service(ports: Value) -> Service {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "kubernetes", "namespace": "default"},
+            "spec": {"ports": ports},
+        }))
+        .expect("test service JSON is a valid Service")
+    }
+
+    /// The conflist section every case starts from: non-default lists so that "replaced" and
+    /// "appended" are distinguishable from "left alone".
+    fn base() -> LinkerdConfig {
+        serde_json::from_value(json!({
+            "proxy-uid": 2102,
+            "proxy-gid": -1,
+            "inbound-ports-to-ignore": ["4191", "4190"],
+            "outbound-ports-to-ignore": ["25"],
+            "subnets-to-ignore": ["10.0.0.0/8"],
+        }))
+        .expect("base config JSON is valid")
+    }
+
+    fn ports(list: &str) -> Vec<PortRange> {
+        config::parse_port_list(list).expect("test port list is valid")
+    }
+
+    /// What a case expects; `None` fields must equal the base config.
+    #[derive(Default)]
+    struct Expect {
+        redirect: bool,
+        outbound: Option<&'static str>,
+        inbound: Option<&'static str>,
+        subnets: Option<&'static str>,
+        uid: Option<i64>,
+        gid: Option<i64>,
+    }
+
+    const PROXY: &[&str] = &["app", "linkerd-proxy"];
+    const APP: &[&str] = &["app"];
+
+    #[test]
+    fn decides_every_rule() {
+        let none = json!({});
+        let api_svc = service(json!([{"name": "https", "port": 443, "targetPort": 6443}]));
+        let named_target_svc = service(
+            json!([{"port": 8443, "targetPort": "https"}, {"port": 444, "targetPort": 444}]),
+        );
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Pod, Option<Namespace>, Option<&Service>, Expect)> = vec![
+            ("proxy in containers", pod(PROXY, &[], none.clone(), none.clone()), None, None,
+                Expect { redirect: true, ..Default::default() }),
+            ("proxy as native sidecar in initContainers", pod(APP, &["linkerd-proxy"], none.clone(), none.clone()), None, None,
+                Expect { redirect: true, ..Default::default() }),
+            ("proxy with linkerd-init", pod(PROXY, &["linkerd-init"], none.clone(), none.clone()), None, None,
+                Expect { redirect: false, ..Default::default() }),
+            ("native sidecar with linkerd-init", pod(APP, &["linkerd-init", "linkerd-proxy"], none.clone(), none.clone()), None, None,
+                Expect { redirect: false, ..Default::default() }),
+            ("linkerd-init as a regular container does not count", pod(&["linkerd-proxy", "linkerd-init"], &[], none.clone(), none.clone()), None, None,
+                Expect { redirect: true, ..Default::default() }),
+            ("no proxy", pod(APP, &["setup"], none.clone(), none.clone()), None, None,
+                Expect { redirect: false, ..Default::default() }),
+            ("no proxy: overrides ignored", pod(APP, &[], json!({SKIP_OUTBOUND_PORTS: "9"}), none.clone()), Some(namespace(json!({SKIP_SUBNETS: "1.2.3.0/24"}))), None,
+                Expect { redirect: false, ..Default::default() }),
+            ("skip-outbound-ports on pod replaces", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: "3306, 5432-5433"}), none.clone()), None, None,
+                Expect { redirect: true, outbound: Some("3306,5432-5433"), ..Default::default() }),
+            ("skip-outbound-ports on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS: "11211"}))), None,
+                Expect { redirect: true, outbound: Some("11211"), ..Default::default() }),
+            ("skip-outbound-ports on both: pod wins", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: "3306"}), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS: "11211"}))), None,
+                Expect { redirect: true, outbound: Some("3306"), ..Default::default() }),
+            ("skip-inbound-ports on pod appends", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS: "8080,9000-9100"}), none.clone()), None, None,
+                Expect { redirect: true, inbound: Some("4191,4190,8080,9000-9100"), ..Default::default() }),
+            ("skip-inbound-ports on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_INBOUND_PORTS: "22"}))), None,
+                Expect { redirect: true, inbound: Some("4191,4190,22"), ..Default::default() }),
+            ("skip-inbound-ports on both: pod wins", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS: "8080"}), none.clone()), Some(namespace(json!({SKIP_INBOUND_PORTS: "22"}))), None,
+                Expect { redirect: true, inbound: Some("4191,4190,8080"), ..Default::default() }),
+            ("skip-subnets on pod replaces", pod(PROXY, &[], json!({SKIP_SUBNETS: "192.168.0.0/16,fd00::/8"}), none.clone()), None, None,
+                Expect { redirect: true, subnets: Some("192.168.0.0/16,fd00::/8"), ..Default::default() }),
+            ("skip-subnets on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_SUBNETS: "172.16.0.0/12"}))), None,
+                Expect { redirect: true, subnets: Some("172.16.0.0/12"), ..Default::default() }),
+            ("skip-subnets on both: pod wins", pod(PROXY, &[], json!({SKIP_SUBNETS: "192.168.0.0/16"}), none.clone()), Some(namespace(json!({SKIP_SUBNETS: "172.16.0.0/12"}))), None,
+                Expect { redirect: true, subnets: Some("192.168.0.0/16"), ..Default::default() }),
+            ("proxy-uid and proxy-gid on pod", pod(PROXY, &[], json!({PROXY_UID: "1337", PROXY_GID: "1338"}), none.clone()), None, None,
+                Expect { redirect: true, uid: Some(1337), gid: Some(1338), ..Default::default() }),
+            ("proxy-uid and proxy-gid on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({PROXY_UID: "0", PROXY_GID: "-1"}))), None,
+                Expect { redirect: true, uid: Some(0), gid: Some(-1), ..Default::default() }),
+            ("proxy-uid on both: pod wins, gid from namespace", pod(PROXY, &[], json!({PROXY_UID: "1337"}), none.clone()), Some(namespace(json!({PROXY_UID: "7", PROXY_GID: "8"}))), None,
+                Expect { redirect: true, uid: Some(1337), gid: Some(8), ..Default::default() }),
+            ("empty annotation on pod hides namespace's and changes nothing", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: ""}), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS: "11211"}))), None,
+                Expect { redirect: true, ..Default::default() }),
+            ("control plane: service port and integer targetPort", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_LABEL: "destination"})), None, Some(&api_svc),
+                Expect { redirect: true, outbound: Some("25,443,6443"), ..Default::default() }),
+            ("control plane: named targetPort ignored", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_LABEL: ""})), None, Some(&named_target_svc),
+                Expect { redirect: true, outbound: Some("25,8443,444"), ..Default::default() }),
+            ("control plane: service lookup failed", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_LABEL: "identity"})), None, None,
+                Expect { redirect: true, outbound: Some("25,443,6443"), ..Default::default() }),
+            ("control plane: ports added after the replacing annotation", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: "443,4567"}), json!({CONTROL_PLANE_LABEL: "identity"})), None, Some(&api_svc),
+                Expect { redirect: true, outbound: Some("443,4567,6443"), ..Default::default() }),
+            ("control plane without proxy", pod(APP, &[], none.clone(), json!({CONTROL_PLANE_LABEL: "identity"})), None, Some(&api_svc),
+                Expect { redirect: false, ..Default::default() }),
+        ];
+        let base = base();
+        for (name, pod, ns, svc, expect) in cases {
+            let d = decide(&pod, ns.as_ref(), svc, &base)
+                .unwrap_or_else(|e| panic!("{name}: unexpected error {e}"));
+            assert_eq!(
+                d.redirect, expect.redirect,
+                "{name}: redirect ({})",
+                d.reason
+            );
+            assert!(!d.reason.is_empty(), "{name}: empty reason");
+            let want_out = expect
+                .outbound
+                .map_or_else(|| base.outbound_ports_to_ignore.clone(), ports);
+            assert_eq!(
+                d.config.outbound_ports_to_ignore, want_out,
+                "{name}: outbound ports"
+            );
+            let want_in = expect
+                .inbound
+                .map_or_else(|| base.inbound_ports_to_ignore.clone(), ports);
+            assert_eq!(
+                d.config.inbound_ports_to_ignore, want_in,
+                "{name}: inbound ports"
+            );
+            let want_subnets = expect.subnets.map_or_else(
+                || base.subnets_to_ignore.clone(),
+                |s| config::parse_cidr_list(s).expect("test CIDR list is valid"),
+            );
+            assert_eq!(d.config.subnets_to_ignore, want_subnets, "{name}: subnets");
+            assert_eq!(
+                d.config.proxy_uid,
+                expect.uid.unwrap_or(base.proxy_uid),
+                "{name}: proxy uid"
+            );
+            assert_eq!(
+                d.config.proxy_gid,
+                expect.gid.unwrap_or(base.proxy_gid),
+                "{name}: proxy gid"
+            );
+            // Nothing else of the conflist section moves.
+            let mut rest = d.config.clone();
+            rest.outbound_ports_to_ignore = base.outbound_ports_to_ignore.clone();
+            rest.inbound_ports_to_ignore = base.inbound_ports_to_ignore.clone();
+            rest.subnets_to_ignore = base.subnets_to_ignore.clone();
+            rest.proxy_uid = base.proxy_uid;
+            rest.proxy_gid = base.proxy_gid;
+            assert_eq!(rest, base, "{name}: untouched keys changed");
+        }
+    }
+
+    #[test]
+    fn malformed_annotations_name_the_annotation_and_its_object() {
+        let none = json!({});
+        let pod_source = AnnotationSource::Pod {
+            namespace: "emojivoto".into(),
+            name: "web".into(),
+        };
+        let ns_source = AnnotationSource::Namespace {
+            name: "emojivoto".into(),
+        };
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Pod, Option<Namespace>, &str, &str, AnnotationSource)> = vec![
+            ("outbound port out of range", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: "70000"}), none.clone()), None,
+                SKIP_OUTBOUND_PORTS, "70000", pod_source.clone()),
+            ("inbound reversed range", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS: "80,90-10"}), none.clone()), None,
+                SKIP_INBOUND_PORTS, "80,90-10", pod_source.clone()),
+            ("subnet not a CIDR", pod(PROXY, &[], json!({SKIP_SUBNETS: "10.0.0.0/33"}), none.clone()), None,
+                SKIP_SUBNETS, "10.0.0.0/33", pod_source.clone()),
+            ("uid not a number", pod(PROXY, &[], json!({PROXY_UID: "proxy"}), none.clone()), None,
+                PROXY_UID, "proxy", pod_source.clone()),
+            ("negative uid", pod(PROXY, &[], json!({PROXY_UID: "-5"}), none.clone()), None,
+                PROXY_UID, "-5", pod_source.clone()),
+            ("gid too large", pod(PROXY, &[], json!({PROXY_GID: "4294967296"}), none.clone()), None,
+                PROXY_GID, "4294967296", pod_source.clone()),
+            ("malformed on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS: "http"}))),
+                SKIP_OUTBOUND_PORTS, "http", ns_source.clone()),
+        ];
+        for (name, pod, ns, annotation, value, source) in cases {
+            let err = decide(&pod, ns.as_ref(), None, &base())
+                .map(|d| panic!("{name}: expected an error, got {d:?}"))
+                .unwrap_err();
+            assert_eq!(err.annotation, annotation, "{name}");
+            assert_eq!(err.value, value, "{name}");
+            assert_eq!(err.source_object, source, "{name}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(annotation) && msg.contains(&source.to_string()),
+                "{name}: message {msg:?}"
+            );
+        }
+        // A malformed namespace annotation is not read when the pod sets its own.
+        let d = decide(
+            &pod(
+                PROXY,
+                &[],
+                json!({SKIP_OUTBOUND_PORTS: "3306"}),
+                none.clone(),
+            ),
+            Some(&namespace(json!({SKIP_OUTBOUND_PORTS: "http"}))),
+            None,
+            &base(),
+        )
+        .expect("the pod's own valid annotation wins");
+        assert_eq!(d.config.outbound_ports_to_ignore, ports("3306"));
+    }
+}

@@ -1,0 +1,217 @@
+//! Where pods come from: a watch cache of this node's pods (`spec.nodeName=<node>`), with a
+//! direct GET when a pod is not cached yet, plus direct GETs of its namespace and, for
+//! control-plane pods, of the `default/kubernetes` Service.
+//!
+//! The kubelet creates a pod's sandbox (and so calls the CNI plugin) right after the pod is
+//! bound to the node, often before the watch has delivered that binding: the GET fallback covers
+//! that race. Namespaces are read fresh on every decision of a redirected pod rather than cached,
+//! so a namespace annotation changed a second ago is honoured; that costs one GET per meshed
+//! pod start. Every request is bounded by a timeout, and every API error fails the decision
+//! (the plugin answers "try again later"); only the `default/kubernetes` Service lookup has a
+//! documented fallback.
+
+use std::{sync::Arc, time::Duration};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use kube::{
+    Api, Client,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use linkerd_cni_proto::config::LinkerdConfig;
+use tokio::task::JoinHandle;
+
+use crate::{
+    K8sError,
+    decision::{self, Decision},
+};
+
+/// Default bound on each API request.
+pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where a pod's object came from, for logs and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodOrigin {
+    /// The watch cache of this node's pods.
+    Cache,
+    /// A direct GET (not cached yet, or the cached object belongs to an older pod of that name).
+    Get,
+}
+
+/// This node's pods, kept current by a watch, and the decisions made from them.
+pub struct PodSource {
+    client: Client,
+    node_name: String,
+    pods: Store<Pod>,
+    api_timeout: Duration,
+    watch: JoinHandle<()>,
+}
+
+impl PodSource {
+    /// Starts watching the pods bound to `node_name`. Must be called inside a Tokio runtime:
+    /// the watch runs as a task of that runtime until the `PodSource` is dropped.
+    pub fn new(client: Client, node_name: impl Into<String>) -> Self {
+        let node_name = node_name.into();
+        let (pods, writer) = reflector::store::<Pod>();
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+        let stream = watcher(Api::<Pod>::all(client.clone()), config)
+            .default_backoff()
+            .reflect(writer);
+        let node = node_name.clone();
+        let watch = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        tracing::debug!(node = %node, "pod cache synced")
+                    }
+                    Ok(_) => {}
+                    // The stream retries with backoff; the cache keeps its last state meanwhile
+                    // and uncached pods go through direct GETs.
+                    Err(error) => {
+                        tracing::warn!(node = %node, %error, "pod watch failed, retrying")
+                    }
+                }
+            }
+        });
+        Self {
+            client,
+            node_name,
+            pods,
+            api_timeout: DEFAULT_API_TIMEOUT,
+            watch,
+        }
+    }
+
+    /// Sets the bound on each API request (default [`DEFAULT_API_TIMEOUT`]).
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.api_timeout = timeout;
+        self
+    }
+
+    /// The node whose pods are cached.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Waits until the watch has listed this node's pods once. Decisions do not need it (they
+    /// fall back to GETs); it makes start-up and tests predictable.
+    pub async fn wait_synced(&self, timeout: Duration) -> Result<(), K8sError> {
+        match tokio::time::timeout(timeout, self.pods.wait_until_ready()).await {
+            Ok(Ok(())) => Ok(()),
+            // The writer only drops when the watch task ends, which it does only on drop.
+            Ok(Err(_)) | Err(_) => Err(K8sError::NotSynced { after: timeout }),
+        }
+    }
+
+    /// The cached pod, if the watch has delivered it.
+    pub fn cached(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The pod, from the cache when present (and, if `uid` is given, when it is that pod),
+    /// otherwise by a direct GET.
+    pub async fn pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<(Arc<Pod>, PodOrigin), K8sError> {
+        if let Some(pod) = self.cached(namespace, name)
+            && uid.is_none_or(|uid| pod.metadata.uid.as_deref() == Some(uid))
+        {
+            return Ok((pod, PodOrigin::Cache));
+        }
+        let what = format!("pod {namespace}/{name}");
+        let pod = self
+            .get(
+                Api::<Pod>::namespaced(self.client.clone(), namespace),
+                name,
+                what,
+            )
+            .await?;
+        if let Some(uid) = uid
+            && pod.metadata.uid.as_deref() != Some(uid)
+        {
+            return Err(K8sError::PodReplaced {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                expected_uid: uid.to_string(),
+                found_uid: pod.metadata.uid.clone().unwrap_or_default(),
+            });
+        }
+        Ok((Arc::new(pod), PodOrigin::Get))
+    }
+
+    /// Decides whether the pod `namespace/name` is redirected, and with which configuration
+    /// (`base` is the conflist's `linkerd` section). `uid` (from `K8S_POD_UID`, when the runtime
+    /// sends it) guards against deciding from an older pod of the same name.
+    pub async fn decide(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        base: &LinkerdConfig,
+    ) -> Result<Decision, K8sError> {
+        let (pod, origin) = self.pod(namespace, name, uid).await?;
+        tracing::debug!(namespace, pod = name, ?origin, "pod found");
+        if !decision::wants_redirect(&pod) {
+            return Ok(decision::decide(&pod, None, None, base)?);
+        }
+        let ns = self
+            .get(
+                Api::<Namespace>::all(self.client.clone()),
+                namespace,
+                format!("namespace {namespace}"),
+            )
+            .await?;
+        let service = if decision::is_control_plane(&pod) {
+            let api = Api::<Service>::namespaced(self.client.clone(), "default");
+            match self
+                .get(api, "kubernetes", "service default/kubernetes".into())
+                .await
+            {
+                Ok(svc) => Some(svc),
+                Err(error) => {
+                    tracing::warn!(namespace, pod = name, %error, "control-plane pod: falling back to ports 443 and 6443");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(decision::decide(&pod, Some(&ns), service.as_ref(), base)?)
+    }
+
+    /// One bounded GET; 404 is reported as [`K8sError::NotFound`].
+    async fn get<K>(&self, api: Api<K>, name: &str, what: String) -> Result<K, K8sError>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        match tokio::time::timeout(self.api_timeout, api.get(name)).await {
+            Err(_) => Err(K8sError::Timeout {
+                what,
+                after: self.api_timeout,
+            }),
+            Ok(Err(kube::Error::Api(status))) if status.is_not_found() => {
+                Err(K8sError::NotFound { what })
+            }
+            Ok(Err(source)) => Err(K8sError::Api {
+                what,
+                source: Box::new(source),
+            }),
+            Ok(Ok(obj)) => Ok(obj),
+        }
+    }
+}
+
+impl Drop for PodSource {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
