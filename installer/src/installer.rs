@@ -192,9 +192,8 @@ impl Installer {
     fn install_binary_locked(&self) -> Result<(), InstallError> {
         let cfg = &self.inner.cfg;
         let dest = cfg.binary_path();
-        fsutil::copy_atomic(&cfg.plugin_source, &dest, BINARY_MODE)
+        self.counted(|w| &mut w.binary, || fsutil::copy_atomic(&cfg.plugin_source, &dest, BINARY_MODE))
             .map_err(InstallError::io("copying the plugin binary to", &dest))?;
-        lock(&self.inner.state).writes.binary += 1;
         info!(from = %cfg.plugin_source.display(), to = %dest.display(), "installed the plugin binary");
         Ok(())
     }
@@ -215,8 +214,8 @@ impl Installer {
         if current.as_deref() == Some(&want[..]) && mode_ok {
             return Ok(false);
         }
-        fsutil::write_atomic(&path, &want, cfg.kubeconfig_mode).map_err(InstallError::io("writing", &path))?;
-        lock(&self.inner.state).writes.kubeconfig += 1;
+        self.counted(|w| &mut w.kubeconfig, || fsutil::write_atomic(&path, &want, cfg.kubeconfig_mode))
+            .map_err(InstallError::io("writing", &path))?;
         info!(path = %path.display(), "wrote the plugin kubeconfig");
         Ok(true)
     }
@@ -290,12 +289,12 @@ impl Installer {
             }
             Ok(Some(p)) => {
                 let mode = file_mode(path);
-                fsutil::write_atomic(&p.path, &p.bytes, mode).map_err(InstallError::io("writing", &p.path))?;
+                self.counted(|w| &mut w.conflists, || fsutil::write_atomic(&p.path, &p.bytes, mode))
+                    .map_err(InstallError::io("writing", &p.path))?;
                 {
                     let mut state = lock(&self.inner.state);
                     state.reported.remove(path);
                     state.known.insert(p.path.clone(), p.bytes);
-                    state.writes.conflists += 1;
                 }
                 if let Some(old) = &p.remove {
                     fsutil::remove_if_exists(old).map_err(InstallError::io("removing", old))?;
@@ -307,6 +306,17 @@ impl Installer {
                 Ok(FileOutcome::Written(p.path))
             }
         }
+    }
+
+    /// Runs a write, counting it *before* it becomes visible (and uncounting it if it fails),
+    /// so whoever sees the new file also sees the count include it.
+    fn counted(&self, counter: fn(&mut WriteCounts) -> &mut u64, write: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        *counter(&mut lock(&self.inner.state).writes) += 1;
+        let result = write();
+        if result.is_err() {
+            *counter(&mut lock(&self.inner.state).writes) -= 1;
+        }
+        result
     }
 
     fn forget(&self, path: &Path) -> FileOutcome {
@@ -403,10 +413,9 @@ impl Installer {
         match conflist::unpatch(&bytes, &self.inner.entry) {
             Ok(None) => Ok(()),
             Ok(Some(restored)) => {
-                fsutil::write_atomic(path, &restored, file_mode(path)).map_err(InstallError::io("writing", path))?;
-                let mut state = lock(&self.inner.state);
-                state.known.insert(path.to_path_buf(), restored);
-                state.writes.conflists += 1;
+                self.counted(|w| &mut w.conflists, || fsutil::write_atomic(path, &restored, file_mode(path)))
+                    .map_err(InstallError::io("writing", path))?;
+                lock(&self.inner.state).known.insert(path.to_path_buf(), restored);
                 info!(path = %path.display(), "removed linkerd-cni from a CNI plugin list");
                 Ok(())
             }
