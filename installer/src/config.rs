@@ -7,10 +7,7 @@ use std::{
 
 use linkerd_cni_common::paths;
 
-use crate::{
-    error::ConfigError,
-    json::Json,
-};
+use crate::{error::ConfigError, json::Json};
 
 /// The name of the plugin binary in the image and on the host. It is also the `type` the
 /// runtime looks up in the bin dir, and the `type` of old entries the installer replaces.
@@ -65,7 +62,8 @@ impl InstallerConfig {
     /// process environment). Empty values count as unset, as in the shell script.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |key: &str| lookup(key).filter(|v| !v.is_empty());
-        let path_or = |key: &str, default: &str| PathBuf::from(get(key).unwrap_or_else(|| default.into()));
+        let path_or =
+            |key: &str, default: &str| PathBuf::from(get(key).unwrap_or_else(|| default.into()));
 
         let service_account_dir = path_or("SERVICEACCOUNT_PATH", paths::SERVICE_ACCOUNT_DIR);
         let kube_ca_file = get("KUBE_CA_FILE")
@@ -108,20 +106,30 @@ impl InstallerConfig {
             dest_cni_bin_dir: path_or("DEST_CNI_BIN_DIR", paths::CNI_BIN_DIR),
             // An explicitly empty prefix means "running on the host": keep it empty.
             container_mount_prefix: PathBuf::from(
-                lookup("CONTAINER_MOUNT_PREFIX").unwrap_or_else(|| paths::CONTAINER_MOUNT_PREFIX.into()),
+                lookup("CONTAINER_MOUNT_PREFIX")
+                    .unwrap_or_else(|| paths::CONTAINER_MOUNT_PREFIX.into()),
             ),
-            plugin_source: path_or("CONTAINER_CNI_BIN_DIR", paths::CONTAINER_CNI_BIN_DIR).join(PLUGIN_TYPE),
-            kubeconfig_file_name: get("KUBECONFIG_FILE_NAME").unwrap_or_else(|| paths::KUBECONFIG_FILE_NAME.into()),
+            plugin_source: path_or("CONTAINER_CNI_BIN_DIR", paths::CONTAINER_CNI_BIN_DIR)
+                .join(PLUGIN_TYPE),
+            kubeconfig_file_name: get("KUBECONFIG_FILE_NAME")
+                .unwrap_or_else(|| paths::KUBECONFIG_FILE_NAME.into()),
             kubeconfig_mode,
             network_config_template,
             service_account_dir,
             kube_ca_file,
             skip_tls_verify,
-            kubernetes_service_protocol: get("KUBERNETES_SERVICE_PROTOCOL").unwrap_or_else(|| "https".into()),
-            kubernetes_service_host: get("KUBERNETES_SERVICE_HOST")
-                .ok_or(ConfigError::Missing { var: "KUBERNETES_SERVICE_HOST" })?,
-            kubernetes_service_port: get("KUBERNETES_SERVICE_PORT")
-                .ok_or(ConfigError::Missing { var: "KUBERNETES_SERVICE_PORT" })?,
+            kubernetes_service_protocol: get("KUBERNETES_SERVICE_PROTOCOL")
+                .unwrap_or_else(|| "https".into()),
+            kubernetes_service_host: get("KUBERNETES_SERVICE_HOST").ok_or(
+                ConfigError::Missing {
+                    var: "KUBERNETES_SERVICE_HOST",
+                },
+            )?,
+            kubernetes_service_port: get("KUBERNETES_SERVICE_PORT").ok_or(
+                ConfigError::Missing {
+                    var: "KUBERNETES_SERVICE_PORT",
+                },
+            )?,
         };
         config.validate()?;
         Ok(config)
@@ -172,15 +180,24 @@ impl InstallerConfig {
     /// path filled in, declaring the `cgroupPath` capability (the plugin reads
     /// `runtimeConfig.cgroupPath`) unless the template already says something about it.
     pub fn plugin_entry(&self) -> Result<Json, ConfigError> {
-        let text = self
-            .network_config_template
-            .replace(KUBECONFIG_PLACEHOLDER, &self.kubeconfig_host_path().to_string_lossy());
-        let mut entry = Json::parse(text.as_bytes()).map_err(|source| ConfigError::TemplateJson { source })?;
+        let text = self.network_config_template.replace(
+            KUBECONFIG_PLACEHOLDER,
+            &self.kubeconfig_host_path().to_string_lossy(),
+        );
+        let mut entry =
+            Json::parse(text.as_bytes()).map_err(|source| ConfigError::TemplateJson { source })?;
         let Json::Object(fields) = &mut entry else {
-            return Err(ConfigError::TemplateShape { reason: "not a JSON object" });
+            return Err(ConfigError::TemplateShape {
+                reason: "not a JSON object",
+            });
         };
-        if !fields.iter().any(|(k, v)| k == "type" && v.as_str().is_some()) {
-            return Err(ConfigError::TemplateShape { reason: "no string \"type\"" });
+        if !fields
+            .iter()
+            .any(|(k, v)| k == "type" && v.as_str().is_some())
+        {
+            return Err(ConfigError::TemplateShape {
+                reason: "no string \"type\"",
+            });
         }
         match fields.iter_mut().find(|(k, _)| k == "capabilities") {
             None => fields.push((
@@ -192,7 +209,11 @@ impl InstallerConfig {
                     caps.push(("cgroupPath".into(), Json::Scalar(true.into())));
                 }
             }
-            Some(_) => return Err(ConfigError::TemplateShape { reason: "\"capabilities\" is not an object" }),
+            Some(_) => {
+                return Err(ConfigError::TemplateShape {
+                    reason: "\"capabilities\" is not an object",
+                });
+            }
         }
         Ok(entry)
     }
@@ -218,7 +239,10 @@ mod tests {
     const TEMPLATE: &str = r#"{"name":"linkerd-cni","type":"linkerd-cni","kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"}}"#;
 
     fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
@@ -235,12 +259,24 @@ mod tests {
         let c = InstallerConfig::from_lookup(lookup(&base())).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.net_dir(), PathBuf::from("/host/etc/cni/net.d"));
         assert_eq!(c.bin_dir(), PathBuf::from("/host/opt/cni/bin"));
-        assert_eq!(c.binary_path(), PathBuf::from("/host/opt/cni/bin/linkerd-cni"));
+        assert_eq!(
+            c.binary_path(),
+            PathBuf::from("/host/opt/cni/bin/linkerd-cni")
+        );
         assert_eq!(c.plugin_source, PathBuf::from("/opt/cni/bin/linkerd-cni"));
-        assert_eq!(c.kubeconfig_path(), PathBuf::from("/host/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"));
-        assert_eq!(c.kubeconfig_host_path(), PathBuf::from("/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"));
+        assert_eq!(
+            c.kubeconfig_path(),
+            PathBuf::from("/host/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig")
+        );
+        assert_eq!(
+            c.kubeconfig_host_path(),
+            PathBuf::from("/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig")
+        );
         assert_eq!(c.kubeconfig_mode, 0o600);
-        assert_eq!(c.kube_ca_file, PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"));
+        assert_eq!(
+            c.kube_ca_file,
+            PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+        );
         assert_eq!(c.kubernetes_service_protocol, "https");
         assert!(!c.skip_tls_verify);
     }
@@ -261,9 +297,15 @@ mod tests {
         ]);
         let c = InstallerConfig::from_lookup(lookup(&env)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.net_dir(), PathBuf::from("/etc/kubernetes/cni/net.d"));
-        assert_eq!(c.binary_path(), PathBuf::from("/var/lib/cni/bin/linkerd-cni"));
+        assert_eq!(
+            c.binary_path(),
+            PathBuf::from("/var/lib/cni/bin/linkerd-cni")
+        );
         assert_eq!(c.plugin_source, PathBuf::from("/linkerd/bin/linkerd-cni"));
-        assert_eq!(c.kubeconfig_host_path(), PathBuf::from("/etc/kubernetes/cni/net.d/linkerd-kubeconfig"));
+        assert_eq!(
+            c.kubeconfig_host_path(),
+            PathBuf::from("/etc/kubernetes/cni/net.d/linkerd-kubeconfig")
+        );
         assert_eq!(c.kubeconfig_mode, 0o640);
         assert_eq!(c.kube_ca_file, PathBuf::from("/sa/ca.crt"));
         assert!(c.skip_tls_verify);
@@ -275,12 +317,24 @@ mod tests {
         let cases: &[(&[(&str, &str)], &str)] = &[
             (&[("KUBECONFIG_MODE", "rw")], "KUBECONFIG_MODE"),
             (&[("SKIP_TLS_VERIFY", "yes")], "SKIP_TLS_VERIFY"),
-            (&[("KUBECONFIG_FILE_NAME", "x.conflist")], "KUBECONFIG_FILE_NAME"),
+            (
+                &[("KUBECONFIG_FILE_NAME", "x.conflist")],
+                "KUBECONFIG_FILE_NAME",
+            ),
             (&[("CNI_NETWORK_CONFIG", "{not json")], "template"),
             (&[("CNI_NETWORK_CONFIG", "[1]")], "template"),
             (&[("CNI_NETWORK_CONFIG", r#"{"name":"x"}"#)], "template"),
-            (&[("CNI_NETWORK_CONFIG", r#"{"type":"linkerd-cni","capabilities":3}"#)], "capabilities"),
-            (&[("KUBERNETES_SERVICE_HOST", "")], "KUBERNETES_SERVICE_HOST"),
+            (
+                &[(
+                    "CNI_NETWORK_CONFIG",
+                    r#"{"type":"linkerd-cni","capabilities":3}"#,
+                )],
+                "capabilities",
+            ),
+            (
+                &[("KUBERNETES_SERVICE_HOST", "")],
+                "KUBERNETES_SERVICE_HOST",
+            ),
         ];
         for (overrides, needle) in cases {
             let mut env: HashMap<&str, &str> = base().into_iter().collect();
@@ -289,22 +343,32 @@ mod tests {
             let err = InstallerConfig::from_lookup(lookup(&pairs))
                 .err()
                 .unwrap_or_else(|| panic!("{overrides:?} accepted"));
-            assert!(err.to_string().contains(needle), "{overrides:?}: error {err:?} does not mention {needle}");
+            assert!(
+                err.to_string().contains(needle),
+                "{overrides:?}: error {err:?} does not mention {needle}"
+            );
         }
     }
 
     #[test]
     fn no_template_at_all_is_an_error() {
-        let env = [("KUBERNETES_SERVICE_HOST", "h"), ("KUBERNETES_SERVICE_PORT", "1")];
+        let env = [
+            ("KUBERNETES_SERVICE_HOST", "h"),
+            ("KUBERNETES_SERVICE_PORT", "1"),
+        ];
         let err = InstallerConfig::from_lookup(lookup(&env)).err();
-        assert!(matches!(err, Some(ConfigError::MissingTemplate)), "got {err:?}");
+        assert!(
+            matches!(err, Some(ConfigError::MissingTemplate)),
+            "got {err:?}"
+        );
     }
 
     #[test]
     fn template_file_wins_over_variable() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let file = dir.path().join("tpl.json");
-        fs::write(&file, r#"{"type":"linkerd-cni","from":"file"}"#).unwrap_or_else(|e| panic!("{e}"));
+        fs::write(&file, r#"{"type":"linkerd-cni","from":"file"}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
         let file_str = file.to_string_lossy().into_owned();
         let mut env = base();
         env.push(("CNI_NETWORK_CONFIG_FILE", &file_str));
@@ -316,16 +380,32 @@ mod tests {
     #[test]
     fn plugin_entry_fills_path_and_capability() {
         let cases: &[(&str, &str)] = &[
-            (TEMPLATE, r#"{"name":"linkerd-cni","type":"linkerd-cni","kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},"capabilities":{"cgroupPath":true}}"#),
-            (r#"{"type":"linkerd-cni","capabilities":{"portMappings":true}}"#, r#"{"type":"linkerd-cni","capabilities":{"portMappings":true,"cgroupPath":true}}"#),
-            (r#"{"type":"linkerd-cni","capabilities":{"cgroupPath":false}}"#, r#"{"type":"linkerd-cni","capabilities":{"cgroupPath":false}}"#),
+            (
+                TEMPLATE,
+                r#"{"name":"linkerd-cni","type":"linkerd-cni","kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},"capabilities":{"cgroupPath":true}}"#,
+            ),
+            (
+                r#"{"type":"linkerd-cni","capabilities":{"portMappings":true}}"#,
+                r#"{"type":"linkerd-cni","capabilities":{"portMappings":true,"cgroupPath":true}}"#,
+            ),
+            (
+                r#"{"type":"linkerd-cni","capabilities":{"cgroupPath":false}}"#,
+                r#"{"type":"linkerd-cni","capabilities":{"cgroupPath":false}}"#,
+            ),
         ];
         for (template, want) in cases {
             let mut env = base();
             env[0] = ("CNI_NETWORK_CONFIG", template);
-            let c = InstallerConfig::from_lookup(lookup(&env)).unwrap_or_else(|e| panic!("{template}: {e}"));
-            let entry = c.plugin_entry().unwrap_or_else(|e| panic!("{template}: {e}"));
-            assert_eq!(serde_json::to_string(&entry).unwrap_or_default(), *want, "entry from {template}");
+            let c = InstallerConfig::from_lookup(lookup(&env))
+                .unwrap_or_else(|e| panic!("{template}: {e}"));
+            let entry = c
+                .plugin_entry()
+                .unwrap_or_else(|e| panic!("{template}: {e}"));
+            assert_eq!(
+                serde_json::to_string(&entry).unwrap_or_default(),
+                *want,
+                "entry from {template}"
+            );
         }
     }
 }

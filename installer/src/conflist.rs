@@ -73,7 +73,9 @@ enum Shape<'a> {
 }
 
 fn shape(doc: &Json) -> Result<Shape<'_>, Malformed> {
-    let Some(_) = doc.as_object() else { return Err(Malformed::NotObject) };
+    let Some(_) = doc.as_object() else {
+        return Err(Malformed::NotObject);
+    };
     if doc.has("type") {
         return match doc.get("type").and_then(Json::as_str) {
             Some(_) => Ok(Shape::Single),
@@ -82,7 +84,10 @@ fn shape(doc: &Json) -> Result<Shape<'_>, Malformed> {
     }
     match doc.get("plugins") {
         Some(Json::Array(plugins)) => {
-            if let Some(bad) = plugins.iter().position(|p| p.get("type").and_then(Json::as_str).is_none()) {
+            if let Some(bad) = plugins
+                .iter()
+                .position(|p| p.get("type").and_then(Json::as_str).is_none())
+            {
                 return Err(Malformed::BadPlugin(bad));
             }
             Ok(Shape::List(plugins))
@@ -102,7 +107,10 @@ fn is_linkerd(plugin: &Json, entry_type: &str) -> bool {
 }
 
 fn entry_type(entry: &Json) -> &str {
-    entry.get("type").and_then(Json::as_str).unwrap_or(PLUGIN_TYPE)
+    entry
+        .get("type")
+        .and_then(Json::as_str)
+        .unwrap_or(PLUGIN_TYPE)
 }
 
 /// The patch for the file at `path` holding `input`, with `entry` as our plugin entry.
@@ -118,11 +126,18 @@ pub fn patch(path: &Path, input: &[u8], entry: &Json) -> Result<Option<Patched>,
             Json::Object(vec![
                 ("name".into(), Json::string(WRAPPED_NAME)),
                 ("cniVersion".into(), Json::string(WRAPPED_CNI_VERSION)),
-                ("plugins".into(), Json::Array(vec![doc.clone(), entry.clone()])),
+                (
+                    "plugins".into(),
+                    Json::Array(vec![doc.clone(), entry.clone()]),
+                ),
             ])
         }
         Shape::List(plugins) => {
-            let mut kept: Vec<Json> = plugins.iter().filter(|p| !is_linkerd(p, ty)).cloned().collect();
+            let mut kept: Vec<Json> = plugins
+                .iter()
+                .filter(|p| !is_linkerd(p, ty))
+                .cloned()
+                .collect();
             if kept.is_empty() {
                 return Err(Malformed::NoPrimary);
             }
@@ -141,7 +156,11 @@ pub fn patch(path: &Path, input: &[u8], entry: &Json) -> Result<Option<Patched>,
     if remove.is_none() && new_doc == doc {
         return Ok(None);
     }
-    Ok(Some(Patched { path: out_path, bytes: new_doc.to_pretty_bytes(), remove }))
+    Ok(Some(Patched {
+        path: out_path,
+        bytes: new_doc.to_pretty_bytes(),
+        remove,
+    }))
 }
 
 /// The file without any linkerd-cni entry. `Ok(None)`: there is none, nothing to write.
@@ -149,8 +168,14 @@ pub fn patch(path: &Path, input: &[u8], entry: &Json) -> Result<Option<Patched>,
 pub fn unpatch(input: &[u8], entry: &Json) -> Result<Option<Vec<u8>>, Malformed> {
     let doc = parse(input)?;
     let ty = entry_type(entry);
-    let Shape::List(plugins) = shape(&doc)? else { return Ok(None) };
-    let kept: Vec<Json> = plugins.iter().filter(|p| !is_linkerd(p, ty)).cloned().collect();
+    let Shape::List(plugins) = shape(&doc)? else {
+        return Ok(None);
+    };
+    let kept: Vec<Json> = plugins
+        .iter()
+        .filter(|p| !is_linkerd(p, ty))
+        .cloned()
+        .collect();
     if kept.len() == plugins.len() {
         return Ok(None);
     }
@@ -178,14 +203,19 @@ mod tests {
     use super::*;
 
     fn entry() -> Json {
-        Json::parse(br#"{"name":"linkerd-cni","type":"linkerd-cni","capabilities":{"cgroupPath":true}}"#)
-            .unwrap_or_else(|e| panic!("{e}"))
+        Json::parse(
+            br#"{"name":"linkerd-cni","type":"linkerd-cni","capabilities":{"cgroupPath":true}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn types(bytes: &[u8]) -> Vec<String> {
         let doc = Json::parse(bytes).unwrap_or_else(|e| panic!("output is not JSON: {e}"));
         match doc.get("plugins") {
-            Some(Json::Array(ps)) => ps.iter().filter_map(|p| p.get("type")?.as_str().map(String::from)).collect(),
+            Some(Json::Array(ps)) => ps
+                .iter()
+                .filter_map(|p| p.get("type")?.as_str().map(String::from))
+                .collect(),
             other => panic!("no plugins array: {other:?}"),
         }
     }
@@ -194,8 +224,18 @@ mod tests {
     fn patch_table() {
         // (file name, input, expected plugin types after patching, expected output name)
         let cases: &[(&str, &str, &[&str], &str)] = &[
-            ("10-a.conf", r#"{"cniVersion":"1.0.0","name":"a","type":"bridge"}"#, &["bridge", "linkerd-cni"], "10-a.conflist"),
-            ("10-a.conflist", r#"{"name":"a","plugins":[{"type":"bridge"}]}"#, &["bridge", "linkerd-cni"], "10-a.conflist"),
+            (
+                "10-a.conf",
+                r#"{"cniVersion":"1.0.0","name":"a","type":"bridge"}"#,
+                &["bridge", "linkerd-cni"],
+                "10-a.conflist",
+            ),
+            (
+                "10-a.conflist",
+                r#"{"name":"a","plugins":[{"type":"bridge"}]}"#,
+                &["bridge", "linkerd-cni"],
+                "10-a.conflist",
+            ),
             (
                 "10-a.conflist",
                 r#"{"name":"a","plugins":[{"type":"bridge"},{"type":"linkerd-cni","old":1},{"type":"portmap"}]}"#,
@@ -209,7 +249,12 @@ mod tests {
                 "10-a.conflist",
             ),
             // A list in a `.conf` file is still a list; the file is renamed like every `.conf`.
-            ("10-a.conf", r#"{"name":"a","plugins":[{"type":"bridge"}]}"#, &["bridge", "linkerd-cni"], "10-a.conflist"),
+            (
+                "10-a.conf",
+                r#"{"name":"a","plugins":[{"type":"bridge"}]}"#,
+                &["bridge", "linkerd-cni"],
+                "10-a.conflist",
+            ),
         ];
         for (name, input, want_types, want_name) in cases {
             let path = Path::new("/d").join(name);
@@ -218,12 +263,28 @@ mod tests {
                 .unwrap_or_else(|| panic!("{name} {input}: no patch"));
             assert_eq!(types(&p.bytes), *want_types, "{name} {input}");
             assert_eq!(p.path, Path::new("/d").join(want_name), "{name} {input}");
-            assert_eq!(p.remove.is_some(), name.ends_with(".conf"), "{name} {input}: removal");
+            assert_eq!(
+                p.remove.is_some(),
+                name.ends_with(".conf"),
+                "{name} {input}: removal"
+            );
             // The output is a fixed point.
-            let again = patch(&p.path, &p.bytes, &entry()).unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert_eq!(again, None, "{name} {input}: patching the output changed it");
-            assert_eq!(state(&p.path, &p.bytes, &entry()), FileState::Patched, "{name}");
-            assert_eq!(state(&path, input.as_bytes(), &entry()), FileState::Unpatched, "{name}");
+            let again =
+                patch(&p.path, &p.bytes, &entry()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(
+                again, None,
+                "{name} {input}: patching the output changed it"
+            );
+            assert_eq!(
+                state(&p.path, &p.bytes, &entry()),
+                FileState::Patched,
+                "{name}"
+            );
+            assert_eq!(
+                state(&path, input.as_bytes(), &entry()),
+                FileState::Unpatched,
+                "{name}"
+            );
         }
     }
 
@@ -235,7 +296,10 @@ mod tests {
             .unwrap_or_else(|| panic!("no patch"));
         let doc = Json::parse(&p.bytes).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(doc.get("name").and_then(Json::as_str), Some(WRAPPED_NAME));
-        assert_eq!(doc.get("cniVersion").and_then(Json::as_str), Some(WRAPPED_CNI_VERSION));
+        assert_eq!(
+            doc.get("cniVersion").and_then(Json::as_str),
+            Some(WRAPPED_CNI_VERSION)
+        );
         let original = Json::parse(input).unwrap_or_else(|e| panic!("{e}"));
         match doc.get("plugins") {
             Some(Json::Array(ps)) => assert_eq!(ps.first(), Some(&original)),
@@ -251,8 +315,14 @@ mod tests {
             (r#"{"name":"x"}"#, Malformed::NoPlugins),
             (r#"{"plugins":{}}"#, Malformed::NoPlugins),
             (r#"{"type":7}"#, Malformed::NoPlugins),
-            (r#"{"plugins":[{"type":"bridge"},{"name":"no type"}]}"#, Malformed::BadPlugin(1)),
-            (r#"{"plugins":[{"type":"linkerd-cni"}]}"#, Malformed::NoPrimary),
+            (
+                r#"{"plugins":[{"type":"bridge"},{"name":"no type"}]}"#,
+                Malformed::BadPlugin(1),
+            ),
+            (
+                r#"{"plugins":[{"type":"linkerd-cni"}]}"#,
+                Malformed::NoPrimary,
+            ),
             (r#"{"type":"linkerd-cni"}"#, Malformed::NoPrimary),
         ];
         for (input, want) in cases {
@@ -267,14 +337,25 @@ mod tests {
     #[test]
     fn unpatch_restores_the_list() {
         let cases: &[(&str, Option<&[&str]>)] = &[
-            (r#"{"plugins":[{"type":"bridge"},{"type":"linkerd-cni"}]}"#, Some(&["bridge"])),
-            (r#"{"plugins":[{"type":"linkerd-cni"},{"type":"a"},{"type":"b"},{"type":"linkerd-cni"}]}"#, Some(&["a", "b"])),
+            (
+                r#"{"plugins":[{"type":"bridge"},{"type":"linkerd-cni"}]}"#,
+                Some(&["bridge"]),
+            ),
+            (
+                r#"{"plugins":[{"type":"linkerd-cni"},{"type":"a"},{"type":"b"},{"type":"linkerd-cni"}]}"#,
+                Some(&["a", "b"]),
+            ),
             (r#"{"plugins":[{"type":"bridge"}]}"#, None),
             (r#"{"type":"bridge"}"#, None),
         ];
         for (input, want) in cases {
-            let got = unpatch(input.as_bytes(), &entry()).unwrap_or_else(|e| panic!("{input}: {e}"));
-            assert_eq!(got.as_deref().map(types), want.map(|w| w.iter().map(|s| s.to_string()).collect()), "{input}");
+            let got =
+                unpatch(input.as_bytes(), &entry()).unwrap_or_else(|e| panic!("{input}: {e}"));
+            assert_eq!(
+                got.as_deref().map(types),
+                want.map(|w| w.iter().map(|s| s.to_string()).collect()),
+                "{input}"
+            );
         }
         let only = unpatch(br#"{"plugins":[{"type":"linkerd-cni"}]}"#, &entry()).err();
         assert_eq!(only, Some(Malformed::NoPrimary));

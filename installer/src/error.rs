@@ -63,7 +63,9 @@ pub enum InstallError {
         source: io::Error,
     },
     /// The service-account token is missing, so no kubeconfig can be written.
-    #[error("no service-account token at {path:?} (is automountServiceAccountToken off?): {source}")]
+    #[error(
+        "no service-account token at {path:?} (is automountServiceAccountToken off?): {source}"
+    )]
     Token {
         /// The token file.
         path: PathBuf,

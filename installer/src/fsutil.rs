@@ -15,7 +15,10 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// A temp name next to `path`: hidden, and ending in neither `.conf` nor `.conflist`, so no
 /// runtime and no watcher takes it for a network config.
 pub(crate) fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     path.with_file_name(format!(".{name}.linkerd-tmp-{}-{n}", std::process::id()))
 }
@@ -36,11 +39,19 @@ pub(crate) fn copy_atomic(source: &Path, path: &Path, mode: u32) -> io::Result<(
     replace_with(path, mode, |f| io::copy(&mut src, f).map(drop))
 }
 
-fn replace_with(path: &Path, mode: u32, fill: impl FnOnce(&mut File) -> io::Result<()>) -> io::Result<()> {
+fn replace_with(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = temp_path(path);
     let result = (|| {
         // Created with the final mode already, so a token never sits in a world-readable file.
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
         fill(&mut f)?;
         // The umask may have cleared bits of `mode`: set them exactly.
         f.set_permissions(fs::Permissions::from_mode(mode))?;
@@ -102,27 +113,44 @@ mod tests {
             let before = fs::read(&path).unwrap_or_default();
             let old_ino = fs::metadata(&path).unwrap_or_else(|e| panic!("{e}")).ino();
             let content = format!("new {i}");
-            write_atomic(&path, content.as_bytes(), mode).unwrap_or_else(|e| panic!("mode {mode:o}: {e}"));
+            write_atomic(&path, content.as_bytes(), mode)
+                .unwrap_or_else(|e| panic!("mode {mode:o}: {e}"));
             let meta = fs::metadata(&path).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(meta.mode() & 0o7777, mode, "mode");
-            assert_ne!(meta.ino(), old_ino, "file was rewritten in place, not renamed over");
+            assert_ne!(
+                meta.ino(),
+                old_ino,
+                "file was rewritten in place, not renamed over"
+            );
             assert_eq!(fs::read(&path).unwrap_or_default(), content.as_bytes());
             let mut seen = Vec::new();
-            reader.read_to_end(&mut seen).unwrap_or_else(|e| panic!("{e}"));
+            reader
+                .read_to_end(&mut seen)
+                .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(seen, before, "an open reader saw the file change under it");
         }
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap_or_else(|e| panic!("{e}"))
             .filter_map(|e| e.ok().map(|e| e.file_name()))
             .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("f.conflist")], "leftover files");
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("f.conflist")],
+            "leftover files"
+        );
     }
 
     #[test]
     fn temp_names_are_never_configs() {
         let tmp = temp_path(Path::new("/d/10-calico.conflist"));
-        let name = tmp.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        assert!(crate::conflist::ConfKind::of(&tmp).is_none(), "{name} looks like a config");
+        let name = tmp
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        assert!(
+            crate::conflist::ConfKind::of(&tmp).is_none(),
+            "{name} looks like a config"
+        );
         assert!(is_temp_name(&name), "{name} not recognised as temp");
         assert!(!is_temp_name("10-calico.conflist"));
     }

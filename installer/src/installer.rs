@@ -3,8 +3,7 @@
 
 use std::{
     collections::HashMap,
-    fs,
-    io,
+    fs, io,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard, PoisonError},
@@ -106,9 +105,12 @@ pub struct PassReport {
 impl PassReport {
     /// Whether some usable config exists (patched now or before).
     pub fn found_config(&self) -> bool {
-        self.files
-            .iter()
-            .any(|(_, o)| matches!(o, FileOutcome::Written(_) | FileOutcome::AlreadyPatched | FileOutcome::OwnWrite))
+        self.files.iter().any(|(_, o)| {
+            matches!(
+                o,
+                FileOutcome::Written(_) | FileOutcome::AlreadyPatched | FileOutcome::OwnWrite
+            )
+        })
     }
 }
 
@@ -147,7 +149,14 @@ impl Installer {
     pub fn new(cfg: InstallerConfig) -> Result<Self, ConfigError> {
         cfg.validate()?;
         let entry = cfg.plugin_entry()?;
-        Ok(Self { inner: Arc::new(Inner { cfg, entry, state: Mutex::default(), pass: Mutex::new(()) }) })
+        Ok(Self {
+            inner: Arc::new(Inner {
+                cfg,
+                entry,
+                state: Mutex::default(),
+                pass: Mutex::new(()),
+            }),
+        })
     }
 
     /// The configuration in use.
@@ -192,8 +201,11 @@ impl Installer {
     fn install_binary_locked(&self) -> Result<(), InstallError> {
         let cfg = &self.inner.cfg;
         let dest = cfg.binary_path();
-        self.counted(|w| &mut w.binary, || fsutil::copy_atomic(&cfg.plugin_source, &dest, BINARY_MODE))
-            .map_err(InstallError::io("copying the plugin binary to", &dest))?;
+        self.counted(
+            |w| &mut w.binary,
+            || fsutil::copy_atomic(&cfg.plugin_source, &dest, BINARY_MODE),
+        )
+        .map_err(InstallError::io("copying the plugin binary to", &dest))?;
         info!(from = %cfg.plugin_source.display(), to = %dest.display(), "installed the plugin binary");
         Ok(())
     }
@@ -210,12 +222,16 @@ impl Installer {
         let path = cfg.kubeconfig_path();
         let want = kubeconfig::render(cfg)?;
         let current = fsutil::read_if_exists(&path).map_err(InstallError::io("reading", &path))?;
-        let mode_ok = fs::metadata(&path).is_ok_and(|m| m.permissions().mode() & 0o7777 == cfg.kubeconfig_mode);
+        let mode_ok = fs::metadata(&path)
+            .is_ok_and(|m| m.permissions().mode() & 0o7777 == cfg.kubeconfig_mode);
         if current.as_deref() == Some(&want[..]) && mode_ok {
             return Ok(false);
         }
-        self.counted(|w| &mut w.kubeconfig, || fsutil::write_atomic(&path, &want, cfg.kubeconfig_mode))
-            .map_err(InstallError::io("writing", &path))?;
+        self.counted(
+            |w| &mut w.kubeconfig,
+            || fsutil::write_atomic(&path, &want, cfg.kubeconfig_mode),
+        )
+        .map_err(InstallError::io("writing", &path))?;
         info!(path = %path.display(), "wrote the plugin kubeconfig");
         Ok(true)
     }
@@ -264,7 +280,9 @@ impl Installer {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(self.forget(path)),
             Err(e) => return Err(InstallError::io("reading", path)(e)),
         }
-        let Some(bytes) = fsutil::read_if_exists(path).map_err(InstallError::io("reading", path))? else {
+        let Some(bytes) =
+            fsutil::read_if_exists(path).map_err(InstallError::io("reading", path))?
+        else {
             return Ok(self.forget(path));
         };
         if lock(&self.inner.state).known.get(path) == Some(&bytes) {
@@ -289,8 +307,11 @@ impl Installer {
             }
             Ok(Some(p)) => {
                 let mode = file_mode(path);
-                self.counted(|w| &mut w.conflists, || fsutil::write_atomic(&p.path, &p.bytes, mode))
-                    .map_err(InstallError::io("writing", &p.path))?;
+                self.counted(
+                    |w| &mut w.conflists,
+                    || fsutil::write_atomic(&p.path, &p.bytes, mode),
+                )
+                .map_err(InstallError::io("writing", &p.path))?;
                 {
                     let mut state = lock(&self.inner.state);
                     state.reported.remove(path);
@@ -310,7 +331,11 @@ impl Installer {
 
     /// Runs a write, counting it *before* it becomes visible (and uncounting it if it fails),
     /// so whoever sees the new file also sees the count include it.
-    fn counted(&self, counter: fn(&mut WriteCounts) -> &mut u64, write: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+    fn counted(
+        &self,
+        counter: fn(&mut WriteCounts) -> &mut u64,
+        write: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
         *counter(&mut lock(&self.inner.state).writes) += 1;
         let result = write();
         if result.is_err() {
@@ -328,8 +353,12 @@ impl Installer {
 
     /// Whether `path` names a CNI config of the net dir (not our kubeconfig, not a temp file).
     pub(crate) fn is_config_name(&self, path: &Path) -> bool {
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return false };
-        name != self.inner.cfg.kubeconfig_file_name && !fsutil::is_temp_name(name) && ConfKind::of(path).is_some()
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            return false;
+        };
+        name != self.inner.cfg.kubeconfig_file_name
+            && !fsutil::is_temp_name(name)
+            && ConfKind::of(path).is_some()
     }
 
     /// The CNI configs in the net dir (regular files only, as Linkerd's `find -type f`), sorted.
@@ -353,9 +382,10 @@ impl Installer {
     /// What is on disk now. Reads the net dir (a few small files); writes nothing.
     pub fn status(&self) -> Status {
         let cfg = &self.inner.cfg;
-        let binary_installed =
-            fs::metadata(cfg.binary_path()).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-        let kubeconfig_written = fs::metadata(cfg.kubeconfig_path()).is_ok_and(|m| m.is_file() && m.len() > 0);
+        let binary_installed = fs::metadata(cfg.binary_path())
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        let kubeconfig_written =
+            fs::metadata(cfg.kubeconfig_path()).is_ok_and(|m| m.is_file() && m.len() > 0);
         let files = self
             .config_files()
             .unwrap_or_default()
@@ -366,7 +396,12 @@ impl Installer {
                 Some((p, state))
             })
             .collect();
-        Status { binary_installed, kubeconfig_written, files, writes: lock(&self.inner.state).writes }
+        Status {
+            binary_installed,
+            kubeconfig_written,
+            files,
+            writes: lock(&self.inner.state).writes,
+        }
     }
 
     /// Our writes so far.
@@ -396,7 +431,10 @@ impl Installer {
             Err(e) => fail(e),
         }
         let cfg = &self.inner.cfg;
-        for (what, path) in [("kubeconfig", cfg.kubeconfig_path()), ("plugin binary", cfg.binary_path())] {
+        for (what, path) in [
+            ("kubeconfig", cfg.kubeconfig_path()),
+            ("plugin binary", cfg.binary_path()),
+        ] {
             match fsutil::remove_if_exists(&path) {
                 Ok(true) => info!(path = %path.display(), "removed the {what}"),
                 Ok(false) => {}
@@ -407,15 +445,22 @@ impl Installer {
     }
 
     fn unpatch_file_locked(&self, path: &Path) -> Result<(), InstallError> {
-        let Some(bytes) = fsutil::read_if_exists(path).map_err(InstallError::io("reading", path))? else {
+        let Some(bytes) =
+            fsutil::read_if_exists(path).map_err(InstallError::io("reading", path))?
+        else {
             return Ok(());
         };
         match conflist::unpatch(&bytes, &self.inner.entry) {
             Ok(None) => Ok(()),
             Ok(Some(restored)) => {
-                self.counted(|w| &mut w.conflists, || fsutil::write_atomic(path, &restored, file_mode(path)))
-                    .map_err(InstallError::io("writing", path))?;
-                lock(&self.inner.state).known.insert(path.to_path_buf(), restored);
+                self.counted(
+                    |w| &mut w.conflists,
+                    || fsutil::write_atomic(path, &restored, file_mode(path)),
+                )
+                .map_err(InstallError::io("writing", path))?;
+                lock(&self.inner.state)
+                    .known
+                    .insert(path.to_path_buf(), restored);
                 info!(path = %path.display(), "removed linkerd-cni from a CNI plugin list");
                 Ok(())
             }

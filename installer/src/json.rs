@@ -53,7 +53,10 @@ impl Json {
 
     /// The value under `key` of an object.
     pub fn get(&self, key: &str) -> Option<&Json> {
-        self.as_object()?.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+        self.as_object()?
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
     }
 
     /// Mutable access to the value under `key` of an object.
@@ -131,9 +134,10 @@ impl<'de> Visitor<'de> for JsonVisitor {
     }
     fn visit_f64<E>(self, v: f64) -> Result<Json, E> {
         // Non-finite floats cannot come out of a JSON parser; `Null` keeps this total.
-        Ok(Json::Scalar(
-            serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, serde_json::Value::Number),
-        ))
+        Ok(Json::Scalar(serde_json::Number::from_f64(v).map_or(
+            serde_json::Value::Null,
+            serde_json::Value::Number,
+        )))
     }
     fn visit_str<E>(self, v: &str) -> Result<Json, E> {
         Ok(Json::string(v))
@@ -176,7 +180,10 @@ mod tests {
     fn round_trips_keep_key_order_and_values() {
         let cases: &[(&str, &str)] = &[
             (r#"{"z":1,"a":2,"m":{"y":true,"b":null}}"#, "zam"),
-            (r#"{"type":"calico","ipam":{"type":"calico-ipam"},"mtu":1440}"#, "tim"),
+            (
+                r#"{"type":"calico","ipam":{"type":"calico-ipam"},"mtu":1440}"#,
+                "tim",
+            ),
             (r#"{"b":1.5,"a":-3,"c":"x"}"#, "bac"),
         ];
         for (input, first_letters) in cases {
@@ -196,6 +203,9 @@ mod tests {
     #[test]
     fn repeated_key_keeps_first_position_last_value() {
         let doc = Json::parse(br#"{"a":1,"b":2,"a":3}"#).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(serde_json::to_string(&doc).unwrap_or_default(), r#"{"a":3,"b":2}"#);
+        assert_eq!(
+            serde_json::to_string(&doc).unwrap_or_default(),
+            r#"{"a":3,"b":2}"#
+        );
     }
 }

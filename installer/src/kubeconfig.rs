@@ -18,8 +18,15 @@ pub const CLUSTER: &str = "local";
 /// parsers reject for IPv4 and names).
 pub fn server_url(cfg: &InstallerConfig) -> String {
     let host = &cfg.kubernetes_service_host;
-    let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.clone() };
-    format!("{}://{}:{}", cfg.kubernetes_service_protocol, host, cfg.kubernetes_service_port)
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.clone()
+    };
+    format!(
+        "{}://{}:{}",
+        cfg.kubernetes_service_protocol, host, cfg.kubernetes_service_port
+    )
 }
 
 /// A YAML double-quoted scalar (JSON string syntax is valid YAML).
@@ -30,13 +37,19 @@ fn quoted(s: &str) -> String {
 /// Renders the kubeconfig from the current token and CA.
 pub fn render(cfg: &InstallerConfig) -> Result<Vec<u8>, InstallError> {
     let token_path = cfg.service_account_dir.join("token");
-    let token = fs::read_to_string(&token_path)
-        .map_err(|source| InstallError::Token { path: token_path, source })?;
+    let token = fs::read_to_string(&token_path).map_err(|source| InstallError::Token {
+        path: token_path,
+        source,
+    })?;
     let tls = if cfg.skip_tls_verify {
         "insecure-skip-tls-verify: true".to_owned()
     } else {
-        let ca = fs::read(&cfg.kube_ca_file).map_err(InstallError::io("reading the CA bundle", &cfg.kube_ca_file))?;
-        format!("certificate-authority-data: {}", quoted(&base64::engine::general_purpose::STANDARD.encode(ca)))
+        let ca = fs::read(&cfg.kube_ca_file)
+            .map_err(InstallError::io("reading the CA bundle", &cfg.kube_ca_file))?;
+        format!(
+            "certificate-authority-data: {}",
+            quoted(&base64::engine::general_purpose::STANDARD.encode(ca))
+        )
     };
     let text = format!(
         "# Kubeconfig of the linkerd-cni plugin, kept up to date by its installer.\n\
@@ -83,7 +96,10 @@ mod tests {
             ("10.96.0.1", "https://10.96.0.1:6443"),
             ("fd00::1", "https://[fd00::1]:6443"),
             ("[fd00::1]", "https://[fd00::1]:6443"),
-            ("kubernetes.default.svc", "https://kubernetes.default.svc:6443"),
+            (
+                "kubernetes.default.svc",
+                "https://kubernetes.default.svc:6443",
+            ),
         ];
         for (host, want) in cases {
             assert_eq!(server_url(&cfg(host)), want, "host {host}");

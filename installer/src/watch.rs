@@ -19,7 +19,7 @@ use std::{
 use futures_util::StreamExt as _;
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 use tokio::time::{Instant, MissedTickBehavior};
-use tracing::{debug, error, info, info_span, warn, Instrument as _};
+use tracing::{Instrument as _, debug, error, info, info_span, warn};
 
 use crate::{error::InstallError, installer::Installer};
 
@@ -64,15 +64,25 @@ impl Watches {
             )
             .map_err(err(&net_dir))?;
         let sa_dir = &cfg.service_account_dir;
-        let sa = match inotify.watches().add(sa_dir, WatchMask::MOVED_TO | WatchMask::CREATE | WatchMask::CLOSE_WRITE) {
+        let sa = match inotify.watches().add(
+            sa_dir,
+            WatchMask::MOVED_TO | WatchMask::CREATE | WatchMask::CLOSE_WRITE,
+        ) {
             Ok(wd) => Some(wd),
             Err(e) => {
                 warn!(dir = %sa_dir.display(), error = %e, "cannot watch the service-account dir; token rotation is picked up by the periodic resync only");
                 None
             }
         };
-        let stream = inotify.into_event_stream(vec![0u8; 16 * 1024]).map_err(err(&net_dir))?;
-        Ok(Self { net_dir, net, sa, stream })
+        let stream = inotify
+            .into_event_stream(vec![0u8; 16 * 1024])
+            .map_err(err(&net_dir))?;
+        Ok(Self {
+            net_dir,
+            net,
+            sa,
+            stream,
+        })
     }
 }
 
@@ -117,14 +127,21 @@ impl Installer {
 
     /// Keeps the installation in place until `shutdown` completes, without the first install
     /// and without cleanup (for callers that do those themselves).
-    pub async fn watch_until(&self, shutdown: impl Future<Output = ()>) -> Result<(), InstallError> {
+    pub async fn watch_until(
+        &self,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), InstallError> {
         let watches = Watches::new(self)?;
         // Catch up with anything that changed before the watches existed.
         self.blocking(|i| i.patch_all()).await?;
         self.watch(watches, shutdown).await
     }
 
-    async fn watch(&self, mut w: Watches, shutdown: impl Future<Output = ()>) -> Result<(), InstallError> {
+    async fn watch(
+        &self,
+        mut w: Watches,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), InstallError> {
         tokio::pin!(shutdown);
         let mut resync = tokio::time::interval_at(Instant::now() + RESYNC, RESYNC);
         resync.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -210,8 +227,13 @@ impl Installer {
         .await
     }
 
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Installer) -> T + Send + 'static) -> Result<T, InstallError> {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Installer) -> T + Send + 'static,
+    ) -> Result<T, InstallError> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || f(&this)).await.map_err(|e| InstallError::Task(e.to_string()))
+        tokio::task::spawn_blocking(move || f(&this))
+            .await
+            .map_err(|e| InstallError::Task(e.to_string()))
     }
 }

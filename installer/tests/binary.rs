@@ -22,14 +22,26 @@ fn binary_is_replaced_atomically_and_executable() {
     let mut in_use = fs::File::open(&dest).unwrap_or_else(|e| panic!("{e}"));
     let old_ino = fs::metadata(&dest).map(|m| m.ino()).unwrap_or(0);
 
-    node.installer.install_binary().unwrap_or_else(|e| panic!("install: {e}"));
+    node.installer
+        .install_binary()
+        .unwrap_or_else(|e| panic!("install: {e}"));
 
     let meta = fs::metadata(&dest).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(fs::read(&dest).unwrap_or_default(), BINARY, "contents");
-    assert_eq!(meta.permissions().mode() & 0o7777, 0o755, "mode (the image's copy is 0644)");
-    assert_ne!(meta.ino(), old_ino, "old binary overwritten in place instead of replaced");
+    assert_eq!(
+        meta.permissions().mode() & 0o7777,
+        0o755,
+        "mode (the image's copy is 0644)"
+    );
+    assert_ne!(
+        meta.ino(),
+        old_ino,
+        "old binary overwritten in place instead of replaced"
+    );
     let mut seen = Vec::new();
-    in_use.read_to_end(&mut seen).unwrap_or_else(|e| panic!("{e}"));
+    in_use
+        .read_to_end(&mut seen)
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(seen, old, "the running copy changed under its reader");
     let names: Vec<_> = fs::read_dir(&bin_dir)
         .unwrap_or_else(|e| panic!("{e}"))
@@ -38,7 +50,9 @@ fn binary_is_replaced_atomically_and_executable() {
     assert_eq!(names, ["linkerd-cni"], "bin dir holds leftovers");
     assert!(node.installer.status().binary_installed);
 
-    node.installer.cleanup().unwrap_or_else(|e| panic!("cleanup: {e}"));
+    node.installer
+        .cleanup()
+        .unwrap_or_else(|e| panic!("cleanup: {e}"));
     assert!(!dest.exists(), "binary left after cleanup");
     assert!(!node.installer.status().binary_installed);
 }
@@ -51,7 +65,9 @@ fn missing_source_binary_names_the_path() {
     let err = node.installer.install_once().err();
     assert!(matches!(err, Some(InstallError::Io { .. })), "got {err:?}");
     assert!(
-        err.is_some_and(|e| e.to_string().contains(&node.installer.config().binary_path().display().to_string())),
+        err.is_some_and(|e| e
+            .to_string()
+            .contains(&node.installer.config().binary_path().display().to_string())),
         "error does not name the destination"
     );
     assert!(!node.installer.config().binary_path().exists());

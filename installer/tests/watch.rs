@@ -33,17 +33,29 @@ async fn rewritten_conflist_is_repatched_within_a_second() {
     type Writer = fn(&std::path::Path, &[u8]);
     let writers: &[(&str, Writer)] = &[
         ("rename over", |p, b| replace_file(p, b)),
-        ("in place", |p, b| fs::write(p, b).unwrap_or_else(|e| panic!("{e}"))),
+        ("in place", |p, b| {
+            fs::write(p, b).unwrap_or_else(|e| panic!("{e}"))
+        }),
     ];
     for (how, write) in writers {
         let before = node.installer.write_counts().conflists;
         write(&path, &flannel_original());
-        eventually(Duration::from_secs(1), &format!("entry back after a rewrite ({how})"), || {
-            fs::read(&path).is_ok_and(|b| is_patched(&node, &b))
-        })
+        eventually(
+            Duration::from_secs(1),
+            &format!("entry back after a rewrite ({how})"),
+            || fs::read(&path).is_ok_and(|b| is_patched(&node, &b)),
+        )
         .await;
-        assert_eq!(plugin_types(&node.read(FLANNEL)), ["flannel", "portmap", "linkerd-cni"], "{how}");
-        assert_eq!(node.installer.write_counts().conflists, before + 1, "{how}: one write of ours");
+        assert_eq!(
+            plugin_types(&node.read(FLANNEL)),
+            ["flannel", "portmap", "linkerd-cni"],
+            "{how}"
+        );
+        assert_eq!(
+            node.installer.write_counts().conflists,
+            before + 1,
+            "{how}: one write of ours"
+        );
     }
     running.stop().await.unwrap_or_else(|e| panic!("stop: {e}"));
 }
@@ -69,12 +81,22 @@ async fn burst_of_rewrites_causes_bounded_work() {
     .await;
     let after_burst = node.installer.write_counts().conflists;
     let ours = after_burst - before;
-    assert!((1..=5).contains(&ours), "{ours} writes of ours for 100 foreign rewrites");
+    assert!(
+        (1..=5).contains(&ours),
+        "{ours} writes of ours for 100 foreign rewrites"
+    );
 
     // Quiet afterwards: no write chases another.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(node.installer.write_counts().conflists, after_burst, "writes kept coming after the burst");
-    assert!(is_patched(&node, &node.read(FLANNEL)), "final file not patched");
+    assert_eq!(
+        node.installer.write_counts().conflists,
+        after_burst,
+        "writes kept coming after the burst"
+    );
+    assert!(
+        is_patched(&node, &node.read(FLANNEL)),
+        "final file not patched"
+    );
     running.stop().await.unwrap_or_else(|e| panic!("stop: {e}"));
 }
 
@@ -86,16 +108,24 @@ async fn waits_for_the_first_config_and_never_writes_a_standalone_one() {
     let kubeconfig = node.installer.config().kubeconfig_path();
     eventually(Duration::from_secs(5), "kubeconfig", || kubeconfig.exists()).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(node.listing(), ["ZZZ-linkerd-cni-kubeconfig"], "something besides the kubeconfig was written");
+    assert_eq!(
+        node.listing(),
+        ["ZZZ-linkerd-cni-kubeconfig"],
+        "something besides the kubeconfig was written"
+    );
     assert!(!node.installer.status().ready(), "ready without any config");
 
     // The primary CNI arrives and writes a single-plugin .conf.
     let calico = fs::read(fixture("net.d/10-calico.conf")).unwrap_or_else(|e| panic!("{e}"));
     replace_file(&node.net("10-calico.conf"), &calico);
-    eventually(Duration::from_secs(1), "the new .conf converted and patched", || {
-        fs::read(node.net("10-calico.conflist")).is_ok_and(|b| is_patched(&node, &b))
-            && !node.net("10-calico.conf").exists()
-    })
+    eventually(
+        Duration::from_secs(1),
+        "the new .conf converted and patched",
+        || {
+            fs::read(node.net("10-calico.conflist")).is_ok_and(|b| is_patched(&node, &b))
+                && !node.net("10-calico.conf").exists()
+        },
+    )
     .await;
     let status = node.installer.status();
     assert!(status.ready(), "{status:?}");
@@ -112,7 +142,17 @@ async fn shutdown_removes_everything() {
     .await;
     running.stop().await.unwrap_or_else(|e| panic!("stop: {e}"));
     assert_eq!(plugin_types(&node.read(FLANNEL)), ["flannel", "portmap"]);
-    assert_eq!(plugin_types(&node.read("05-cilium.conflist")), ["cilium-cni"]);
-    assert_eq!(node.listing(), ["05-cilium.conflist", FLANNEL], "kubeconfig or temp files left");
-    assert!(!node.installer.config().binary_path().exists(), "binary left");
+    assert_eq!(
+        plugin_types(&node.read("05-cilium.conflist")),
+        ["cilium-cni"]
+    );
+    assert_eq!(
+        node.listing(),
+        ["05-cilium.conflist", FLANNEL],
+        "kubeconfig or temp files left"
+    );
+    assert!(
+        !node.installer.config().binary_path().exists(),
+        "binary left"
+    );
 }

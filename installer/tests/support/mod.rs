@@ -21,12 +21,15 @@ pub const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICAT
 
 /// Path of a file under `tests/fixtures`.
 pub fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(rel)
 }
 
 /// The fixture template, as the DaemonSet passes it in `CNI_NETWORK_CONFIG`.
 pub fn template() -> String {
-    fs::read_to_string(fixture("linkerd-cni-template.json")).unwrap_or_else(|e| panic!("template fixture: {e}"))
+    fs::read_to_string(fixture("linkerd-cni-template.json"))
+        .unwrap_or_else(|e| panic!("template fixture: {e}"))
 }
 
 /// A node: `<root>/host` is the host's `/` as the installer container sees it.
@@ -50,9 +53,18 @@ impl Node {
         }
         fs::write(r.join("image/linkerd-cni"), BINARY).unwrap_or_else(|e| panic!("binary: {e}"));
         let node_env: Vec<(String, String)> = vec![
-            ("CONTAINER_MOUNT_PREFIX".into(), r.join("host").to_string_lossy().into_owned()),
-            ("CONTAINER_CNI_BIN_DIR".into(), r.join("image").to_string_lossy().into_owned()),
-            ("SERVICEACCOUNT_PATH".into(), r.join("sa").to_string_lossy().into_owned()),
+            (
+                "CONTAINER_MOUNT_PREFIX".into(),
+                r.join("host").to_string_lossy().into_owned(),
+            ),
+            (
+                "CONTAINER_CNI_BIN_DIR".into(),
+                r.join("image").to_string_lossy().into_owned(),
+            ),
+            (
+                "SERVICEACCOUNT_PATH".into(),
+                r.join("sa").to_string_lossy().into_owned(),
+            ),
             ("KUBERNETES_SERVICE_HOST".into(), "10.96.0.1".into()),
             ("KUBERNETES_SERVICE_PORT".into(), "443".into()),
             ("CNI_NETWORK_CONFIG".into(), template()),
@@ -62,11 +74,20 @@ impl Node {
                 .iter()
                 .find(|(k, _)| *k == key)
                 .map(|(_, v)| (*v).to_owned())
-                .or_else(|| node_env.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()))
+                .or_else(|| {
+                    node_env
+                        .iter()
+                        .find(|(k, _)| k == key)
+                        .map(|(_, v)| v.clone())
+                })
         };
         let cfg = InstallerConfig::from_lookup(lookup).unwrap_or_else(|e| panic!("config: {e}"));
         let installer = Installer::new(cfg).unwrap_or_else(|e| panic!("installer: {e}"));
-        let node = Self { root, installer, rotation: AtomicU32::new(0) };
+        let node = Self {
+            root,
+            installer,
+            rotation: AtomicU32::new(0),
+        };
         node.rotate_token(TOKEN);
         node
     }
@@ -86,7 +107,8 @@ impl Node {
     /// Copies fixtures from `tests/fixtures/net.d` into the net dir.
     pub fn add_fixtures(&self, names: &[&str]) {
         for name in names {
-            fs::copy(fixture(&format!("net.d/{name}")), self.net(name)).unwrap_or_else(|e| panic!("fixture {name}: {e}"));
+            fs::copy(fixture(&format!("net.d/{name}")), self.net(name))
+                .unwrap_or_else(|e| panic!("fixture {name}: {e}"));
         }
     }
 
@@ -130,13 +152,19 @@ impl Node {
 pub fn plugin_types(bytes: &[u8]) -> Vec<String> {
     plugins(bytes)
         .iter()
-        .map(|p| p.get("type").and_then(Json::as_str).unwrap_or_else(|| panic!("plugin without type: {p:?}")).to_owned())
+        .map(|p| {
+            p.get("type")
+                .and_then(Json::as_str)
+                .unwrap_or_else(|| panic!("plugin without type: {p:?}"))
+                .to_owned()
+        })
         .collect()
 }
 
 /// The plugins of a conflist.
 pub fn plugins(bytes: &[u8]) -> Vec<Json> {
-    let doc = Json::parse(bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(bytes)));
+    let doc = Json::parse(bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(bytes)));
     match doc.get("plugins") {
         Some(Json::Array(p)) => p.clone(),
         other => panic!("no plugins array: {other:?}"),
@@ -145,10 +173,18 @@ pub fn plugins(bytes: &[u8]) -> Vec<Json> {
 
 /// Whether a conflist ends with exactly the installer's entry and holds no other linkerd-cni.
 pub fn is_patched(node: &Node, bytes: &[u8]) -> bool {
-    let Ok(doc) = Json::parse(bytes) else { return false };
-    let Some(Json::Array(ps)) = doc.get("plugins") else { return false };
+    let Ok(doc) = Json::parse(bytes) else {
+        return false;
+    };
+    let Some(Json::Array(ps)) = doc.get("plugins") else {
+        return false;
+    };
     ps.last() == Some(node.installer.plugin_entry())
-        && ps.iter().filter(|p| p.get("type").and_then(Json::as_str) == Some("linkerd-cni")).count() == 1
+        && ps
+            .iter()
+            .filter(|p| p.get("type").and_then(Json::as_str) == Some("linkerd-cni"))
+            .count()
+            == 1
 }
 
 /// Polls `check` every 5 ms until it holds; panics naming `what` after `limit`. Returns how
@@ -190,7 +226,10 @@ impl Running {
                 })
                 .await
         });
-        Self { shutdown: Some(tx), task }
+        Self {
+            shutdown: Some(tx),
+            task,
+        }
     }
 
     /// Signals shutdown and waits for `run` to return (after its cleanup).
