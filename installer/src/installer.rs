@@ -379,11 +379,16 @@ impl Installer {
         Ok(paths)
     }
 
+    /// Whether the plugin binary is in the host bin dir and executable.
+    pub fn binary_present(&self) -> bool {
+        fs::metadata(self.inner.cfg.binary_path())
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    }
+
     /// What is on disk now. Reads the net dir (a few small files); writes nothing.
     pub fn status(&self) -> Status {
         let cfg = &self.inner.cfg;
-        let binary_installed = fs::metadata(cfg.binary_path())
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        let binary_installed = self.binary_present();
         let kubeconfig_written =
             fs::metadata(cfg.kubeconfig_path()).is_ok_and(|m| m.is_file() && m.len() > 0);
         let files = self

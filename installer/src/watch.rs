@@ -152,50 +152,75 @@ impl Installer {
             tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
-                event = w.stream.next() => {
-                    let event = match event {
-                        Some(Ok(e)) => e,
-                        Some(Err(source)) => return Err(InstallError::Watch { path: w.net_dir.clone(), source }),
-                        None => return Err(InstallError::Watch {
-                            path: w.net_dir.clone(),
-                            source: std::io::Error::other("inotify stream ended"),
-                        }),
-                    };
-                    pending.touch(Instant::now());
-                    if event.mask.contains(EventMask::Q_OVERFLOW) {
-                        warn!("inotify queue overflowed; rechecking everything");
-                        pending.everything = true;
-                        continue;
-                    }
-                    if event.mask.contains(EventMask::IGNORED) {
-                        warn!(?event.wd, "a watched directory went away; relying on the periodic resync");
-                        continue;
-                    }
-                    let Some(name) = event.name.as_deref() else { continue };
-                    if event.wd == w.net {
-                        if name == OsStr::new(&kubeconfig_name) {
-                            pending.kubeconfig = true;
-                        } else {
-                            let path = w.net_dir.join(name);
-                            if self.is_config_name(&path) {
-                                debug!(file = %path.display(), mask = ?event.mask, "net dir event");
-                                pending.files.insert(path);
-                            }
-                        }
-                    } else if Some(&event.wd) == w.sa.as_ref() && SA_TRIGGERS.iter().any(|t| name == OsStr::new(t)) {
-                        debug!(entry = ?name, "service-account volume changed");
-                        pending.kubeconfig = true;
-                    }
-                }
+                // Before events: a writer that never stops must not starve the flush.
                 () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
                     let work = std::mem::take(&mut pending);
                     self.flush(work).await?;
                 }
+                event = w.stream.next() => self.note(event, &w, &kubeconfig_name, &mut pending)?,
                 _ = resync.tick() => {
                     self.flush(Pending { everything: true, kubeconfig: true, ..Pending::default() }).await?;
                 }
             }
         }
+    }
+
+    /// Adds what one inotify event asks for to `pending`.
+    fn note(
+        &self,
+        event: Option<std::io::Result<inotify::Event<std::ffi::OsString>>>,
+        w: &Watches,
+        kubeconfig_name: &str,
+        pending: &mut Pending,
+    ) -> Result<(), InstallError> {
+        let event = match event {
+            Some(Ok(e)) => e,
+            Some(Err(source)) => {
+                return Err(InstallError::Watch {
+                    path: w.net_dir.clone(),
+                    source,
+                });
+            }
+            None => {
+                return Err(InstallError::Watch {
+                    path: w.net_dir.clone(),
+                    source: std::io::Error::other("inotify stream ended"),
+                });
+            }
+        };
+        if event.mask.contains(EventMask::Q_OVERFLOW) {
+            warn!("inotify queue overflowed; rechecking everything");
+            pending.everything = true;
+        } else if event.mask.contains(EventMask::IGNORED) {
+            // Only if the directory itself is removed; a hostPath mount cannot come back
+            // under a running pod anyway.
+            warn!(?event.wd, "a watched directory went away; relying on the periodic resync");
+            return Ok(());
+        } else if let Some(name) = event.name.as_deref() {
+            if event.wd == w.net && name == OsStr::new(kubeconfig_name) {
+                // Someone else touched our kubeconfig (or it is our own write coming back):
+                // compare and restore.
+                pending.kubeconfig = true;
+            } else if event.wd == w.net {
+                let path = w.net_dir.join(name);
+                if !self.is_config_name(&path) {
+                    return Ok(());
+                }
+                debug!(file = %path.display(), mask = ?event.mask, "net dir event");
+                pending.files.insert(path);
+            } else if Some(&event.wd) == w.sa.as_ref()
+                && SA_TRIGGERS.iter().any(|t| name == OsStr::new(t))
+            {
+                debug!(entry = ?name, "service-account volume changed");
+                pending.kubeconfig = true;
+            } else {
+                return Ok(());
+            }
+        } else {
+            return Ok(());
+        }
+        pending.touch(Instant::now());
+        Ok(())
     }
 
     /// Does what a burst of events asked for.
@@ -209,7 +234,7 @@ impl Installer {
                 }
             }
             if work.everything {
-                if !i.status().binary_installed {
+                if !i.binary_present() {
                     warn!("the plugin binary disappeared; installing it again");
                     if let Err(e) = i.install_binary() {
                         error!(error = %e, "cannot reinstall the plugin binary");

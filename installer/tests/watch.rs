@@ -156,3 +156,44 @@ async fn shutdown_removes_everything() {
         "binary left"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_that_never_stops_gets_a_bounded_rate_of_repatches() {
+    let (node, running) = started_with_flannel().await;
+    let path = node.net(FLANNEL);
+    let before = node.installer.write_counts().conflists;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (path, stop, original) = (path.clone(), stop.clone(), flannel_original());
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                replace_file(&path, &original);
+                n += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            n
+        })
+    };
+    let window = Duration::from_millis(1500);
+    tokio::time::sleep(window).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rewrites = writer
+        .join()
+        .unwrap_or_else(|_| panic!("writer thread panicked"));
+    let ours = node.installer.write_counts().conflists - before;
+    // Events never pause, so the loop flushes every MAX_DELAY: it keeps trying (is not
+    // starved by the events) but at a bounded rate.
+    let max = (window.as_millis() / linkerd_cni_installer::MAX_DELAY.as_millis()) as u64 + 2;
+    assert!(
+        (2..=max).contains(&ours),
+        "{ours} writes of ours against {rewrites} foreign rewrites (max {max})"
+    );
+    eventually(
+        Duration::from_secs(1),
+        "entry back once the writer stops",
+        || fs::read(&path).is_ok_and(|b| is_patched(&node, &b)),
+    )
+    .await;
+    running.stop().await.unwrap_or_else(|e| panic!("stop: {e}"));
+}
