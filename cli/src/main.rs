@@ -1,1 +1,61 @@
-fn main() {}
+//! `linkerd`: one variant of [`Command`] per subcommand, each implemented in its own module of
+//! the `linkerd_cli` library.
+
+use std::{io::Write, process::ExitCode};
+
+use anyhow::Context;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use linkerd_cli::{check, install_cni, kubernetes::KubeArgs};
+
+/// The linkerd CLI: install and check Linkerd's CNI plugin with eBPF redirection.
+#[derive(Parser, Debug)]
+#[command(name = "linkerd", version, about, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    kube: KubeArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Output Kubernetes manifests installing the linkerd-cni DaemonSet (pipe into
+    /// `kubectl apply --prune -l linkerd.io/cni-resource=true -f -`).
+    InstallCni(install_cni::InstallCniArgs),
+    /// Check the linkerd-cni installation (--linkerd-cni-enabled) and this node (--node).
+    Check(check::CheckArgs),
+}
+
+fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    match run(cli, &matches) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
+    match &cli.command {
+        Command::InstallCni(args) => {
+            let sub = matches.subcommand_matches("install-cni").context("install-cni arguments")?;
+            let yaml = install_cni::render(args, sub)?;
+            std::io::stdout().lock().write_all(yaml.as_bytes()).context("writing the manifests")?;
+            Ok(true)
+        }
+        Command::Check(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(check::run(args, &cli.kube, &mut std::io::stdout().lock()))
+        }
+    }
+}

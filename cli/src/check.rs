@@ -1,0 +1,100 @@
+//! `linkerd check`: with `--linkerd-cni-enabled`, the contract's checks of the linkerd-cni
+//! objects in the cluster; with `--node`, checks of the machine it runs on as a node (kernel
+//! features, bpffs, cgroup v2). Prints Linkerd-style `√` / `×` lines, exits non-zero on failure.
+
+pub mod cluster;
+pub mod node;
+
+use std::io::Write;
+
+use clap::Args;
+
+use crate::kubernetes::KubeArgs;
+
+/// The namespace `install-cni` renders into.
+pub const CNI_NAMESPACE: &str = "linkerd-cni";
+
+/// The flags of `linkerd check`.
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// Checks to run before installing the control plane (accepted; the CNI checks are the same
+    /// before and after).
+    #[arg(long, env = "LINKERD_CHECK_PRE")]
+    pub pre: bool,
+    /// Check the linkerd-cni installation in the cluster.
+    #[arg(long, env = "LINKERD_CHECK_LINKERD_CNI_ENABLED")]
+    pub linkerd_cni_enabled: bool,
+    /// Namespace of the linkerd-cni objects.
+    #[arg(long, env = "LINKERD_CHECK_CNI_NAMESPACE", default_value = CNI_NAMESPACE)]
+    pub cni_namespace: String,
+    /// Also check this machine as a node of the eBPF mode (kernel version, bpffs, cgroup v2).
+    /// Meaningful on a node, e.g. from `kubectl debug node/<name>`.
+    #[arg(long, env = "LINKERD_CHECK_NODE")]
+    pub node: bool,
+}
+
+/// The outcome of one check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckResult {
+    /// What is checked, as printed after the mark.
+    pub name: String,
+    /// `Ok(detail)` (detail may be empty) or `Err(why)`.
+    pub outcome: Result<String, String>,
+}
+
+impl CheckResult {
+    pub fn ok(name: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self { name: name.into(), outcome: Ok(detail.into()) }
+    }
+    pub fn fail(name: impl Into<String>, why: impl Into<String>) -> Self {
+        Self { name: name.into(), outcome: Err(why.into()) }
+    }
+    pub fn passed(&self) -> bool {
+        self.outcome.is_ok()
+    }
+}
+
+/// Prints one category of results, Linkerd style.
+pub fn print_category(out: &mut impl Write, title: &str, results: &[CheckResult]) -> std::io::Result<()> {
+    writeln!(out, "{title}")?;
+    writeln!(out, "{}", "-".repeat(title.chars().count()))?;
+    for r in results {
+        match &r.outcome {
+            Ok(detail) if detail.is_empty() => writeln!(out, "√ {}", r.name)?,
+            Ok(detail) => writeln!(out, "√ {} ({detail})", r.name)?,
+            Err(why) => {
+                writeln!(out, "× {}", r.name)?;
+                for line in why.lines() {
+                    writeln!(out, "    {line}")?;
+                }
+            }
+        }
+    }
+    writeln!(out)
+}
+
+/// Runs the requested checks, prints them, and says whether all passed.
+pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> anyhow::Result<bool> {
+    if !args.linkerd_cni_enabled && !args.node {
+        anyhow::bail!(
+            "nothing to check: use --linkerd-cni-enabled for the linkerd-cni objects in the cluster \
+             and/or --node for this machine (the control-plane checks are not implemented here)"
+        );
+    }
+    let mut all = true;
+    if args.linkerd_cni_enabled {
+        let results = match kube.client().await {
+            Ok(client) => cluster::run(&client, &args.cni_namespace).await,
+            Err(e) => vec![CheckResult::fail("can initialize the client", e.to_string())],
+        };
+        all &= results.iter().all(CheckResult::passed);
+        print_category(out, "linkerd-cni-plugin", &results)?;
+    }
+    if args.node {
+        let results = node::run(&node::NodeFacts::read_local());
+        all &= results.iter().all(CheckResult::passed);
+        print_category(out, "linkerd-cni-node", &results)?;
+    }
+    writeln!(out, "Status check results are {}", if all { "√" } else { "×" })?;
+    Ok(all)
+}

@@ -1,0 +1,262 @@
+//! `linkerd install-cni`: renders the `linkerd2-cni` chart for `kubectl apply -f -`, with
+//! Linkerd's flags (every one honoured) plus `--mode`.
+//!
+//! Values are layered like Helm and Linkerd do: the chart's `values.yaml`, then each `-f` file
+//! in order, then the flags the user gave (on the command line or through their environment
+//! variable; a flag left at its default does not override a values file), then each `--set`.
+
+use std::path::PathBuf;
+
+use clap::{ArgMatches, Args, parser::ValueSource};
+use linkerd_cni_proto::config::PortRange;
+use serde_json::Value as Json;
+
+use crate::{
+    chart::{self, RenderError},
+    values::{self, ValuesError},
+};
+
+/// Prefix of the environment variables of `install-cni`'s flags.
+pub const ENV_PREFIX: &str = "LINKERD_INSTALL_CNI_";
+
+/// Why `install-cni` could not produce manifests.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallCniError {
+    #[error(transparent)]
+    Values(#[from] ValuesError),
+    #[error(transparent)]
+    Render(#[from] RenderError),
+}
+
+fn port(s: &str) -> Result<u16, String> {
+    match s.trim().parse::<u16>() {
+        Ok(0) | Err(_) => Err(format!("{s:?} is not a port (1-65535)")),
+        Ok(p) => Ok(p),
+    }
+}
+
+fn port_range(s: &str) -> Result<String, String> {
+    s.parse::<PortRange>().map(|r| r.to_string()).map_err(|e| e.to_string())
+}
+
+fn mode(s: &str) -> Result<String, String> {
+    match s {
+        values::MODE_EBPF => Ok(s.to_string()),
+        other => Err(ValuesError::Mode(other.to_string()).to_string()),
+    }
+}
+
+/// The flags of `linkerd install-cni`. Defaults are the chart's (a test checks they agree).
+#[derive(Args, Debug, Clone)]
+pub struct InstallCniArgs {
+    /// Redirection mode. "iptables" is planned as the fallback for kernels without cgroup BPF
+    /// and is not implemented yet.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_MODE", default_value = "ebpf", value_parser = mode)]
+    pub mode: String,
+    /// UID of the proxy: its sockets are never redirected.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_PROXY_UID", default_value_t = 2102, value_parser = clap::value_parser!(i64).range(0..=i64::from(u32::MAX)))]
+    pub proxy_uid: i64,
+    /// GID of the proxy: its sockets are never redirected; negative for none.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_PROXY_GID", default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(..=i64::from(u32::MAX)))]
+    pub proxy_gid: i64,
+    /// Port of the proxy's inbound listener.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_INBOUND_PORT", default_value_t = 4143, value_parser = port)]
+    pub inbound_port: u16,
+    /// Port of the proxy's outbound listener.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_OUTBOUND_PORT", default_value_t = 4140, value_parser = port)]
+    pub outbound_port: u16,
+    /// The proxy's control port, never redirected inbound.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_CONTROL_PORT", default_value_t = 4190, value_parser = port)]
+    pub control_port: u16,
+    /// The proxy's admin port, never redirected inbound.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_ADMIN_PORT", default_value_t = 4191, value_parser = port)]
+    pub admin_port: u16,
+    /// Inbound ports or ranges (8080, 9000-9100) never redirected; comma-separated or repeated.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_SKIP_INBOUND_PORTS", value_delimiter = ',', value_parser = port_range)]
+    pub skip_inbound_ports: Vec<String>,
+    /// Outbound ports or ranges never redirected; comma-separated or repeated.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_SKIP_OUTBOUND_PORTS", value_delimiter = ',', value_parser = port_range)]
+    pub skip_outbound_ports: Vec<String>,
+    /// Inbound ports to redirect (default: all); comma-separated or repeated.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_REDIRECT_PORTS", value_delimiter = ',', value_parser = port)]
+    pub redirect_ports: Vec<u16>,
+    /// Image of the node agent and plugin.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_CNI_IMAGE", default_value = "ghcr.io/linkerd/linkerd-cni-ebpf")]
+    pub cni_image: String,
+    /// Tag of that image [default: the chart's appVersion].
+    #[arg(long, env = "LINKERD_INSTALL_CNI_CNI_IMAGE_VERSION")]
+    pub cni_image_version: Option<String>,
+    /// Log level of the CNI plugin (debug, info; anything else means warn).
+    #[arg(long, env = "LINKERD_INSTALL_CNI_CNI_LOG_LEVEL", default_value = "info")]
+    pub cni_log_level: String,
+    /// Host directory of CNI network configs.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_DEST_CNI_NET_DIR", default_value = "/etc/cni/net.d")]
+    pub dest_cni_net_dir: String,
+    /// Host directory of CNI plugin binaries.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_DEST_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    pub dest_cni_bin_dir: String,
+    /// PriorityClass of the DaemonSet's pods.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_PRIORITY_CLASS_NAME", default_value = "")]
+    pub priority_class_name: String,
+    /// iptables mode only (accepted and ignored in eBPF mode).
+    #[arg(long, env = "LINKERD_INSTALL_CNI_USE_WAIT_FLAG", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub use_wait_flag: bool,
+    /// Registry of the image: replaces what comes before the last "/" of the image name.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_REGISTRY")]
+    pub registry: Option<String>,
+    /// Values files (YAML), applied in order before the flags.
+    #[arg(short = 'f', long = "values", value_name = "FILE")]
+    pub values: Vec<PathBuf>,
+    /// Set values (key.sub=value[,key=value]), applied last; `{a,b}` is a list, `\,` escapes.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// How a flag's raw value becomes a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlagKind {
+    Int,
+    Bool,
+    Str,
+    /// A repeated/comma-separated flag, joined with commas into one string (Linkerd's shape).
+    List,
+}
+
+/// Every flag that maps directly onto a chart value: (clap argument id, values path, kind).
+/// `--registry`, `-f` and `--set` act on values in their own way.
+pub const FLAG_VALUES: &[(&str, &str, FlagKind)] = &[
+    ("mode", "mode", FlagKind::Str),
+    ("proxy_uid", "proxyUID", FlagKind::Int),
+    ("proxy_gid", "proxyGID", FlagKind::Int),
+    ("inbound_port", "inboundProxyPort", FlagKind::Int),
+    ("outbound_port", "outboundProxyPort", FlagKind::Int),
+    ("control_port", "proxyControlPort", FlagKind::Int),
+    ("admin_port", "proxyAdminPort", FlagKind::Int),
+    ("skip_inbound_ports", "ignoreInboundPorts", FlagKind::List),
+    ("skip_outbound_ports", "ignoreOutboundPorts", FlagKind::List),
+    ("redirect_ports", "portsToRedirect", FlagKind::List),
+    ("cni_image", "image.name", FlagKind::Str),
+    ("cni_image_version", "image.version", FlagKind::Str),
+    ("cni_log_level", "logLevel", FlagKind::Str),
+    ("dest_cni_net_dir", "destCNINetDir", FlagKind::Str),
+    ("dest_cni_bin_dir", "destCNIBinDir", FlagKind::Str),
+    ("priority_class_name", "priorityClassName", FlagKind::Str),
+    ("use_wait_flag", "useWaitFlag", FlagKind::Bool),
+];
+
+/// Converts a flag's raw strings (already checked by its parser) to a value.
+pub fn flag_json(kind: FlagKind, raw: &[String]) -> Json {
+    let one = raw.last().cloned().unwrap_or_default();
+    match kind {
+        FlagKind::Int => one.trim().parse::<i64>().map(Json::from).unwrap_or(Json::String(one)),
+        FlagKind::Bool => Json::Bool(one == "true"),
+        FlagKind::Str => Json::String(one),
+        FlagKind::List => Json::String(raw.iter().map(|s| s.trim()).collect::<Vec<_>>().join(",")),
+    }
+}
+
+fn path(dotted: &str) -> Vec<String> {
+    dotted.split('.').map(str::to_string).collect()
+}
+
+fn explicit(matches: &ArgMatches, id: &str) -> bool {
+    matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable))
+}
+
+fn raw(matches: &ArgMatches, id: &str) -> Vec<String> {
+    matches
+        .get_raw(id)
+        .map(|vals| vals.map(|v| v.to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// `--registry`: the image name with everything before its last "/" replaced.
+pub fn with_registry(image: &str, registry: &str) -> String {
+    let base = image.rsplit_once('/').map_or(image, |(_, b)| b);
+    format!("{}/{base}", registry.trim_end_matches('/'))
+}
+
+/// Builds the merged values for these arguments (`matches` tells which flags were given).
+pub fn merged_values(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Json, ValuesError> {
+    let mut v = values::chart_defaults()?;
+    for file in &args.values {
+        values::coalesce(&mut v, values::read_values_file(file)?);
+    }
+    for (id, key, kind) in FLAG_VALUES {
+        if explicit(matches, id) {
+            values::set_path(&mut v, &path(key), flag_json(*kind, &raw(matches, id)));
+        }
+    }
+    if let Some(registry) = &args.registry {
+        let image = v.pointer("/image/name").and_then(Json::as_str).unwrap_or_default().to_string();
+        values::set_path(&mut v, &path("image.name"), Json::String(with_registry(&image, registry)));
+    }
+    for expr in &args.set {
+        for (key, value) in values::parse_set(expr)? {
+            values::set_path(&mut v, &key, value);
+        }
+    }
+    Ok(v)
+}
+
+/// Renders the manifests for these arguments.
+pub fn render(args: &InstallCniArgs, matches: &ArgMatches) -> Result<String, InstallCniError> {
+    let v = merged_values(args, matches)?;
+    values::validate(&v)?;
+    Ok(chart::render(&v)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: InstallCniArgs,
+    }
+
+    /// The flags' defaults are the chart's defaults, so a flag left alone changes nothing.
+    #[test]
+    fn flag_defaults_are_the_chart_defaults() {
+        let defaults = values::chart_defaults().expect("defaults");
+        let cmd = Wrap::command();
+        for (id, key, kind) in FLAG_VALUES {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_id() == *id)
+                .unwrap_or_else(|| panic!("FLAG_VALUES names {id}, which is not a flag"));
+            let raw: Vec<String> =
+                arg.get_default_values().iter().map(|s| s.to_string_lossy().into_owned()).collect();
+            let want = defaults.pointer(&format!("/{}", key.replace('.', "/"))).unwrap_or_else(|| panic!("no value {key}"));
+            let got = if raw.is_empty() { Json::String(String::new()) } else { flag_json(*kind, &raw) };
+            assert_eq!(&got, want, "--{} default vs values {key}", arg.get_long().unwrap_or(id));
+        }
+    }
+
+    /// Every flag has an environment variable with the product prefix.
+    #[test]
+    fn every_flag_has_a_prefixed_env_var() {
+        for arg in Wrap::command().get_arguments() {
+            let id = arg.get_id().as_str();
+            if ["values", "set"].contains(&id) {
+                continue;
+            }
+            let env = arg.get_env().unwrap_or_else(|| panic!("--{id} has no env var")).to_string_lossy();
+            assert_eq!(env, format!("{ENV_PREFIX}{}", id.to_uppercase()), "env var of --{id}");
+        }
+    }
+
+    #[test]
+    fn registry_replaces_the_registry_part() {
+        for (image, reg, want) in [
+            ("ghcr.io/linkerd/linkerd-cni-ebpf", "my.reg/x", "my.reg/x/linkerd-cni-ebpf"),
+            ("plain", "r/", "r/plain"),
+        ] {
+            assert_eq!(with_registry(image, reg), want);
+        }
+    }
+}

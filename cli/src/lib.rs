@@ -1,0 +1,9 @@
+//! The `linkerd` command line (the eBPF mode's edition): `install-cni` renders the
+//! `linkerd2-cni` chart, `check` checks the installation and the node. One module per
+//! subcommand; the chart and its values live in [`chart`] and [`values`].
+
+pub mod chart;
+pub mod check;
+pub mod install_cni;
+pub mod kubernetes;
+pub mod values;
