@@ -1,1 +1,20 @@
-//! linkerd-cni node agent library.
+//! The linkerd-cni node agent: loads and pins the eBPF programs, meshes the pods the CNI
+//! plugin registers, and keeps their redirection in force.
+//!
+//! - [`agent`]: the library API (register, unregister, check, gc) over the three stores of
+//!   state: pinned maps, pinned links and the registry.
+//! - [`dataplane`]: loading the object, pinning, attaching. [`maps`]: the pinned maps.
+//! - [`netns`], [`cgroup`], [`kernel`]: the host facts registration depends on.
+//! - [`inspect`]: the human view of the pinned state.
+
+pub mod agent;
+pub mod bpf_sys;
+pub mod cgroup;
+pub mod dataplane;
+pub mod inspect;
+pub mod kernel;
+pub mod maps;
+pub mod netns;
+pub mod registry;
+
+pub use agent::{Agent, AgentConfig, AgentError, Registration};

@@ -110,6 +110,8 @@ pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
         .env("RUSTC", BPF_RUSTC)
         // aya-ebpf enables `asm_experimental_arch`.
         .env("RUSTC_BOOTSTRAP", "1")
+        // BTF in the object: verifier logs with source lines, typed `bpftool` dumps.
+        .env("CARGO_ENCODED_RUSTFLAGS", "-Clink-arg=--btf")
         .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", &linker)
         .args(["build", "--package", EBPF_PACKAGE, "--target", TARGET, "--profile", PROFILE])
         .arg("--target-dir")

@@ -1,4 +1,29 @@
+//! The linkerd-cni eBPF programs, attached to each meshed pod's cgroup (or to one shared
+//! ancestor, filtered by netns cookie):
+//!
+//! - [`connect`]: `cgroup/connect4`, `cgroup/connect6` send the pod's outbound TCP to the proxy.
+//! - [`sockops`]: records each redirected connection by its 4-tuple and forgets it on close.
+//! - [`getsockopt`]: answers `SO_ORIGINAL_DST` on the proxy's accepted sockets.
+//! - [`getpeername`]: shows the app its original destination as the peer.
+//!
+//! Every program returns 1 (allow): redirection never refuses a connection.
 #![no_std]
 #![no_main]
+
+mod addr;
+mod connect;
+mod getpeername;
+mod getsockopt;
+mod maps;
+mod sockops;
+
+#[cfg(not(test))]
 #[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! { loop {} }
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // SAFETY: the verifier proves every program terminates; a panic path is never reached.
+    unsafe { core::hint::unreachable_unchecked() }
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,339 @@
+//! The node agent's core: registering and unregistering pods, checking that a pod's
+//! redirection is in force, garbage collection, and adopting what an earlier run left.
+//!
+//! State lives in three places that must agree: the pinned maps (what the programs act on),
+//! the pinned links (where the programs run) and the registry (what the agent remembers).
+//! Every operation here updates all three, in an order that never leaves a half-meshed pod.
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+use linkerd_cni_common::paths;
+use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
+
+use crate::{
+    cgroup,
+    dataplane::{self, Dataplane, DataplaneError},
+    kernel,
+    maps::{Maps, MapsError, PodEntries},
+    netns::{self, Netns, NetnsError},
+    registry::{Attachment, PodRecord, Registry},
+};
+
+/// Where the agent keeps its state.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// bpffs directory for maps, programs and links.
+    pub pin_root: PathBuf,
+    /// Registry directory.
+    pub state_dir: PathBuf,
+    /// Cgroup for the shared (fallback) attachment; default: the cgroup2 root.
+    pub shared_cgroup: Option<PathBuf>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            pin_root: paths::PIN_ROOT.into(),
+            state_dir: paths::STATE_DIR.into(),
+            shared_cgroup: None,
+        }
+    }
+}
+
+/// What to register.
+#[derive(Clone, Debug)]
+pub struct Registration {
+    /// `CNI_CONTAINERID`: the registration's identity.
+    pub id: String,
+    pub ifname: String,
+    /// The pod's network namespace.
+    pub netns: PathBuf,
+    /// The runtime's cgroup hint (`runtimeConfig.cgroupPath`), absolute or relative to the
+    /// cgroup2 root.
+    pub cgroup_hint: Option<String>,
+    pub pod: Option<PodRef>,
+    pub config: LinkerdConfig,
+    /// Addresses known from the runtime; the netns's own addresses are added.
+    pub pod_ips: Vec<IpAddr>,
+}
+
+/// Why an agent operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The pod's network namespace is missing or not a netns.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    /// Loading or attaching the programs failed.
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+    /// The maps refused an update.
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+    /// The registry could not be read or written.
+    #[error("registry: {0}")]
+    Registry(#[from] std::io::Error),
+    /// CHECK: the redirection decided at ADD is not in force.
+    #[error("redirection of {id} is not in force: {why}")]
+    NotInForce { id: String, why: String },
+    /// CHECK: nothing is registered under this id.
+    #[error("no registration for container {0}")]
+    UnknownContainer(String),
+}
+
+/// The node agent.
+pub struct Agent {
+    config: AgentConfig,
+    dataplane: Dataplane,
+    registry: Registry,
+    /// Serialises updates: maps, links and registry change together.
+    maps: Mutex<Maps>,
+    shared_cgroup: PathBuf,
+}
+
+impl Agent {
+    /// Loads the programs (reusing pinned maps) and opens the registry. Pods registered by an
+    /// earlier run are adopted as they are: their links and map entries were never touched.
+    pub fn start(config: AgentConfig) -> Result<Self, AgentError> {
+        let dataplane = Dataplane::load(&config.pin_root)?;
+        let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;
+        let registry = Registry::open(&config.state_dir)?;
+        let shared_cgroup = match &config.shared_cgroup {
+            Some(c) => c.clone(),
+            None => kernel::cgroup2_mount()?,
+        };
+        let agent = Self { config, dataplane, registry, maps: Mutex::new(maps), shared_cgroup };
+        let adopted = agent.registry.all()?;
+        tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
+        Ok(agent)
+    }
+
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Maps> {
+        // A panic while holding the lock cannot leave the maps inconsistent beyond what the
+        // next operation repairs (writes are idempotent), so a poisoned lock is still usable.
+        self.maps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pod_link_dir(&self, id: &str) -> PathBuf {
+        self.config.pin_root.join(paths::PIN_PODS).join(dataplane::pin_name(id))
+    }
+
+    fn shared_link_dir(&self) -> PathBuf {
+        self.config.pin_root.join(paths::PIN_SHARED)
+    }
+
+    /// Meshes a pod: map entries, then the attachment, then the record. Re-registering an id
+    /// replaces the earlier registration.
+    pub fn register(&self, reg: Registration) -> Result<PodRecord, AgentError> {
+        let ns = Netns::open(&reg.netns)?;
+        let netns_cookie = ns.cookie()?;
+        let mut pod_ips = reg.pod_ips.clone();
+        for ip in ns.addresses()? {
+            if !pod_ips.contains(&ip) {
+                pod_ips.push(ip);
+            }
+        }
+        let cgroup = cgroup::resolve(
+            &kernel::cgroup2_mount()?,
+            reg.cgroup_hint.as_deref(),
+            reg.pod.as_ref().and_then(|p| p.uid.as_deref()),
+        );
+        let entries = PodEntries::new(netns_cookie, &reg.config, &pod_ips);
+
+        let mut maps = self.lock();
+        if let Some(old) = self.registry.get(&reg.id)? {
+            self.unregister_locked(&mut maps, &old)?;
+        }
+        maps.write_pod(netns_cookie, &entries)?;
+        let attachment = match self.attach(&reg.id, cgroup) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = maps.remove_pod(netns_cookie);
+                return Err(e);
+            }
+        };
+        let reason = attachment.describe();
+        let record = PodRecord {
+            id: reg.id,
+            ifname: reg.ifname,
+            netns: reg.netns,
+            netns_ino: ns.ino,
+            netns_cookie,
+            pod: reg.pod,
+            attachment,
+            reason,
+            config: reg.config,
+            pod_ips,
+        };
+        if let Err(e) = self.registry.put(&record) {
+            let _ = self.unregister_locked(&mut maps, &record);
+            return Err(e.into());
+        }
+        tracing::info!(id = %record.id, netns_cookie, reason = %record.reason, "pod registered");
+        Ok(record)
+    }
+
+    /// Records a pod that is not redirected (so DEL and CHECK know about it) without touching
+    /// the data plane.
+    pub fn record_unredirected(&self, reg: Registration, reason: String) -> Result<PodRecord, AgentError> {
+        let (netns_ino, netns_cookie) = match Netns::open(&reg.netns) {
+            Ok(ns) => (ns.ino, ns.cookie()?),
+            Err(e) => return Err(e.into()),
+        };
+        let mut maps = self.lock();
+        if let Some(old) = self.registry.get(&reg.id)? {
+            self.unregister_locked(&mut maps, &old)?;
+        }
+        let record = PodRecord {
+            id: reg.id,
+            ifname: reg.ifname,
+            netns: reg.netns,
+            netns_ino,
+            netns_cookie,
+            pod: reg.pod,
+            attachment: Attachment::None,
+            reason,
+            config: reg.config,
+            pod_ips: reg.pod_ips,
+        };
+        self.registry.put(&record)?;
+        Ok(record)
+    }
+
+    fn attach(&self, id: &str, cgroup: Option<PathBuf>) -> Result<Attachment, AgentError> {
+        match cgroup {
+            Some(cgroup) => {
+                self.dataplane.attach(&cgroup, &self.pod_link_dir(id))?;
+                Ok(Attachment::PerPod { cgroup })
+            }
+            None => {
+                let dir = self.shared_link_dir();
+                if dataplane::links_in_force(&dir).is_err() {
+                    let _ = dataplane::detach(&dir);
+                    self.dataplane.attach(&self.shared_cgroup, &dir)?;
+                }
+                Ok(Attachment::Shared { cgroup: self.shared_cgroup.clone() })
+            }
+        }
+    }
+
+    /// Removes every trace of a registration: links, map entries, record. Returns whether
+    /// there was one. Idempotent.
+    pub fn unregister(&self, id: &str) -> Result<bool, AgentError> {
+        let mut maps = self.lock();
+        match self.registry.get(id)? {
+            Some(record) => {
+                self.unregister_locked(&mut maps, &record)?;
+                tracing::info!(id, "pod unregistered");
+                Ok(true)
+            }
+            None => {
+                // No record, but a crash between steps could have left links: remove them.
+                let _ = dataplane::detach(&self.pod_link_dir(id));
+                Ok(false)
+            }
+        }
+    }
+
+    fn unregister_locked(&self, maps: &mut Maps, record: &PodRecord) -> Result<(), AgentError> {
+        dataplane::detach(&self.pod_link_dir(&record.id)).map_err(|source| {
+            DataplaneError::Pin { path: self.pod_link_dir(&record.id), source }
+        })?;
+        let others = self.registry.all()?;
+        let cookie_shared = others.iter().any(|r| {
+            r.id != record.id && r.netns_cookie == record.netns_cookie && r.redirected()
+        });
+        if record.redirected() && !cookie_shared {
+            maps.remove_pod(record.netns_cookie)?;
+        }
+        self.registry.remove(&record.id)?;
+        let shared_left = others
+            .iter()
+            .any(|r| r.id != record.id && matches!(r.attachment, Attachment::Shared { .. }));
+        if matches!(record.attachment, Attachment::Shared { .. }) && !shared_left {
+            let _ = dataplane::detach(&self.shared_link_dir());
+        }
+        Ok(())
+    }
+
+    /// CNI CHECK: the registration exists and, if it was redirected, its map entries and live
+    /// links are in place and its netns still exists.
+    pub fn check(&self, id: &str) -> Result<PodRecord, AgentError> {
+        let record = self.registry.get(id)?.ok_or_else(|| AgentError::UnknownContainer(id.into()))?;
+        let not_in_force = |why: String| AgentError::NotInForce { id: id.into(), why };
+        if !netns::still_exists(&record.netns, record.netns_ino) {
+            return Err(not_in_force(format!("network namespace {} is gone", record.netns.display())));
+        }
+        if !record.redirected() {
+            return Ok(record);
+        }
+        let expected = PodEntries::new(record.netns_cookie, &record.config, &record.pod_ips).config;
+        match self.lock().pod_config(record.netns_cookie) {
+            None => return Err(not_in_force("its pod config entry is missing from the maps".into())),
+            Some(found) if found != expected => {
+                return Err(not_in_force(format!("its pod config entry differs: {found:?}")));
+            }
+            Some(_) => {}
+        }
+        let dir = match &record.attachment {
+            Attachment::PerPod { .. } => self.pod_link_dir(id),
+            _ => self.shared_link_dir(),
+        };
+        dataplane::links_in_force(&dir).map_err(not_in_force)?;
+        Ok(record)
+    }
+
+    /// CNI GC: drops every registration whose id is not in `valid`. Returns the dropped ids.
+    pub fn gc(&self, valid: &[String]) -> Result<Vec<String>, AgentError> {
+        let mut removed = Vec::new();
+        for record in self.registry.all()? {
+            if !valid.contains(&record.id) && self.unregister(&record.id)? {
+                removed.push(record.id);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Drops registrations whose network namespace no longer exists.
+    pub fn reap_dead(&self) -> Result<Vec<String>, AgentError> {
+        let mut removed = Vec::new();
+        for record in self.registry.all()? {
+            if !netns::still_exists(&record.netns, record.netns_ino) && self.unregister(&record.id)? {
+                tracing::info!(id = %record.id, netns = %record.netns.display(), "netns gone: registration dropped");
+                removed.push(record.id);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Every registration.
+    pub fn pods(&self) -> Result<Vec<PodRecord>, AgentError> {
+        Ok(self.registry.all()?)
+    }
+
+    /// Runs `f` with the maps (for inspection and tests).
+    pub fn with_maps<T>(&self, f: impl FnOnce(&Maps) -> T) -> T {
+        f(&self.lock())
+    }
+
+    /// The pin directory of a registration's links.
+    pub fn link_dir(&self, record: &PodRecord) -> Option<PathBuf> {
+        match record.attachment {
+            Attachment::PerPod { .. } => Some(self.pod_link_dir(&record.id)),
+            Attachment::Shared { .. } => Some(self.shared_link_dir()),
+            Attachment::None => None,
+        }
+    }
+
+    /// The cgroup of the shared attachment.
+    pub fn shared_cgroup(&self) -> &Path {
+        &self.shared_cgroup
+    }
+}

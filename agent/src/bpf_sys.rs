@@ -1,0 +1,142 @@
+//! The few `bpf(2)` commands the agent issues itself: creating, pinning, opening, inspecting
+//! and detaching bpf_links.
+//!
+//! aya 0.14 cannot turn every link type it creates into a pinnable link (cgroup sockopt and
+//! sock_addr links among them), so links are created here, uniformly, from aya-loaded program
+//! fds, and owned by their bpffs pins: the agent keeps no link fd open.
+//!
+//! # Minimum kernel version
+//! 5.7 (`BPF_LINK_CREATE` for cgroups).
+
+use std::{
+    ffi::CString,
+    io,
+    os::{
+        fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
+    path::Path,
+};
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_DETACH: libc::c_long = 34;
+
+/// Kernel attach types (`enum bpf_attach_type`) of the programs we attach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum AttachType {
+    CgroupSockOps = 3,
+    CgroupInet4Connect = 10,
+    CgroupInet6Connect = 11,
+    CgroupGetsockopt = 21,
+    CgroupInet4Getpeername = 29,
+    CgroupInet6Getpeername = 30,
+    SkLookup = 36,
+}
+
+/// `union bpf_attr`, large enough for every command used here (the kernel zero-checks the tail).
+#[repr(C, align(8))]
+struct Attr([u8; 128]);
+
+impl Attr {
+    fn new() -> Self {
+        Self([0; 128])
+    }
+    fn put_u32(&mut self, off: usize, v: u32) -> &mut Self {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn put_u64(&mut self, off: usize, v: u64) -> &mut Self {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a valid, zero-initialised `bpf_attr` of the size we pass.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_bpf, cmd, attr.0.as_mut_ptr(), std::mem::size_of::<Attr>())
+    };
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+fn owned(fd: libc::c_long) -> OwnedFd {
+    // SAFETY: the kernel just returned this new fd to us.
+    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// `BPF_LINK_CREATE`: attaches `prog` to `target` (a cgroup or netns fd) as a bpf_link.
+pub fn link_create(prog: impl AsFd, target: impl AsFd, attach: AttachType) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, prog.as_fd().as_raw_fd() as u32)
+        .put_u32(4, target.as_fd().as_raw_fd() as u32)
+        .put_u32(8, attach as u32);
+    bpf(BPF_LINK_CREATE, &mut attr).map(owned)
+}
+
+fn path_cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+/// `BPF_OBJ_PIN`: pins a link, program or map at `path` on a bpffs.
+pub fn obj_pin(fd: impl AsFd, path: &Path) -> io::Result<()> {
+    let c = path_cstring(path)?;
+    let mut attr = Attr::new();
+    attr.put_u64(0, c.as_ptr() as u64).put_u32(8, fd.as_fd().as_raw_fd() as u32);
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+/// `BPF_OBJ_GET`: opens a pinned object.
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let c = path_cstring(path)?;
+    let mut attr = Attr::new();
+    attr.put_u64(0, c.as_ptr() as u64);
+    bpf(BPF_OBJ_GET, &mut attr).map(owned)
+}
+
+/// `BPF_LINK_DETACH`: detaches a link from its target; it stays pinned but does nothing.
+pub fn link_detach(link: impl AsFd) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, link.as_fd().as_raw_fd() as u32);
+    bpf(BPF_LINK_DETACH, &mut attr).map(drop)
+}
+
+/// What the kernel says about a link (`struct bpf_link_info`, cgroup/netns part).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkInfo {
+    pub link_type: u32,
+    pub id: u32,
+    pub prog_id: u32,
+    /// Cgroup id for cgroup links (0 once detached or the cgroup is gone), netns inode for
+    /// netns links (0 once detached).
+    pub target: u64,
+    pub attach_type: u32,
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` on a link.
+pub fn link_info(link: impl AsFd) -> io::Result<LinkInfo> {
+    #[repr(C, align(8))]
+    struct Raw([u8; 64]);
+    let mut raw = Raw([0; 64]);
+    let mut attr = Attr::new();
+    attr.put_u32(0, link.as_fd().as_raw_fd() as u32)
+        .put_u32(4, 64)
+        .put_u64(8, raw.0.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let u32_at = |o: usize| u32::from_ne_bytes([raw.0[o], raw.0[o + 1], raw.0[o + 2], raw.0[o + 3]]);
+    let link_type = u32_at(0);
+    // BPF_LINK_TYPE_CGROUP = 3: { u64 cgroup_id; u32 attach_type }
+    // BPF_LINK_TYPE_NETNS = 5: { u32 netns_ino; u32 attach_type }
+    let (target, attach_type) = if link_type == 5 {
+        (u64::from(u32_at(16)), u32_at(20))
+    } else {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&raw.0[16..24]);
+        (u64::from_ne_bytes(b), u32_at(24))
+    };
+    Ok(LinkInfo { link_type, id: u32_at(4), prog_id: u32_at(8), target, attach_type })
+}

@@ -1,0 +1,199 @@
+//! Loading the eBPF object, pinning its programs and maps, and attaching the programs to
+//! cgroups as pinned bpf_links.
+//!
+//! Maps are pinned by name under `<pin root>/maps` and reused by every later load, so pods
+//! registered by an earlier agent keep their state. Programs are loaded afresh at each start
+//! and pinned under `<pin root>/progs`; links made by an earlier run keep their programs alive
+//! until they are unpinned.
+
+use std::{
+    fs,
+    io,
+    os::fd::{AsFd, BorrowedFd},
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    programs::{CgroupSockAddr, CgroupSockopt, SockOps},
+    Ebpf, EbpfLoader,
+};
+use linkerd_cni_common::{names, paths};
+
+use crate::{
+    bpf_sys::{self, AttachType},
+    kernel,
+};
+
+/// The object built from `ebpf/` (see `linkerd-cni-ebpf-build`).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LINKERD_CNI_EBPF_OBJECT"));
+
+/// Why the data plane could not be loaded or attached.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    /// The kernel lacks a feature (named).
+    #[error(transparent)]
+    Kernel(#[from] kernel::KernelTooOld),
+    /// bpffs or the pin directories could not be set up.
+    #[error("preparing the pin directory {path}: {source}")]
+    PinDir { path: PathBuf, source: io::Error },
+    /// The object or one of its maps failed to load.
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A program failed to load; the verifier log says why.
+    #[error("loading program {program}: {source}")]
+    Program { program: &'static str, source: aya::programs::ProgramError },
+    /// The object has no program of that name (build mismatch).
+    #[error("the eBPF object has no program {0}")]
+    MissingProgram(&'static str),
+    /// Pinning a program or link failed.
+    #[error("pinning {path}: {source}")]
+    Pin { path: PathBuf, source: io::Error },
+    /// The cgroup could not be opened.
+    #[error("opening cgroup {path}: {source}")]
+    Cgroup { path: PathBuf, source: io::Error },
+    /// Attaching failed; `hint` explains the usual cause.
+    #[error("attaching {program} to {path}: {source}{hint}")]
+    Attach { program: &'static str, path: PathBuf, source: io::Error, hint: &'static str },
+}
+
+/// The kernel attach type of each program.
+pub fn attach_type(program: &str) -> Option<AttachType> {
+    Some(match program {
+        names::PROG_CONNECT4 => AttachType::CgroupInet4Connect,
+        names::PROG_CONNECT6 => AttachType::CgroupInet6Connect,
+        names::PROG_SOCKOPS => AttachType::CgroupSockOps,
+        names::PROG_GETSOCKOPT => AttachType::CgroupGetsockopt,
+        names::PROG_GETPEERNAME4 => AttachType::CgroupInet4Getpeername,
+        names::PROG_GETPEERNAME6 => AttachType::CgroupInet6Getpeername,
+        _ => return None,
+    })
+}
+
+/// The loaded programs and the pin layout.
+pub struct Dataplane {
+    pin_root: PathBuf,
+    ebpf: Ebpf,
+}
+
+impl Dataplane {
+    /// Checks the kernel, mounts bpffs if needed, loads the object (reusing pinned maps) and
+    /// pins the programs.
+    pub fn load(pin_root: &Path) -> Result<Self, DataplaneError> {
+        kernel::check_kernel()?;
+        let pin_dir = |path: PathBuf| move |source| DataplaneError::PinDir { path, source };
+        kernel::ensure_bpffs(pin_root).map_err(pin_dir(pin_root.into()))?;
+        for sub in [paths::PIN_MAPS, paths::PIN_PROGS, paths::PIN_PODS, paths::PIN_SHARED] {
+            let dir = pin_root.join(sub);
+            fs::create_dir_all(&dir).map_err(pin_dir(dir))?;
+        }
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(pin_root.join(paths::PIN_MAPS))
+            .load(OBJECT)?;
+        for name in names::CGROUP_PROGRAMS {
+            let program = ebpf.program_mut(name).ok_or(DataplaneError::MissingProgram(name))?;
+            let loaded = match name {
+                names::PROG_SOCKOPS => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
+                names::PROG_GETSOCKOPT => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
+                _ => <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load()),
+            };
+            loaded.map_err(|source| DataplaneError::Program { program: name, source })?;
+        }
+        let this = Self { pin_root: pin_root.into(), ebpf };
+        for name in names::CGROUP_PROGRAMS {
+            let path = this.pin_root.join(paths::PIN_PROGS).join(name);
+            replace_pin(this.prog_fd(name)?, &path)?;
+        }
+        Ok(this)
+    }
+
+    pub fn pin_root(&self) -> &Path {
+        &self.pin_root
+    }
+
+    fn prog_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, DataplaneError> {
+        let program = self.ebpf.program(name).ok_or(DataplaneError::MissingProgram(name))?;
+        let fd = program.fd().map_err(|source| DataplaneError::Program { program: name, source })?;
+        Ok(fd.as_fd())
+    }
+
+    /// Attaches every program to `cgroup` and pins the links in `link_dir`. On failure, the
+    /// links made so far are removed: an attachment is all or nothing.
+    pub fn attach(&self, cgroup: &Path, link_dir: &Path) -> Result<(), DataplaneError> {
+        let result = self.try_attach(cgroup, link_dir);
+        if result.is_err() {
+            let _ = detach(link_dir);
+        }
+        result
+    }
+
+    fn try_attach(&self, cgroup: &Path, link_dir: &Path) -> Result<(), DataplaneError> {
+        let cg = fs::File::open(cgroup)
+            .map_err(|source| DataplaneError::Cgroup { path: cgroup.into(), source })?;
+        fs::create_dir_all(link_dir)
+            .map_err(|source| DataplaneError::Pin { path: link_dir.into(), source })?;
+        for name in names::CGROUP_PROGRAMS {
+            let attach = attach_type(name).ok_or(DataplaneError::MissingProgram(name))?;
+            let link = bpf_sys::link_create(self.prog_fd(name)?, &cg, attach).map_err(|source| {
+                let hint = if source.raw_os_error() == Some(libc::EPERM) {
+                    " (an exclusive, non-multi program of this type is attached to this cgroup or an ancestor; \
+                     detach it or attach it with BPF_F_ALLOW_MULTI)"
+                } else {
+                    ""
+                };
+                DataplaneError::Attach { program: name, path: cgroup.into(), source, hint }
+            })?;
+            let path = link_dir.join(name);
+            replace_pin(link.as_fd(), &path)?;
+        }
+        Ok(())
+    }
+}
+
+/// Pins `fd` at `path`, replacing whatever was pinned there (atomically, by rename).
+fn replace_pin(fd: BorrowedFd<'_>, path: &Path) -> Result<(), DataplaneError> {
+    // bpffs refuses names with a dot.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push("_new");
+    let tmp = PathBuf::from(tmp);
+    let _ = fs::remove_file(&tmp);
+    let err = |source| DataplaneError::Pin { path: path.into(), source };
+    bpf_sys::obj_pin(fd, &tmp).map_err(err)?;
+    fs::rename(&tmp, path).map_err(err)
+}
+
+/// A bpffs-safe name for a CNI container id: bpffs refuses dots, which the CNI spec allows.
+pub fn pin_name(id: &str) -> String {
+    id.replace('.', "_2e")
+}
+
+/// Detaches and unpins every link in `link_dir`, then removes the directory. Detaching first
+/// makes the effect immediate even if some process still holds a link fd.
+pub fn detach(link_dir: &Path) -> io::Result<()> {
+    let entries = match fs::read_dir(link_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        if let Ok(link) = bpf_sys::obj_get(&path) {
+            let _ = bpf_sys::link_detach(&link);
+        }
+        fs::remove_file(&path)?;
+    }
+    fs::remove_dir(link_dir)
+}
+
+/// Checks that every program has a live link in `link_dir`: pinned, and still attached to a
+/// cgroup. Returns what is wrong, in words.
+pub fn links_in_force(link_dir: &Path) -> Result<(), String> {
+    for name in names::CGROUP_PROGRAMS {
+        let path = link_dir.join(name);
+        let link = bpf_sys::obj_get(&path).map_err(|e| format!("link {} is gone: {e}", path.display()))?;
+        let info = bpf_sys::link_info(&link).map_err(|e| format!("link {}: {e}", path.display()))?;
+        if info.target == 0 {
+            return Err(format!("link {} is detached", path.display()));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! What the agent needs from the kernel and the host: the kernel version floor (with the
+//! missing features named), the cgroup v2 mount, and a bpffs at the pin root.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use linkerd_cni_common::paths;
+
+/// A kernel feature the data plane relies on, with the release that brought it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Feature {
+    pub name: &'static str,
+    pub since: (u32, u32),
+}
+
+/// Every feature, oldest first. The real proof is loading and attaching the programs; this
+/// check exists to name what is missing in words an operator can act on.
+pub const FEATURES: &[Feature] = &[
+    Feature { name: "cgroup sock_addr hooks (connect4/connect6)", since: (4, 17) },
+    Feature { name: "cgroup getsockopt hook", since: (5, 3) },
+    Feature { name: "bpf_link for cgroups and bpf_get_netns_cookie in sock_addr", since: (5, 7) },
+    Feature { name: "cgroup getpeername hooks", since: (5, 8) },
+    Feature { name: "sk_lookup programs", since: (5, 9) },
+    Feature { name: "SO_NETNS_COOKIE", since: (5, 14) },
+];
+
+/// The kernel is too old for the data plane.
+#[derive(Debug, thiserror::Error)]
+#[error("kernel {release} is too old for linkerd-cni's eBPF mode; missing: {}", missing.join(", "))]
+pub struct KernelTooOld {
+    pub release: String,
+    pub missing: Vec<String>,
+}
+
+/// Parses `major.minor` from a release string such as `6.18.44-fc-v595`.
+pub fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// The features a kernel release lacks.
+pub fn missing_features(version: (u32, u32)) -> Vec<&'static Feature> {
+    FEATURES.iter().filter(|f| version < f.since).collect()
+}
+
+/// Checks the running kernel against [`FEATURES`].
+pub fn check_kernel() -> Result<String, KernelTooOld> {
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let missing = match parse_release(&release) {
+        Some(v) => missing_features(v),
+        None => Vec::new(),
+    };
+    if missing.is_empty() {
+        Ok(release)
+    } else {
+        Err(KernelTooOld {
+            release,
+            missing: missing.iter().map(|f| format!("{} ({}.{}+)", f.name, f.since.0, f.since.1)).collect(),
+        })
+    }
+}
+
+/// Finds the cgroup v2 mount point in `/proc/self/mountinfo` (hybrid hosts mount it at
+/// `/sys/fs/cgroup/unified`, unified hosts at `/sys/fs/cgroup`).
+pub fn cgroup2_mount() -> io::Result<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    find_mount(&info, "cgroup2").ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, "no cgroup2 filesystem is mounted")
+    })
+}
+
+/// The mount point of the first mount of filesystem type `fstype` in mountinfo text.
+pub fn find_mount(mountinfo: &str, fstype: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        let ty = post.split_whitespace().next()?;
+        let mount = pre.split_whitespace().nth(4)?;
+        (ty == fstype).then(|| PathBuf::from(unescape(mount)))
+    })
+}
+
+/// mountinfo escapes spaces and friends as `\040`.
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v as char);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i] as char);
+        i += 1;
+    }
+    out
+}
+
+/// Makes sure a bpffs is mounted at or above `pin_root` (mounting one at `/sys/fs/bpf` if
+/// none is), then creates `pin_root`.
+pub fn ensure_bpffs(pin_root: &Path) -> io::Result<()> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    let covered = info.lines().any(|line| {
+        let Some((pre, post)) = line.split_once(" - ") else { return false };
+        post.split_whitespace().next() == Some("bpf")
+            && pre.split_whitespace().nth(4).is_some_and(|m| pin_root.starts_with(unescape(m)))
+    });
+    if !covered {
+        let bpffs = Path::new(paths::BPFFS);
+        fs::create_dir_all(bpffs)?;
+        nix::mount::mount(
+            Some("bpf"),
+            bpffs,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .map_err(|e| io::Error::other(format!("mounting bpffs at {}: {e}", bpffs.display())))?;
+        if !pin_root.starts_with(bpffs) {
+            return Err(io::Error::other(format!(
+                "pin root {} is not on a bpffs (mounted one at {})",
+                pin_root.display(),
+                bpffs.display()
+            )));
+        }
+    }
+    fs::create_dir_all(pin_root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_and_floors() {
+        assert_eq!(parse_release("6.18.44-fc-v595"), Some((6, 18)));
+        assert_eq!(parse_release("5.4.0-150-generic"), Some((5, 4)));
+        assert!(missing_features((6, 18)).is_empty());
+        let names: Vec<_> = missing_features((5, 4)).iter().map(|f| f.since).collect();
+        assert_eq!(names, vec![(5, 7), (5, 8), (5, 9), (5, 14)]);
+        assert_eq!(missing_features((4, 19)).len(), 5);
+    }
+
+    #[test]
+    fn mountinfo_parsing() {
+        let info = "25 30 0:22 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n\
+                    40 25 0:35 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n\
+                    50 30 0:40 / /my\\040bpf rw - bpf bpf rw\n";
+        assert_eq!(find_mount(info, "cgroup2"), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(find_mount(info, "bpf"), Some(PathBuf::from("/my bpf")));
+        assert_eq!(find_mount(info, "nfs"), None);
+    }
+}

@@ -1,0 +1,275 @@
+//! The pinned maps, opened by path: the only way the agent (and `inspect`) reads or writes
+//! per-pod state, whether it loaded the programs itself or adopted them from a previous run.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use aya::maps::{
+    lpm_trie::{Key, LpmTrie},
+    HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
+};
+use linkerd_cni_common::{
+    names, AddrKey, ConnKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
+    ADDR_KEY_FIXED_BITS, ADDR_INBOUND_SKIP_SOURCE, ADDR_OUTBOUND_SKIP_SUBNET, ADDR_POD_IP,
+    FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS,
+    PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP,
+};
+use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
+
+/// A pinned map could not be opened or used.
+#[derive(Debug, thiserror::Error)]
+pub enum MapsError {
+    /// A map is missing from the pin directory or is not the expected type.
+    #[error("map {name} at {path}: {source}")]
+    Open { name: &'static str, path: PathBuf, source: MapError },
+    /// Reading or writing an entry failed (e.g. the map is full).
+    #[error("map {name}: {source}")]
+    Update { name: &'static str, source: MapError },
+}
+
+fn update(name: &'static str) -> impl Fn(MapError) -> MapsError {
+    move |source| MapsError::Update { name, source }
+}
+
+/// Handles on every pinned map.
+pub struct Maps {
+    pub pod_config: HashMap<MapData, u64, PodConfig>,
+    pub port_sets: HashMap<MapData, PortSetKey, PortBlock>,
+    pub addrs: LpmTrie<MapData, AddrKey, u32>,
+    pub sock_dst: HashMap<MapData, u64, OrigDst>,
+    pub conn_dst: HashMap<MapData, ConnKey, OrigDst>,
+    pub pod_stats: PerCpuHashMap<MapData, u64, PodStats>,
+}
+
+fn open(dir: &Path, name: &'static str) -> Result<Map, MapsError> {
+    let path = dir.join(name);
+    let err = |source| MapsError::Open { name, path: path.clone(), source };
+    Map::from_map_data(MapData::from_pin(&path).map_err(err)?).map_err(err)
+}
+
+macro_rules! typed {
+    ($dir:expr, $name:expr, $ty:ident) => {{
+        let path = $dir.join($name);
+        $ty::try_from(open($dir, $name)?).map_err(|source| MapsError::Open { name: $name, path, source })?
+    }};
+}
+
+/// The per-pod kernel state derived from a pod's config.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodEntries {
+    pub config: PodConfig,
+    pub port_blocks: BTreeMap<PortSetKey, PortBlock>,
+    pub addrs: Vec<(u32, AddrKey)>,
+}
+
+impl PodEntries {
+    /// Translates the contract's settings into map entries for the pod `netns_cookie`.
+    pub fn new(netns_cookie: u64, cfg: &LinkerdConfig, pod_ips: &[IpAddr]) -> Self {
+        let mut flags = 0;
+        if cfg.proxy_uid().is_some() {
+            flags |= FLAG_EXEMPT_UID;
+        }
+        if cfg.proxy_gid().is_some() {
+            flags |= FLAG_EXEMPT_GID;
+        }
+        if cfg.ipv6 {
+            flags |= FLAG_IPV6;
+        }
+        if !cfg.outbound_ports_to_ignore.is_empty() {
+            flags |= FLAG_OUT_PORTS;
+        }
+        if !cfg.outbound_subnets_to_ignore.is_empty() {
+            flags |= FLAG_OUT_SUBNETS;
+        }
+        let config = PodConfig {
+            flags,
+            proxy_uid: cfg.proxy_uid().unwrap_or(0),
+            proxy_gid: cfg.proxy_gid().unwrap_or(0),
+            outbound_port: cfg.outgoing_proxy_port,
+            inbound_port: cfg.incoming_proxy_port,
+        };
+        let mut port_blocks = BTreeMap::new();
+        let mut add_ports = |set: u16, ranges: &[PortRange]| {
+            for port in ranges.iter().flat_map(PortRange::ports) {
+                port_blocks
+                    .entry(PortSetKey::new(netns_cookie, set, port))
+                    .or_insert_with(PortBlock::default)
+                    .insert(port);
+            }
+        };
+        add_ports(PORT_SET_OUTBOUND_SKIP, &cfg.outbound_ports_to_ignore);
+        add_ports(PORT_SET_INBOUND_SKIP, &cfg.inbound_ports_to_ignore);
+        add_ports(PORT_SET_INBOUND_REDIRECT, &cfg.ports_to_redirect);
+        let mut addrs = Vec::new();
+        for ip in pod_ips {
+            addrs.push(addr_key(netns_cookie, ADDR_POD_IP, &Cidr::host(*ip)));
+        }
+        for c in &cfg.outbound_subnets_to_ignore {
+            addrs.push(addr_key(netns_cookie, ADDR_OUTBOUND_SKIP_SUBNET, c));
+        }
+        for c in &cfg.subnets_to_ignore {
+            addrs.push(addr_key(netns_cookie, ADDR_INBOUND_SKIP_SOURCE, c));
+        }
+        Self { config, port_blocks, addrs }
+    }
+}
+
+/// The trie key for `cidr` in `set` of pod `netns_cookie`, with its prefix length.
+pub fn addr_key(netns_cookie: u64, set: u32, cidr: &Cidr) -> (u32, AddrKey) {
+    let (addr, prefix) = match cidr.addr {
+        IpAddr::V4(v4) => (v4.to_ipv6_mapped().octets(), u32::from(cidr.prefix) + 96),
+        IpAddr::V6(v6) => (v6.octets(), u32::from(cidr.prefix)),
+    };
+    (
+        ADDR_KEY_FIXED_BITS + prefix,
+        AddrKey { netns_cookie, set_be: set.to_be(), addr, _pad: 0 },
+    )
+}
+
+/// Everything the maps hold about one pod, for `inspect` and for tests.
+#[derive(Clone, Debug, Default)]
+pub struct PodView {
+    pub config: Option<PodConfig>,
+    pub port_blocks: usize,
+    pub addrs: Vec<Cidr>,
+    pub stats: PodStats,
+    pub live_conns: usize,
+}
+
+impl Maps {
+    /// Opens every map pinned in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, MapsError> {
+        Ok(Self {
+            pod_config: typed!(dir, names::MAP_POD_CONFIG, HashMap),
+            port_sets: typed!(dir, names::MAP_PORT_SETS, HashMap),
+            addrs: typed!(dir, names::MAP_ADDRS, LpmTrie),
+            sock_dst: typed!(dir, names::MAP_SOCK_DST, HashMap),
+            conn_dst: typed!(dir, names::MAP_CONN_DST, HashMap),
+            pod_stats: typed!(dir, names::MAP_POD_STATS, PerCpuHashMap),
+        })
+    }
+
+    /// Writes a pod's entries, its config last: the programs act on a pod only once every
+    /// list it refers to is in place.
+    pub fn write_pod(&mut self, netns_cookie: u64, entries: &PodEntries) -> Result<(), MapsError> {
+        // Clear what a previous registration of the same netns may have left.
+        self.remove_pod(netns_cookie)?;
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| update(names::MAP_POD_STATS)(MapError::IoError(e)))?;
+        let zeros = PerCpuValues::try_from(vec![PodStats::default(); cpus])
+            .map_err(|e| update(names::MAP_POD_STATS)(MapError::IoError(e)))?;
+        self.pod_stats.insert(netns_cookie, zeros, 0).map_err(update(names::MAP_POD_STATS))?;
+        for (k, v) in &entries.port_blocks {
+            self.port_sets.insert(k, v, 0).map_err(update(names::MAP_PORT_SETS))?;
+        }
+        for (prefix, k) in &entries.addrs {
+            self.addrs.insert(&Key::new(*prefix, *k), 1, 0).map_err(update(names::MAP_ADDRS))?;
+        }
+        self.pod_config.insert(netns_cookie, entries.config, 0).map_err(update(names::MAP_POD_CONFIG))
+    }
+
+    /// Removes every entry of the pod, its config first (the programs stop acting on it at
+    /// once). Scans the maps rather than trusting a record, so nothing can be left behind.
+    pub fn remove_pod(&mut self, netns_cookie: u64) -> Result<bool, MapsError> {
+        let existed = self.pod_config.remove(&netns_cookie).is_ok();
+        let ports: Vec<_> = self.port_sets.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).collect();
+        for k in ports {
+            let _ = self.port_sets.remove(&k);
+        }
+        let addrs: Vec<_> = self.addrs.keys().filter_map(Result::ok).filter(|k| k.data().netns_cookie == netns_cookie).collect();
+        for k in addrs {
+            let _ = self.addrs.remove(&k);
+        }
+        let conns: Vec<_> = self.conn_dst.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).collect();
+        for k in conns {
+            let _ = self.conn_dst.remove(&k);
+        }
+        let _ = self.pod_stats.remove(&netns_cookie);
+        Ok(existed)
+    }
+
+    /// The config entry of a pod, if present.
+    pub fn pod_config(&self, netns_cookie: u64) -> Option<PodConfig> {
+        self.pod_config.get(&netns_cookie, 0).ok()
+    }
+
+    /// Every netns cookie with a config entry.
+    pub fn pods(&self) -> Vec<u64> {
+        self.pod_config.keys().filter_map(Result::ok).collect()
+    }
+
+    /// Summed counters of a pod.
+    pub fn stats(&self, netns_cookie: u64) -> PodStats {
+        let mut total = PodStats::default();
+        if let Ok(per_cpu) = self.pod_stats.get(&netns_cookie, 0) {
+            for s in per_cpu.iter() {
+                total.add(s);
+            }
+        }
+        total
+    }
+
+    /// All the maps say about one pod.
+    pub fn view(&self, netns_cookie: u64) -> PodView {
+        let addrs = self
+            .addrs
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.data().netns_cookie == netns_cookie)
+            .map(|k| cidr_of(&k))
+            .collect();
+        PodView {
+            config: self.pod_config(netns_cookie),
+            port_blocks: self.port_sets.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).count(),
+            addrs,
+            stats: self.stats(netns_cookie),
+            live_conns: self.conn_dst.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).count(),
+        }
+    }
+
+    /// Number of entries in the original-destination maps (socket-keyed, connection-keyed).
+    pub fn orig_dst_entries(&self) -> (usize, usize) {
+        (self.sock_dst.keys().count(), self.conn_dst.keys().count())
+    }
+}
+
+/// Turns a trie key back into the CIDR it stores.
+pub fn cidr_of(key: &Key<AddrKey>) -> Cidr {
+    let data = key.data();
+    let v6 = std::net::Ipv6Addr::from(data.addr);
+    let bits = key.prefix_len().saturating_sub(ADDR_KEY_FIXED_BITS);
+    match v6.to_ipv4_mapped() {
+        Some(v4) if bits >= 96 => Cidr { addr: IpAddr::V4(v4), prefix: (bits - 96) as u8 },
+        _ => Cidr { addr: IpAddr::V6(v6), prefix: bits as u8 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_from_config() {
+        let cfg: LinkerdConfig = serde_json::from_str(
+            r#"{"outbound-ports-to-ignore":["25","9000-9300"],"outbound-subnets-to-ignore":["10.0.0.0/8"],
+                "subnets-to-ignore":["fd00::/8"],"proxy-gid":5}"#,
+        )
+        .unwrap();
+        let e = PodEntries::new(7, &cfg, &["10.1.2.3".parse().unwrap()]);
+        assert_eq!(e.config.flags, FLAG_EXEMPT_UID | FLAG_EXEMPT_GID | FLAG_OUT_PORTS | FLAG_OUT_SUBNETS);
+        assert_eq!((e.config.proxy_uid, e.config.proxy_gid), (2102, 5));
+        // 25 → block 0; 9000-9300 → blocks 35, 36; default inbound skips 4190/4191 → block 16.
+        let out: Vec<u16> = e.port_blocks.keys().filter(|k| k.set == PORT_SET_OUTBOUND_SKIP).map(|k| k.block).collect();
+        assert_eq!(out, vec![0, 35, 36]);
+        let b35 = e.port_blocks[&PortSetKey::new(7, PORT_SET_OUTBOUND_SKIP, 9000)];
+        assert!(b35.contains(9000) && b35.contains(9215) && !b35.contains(8999));
+        assert!(e.port_blocks[&PortSetKey::new(7, PORT_SET_INBOUND_SKIP, 4190)].contains(4191));
+        let cidrs: Vec<Cidr> = e.addrs.iter().map(|(p, k)| cidr_of(&Key::new(*p, *k))).collect();
+        assert_eq!(
+            cidrs,
+            vec!["10.1.2.3/32".parse().unwrap(), "10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()]
+        );
+    }
+}

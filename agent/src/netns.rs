@@ -1,0 +1,145 @@
+//! Network namespaces: identify a pod's netns (its cookie, the key of every per-pod map entry)
+//! and read its addresses, from a path such as `/var/run/netns/cni-<uuid>`.
+//!
+//! Work inside a netns runs on a short-lived thread that `setns`es itself, so the agent's own
+//! threads never change namespace.
+//!
+//! # Minimum kernel version
+//! 5.14 (`SO_NETNS_COOKIE`).
+
+use std::{
+    fs::File,
+    io,
+    net::IpAddr,
+    os::{fd::AsFd, unix::fs::MetadataExt},
+    path::{Path, PathBuf},
+};
+
+use nix::sched::{setns, CloneFlags};
+
+/// `SO_NETNS_COOKIE` (not in every libc release yet).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+/// `NSFS_MAGIC`: the filesystem of `/proc/<pid>/ns/*` and their bind mounts.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// Why a path does not lead to a usable network namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// The path does not exist (the pod is gone, or never was).
+    #[error("network namespace {path} does not exist")]
+    NotFound { path: PathBuf },
+    /// The path exists but is something else (a file, a directory, another namespace type).
+    #[error("{path} is not a network namespace")]
+    NotNetns { path: PathBuf },
+    /// Opening or entering it failed.
+    #[error("network namespace {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// A network namespace opened by path, with its identity.
+#[derive(Debug)]
+pub struct Netns {
+    pub path: PathBuf,
+    file: File,
+    /// `(dev, inode)` of the nsfs file: stable while the namespace lives.
+    pub ino: u64,
+}
+
+impl Netns {
+    /// Opens `path` and checks it is a network namespace.
+    pub fn open(path: &Path) -> Result<Self, NetnsError> {
+        let io_err = |source: io::Error| {
+            if source.kind() == io::ErrorKind::NotFound {
+                NetnsError::NotFound { path: path.into() }
+            } else {
+                NetnsError::Io { path: path.into(), source }
+            }
+        };
+        let file = File::open(path).map_err(io_err)?;
+        let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| io_err(e.into()))?;
+        if fs.filesystem_type().0 as i64 != NSFS_MAGIC {
+            return Err(NetnsError::NotNetns { path: path.into() });
+        }
+        let ino = file.metadata().map_err(io_err)?.ino();
+        Ok(Self { path: path.into(), file, ino })
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace.
+    pub fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> io::Result<T> + Send + 'static,
+    ) -> Result<T, NetnsError> {
+        let fd = self.file.as_fd().try_clone_to_owned().map_err(|e| self.io(e))?;
+        let path = self.path.clone();
+        let joined = std::thread::spawn(move || {
+            setns(&fd, CloneFlags::CLONE_NEWNET).map_err(|e| match e {
+                nix::errno::Errno::EINVAL => NetnsError::NotNetns { path: path.clone() },
+                e => NetnsError::Io { path: path.clone(), source: e.into() },
+            })?;
+            f().map_err(|source| NetnsError::Io { path, source })
+        })
+        .join();
+        joined.unwrap_or_else(|_| Err(self.io(io::Error::other("netns worker thread panicked"))))
+    }
+
+    fn io(&self, source: io::Error) -> NetnsError {
+        NetnsError::Io { path: self.path.clone(), source }
+    }
+
+    /// The namespace's cookie, as `bpf_get_netns_cookie` reports it to the programs.
+    pub fn cookie(&self) -> Result<u64, NetnsError> {
+        self.run(current_netns_cookie)
+    }
+
+    /// The namespace's addresses, except loopback.
+    pub fn addresses(&self) -> Result<Vec<IpAddr>, NetnsError> {
+        self.run(|| {
+            let mut out = Vec::new();
+            for ifa in nix::ifaddrs::getifaddrs().map_err(io::Error::from)? {
+                let Some(addr) = ifa.address else { continue };
+                let ip = if let Some(v4) = addr.as_sockaddr_in() {
+                    IpAddr::V4(v4.ip())
+                } else if let Some(v6) = addr.as_sockaddr_in6() {
+                    IpAddr::V6(v6.ip())
+                } else {
+                    continue;
+                };
+                if !ip.is_loopback() && !out.contains(&ip) {
+                    out.push(ip);
+                }
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// The cookie of the calling thread's network namespace.
+pub fn current_netns_cookie() -> io::Result<u64> {
+    // SAFETY: plain socket syscalls on a socket we own and close.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut cookie: u64 = 0;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        let ret = libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &mut len,
+        );
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if ret < 0 { Err(err) } else { Ok(cookie) }
+    }
+}
+
+/// Whether `path` still names the namespace whose inode was `ino` when registered.
+pub fn still_exists(path: &Path, ino: u64) -> bool {
+    match std::fs::metadata(path) {
+        Ok(m) => m.ino() == ino && Netns::open(path).is_ok(),
+        Err(_) => false,
+    }
+}

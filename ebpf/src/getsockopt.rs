@@ -1,0 +1,158 @@
+//! `cgroup/getsockopt`: answers `getsockopt(SOL_IP, SO_ORIGINAL_DST)` (and
+//! `SOL_IPV6, IP6T_SO_ORIGINAL_DST`) on the proxy's accepted sockets, as conntrack would after
+//! an iptables REDIRECT, so an unmodified proxy learns where each connection was going.
+//!
+//! The accepted socket's peer is the app side of a connection [`crate::sockops`] recorded.
+//! Other options pass through untouched, and an answer already given (`retval == 0`, e.g. by
+//! conntrack or another program) is never overwritten.
+//!
+//! # Minimum kernel version
+//! 5.3 (cgroup sockopt hooks).
+
+use core::ptr::{read_volatile, write_volatile};
+
+use aya_ebpf::{
+    bindings::{bpf_sock, bpf_sockopt},
+    helpers::generated::bpf_get_netns_cookie,
+    macros::cgroup_sockopt,
+    programs::SockoptContext,
+    EbpfContext,
+};
+use linkerd_cni_common::{v4_mapped_words, ConnKey, OrigDst, FAMILY_V4};
+
+use crate::maps::{count, CONN_DST};
+
+const SOL_IP: i32 = 0;
+const SOL_IPV6: i32 = 41;
+/// `SO_ORIGINAL_DST` and `IP6T_SO_ORIGINAL_DST` share the number.
+const SO_ORIGINAL_DST: i32 = 80;
+const AF_INET: u32 = 2;
+const AF_INET6: u16 = 10;
+/// Beyond one page the program sees a truncated buffer and must hand the kernel's answer back.
+const PAGE_SIZE: i32 = 4096;
+
+/// `struct sockaddr_in`.
+#[repr(C)]
+struct SockaddrIn {
+    family: u16,
+    port_be: u16,
+    addr_be: u32,
+    zero: [u8; 8],
+}
+
+/// `struct sockaddr_in6`.
+#[repr(C)]
+struct SockaddrIn6 {
+    family: u16,
+    port_be: u16,
+    flowinfo: u32,
+    addr: [u32; 4],
+    scope_id: u32,
+}
+
+#[cgroup_sockopt(getsockopt)]
+pub fn l5d_getsockopt(ctx: SockoptContext) -> i32 {
+    // SAFETY: the kernel hands a valid `bpf_sockopt`.
+    unsafe { getsockopt(&ctx) };
+    1
+}
+
+unsafe fn getsockopt(ctx: &SockoptContext) {
+    let so: *mut bpf_sockopt = ctx.sockopt;
+    let (level, optname) = unsafe { ((*so).level, (*so).optname) };
+    if optname != SO_ORIGINAL_DST || (level != SOL_IP && level != SOL_IPV6) {
+        if unsafe { (*so).optlen } > PAGE_SIZE {
+            // SAFETY: 4-byte store to a writable context field.
+            unsafe { write_volatile(&raw mut (*so).optlen, 0) };
+        }
+        return;
+    }
+    if unsafe { (*so).retval } == 0 {
+        return;
+    }
+    let sk: *mut bpf_sock = unsafe { (*so).__bindgen_anon_1.sk };
+    if sk.is_null() {
+        return;
+    }
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // Volatile loads at fixed offsets, for the same reason as in `sockops::conn_key`.
+    let key = unsafe {
+        let (family, ip4, ip6) = (
+            read_volatile(&raw const (*sk).family),
+            read_volatile(&raw const (*sk).dst_ip4),
+            [
+                read_volatile(&raw const (*sk).dst_ip6[0]),
+                read_volatile(&raw const (*sk).dst_ip6[1]),
+                read_volatile(&raw const (*sk).dst_ip6[2]),
+                read_volatile(&raw const (*sk).dst_ip6[3]),
+            ],
+        );
+        ConnKey {
+            netns_cookie: netns,
+            addr: if family == AF_INET { v4_mapped_words(ip4) } else { ip6 },
+            port: u32::from(u16::from_be(read_volatile(&raw const (*sk).dst_port))),
+            proxy_port: read_volatile(&raw const (*sk).src_port),
+        }
+    };
+    // SAFETY: the value is copied out at once.
+    let Some(dst) = (unsafe { CONN_DST.get(&key) }).copied() else {
+        count(netns, |s| &mut s.orig_dst_missed);
+        return;
+    };
+    let written = if level == SOL_IP {
+        unsafe { answer_v4(so, &dst) }
+    } else {
+        unsafe { answer_v6(so, &dst) }
+    };
+    if written {
+        count(netns, |s| &mut s.orig_dst_answered);
+    }
+}
+
+/// Writes a `sockaddr_in`; only for an IPv4 original destination, like conntrack.
+unsafe fn answer_v4(so: *mut bpf_sockopt, dst: &OrigDst) -> bool {
+    if dst.family != FAMILY_V4 {
+        return false;
+    }
+    let optval = unsafe { (*so).__bindgen_anon_2.optval } as *mut SockaddrIn;
+    let end = unsafe { (*so).__bindgen_anon_3.optval_end } as *mut u8;
+    if unsafe { optval.add(1) } as *mut u8 > end {
+        return false;
+    }
+    unsafe {
+        (*optval).family = AF_INET as u16;
+        (*optval).port_be = dst.port_be;
+        (*optval).addr_be = dst.addr[3];
+        (*optval).zero = [0; 8];
+        finish(so, core::mem::size_of::<SockaddrIn>() as i32);
+    }
+    true
+}
+
+/// Writes a `sockaddr_in6` (an IPv4 destination as `::ffff:a.b.c.d`).
+unsafe fn answer_v6(so: *mut bpf_sockopt, dst: &OrigDst) -> bool {
+    let optval = unsafe { (*so).__bindgen_anon_2.optval } as *mut SockaddrIn6;
+    let end = unsafe { (*so).__bindgen_anon_3.optval_end } as *mut u8;
+    if unsafe { optval.add(1) } as *mut u8 > end {
+        return false;
+    }
+    unsafe {
+        (*optval).family = AF_INET6;
+        (*optval).port_be = dst.port_be;
+        (*optval).flowinfo = 0;
+        (*optval).addr = dst.addr;
+        (*optval).scope_id = 0;
+        finish(so, core::mem::size_of::<SockaddrIn6>() as i32);
+    }
+    true
+}
+
+/// Sets `optlen` then `retval` with two separate 4-byte stores: merged into one 8-byte store
+/// the verifier rejects the program (`invalid bpf_context access`).
+#[inline(always)]
+unsafe fn finish(so: *mut bpf_sockopt, len: i32) {
+    unsafe {
+        write_volatile(&raw mut (*so).optlen, len);
+        write_volatile(&raw mut (*so).retval, 0);
+    }
+}

@@ -1,0 +1,39 @@
+//! The maps, pinned by name so every program generation and the agent share them. Names must
+//! match `linkerd_cni_common::names` (the agent fails to load otherwise).
+
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap},
+};
+use linkerd_cni_common::{
+    names::{MAX_ADDRS, MAX_CONNS, MAX_PODS, MAX_PORT_BLOCKS},
+    AddrKey, ConnKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
+};
+
+#[map(name = "l5d_pod_config")]
+pub static POD_CONFIG: HashMap<u64, PodConfig> = HashMap::pinned(MAX_PODS, 0);
+
+#[map(name = "l5d_port_sets")]
+pub static PORT_SETS: HashMap<PortSetKey, PortBlock> = HashMap::pinned(MAX_PORT_BLOCKS, 0);
+
+#[map(name = "l5d_addrs")]
+pub static ADDRS: LpmTrie<AddrKey, u32> = LpmTrie::pinned(MAX_ADDRS, 0);
+
+#[map(name = "l5d_sock_dst")]
+pub static SOCK_DST: LruHashMap<u64, OrigDst> = LruHashMap::pinned(MAX_CONNS, 0);
+
+#[map(name = "l5d_conn_dst")]
+pub static CONN_DST: LruHashMap<ConnKey, OrigDst> = LruHashMap::pinned(MAX_CONNS, 0);
+
+#[map(name = "l5d_pod_stats")]
+pub static POD_STATS: PerCpuHashMap<u64, PodStats> = PerCpuHashMap::pinned(MAX_PODS, 0);
+
+/// Bumps one counter of the pod's stats, if the agent created its entry.
+#[inline(always)]
+pub fn count(netns_cookie: u64, field: impl FnOnce(&mut PodStats) -> &mut u64) {
+    if let Some(stats) = POD_STATS.get_ptr_mut(netns_cookie) {
+        // SAFETY: per-CPU value, this program is the only writer on this CPU right now.
+        let counter = field(unsafe { &mut *stats });
+        *counter += 1;
+    }
+}
