@@ -381,6 +381,18 @@ mod tests {
         gid: Option<i64>,
     }
 
+    /// Name, pod, namespace, `default/kubernetes` Service, expectation.
+    type Case<'a> = (&'a str, Pod, Option<Namespace>, Option<&'a Service>, Expect);
+    /// Name, pod, namespace, annotation, value, where the error must say it was read.
+    type BadCase<'a> = (
+        &'a str,
+        Pod,
+        Option<Namespace>,
+        &'a str,
+        &'a str,
+        AnnotationSource,
+    );
+
     const PROXY: &[&str] = &["app", "linkerd-proxy"];
     const APP: &[&str] = &["app"];
 
@@ -392,7 +404,7 @@ mod tests {
             json!([{"port": 8443, "targetPort": "https"}, {"port": 444, "targetPort": 444}]),
         );
         #[rustfmt::skip]
-        let cases: Vec<(&str, Pod, Option<Namespace>, Option<&Service>, Expect)> = vec![
+        let cases: Vec<Case> = vec![
             ("proxy in containers", pod(PROXY, &[], none.clone(), none.clone()), None, None,
                 Expect { redirect: true, ..Default::default() }),
             ("proxy as native sidecar in initContainers", pod(APP, &["linkerd-proxy"], none.clone(), none.clone()), None, None,
@@ -505,7 +517,7 @@ mod tests {
             name: "emojivoto".into(),
         };
         #[rustfmt::skip]
-        let cases: Vec<(&str, Pod, Option<Namespace>, &str, &str, AnnotationSource)> = vec![
+        let cases: Vec<BadCase> = vec![
             ("outbound port out of range", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: "70000"}), none.clone()), None,
                 SKIP_OUTBOUND_PORTS, "70000", pod_source.clone()),
             ("inbound reversed range", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS: "80,90-10"}), none.clone()), None,

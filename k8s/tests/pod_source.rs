@@ -1,0 +1,675 @@
+//! `PodSource` against the fake Kubernetes API server over real HTTP, through the production
+//! client path (a kubeconfig file, `client::client`, kube's watcher and reflector): what is
+//! cached, what is fetched, what fails; plus the fake server's own list/watch semantics that
+//! those tests rely on.
+
+// The fake API server lives in `linkerd-cni-tests`; it is included by path because depending on
+// that crate would build the node agent (and its eBPF object) for these tests.
+#[allow(dead_code)]
+#[path = "../../tests/src/fake_apiserver.rs"]
+mod fake_apiserver;
+
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use fake_apiserver::{FakeApiServer, RecordedRequest};
+use futures_util::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api,
+    api::{ListParams, WatchEvent, WatchParams},
+};
+use linkerd_cni_k8s::{K8sError, PodOrigin, PodSource, client, decision};
+use linkerd_cni_proto::config::{LinkerdConfig, parse_port_list};
+use serde_json::{Value, json};
+
+const NODE: &str = "node-a";
+const NS: &str = "emojivoto";
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A kubeconfig file for one test, removed on drop.
+struct Kubeconfig(PathBuf);
+
+impl Kubeconfig {
+    fn new(url: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "linkerd-cni-k8s-test-{}-{}.kubeconfig",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        fake_apiserver::write_kubeconfig(&path, url).expect("write kubeconfig");
+        Self(path)
+    }
+}
+
+impl Drop for Kubeconfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn pod(name: &str, node: &str, containers: &[&str], annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "containers": containers.iter().map(|c| json!({"name": c, "image": "x"})).collect::<Vec<_>>(),
+        },
+    })
+}
+
+const MESHED: &[&str] = &["app", "linkerd-proxy"];
+const PLAIN: &[&str] = &["app"];
+
+/// A server holding the namespace (annotated: skip-inbound-ports 22) and the
+/// `default/kubernetes` Service, a client to it and a synced `PodSource` for `NODE`.
+struct Fixture {
+    server: FakeApiServer,
+    _kubeconfig: Kubeconfig,
+    source: PodSource,
+}
+
+async fn fixture() -> Fixture {
+    let server = FakeApiServer::start().expect("start fake API server");
+    server
+        .apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": NS, "annotations": {decision::SKIP_INBOUND_PORTS: "22"}}}))
+        .expect("apply namespace");
+    server
+        .apply(&json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "kubernetes", "namespace": "default"},
+            "spec": {"ports": [{"name": "https", "port": 443, "targetPort": 8443}]}}))
+        .expect("apply service");
+    let kubeconfig = Kubeconfig::new(&server.url());
+    let client = client::client(Some(&kubeconfig.0))
+        .await
+        .expect("client from kubeconfig");
+    let source = PodSource::new(client, NODE).with_timeout(Duration::from_secs(2));
+    source.wait_synced(WAIT).await.expect("pod cache synced");
+    Fixture {
+        server,
+        _kubeconfig: kubeconfig,
+        source,
+    }
+}
+
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < WAIT, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn gets_of(requests: &[RecordedRequest], path: &str) -> usize {
+    requests
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == path && !r.is_watch())
+        .count()
+}
+
+fn pod_path(name: &str) -> String {
+    format!("/api/v1/namespaces/{NS}/pods/{name}")
+}
+
+fn ports(list: &str) -> Vec<linkerd_cni_proto::config::PortRange> {
+    parse_port_list(list).expect("test port list is valid")
+}
+
+#[tokio::test]
+async fn cached_pod_is_decided_without_fetching_it() {
+    let f = fixture().await;
+    f.server
+        .apply(&pod("web", NODE, MESHED, json!({})))
+        .expect("apply pod");
+    eventually("web is cached", || f.source.cached(NS, "web").is_some()).await;
+    f.server.clear_requests();
+
+    let (_, origin) = f.source.pod(NS, "web", None).await.expect("pod");
+    assert_eq!(origin, PodOrigin::Cache);
+    let d = f
+        .source
+        .decide(NS, "web", None, &LinkerdConfig::default())
+        .await
+        .expect("decide");
+    assert!(d.redirect, "meshed pod not redirected: {}", d.reason);
+    // The namespace's annotation was read (fresh GET) and appended.
+    assert_eq!(d.config.inbound_ports_to_ignore, ports("4191,4190,22"));
+
+    let requests = f.server.requests();
+    assert_eq!(
+        gets_of(&requests, &pod_path("web")),
+        0,
+        "pod fetched although cached: {requests:?}"
+    );
+    assert_eq!(
+        gets_of(&requests, &format!("/api/v1/namespaces/{NS}")),
+        1,
+        "namespace not read once: {requests:?}"
+    );
+    // The watch is scoped to this node.
+    let watches: Vec<_> = f
+        .server
+        .requests()
+        .into_iter()
+        .chain(requests)
+        .filter(RecordedRequest::is_watch)
+        .collect();
+    assert!(
+        watches.iter().all(|w| w.path == "/api/v1/pods"
+            && w.param("fieldSelector") == Some("spec.nodeName=node-a")),
+        "unexpected watches: {watches:?}"
+    );
+}
+
+#[tokio::test]
+async fn uncached_new_pod_is_fetched_directly() {
+    let f = fixture().await;
+    // The watch lags behind the kubelet: the pod exists, the cache does not know it yet.
+    f.server.pause_watches(true);
+    f.server
+        .apply(&pod(
+            "new",
+            NODE,
+            MESHED,
+            json!({decision::SKIP_OUTBOUND_PORTS: "3306"}),
+        ))
+        .expect("apply pod");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        f.source.cached(NS, "new").is_none(),
+        "paused watch delivered the pod"
+    );
+    f.server.clear_requests();
+
+    let d = f
+        .source
+        .decide(NS, "new", None, &LinkerdConfig::default())
+        .await
+        .expect("decide");
+    assert!(d.redirect, "{}", d.reason);
+    assert_eq!(d.config.outbound_ports_to_ignore, ports("3306"));
+    assert_eq!(
+        gets_of(&f.server.requests(), &pod_path("new")),
+        1,
+        "pod not fetched by GET"
+    );
+
+    f.server.pause_watches(false);
+    eventually("the resumed watch caches the pod", || {
+        f.source.cached(NS, "new").is_some()
+    })
+    .await;
+    let (_, origin) = f.source.pod(NS, "new", None).await.expect("pod");
+    assert_eq!(origin, PodOrigin::Cache);
+}
+
+#[tokio::test]
+async fn pods_of_other_nodes_are_not_cached() {
+    let f = fixture().await;
+    f.server
+        .apply(&pod("elsewhere", "node-b", MESHED, json!({})))
+        .expect("apply pod b");
+    f.server
+        .apply(&pod("unscheduled", "", MESHED, json!({})))
+        .expect("apply pod");
+    f.server
+        .apply(&pod("here", NODE, PLAIN, json!({})))
+        .expect("apply pod a");
+    // Events arrive in order: once "here" is cached, the others have been seen and dropped.
+    eventually("here is cached", || f.source.cached(NS, "here").is_some()).await;
+    assert!(
+        f.source.cached(NS, "elsewhere").is_none(),
+        "pod of node-b cached"
+    );
+    assert!(
+        f.source.cached(NS, "unscheduled").is_none(),
+        "unscheduled pod cached"
+    );
+
+    // Scheduling the pod onto this node brings it into the cache (ADDED for the watch).
+    f.server
+        .apply(&pod("unscheduled", NODE, MESHED, json!({})))
+        .expect("bind pod");
+    eventually("bound pod is cached", || {
+        f.source.cached(NS, "unscheduled").is_some()
+    })
+    .await;
+    // Moving a pod away removes it (DELETED for the watch).
+    f.server
+        .apply(&pod("here", "node-b", PLAIN, json!({})))
+        .expect("move pod");
+    eventually("moved pod leaves the cache", || {
+        f.source.cached(NS, "here").is_none()
+    })
+    .await;
+
+    // Deciding a pod that is not cached still works, by GET.
+    let (_, origin) = f
+        .source
+        .pod(NS, "elsewhere", None)
+        .await
+        .expect("pod of node-b");
+    assert_eq!(origin, PodOrigin::Get);
+}
+
+#[tokio::test]
+async fn pod_update_is_seen_through_the_watch() {
+    let f = fixture().await;
+    f.server
+        .apply(&pod("web", NODE, MESHED, json!({})))
+        .expect("apply pod");
+    eventually("web is cached", || f.source.cached(NS, "web").is_some()).await;
+    let base = LinkerdConfig {
+        outbound_ports_to_ignore: ports("25"),
+        ..LinkerdConfig::default()
+    };
+    let before = f
+        .source
+        .decide(NS, "web", None, &base)
+        .await
+        .expect("decide");
+    assert_eq!(before.config.outbound_ports_to_ignore, ports("25"));
+
+    f.server.clear_requests();
+    f.server
+        .apply(&pod(
+            "web",
+            NODE,
+            MESHED,
+            json!({decision::SKIP_OUTBOUND_PORTS: "5432"}),
+        ))
+        .expect("update pod");
+    eventually("the update reaches the cache", || {
+        f.source
+            .cached(NS, "web")
+            .and_then(|p| p.metadata.annotations.clone())
+            .is_some_and(|a| a.contains_key(decision::SKIP_OUTBOUND_PORTS))
+    })
+    .await;
+    let after = f
+        .source
+        .decide(NS, "web", None, &base)
+        .await
+        .expect("decide");
+    assert_eq!(after.config.outbound_ports_to_ignore, ports("5432"));
+    assert_eq!(
+        gets_of(&f.server.requests(), &pod_path("web")),
+        0,
+        "update read by GET, not from the watch"
+    );
+
+    // Deletion too.
+    f.server.delete_pod(NS, "web").expect("delete");
+    eventually("deleted pod leaves the cache", || {
+        f.source.cached(NS, "web").is_none()
+    })
+    .await;
+    let err = f
+        .source
+        .decide(NS, "web", None, &base)
+        .await
+        .expect_err("deleted pod decided");
+    assert!(
+        matches!(err, K8sError::NotFound { .. }),
+        "unexpected error {err}"
+    );
+}
+
+#[tokio::test]
+async fn uid_guards_against_an_older_pod_of_the_same_name() {
+    let f = fixture().await;
+    let stored = f
+        .server
+        .apply(&pod("db-0", NODE, PLAIN, json!({})))
+        .expect("apply pod");
+    let old_uid = stored["metadata"]["uid"]
+        .as_str()
+        .expect("uid assigned")
+        .to_string();
+    eventually("db-0 is cached", || f.source.cached(NS, "db-0").is_some()).await;
+
+    // Recreated (a StatefulSet pod), meshed this time; the watch has not caught up yet.
+    f.server.pause_watches(true);
+    f.server.delete_pod(NS, "db-0").expect("delete");
+    let mut recreated = pod("db-0", NODE, MESHED, json!({}));
+    recreated["metadata"]["uid"] = json!("11111111-2222-4333-8444-555555555555");
+    f.server.apply(&recreated).expect("recreate pod");
+
+    let stale = f
+        .source
+        .decide(NS, "db-0", None, &LinkerdConfig::default())
+        .await
+        .expect("decide");
+    assert!(
+        !stale.redirect,
+        "without a uid the cached (old) pod is used"
+    );
+    let d = f
+        .source
+        .decide(
+            NS,
+            "db-0",
+            Some("11111111-2222-4333-8444-555555555555"),
+            &LinkerdConfig::default(),
+        )
+        .await
+        .expect("decide with uid");
+    assert!(
+        d.redirect,
+        "the recreated pod must be fetched: {}",
+        d.reason
+    );
+
+    // Once the watch has caught up, the old pod's sandbox is refused: that pod is gone.
+    f.server.pause_watches(false);
+    eventually("the recreated pod is cached", || {
+        f.source
+            .cached(NS, "db-0")
+            .is_some_and(|p| p.metadata.uid.as_deref() != Some(old_uid.as_str()))
+    })
+    .await;
+    let err = f
+        .source
+        .decide(NS, "db-0", Some(&old_uid), &LinkerdConfig::default())
+        .await
+        .expect_err("stale uid");
+    assert!(
+        matches!(err, K8sError::PodReplaced { .. }) && err.is_transient(),
+        "unexpected error {err}"
+    );
+}
+
+#[tokio::test]
+async fn control_plane_pods_skip_the_api_server_ports() {
+    let f = fixture().await;
+    let mut cp = pod("destination", NODE, MESHED, json!({}));
+    cp["metadata"]["labels"] = json!({decision::CONTROL_PLANE_LABEL: "destination"});
+    f.server.apply(&cp).expect("apply pod");
+    let d = f
+        .source
+        .decide(NS, "destination", None, &LinkerdConfig::default())
+        .await
+        .expect("decide");
+    assert_eq!(
+        d.config.outbound_ports_to_ignore,
+        ports("443,8443"),
+        "{}",
+        d.reason
+    );
+
+    // Service unreadable: 443 and 6443, and the decision still succeeds.
+    f.server
+        .delete("Service", Some("default"), "kubernetes")
+        .expect("delete service");
+    let d = f
+        .source
+        .decide(NS, "destination", None, &LinkerdConfig::default())
+        .await
+        .expect("decide");
+    assert_eq!(
+        d.config.outbound_ports_to_ignore,
+        ports("443,6443"),
+        "{}",
+        d.reason
+    );
+}
+
+#[tokio::test]
+async fn malformed_annotation_fails_the_decision() {
+    let f = fixture().await;
+    f.server
+        .apply(&pod(
+            "bad",
+            NODE,
+            MESHED,
+            json!({decision::SKIP_SUBNETS: "10.0.0.0/99"}),
+        ))
+        .expect("apply pod");
+    let err = f
+        .source
+        .decide(NS, "bad", None, &LinkerdConfig::default())
+        .await
+        .expect_err("malformed accepted");
+    assert!(
+        matches!(&err, K8sError::Annotation(e) if e.annotation == decision::SKIP_SUBNETS)
+            && !err.is_transient(),
+        "unexpected error {err}"
+    );
+    assert!(
+        err.to_string().contains(decision::SKIP_SUBNETS),
+        "message does not name the annotation: {err}"
+    );
+}
+
+#[tokio::test]
+async fn api_errors_fail_the_decision() {
+    let f = fixture().await;
+    f.server
+        .apply(&pod("meshed", NODE, MESHED, json!({})))
+        .expect("apply");
+    f.server
+        .apply(&pod("plain", NODE, PLAIN, json!({})))
+        .expect("apply");
+    eventually("pods cached", || {
+        f.source.cached(NS, "meshed").is_some() && f.source.cached(NS, "plain").is_some()
+    })
+    .await;
+    let base = LinkerdConfig::default();
+
+    // The server answers errors.
+    f.server.fail_requests(Some(500));
+    let err = f
+        .source
+        .decide(NS, "uncached", None, &base)
+        .await
+        .expect_err("decided with a failing API");
+    assert!(
+        matches!(err, K8sError::Api { .. }) && err.is_transient(),
+        "unexpected error {err}"
+    );
+    // A cached meshed pod still needs its namespace: that failure fails the decision too.
+    let err = f
+        .source
+        .decide(NS, "meshed", None, &base)
+        .await
+        .expect_err("decided without its namespace");
+    assert!(
+        err.to_string().contains("namespace emojivoto"),
+        "unexpected error {err}"
+    );
+    f.server.fail_requests(None);
+
+    // The server is gone.
+    let Fixture {
+        server,
+        _kubeconfig,
+        source,
+    } = f;
+    drop(server);
+    let err = source
+        .decide(NS, "uncached", None, &base)
+        .await
+        .expect_err("decided with the API down");
+    assert!(err.is_transient(), "unexpected error {err}");
+    let err = source
+        .decide(NS, "meshed", None, &base)
+        .await
+        .expect_err("meshed pod decided with the API down");
+    assert!(err.is_transient(), "unexpected error {err}");
+    // An unmeshed cached pod needs nothing from the API.
+    let d = source
+        .decide(NS, "plain", None, &base)
+        .await
+        .expect("plain pod from the cache");
+    assert!(!d.redirect);
+}
+
+#[tokio::test]
+async fn a_silent_api_server_times_out() {
+    // Accepts connections (the kernel does) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("addr"));
+    let kubeconfig = Kubeconfig::new(&url);
+    let client = client::client(Some(&kubeconfig.0)).await.expect("client");
+    let source = PodSource::new(client, NODE).with_timeout(Duration::from_millis(300));
+    let start = Instant::now();
+    let err = source
+        .decide(NS, "web", None, &LinkerdConfig::default())
+        .await
+        .expect_err("decided without answer");
+    assert!(
+        matches!(err, K8sError::Timeout { .. }),
+        "unexpected error {err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "timeout not bounded: {:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn client_configuration_errors() {
+    let missing = std::env::temp_dir().join("linkerd-cni-k8s-test-no-such.kubeconfig");
+    let Err(err) = client::client(Some(&missing)).await else {
+        panic!("client from a missing kubeconfig")
+    };
+    assert!(
+        matches!(err, K8sError::Kubeconfig { .. }) && !err.is_transient(),
+        "unexpected error {err}"
+    );
+    // Not in a cluster: no KUBERNETES_SERVICE_HOST here.
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+        let Err(err) = client::client(None).await else {
+            panic!("in-cluster client outside a cluster")
+        };
+        assert!(
+            matches!(err, K8sError::InCluster(_)),
+            "unexpected error {err}"
+        );
+    }
+}
+
+/// The fake server's list and watch semantics, as kube's typed API sees them.
+#[tokio::test]
+async fn fake_server_lists_and_watches_like_the_real_one() {
+    let server = FakeApiServer::start().expect("start");
+    let kubeconfig = Kubeconfig::new(&server.url());
+    let client = client::client(Some(&kubeconfig.0)).await.expect("client");
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut a = pod("a", NODE, PLAIN, json!({}));
+    a["metadata"]["labels"] = json!({"app": "web", "tier": "front"});
+    let mut b = pod("b", "node-b", PLAIN, json!({}));
+    b["metadata"]["labels"] = json!({"app": "db"});
+    server.apply(&a).expect("apply a");
+    server.apply(&b).expect("apply b");
+
+    let names = |l: kube::api::ObjectList<Pod>| {
+        l.items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect::<Vec<_>>()
+    };
+    #[rustfmt::skip]
+    let cases = [
+        (ListParams::default(), vec!["a", "b"]),
+        (ListParams::default().fields("spec.nodeName=node-a"), vec!["a"]),
+        (ListParams::default().fields("spec.nodeName!=node-a"), vec!["b"]),
+        (ListParams::default().labels("app=db"), vec!["b"]),
+        (ListParams::default().labels("app in (web,db),tier"), vec!["a"]),
+        (ListParams::default().labels("!tier"), vec!["b"]),
+        (ListParams::default().labels("app notin (web)"), vec!["b"]),
+    ];
+    for (params, want) in cases {
+        let got = names(pods.list(&params).await.expect("list"));
+        assert_eq!(
+            got, want,
+            "list with {:?} / {:?}",
+            params.field_selector, params.label_selector
+        );
+    }
+
+    // Watch from the list's resourceVersion, scoped to node-a.
+    let rv = pods
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("list rv");
+    let mut events = pods
+        .watch(
+            &WatchParams::default()
+                .fields("spec.nodeName=node-a")
+                .timeout(10),
+            &rv,
+        )
+        .await
+        .expect("watch")
+        .boxed();
+    let mut next = async || -> (String, String) {
+        let ev = tokio::time::timeout(WAIT, events.try_next())
+            .await
+            .expect("watch event in time")
+            .expect("watch stream ok")
+            .expect("watch stream open");
+        match ev {
+            WatchEvent::Added(p) => ("ADDED".into(), p.metadata.name.unwrap_or_default()),
+            WatchEvent::Modified(p) => ("MODIFIED".into(), p.metadata.name.unwrap_or_default()),
+            WatchEvent::Deleted(p) => ("DELETED".into(), p.metadata.name.unwrap_or_default()),
+            other => panic!("unexpected event {other:?}"),
+        }
+    };
+    server
+        .apply(&pod("b", NODE, PLAIN, json!({})))
+        .expect("move b here");
+    assert_eq!(next().await, ("ADDED".into(), "b".into()));
+    server
+        .apply(&pod("c", "node-b", PLAIN, json!({})))
+        .expect("pod elsewhere");
+    server
+        .apply(&pod("a", NODE, PLAIN, json!({"x": "1"})))
+        .expect("modify a");
+    assert_eq!(
+        next().await,
+        ("MODIFIED".into(), "a".into()),
+        "pod of node-b leaked into the watch"
+    );
+    server
+        .apply(&pod("a", "node-b", PLAIN, json!({"x": "1"})))
+        .expect("move a away");
+    assert_eq!(next().await, ("DELETED".into(), "a".into()));
+    server.delete_pod(NS, "b").expect("delete b");
+    assert_eq!(next().await, ("DELETED".into(), "b".into()));
+
+    // Resuming from a compacted resourceVersion: 410 Gone.
+    server.compact();
+    let mut stale = pods
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    match tokio::time::timeout(WAIT, stale.try_next())
+        .await
+        .expect("event in time")
+    {
+        Ok(Some(WatchEvent::Error(e))) => assert_eq!(e.code, 410, "{e:?}"),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+    // And a plain GET of a missing object is a 404 Status kube understands.
+    let err = Api::<Pod>::namespaced(client, NS)
+        .get("nope")
+        .await
+        .expect_err("missing pod found");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404),
+        "unexpected error {err}"
+    );
+}
