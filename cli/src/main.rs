@@ -21,7 +21,7 @@ struct Cli {
 enum Command {
     /// Output Kubernetes manifests installing the linkerd-cni DaemonSet (pipe into
     /// `kubectl apply --prune -l linkerd.io/cni-resource=true -f -`).
-    InstallCni(install_cni::InstallCniArgs),
+    InstallCni(Box<install_cni::InstallCniArgs>),
     /// Check the linkerd-cni installation (--linkerd-cni-enabled) and this node (--node).
     Check(check::CheckArgs),
 }

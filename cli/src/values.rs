@@ -135,7 +135,7 @@ fn split_unescaped(s: &str, sep: char) -> Vec<String> {
     out
 }
 
-fn push_char(parts: &mut Vec<String>, c: char) {
+fn push_char(parts: &mut [String], c: char) {
     if let Some(last) = parts.last_mut() {
         last.push(c);
     }
@@ -177,7 +177,7 @@ pub fn parse_set(expr: &str) -> Result<Vec<(Vec<String>, Json)>, ValuesError> {
             return Err(err("empty key"));
         }
         let value = match raw.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
-            Some(inner) if inner.is_empty() => Json::Array(Vec::new()),
+            Some("") => Json::Array(Vec::new()),
             Some(inner) => Json::Array(split_unescaped(inner, ',').iter().map(|s| set_scalar(s)).collect()),
             None => set_scalar(raw),
         };
@@ -370,7 +370,8 @@ mod tests {
 
     #[test]
     fn set_expressions() {
-        let cases: &[(&str, Vec<(Vec<&str>, Json)>)] = &[
+        type Case<'a> = (&'a str, Vec<(Vec<&'a str>, Json)>);
+        let cases: &[Case] = &[
             ("a=1", vec![(vec!["a"], json!(1))]),
             ("a.b=x,c=true", vec![(vec!["a", "b"], json!("x")), (vec!["c"], json!(true))]),
             ("a=-1", vec![(vec!["a"], json!(-1))]),
