@@ -31,6 +31,14 @@ pub struct CheckArgs {
     /// Meaningful on a node, e.g. from `kubectl debug node/<name>`.
     #[arg(long, env = "LINKERD_CHECK_NODE")]
     pub node: bool,
+    /// Post-install checks (what `linkerd check` runs when no other check is asked for):
+    /// linkerd-config, the proxy injector, the linkerd-cni objects when cniEnabled is true;
+    /// with --proxy also the meshed pods.
+    #[arg(long, env = "LINKERD_CHECK_PROXY")]
+    pub proxy: bool,
+    /// Namespace of the control plane (post-install checks).
+    #[arg(long, env = "LINKERD_CHECK_LINKERD_NAMESPACE", default_value = linkerd_injector::names::CONTROL_PLANE_NAMESPACE)]
+    pub linkerd_namespace: String,
 }
 
 /// The outcome of one check.
@@ -75,13 +83,17 @@ pub fn print_category(out: &mut impl Write, title: &str, results: &[CheckResult]
 
 /// Runs the requested checks, prints them, and says whether all passed.
 pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> anyhow::Result<bool> {
-    if !args.linkerd_cni_enabled && !args.node {
+    let post_install = args.proxy || !(args.pre || args.linkerd_cni_enabled || args.node);
+    if !post_install && !args.linkerd_cni_enabled && !args.node {
         anyhow::bail!(
             "nothing to check: use --linkerd-cni-enabled for the linkerd-cni objects in the cluster \
-             and/or --node for this machine (the control-plane checks are not implemented here)"
+             and/or --node for this machine, or no flag (or --proxy) for the post-install checks"
         );
     }
     let mut all = true;
+    if post_install {
+        all &= crate::check_install::run(kube, &args.linkerd_namespace, &args.cni_namespace, args.proxy, out).await?;
+    }
     if args.linkerd_cni_enabled {
         let results = match kube.client().await {
             Ok(client) => cluster::run(&client, &args.cni_namespace).await,

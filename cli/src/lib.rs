@@ -7,3 +7,8 @@ pub mod check;
 pub mod install_cni;
 pub mod kubernetes;
 pub mod values;
+
+// `install`, `inject`/`uninject` and the post-install checks, backed by `linkerd-injector`.
+pub mod check_install;
+pub mod inject;
+pub mod install;

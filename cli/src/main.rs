@@ -5,7 +5,7 @@ use std::{io::Write, process::ExitCode};
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use linkerd_cli::{check, install_cni, kubernetes::KubeArgs};
+use linkerd_cli::{check, inject, install, install_cni, kubernetes::KubeArgs};
 
 /// The linkerd CLI: install and check Linkerd's CNI plugin with eBPF redirection.
 #[derive(Parser, Debug)]
@@ -24,6 +24,13 @@ enum Command {
     InstallCni(Box<install_cni::InstallCniArgs>),
     /// Check the linkerd-cni installation (--linkerd-cni-enabled) and this node (--node).
     Check(check::CheckArgs),
+    /// Output the control plane objects this project owns (namespace, linkerd-config with
+    /// cniEnabled, the proxy injector and its webhook) for `kubectl apply -f -`.
+    Install(Box<install::InstallArgs>),
+    /// Add the linkerd.io/inject annotation to pod templates (--manual: inject the proxy now).
+    Inject(inject::InjectArgs),
+    /// Remove what inject added (proxy, linkerd-init or validator, volumes, annotations).
+    Uninject(inject::UninjectArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +63,25 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
                 .build()
                 .context("starting the async runtime")?;
             runtime.block_on(check::run(args, &cli.kube, &mut std::io::stdout().lock()))
+        }
+        Command::Install(args) => {
+            let yaml = install::render(args)?;
+            std::io::stdout().lock().write_all(yaml.as_bytes()).context("writing the manifests")?;
+            Ok(true)
+        }
+        Command::Inject(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let (mut stdin, mut stdout, mut stderr) = (std::io::stdin().lock(), std::io::stdout().lock(), std::io::stderr().lock());
+            runtime.block_on(inject::inject(args, &cli.kube, &mut stdin, &mut stdout, &mut stderr))?;
+            Ok(true)
+        }
+        Command::Uninject(args) => {
+            let (mut stdin, mut stdout, mut stderr) = (std::io::stdin().lock(), std::io::stdout().lock(), std::io::stderr().lock());
+            inject::uninject(args, &mut stdin, &mut stdout, &mut stderr)?;
+            Ok(true)
         }
     }
 }

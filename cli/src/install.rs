@@ -1,0 +1,147 @@
+//! `linkerd install`: renders the control-plane objects this project owns (namespace
+//! `linkerd`, ConfigMap `linkerd-config` carrying `cniEnabled`, the proxy injector and its
+//! MutatingWebhookConfiguration with TLS) for `kubectl apply -f -`. The objects themselves
+//! are defined in [`linkerd_injector::install`].
+
+use std::path::PathBuf;
+
+use clap::Args;
+use linkerd_injector::{
+    install::{self, FailurePolicy, InstallOptions, WebhookTls},
+    names, tls,
+    values::{self, Values},
+};
+
+/// Why `install` could not produce manifests.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The trust anchors file cannot be read.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Certificate generation failed.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    /// Rendering failed.
+    #[error(transparent)]
+    Render(#[from] install::InstallError),
+}
+
+/// The flags of `linkerd install`.
+#[derive(Args, Debug, Clone)]
+pub struct InstallArgs {
+    /// The CNI plugin redirects traffic: sets cniEnabled in linkerd-config (injected pods get
+    /// the network validator instead of linkerd-init) and Pod Security "restricted" on the
+    /// control plane namespace.
+    #[arg(long, env = "LINKERD_INSTALL_LINKERD_CNI_ENABLED")]
+    pub linkerd_cni_enabled: bool,
+    /// Linkerd version: the default tag of the proxy image.
+    #[arg(long, env = "LINKERD_INSTALL_LINKERD_VERSION", default_value = values::DEFAULT_LINKERD_VERSION)]
+    pub linkerd_version: String,
+    /// Proxy image repository (also runs the network validator).
+    #[arg(long, env = "LINKERD_INSTALL_PROXY_IMAGE", default_value = values::DEFAULT_PROXY_IMAGE)]
+    pub proxy_image: String,
+    /// UID the proxy runs as.
+    #[arg(long, env = "LINKERD_INSTALL_PROXY_UID", default_value_t = 2102, value_parser = clap::value_parser!(i64).range(0..=i64::from(u32::MAX)))]
+    pub proxy_uid: i64,
+    /// Proxy log level.
+    #[arg(
+        long,
+        env = "LINKERD_INSTALL_PROXY_LOG_LEVEL",
+        default_value = "warn,linkerd=info,hickory=error"
+    )]
+    pub proxy_log_level: String,
+    /// proxy-init image repository (linkerd-init, without --linkerd-cni-enabled).
+    #[arg(long, env = "LINKERD_INSTALL_INIT_IMAGE", default_value = values::DEFAULT_PROXY_INIT_IMAGE)]
+    pub init_image: String,
+    /// proxy-init image tag.
+    #[arg(long, env = "LINKERD_INSTALL_INIT_IMAGE_VERSION", default_value = values::DEFAULT_PROXY_INIT_VERSION)]
+    pub init_image_version: String,
+    /// iptables flavour of linkerd-init.
+    #[arg(long, env = "LINKERD_INSTALL_IPTABLES_MODE", default_value = "legacy", value_parser = ["legacy", "nft"])]
+    pub iptables_mode: String,
+    /// The cluster's DNS domain.
+    #[arg(
+        long,
+        env = "LINKERD_INSTALL_CLUSTER_DOMAIN",
+        default_value = "cluster.local"
+    )]
+    pub cluster_domain: String,
+    /// PEM file of the identity trust anchors handed to every proxy.
+    #[arg(
+        long,
+        env = "LINKERD_INSTALL_IDENTITY_TRUST_ANCHORS_FILE",
+        value_name = "PATH"
+    )]
+    pub identity_trust_anchors_file: Option<PathBuf>,
+    /// Proxy injector image, repo:tag.
+    #[arg(long, env = "LINKERD_INSTALL_INJECTOR_IMAGE", default_value_t = format!("{}:{}", install::DEFAULT_INJECTOR_IMAGE, env!("CARGO_PKG_VERSION")))]
+    pub injector_image: String,
+    /// Proxy injector replicas.
+    #[arg(long, env = "LINKERD_INSTALL_INJECTOR_REPLICAS", default_value_t = 1)]
+    pub injector_replicas: u32,
+    /// What the API server does when the webhook cannot be reached.
+    #[arg(long, env = "LINKERD_INSTALL_WEBHOOK_FAILURE_POLICY", default_value = "Ignore", value_parser = ["Ignore", "Fail"])]
+    pub webhook_failure_policy: String,
+    /// Have cert-manager issue the webhook's certificate from this issuer (and inject the CA
+    /// into the webhook configuration) instead of rendering a generated one.
+    #[arg(long, env = "LINKERD_INSTALL_CERT_MANAGER_ISSUER", value_name = "NAME")]
+    pub cert_manager_issuer: Option<String>,
+    /// Kind of --cert-manager-issuer.
+    #[arg(long, env = "LINKERD_INSTALL_CERT_MANAGER_ISSUER_KIND", default_value = "Issuer", value_parser = ["Issuer", "ClusterIssuer"])]
+    pub cert_manager_issuer_kind: String,
+}
+
+impl InstallArgs {
+    /// The options these flags describe (generating the webhook's certificate if needed).
+    pub fn options(&self) -> Result<InstallOptions, InstallError> {
+        let mut values = Values {
+            cni_enabled: self.linkerd_cni_enabled,
+            ..Values::default()
+        };
+        values.linkerd_version = self.linkerd_version.clone();
+        values.cluster_domain = self.cluster_domain.clone();
+        values.proxy.image.name = self.proxy_image.clone();
+        values.proxy.uid = self.proxy_uid;
+        values.proxy.log_level = self.proxy_log_level.clone();
+        values.proxy_init.image.name = self.init_image.clone();
+        values.proxy_init.image.version = self.init_image_version.clone();
+        values.proxy_init.iptables_mode = self.iptables_mode.clone();
+        if let Some(path) = &self.identity_trust_anchors_file {
+            values.identity_trust_anchors_pem =
+                std::fs::read_to_string(path).map_err(|source| InstallError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+        }
+        let tls = match &self.cert_manager_issuer {
+            Some(issuer) => WebhookTls::CertManager {
+                issuer: issuer.clone(),
+                issuer_kind: self.cert_manager_issuer_kind.clone(),
+            },
+            None => WebhookTls::Generated(tls::generate(&tls::service_dns_names(
+                names::INJECTOR,
+                names::CONTROL_PLANE_NAMESPACE,
+            ))?),
+        };
+        Ok(InstallOptions {
+            values,
+            injector_image: self.injector_image.clone(),
+            replicas: self.injector_replicas,
+            failure_policy: if self.webhook_failure_policy == "Fail" {
+                FailurePolicy::Fail
+            } else {
+                FailurePolicy::Ignore
+            },
+            tls,
+        })
+    }
+}
+
+/// The manifests, one YAML stream.
+pub fn render(args: &InstallArgs) -> Result<String, InstallError> {
+    Ok(install::render_yaml(&args.options()?)?)
+}
