@@ -673,3 +673,94 @@ async fn fake_server_lists_and_watches_like_the_real_one() {
         "unexpected error {err}"
     );
 }
+
+/// A manifests directory drives the server (and through it the watch cache): files added,
+/// changed, removed; a broken file changes nothing.
+#[tokio::test]
+async fn manifest_dir_changes_reach_the_cache() {
+    let f = fixture().await;
+    let dir = std::env::temp_dir().join(format!(
+        "linkerd-cni-k8s-test-manifests-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("create manifests dir");
+    struct RemoveDir(PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveDir(dir.clone());
+    let yaml = |name: &str, annotations: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  annotations: {annotations}\n\
+             spec:\n  nodeName: {NODE}\n  containers:\n  - name: linkerd-proxy\n    image: x\n"
+        )
+    };
+    let write =
+        |file: &str, text: &str| std::fs::write(dir.join(file), text).expect("write manifest");
+    // Two documents in one YAML file, a `List` in a JSON file.
+    write(
+        "a.yaml",
+        &format!("{}---\n{}", yaml("one", "{}"), yaml("two", "{}")),
+    );
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": [pod("three", NODE, PLAIN, json!({}))]});
+    write("b.json", &list.to_string());
+    let mut manifests = fake_apiserver::ManifestDir::new(&dir);
+    let report = manifests.sync(&f.server).expect("sync");
+    assert_eq!((report.objects, report.deleted), (3, 0));
+    eventually("manifest pods cached", || {
+        ["one", "two", "three"]
+            .iter()
+            .all(|n| f.source.cached(NS, n).is_some())
+    })
+    .await;
+
+    // Unchanged directory: no new resourceVersion.
+    let rv = f.server.resource_version();
+    manifests.sync(&f.server).expect("resync");
+    assert_eq!(
+        f.server.resource_version(),
+        rv,
+        "an unchanged directory produced changes"
+    );
+
+    // Change one document, drop another by removing its file.
+    write(
+        "a.yaml",
+        &yaml("one", "{config.linkerd.io/skip-outbound-ports: '7000'}"),
+    );
+    std::fs::remove_file(dir.join("b.json")).expect("remove manifest");
+    let report = manifests.sync(&f.server).expect("sync changes");
+    assert_eq!((report.objects, report.deleted), (1, 2));
+    eventually("removed manifests leave the cache", || {
+        f.source.cached(NS, "two").is_none() && f.source.cached(NS, "three").is_none()
+    })
+    .await;
+    eventually("changed manifest reaches the cache", || {
+        f.source
+            .cached(NS, "one")
+            .and_then(|p| p.metadata.annotations.clone())
+            .is_some_and(|a| {
+                a.get(decision::SKIP_OUTBOUND_PORTS).map(String::as_str) == Some("7000")
+            })
+    })
+    .await;
+
+    // A broken file: error, and nothing is deleted.
+    write("c.yaml", "kind: Pod\nmetadata: [not, a, map\n");
+    let rv = f.server.resource_version();
+    let err = manifests
+        .sync(&f.server)
+        .expect_err("broken manifest accepted");
+    assert!(
+        err.to_string().contains("c.yaml"),
+        "error does not name the file: {err}"
+    );
+    assert_eq!(
+        f.server.resource_version(),
+        rv,
+        "a failed sync changed objects"
+    );
+    assert!(f.server.get("Pod", Some(NS), "one").expect("get").is_some());
+}
