@@ -1,1 +1,72 @@
-//! inspect
+//! `linkerd-cni-agent inspect`: every registered pod with its config and live counters, read
+//! from the registry and the pinned maps (works whether or not the agent is running).
+
+use std::{fmt::Write, path::Path};
+
+use linkerd_cni_common::{paths, FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6};
+
+use crate::{
+    dataplane,
+    maps::{Maps, MapsError},
+    registry::{Attachment, Registry},
+};
+
+/// Renders the state under `pin_root` and `state_dir` for humans.
+pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
+    let maps = Maps::open(&pin_root.join(paths::PIN_MAPS))?;
+    let records = Registry::open(state_dir).and_then(|r| r.all()).unwrap_or_default();
+    let mut out = String::new();
+    let (sock, conn) = maps.orig_dst_entries();
+    let _ = writeln!(out, "pin root: {}   registry: {}", pin_root.display(), state_dir.display());
+    let _ = writeln!(out, "registered attachments: {}   original-destination entries: {sock} sockets, {conn} connections", records.len());
+    for r in &records {
+        let pod = r.pod.as_ref().map_or_else(|| "-".into(), |p| format!("{}/{}", p.namespace, p.name));
+        let _ = writeln!(out, "\npod {pod}  container {}  netns {} (cookie {})", r.id, r.netns.display(), r.netns_cookie);
+        let _ = writeln!(out, "  {}", r.reason);
+        let link_dir = match &r.attachment {
+            Attachment::PerPod { .. } => Some(pin_root.join(paths::PIN_PODS).join(dataplane::pin_name(&r.id))),
+            Attachment::Shared { .. } => Some(pin_root.join(paths::PIN_SHARED)),
+            Attachment::None => None,
+        };
+        if let Some(dir) = link_dir {
+            let state = match dataplane::links_in_force(&dir) {
+                Ok(()) => "in force".to_string(),
+                Err(why) => format!("NOT IN FORCE: {why}"),
+            };
+            let _ = writeln!(out, "  links: {} ({state})", dir.display());
+        }
+        let view = maps.view(r.netns_cookie);
+        match view.config {
+            None if r.redirected() => {
+                let _ = writeln!(out, "  config: MISSING from {}", linkerd_cni_common::names::MAP_POD_CONFIG);
+            }
+            None => {}
+            Some(c) => {
+                let uid = if c.flags & FLAG_EXEMPT_UID != 0 { c.proxy_uid.to_string() } else { "-".into() };
+                let gid = if c.flags & FLAG_EXEMPT_GID != 0 { c.proxy_gid.to_string() } else { "-".into() };
+                let _ = writeln!(
+                    out,
+                    "  config: outbound port {}  inbound port {}  proxy uid {uid}  gid {gid}  ipv6 {}",
+                    c.outbound_port,
+                    c.inbound_port,
+                    c.flags & FLAG_IPV6 != 0
+                );
+                let ports: Vec<String> = r.config.outbound_ports_to_ignore.iter().map(ToString::to_string).collect();
+                let _ = writeln!(out, "  outbound ports ignored: [{}]  ({} bitmap blocks)", ports.join(","), view.port_blocks);
+                let addrs: Vec<String> = view.addrs.iter().map(ToString::to_string).collect();
+                let _ = writeln!(out, "  addresses (own IPs and ignored subnets): [{}]", addrs.join(", "));
+                let s = view.stats;
+                let _ = writeln!(
+                    out,
+                    "  counters: redirected {}  exempt (proxy uid/gid) {}  skipped {}  SO_ORIGINAL_DST answered {} missed {}  live connections {}",
+                    s.out_redirected, s.out_exempt_owner, s.out_skipped, s.orig_dst_answered, s.orig_dst_missed, view.live_conns
+                );
+            }
+        }
+    }
+    let orphans: Vec<u64> = maps.pods().into_iter().filter(|c| !records.iter().any(|r| r.netns_cookie == *c)).collect();
+    if !orphans.is_empty() {
+        let _ = writeln!(out, "\nmap entries with no registration (netns cookies): {orphans:?}");
+    }
+    Ok(out)
+}

@@ -104,26 +104,32 @@ fn unescape(s: &str) -> String {
     out
 }
 
+/// Whether a bpffs is mounted at or above `path`.
+fn on_bpffs(path: &Path) -> io::Result<bool> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info.lines().any(|line| {
+        let Some((pre, post)) = line.split_once(" - ") else { return false };
+        post.split_whitespace().next() == Some("bpf")
+            && pre.split_whitespace().nth(4).is_some_and(|m| path.starts_with(unescape(m)))
+    }))
+}
+
+/// Mounts a bpffs at `mount_point` unless one already covers it.
+pub fn ensure_bpffs_at(mount_point: &Path) -> io::Result<()> {
+    if on_bpffs(mount_point)? {
+        return Ok(());
+    }
+    fs::create_dir_all(mount_point)?;
+    nix::mount::mount(Some("bpf"), mount_point, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
+        .map_err(|e| io::Error::other(format!("mounting bpffs at {}: {e}", mount_point.display())))
+}
+
 /// Makes sure a bpffs is mounted at or above `pin_root` (mounting one at `/sys/fs/bpf` if
 /// none is), then creates `pin_root`.
 pub fn ensure_bpffs(pin_root: &Path) -> io::Result<()> {
-    let info = fs::read_to_string("/proc/self/mountinfo")?;
-    let covered = info.lines().any(|line| {
-        let Some((pre, post)) = line.split_once(" - ") else { return false };
-        post.split_whitespace().next() == Some("bpf")
-            && pre.split_whitespace().nth(4).is_some_and(|m| pin_root.starts_with(unescape(m)))
-    });
-    if !covered {
+    if !on_bpffs(pin_root)? {
         let bpffs = Path::new(paths::BPFFS);
-        fs::create_dir_all(bpffs)?;
-        nix::mount::mount(
-            Some("bpf"),
-            bpffs,
-            Some("bpf"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        )
-        .map_err(|e| io::Error::other(format!("mounting bpffs at {}: {e}", bpffs.display())))?;
+        ensure_bpffs_at(bpffs)?;
         if !pin_root.starts_with(bpffs) {
             return Err(io::Error::other(format!(
                 "pin root {} is not on a bpffs (mounted one at {})",

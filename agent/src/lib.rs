@@ -11,10 +11,12 @@ pub mod agent;
 pub mod bpf_sys;
 pub mod cgroup;
 pub mod dataplane;
+pub mod health;
 pub mod inspect;
 pub mod kernel;
 pub mod maps;
 pub mod netns;
 pub mod registry;
+pub mod server;
 
 pub use agent::{Agent, AgentConfig, AgentError, Registration};

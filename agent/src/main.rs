@@ -1,1 +1,176 @@
-fn main(){}
+//! `linkerd-cni-agent`: the node agent binary.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use linkerd_cni_agent::{
+    health::Health,
+    inspect,
+    server::{self, Server},
+    Agent, AgentConfig,
+};
+use linkerd_cni_common::paths;
+
+#[derive(Parser)]
+#[command(version, about = "linkerd-cni node agent: eBPF traffic redirection for meshed pods")]
+struct Cli {
+    /// bpffs directory holding the pinned maps, programs and links.
+    #[arg(long, env = "LINKERD_CNI_AGENT_PIN_ROOT", default_value = paths::PIN_ROOT, global = true)]
+    pin_root: PathBuf,
+    /// Directory of the pod registry.
+    #[arg(long, env = "LINKERD_CNI_AGENT_STATE_DIR", default_value = paths::STATE_DIR, global = true)]
+    state_dir: PathBuf,
+    /// Log filter (tracing syntax: info, debug, linkerd_cni_agent=debug, ...).
+    #[arg(long = "log-level", env = "LINKERD_CNI_AGENT_LOG_LEVEL", default_value = "info", global = true)]
+    log: String,
+    /// Where bpffs is (or is to be) mounted.
+    #[arg(long, env = "LINKERD_CNI_AGENT_BPFFS", default_value = paths::BPFFS, global = true)]
+    bpffs: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load the programs, serve the registration socket, keep registrations in force.
+    Run(RunArgs),
+    /// Print every registered pod with its config and live counters.
+    Inspect,
+    /// Check the kernel, load and pin the programs, then exit.
+    Load,
+    /// Mount bpffs (if not mounted yet) and exit: the DaemonSet's privileged init step.
+    MountBpffs,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Registration socket (root only).
+    #[arg(long, env = "LINKERD_CNI_AGENT_SOCKET", default_value = paths::AGENT_SOCKET)]
+    socket: PathBuf,
+    /// Kubeconfig for the API server; in-cluster configuration when absent.
+    #[arg(long, env = "LINKERD_CNI_AGENT_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name (pods are watched with spec.nodeName=<name>).
+    #[arg(long, env = "LINKERD_CNI_AGENT_NODE_NAME")]
+    node_name: Option<String>,
+    /// Cgroup of the shared attachment used for pods without a cgroup v2 of their own
+    /// (default: the cgroup2 root).
+    #[arg(long, env = "LINKERD_CNI_AGENT_SHARED_CGROUP")]
+    shared_cgroup: Option<PathBuf>,
+    /// Address of the /live, /ready and /metrics endpoint.
+    #[arg(long, env = "LINKERD_CNI_AGENT_HEALTH_ADDR", default_value = "0.0.0.0:9990")]
+    health_addr: SocketAddr,
+    /// Also run the node installer (plugin binary, kubeconfig, conflist patching), configured
+    /// by Linkerd's installer environment variables.
+    #[arg(long, env = "LINKERD_CNI_AGENT_INSTALL")]
+    install: bool,
+    /// How often registrations whose netns is gone are dropped.
+    #[arg(long, env = "LINKERD_CNI_AGENT_REAP_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    reap_interval: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("invalid duration unit in {s:?} (ms, s, m)")),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
+        .with_writer(std::io::stderr)
+        .init();
+    let config = AgentConfig { pin_root: cli.pin_root.clone(), state_dir: cli.state_dir.clone(), shared_cgroup: None };
+    match cli.command {
+        Command::Inspect => {
+            print!("{}", inspect::render(&cli.pin_root, &cli.state_dir)?);
+            Ok(())
+        }
+        Command::MountBpffs => {
+            linkerd_cni_agent::kernel::ensure_bpffs_at(&cli.bpffs)?;
+            println!("bpffs mounted at {}", cli.bpffs.display());
+            Ok(())
+        }
+        Command::Load => {
+            Agent::start(config)?;
+            println!("programs loaded and pinned under {}", cli.pin_root.display());
+            Ok(())
+        }
+        Command::Run(args) => {
+            let config = AgentConfig { shared_cgroup: args.shared_cgroup.clone(), ..config };
+            tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(config, args))
+        }
+    }
+}
+
+async fn run(config: AgentConfig, args: RunArgs) -> anyhow::Result<()> {
+    let agent = Arc::new(tokio::task::spawn_blocking(move || Agent::start(config)).await??);
+    let node = match args.node_name {
+        Some(n) => n,
+        None => nix::unistd::gethostname()?.to_string_lossy().into_owned(),
+    };
+    let client = linkerd_cni_k8s::client::client(args.kubeconfig.as_deref()).await?;
+    let pods = linkerd_cni_k8s::PodSource::new(client, node.clone());
+    let server = Arc::new(Server { agent: agent.clone(), pods, stats: Default::default() });
+    let listener = server::bind(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
+    tracing::info!(socket = %args.socket.display(), %node, "registration service listening");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let installer = if args.install {
+        let cfg = linkerd_cni_installer::InstallerConfig::from_env()?;
+        Some(linkerd_cni_installer::Installer::new(cfg)?)
+    } else {
+        None
+    };
+    let installer_task = installer.clone().map(|i| {
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = i.run(shutdown).await {
+                tracing::error!(error = %e, "node installer failed");
+            }
+        })
+    });
+    let health = Arc::new(Health { server: server.clone(), installer });
+    tokio::spawn(async move {
+        if let Err(e) = health.serve(args.health_addr).await {
+            tracing::error!(error = %e, "health endpoint failed");
+        }
+    });
+    let reaper = agent.clone();
+    let interval = args.reap_interval;
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            let a = reaper.clone();
+            match tokio::task::spawn_blocking(move || a.reap_dead()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "reaping dead registrations"),
+                Err(e) => tracing::warn!(error = %e, "reaper task failed"),
+            }
+        }
+    });
+    let serving = tokio::spawn(server.clone().serve(listener));
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down (redirection stays in force)"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down (redirection stays in force)"),
+        r = serving => tracing::error!(result = ?r, "registration service stopped"),
+    }
+    let _ = stop_tx.send(true);
+    if let Some(task) = installer_task {
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+    let _ = std::fs::remove_file(&args.socket);
+    Ok(())
+}
