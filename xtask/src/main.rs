@@ -1,1 +1,97 @@
-fn main() {}
+//! Project tasks, run as `cargo xtask <task>`:
+//!
+//! - `setup`: installs what builds and tests need on Debian/Ubuntu (idempotent).
+//! - `build-ebpf`: builds the eBPF object.
+//! - `test` (alias `ci`): setup, build, then every test (unit in parallel, privileged one at a
+//!   time). This is the README's test command and what `.ci/run` runs.
+
+mod setup;
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "linkerd-cni project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the toolchain and test dependencies (apt packages, bpf-linker, pip tools).
+    Setup,
+    /// Build the eBPF object (target bpfel-unknown-none).
+    BuildEbpf,
+    /// Set up, build, and run the whole test suite.
+    #[command(alias = "ci")]
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+}
+
+/// Runs a command, failing with its command line when it fails.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let line = format!("{cmd:?}");
+    eprintln!("+ {line}");
+    let status = cmd.status().with_context(|| format!("starting {line}"))?;
+    if !status.success() {
+        bail!("{line} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace());
+    cmd
+}
+
+fn build_ebpf() -> anyhow::Result<PathBuf> {
+    linkerd_cni_ebpf_build::build(&workspace()).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::setup(),
+        Task::BuildEbpf => {
+            let object = build_ebpf()?;
+            println!("{}", object.display());
+            Ok(())
+        }
+        Task::Test { args } => {
+            setup::setup()?;
+            build_ebpf()?;
+            if !nix_is_root() {
+                bail!("the test suite exercises BPF, network namespaces and cgroups: run it as root");
+            }
+            // Binaries the integration tests execute.
+            run(cargo().args(["build", "--workspace", "--bins"]))?;
+            // Unprivileged and self-contained tests, in parallel.
+            run(cargo().args(["test", "--workspace", "--exclude", "linkerd-cni-tests"]).args(&args))?;
+            // Privileged tests: real kernel state, one at a time.
+            run(cargo().args(["test", "-p", "linkerd-cni-tests"]).args(&args).args(["--", "--test-threads=1"]))?;
+            Ok(())
+        }
+    }
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc_geteuid() == 0 }
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}

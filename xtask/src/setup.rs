@@ -1,0 +1,100 @@
+//! `cargo xtask setup`: everything the build and the tests need, installed idempotently on
+//! Debian/Ubuntu; elsewhere, a clear list of what is missing.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{bail, Context};
+
+use crate::run;
+
+/// Debian packages, and why each is needed.
+const PACKAGES: &[(&str, &str)] = &[
+    ("rustc-web", "rustc 1.96 on LLVM 22, the compiler of the eBPF object"),
+    ("cargo-web", "the cargo that goes with it"),
+    ("libstd-rust-web-dev-bpf", "prebuilt core for bpfel-unknown-none"),
+    ("llvm-22-dev", "bpf-linker links against LLVM 22"),
+    ("libpolly-22-dev", "needed by llvm-22-dev's cmake config for bpf-linker"),
+    ("clang-22", "LLVM 22 tools"),
+    ("zlib1g-dev", "bpf-linker build"),
+    ("libzstd-dev", "bpf-linker build"),
+    ("bpftool", "inspection of programs and maps (tests and demo)"),
+    ("iproute2", "network namespaces and veth pairs"),
+    ("iptables", "the iptables baseline in tests and benchmarks"),
+    ("containernetworking-plugins", "bridge, host-local, loopback CNI plugins for the end-to-end chain"),
+    ("golang-go", "builds the libcni runtime and the chart reference renderer"),
+    ("golang-github-appc-cni-dev", "libcni sources for the CNI runtime used end to end"),
+    ("golang-github-masterminds-sprig-dev", "template functions for the chart reference renderer"),
+    ("golang-gopkg-yaml.v3-dev", "YAML for the chart reference renderer"),
+    ("python3-pip", "installs kubernetes-validate"),
+];
+
+/// PyPI packages: (import/command name, pip requirement).
+const PIP: &[(&str, &str)] = &[("kubernetes-validate", "kubernetes-validate")];
+
+fn have_cmd(name: &str) -> bool {
+    Command::new("sh").args(["-c", &format!("command -v {name} >/dev/null 2>&1")]).status().is_ok_and(|s| s.success())
+}
+
+fn installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
+
+pub fn setup() -> anyhow::Result<()> {
+    if !have_cmd("dpkg-query") || !have_cmd("apt-get") {
+        let list: Vec<String> = PACKAGES.iter().map(|(p, why)| format!("  {p}: {why}")).collect();
+        bail!(
+            "automatic setup supports Debian/Ubuntu (apt). Install the equivalents of:\n{}\nthen bpf-linker \
+             (cargo install bpf-linker --no-default-features --features llvm-22) and pip's kubernetes-validate.",
+            list.join("\n")
+        );
+    }
+    let missing: Vec<&str> = PACKAGES.iter().map(|(p, _)| *p).filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        eprintln!("setup: Debian packages present");
+    } else {
+        eprintln!("setup: installing {}", missing.join(" "));
+        run(Command::new("apt-get").arg("update").arg("-q"))?;
+        run(Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing))?;
+    }
+    if linkerd_cni_ebpf_build::find_bpf_linker().is_none() {
+        eprintln!("setup: building bpf-linker against LLVM 22 (about two minutes)");
+        let path = format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default());
+        run(Command::new("cargo")
+            .env("PATH", path)
+            .args(["install", "bpf-linker", "--locked", "--no-default-features", "--features", "llvm-22"]))
+        .context("installing bpf-linker")?;
+    } else {
+        eprintln!("setup: bpf-linker present");
+    }
+    for (cmd, req) in PIP {
+        if have_cmd(cmd) {
+            eprintln!("setup: {cmd} present");
+        } else {
+            eprintln!("setup: installing {req} from PyPI");
+            let pip = if have_cmd("pip3") { "pip3" } else { "pip" };
+            let mut c = Command::new(pip);
+            c.args(["install", "-q", req]);
+            // Debian's system Python refuses pip installs without this flag.
+            if Path::new("/usr/lib/python3.11/EXTERNALLY-MANAGED").exists() && !pip_is_user_python(pip) {
+                c.arg("--break-system-packages");
+            }
+            run(&mut c)?;
+        }
+    }
+    linkerd_cni_ebpf_build::check_toolchain().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// Whether `pip` belongs to a Python outside the system one (pyenv, venv), where no flag is needed.
+fn pip_is_user_python(pip: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {pip}")])
+        .output()
+        .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).starts_with("/usr/"))
+}
