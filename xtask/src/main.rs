@@ -76,9 +76,10 @@ fn main() -> anyhow::Result<()> {
                 bail!("the test suite exercises BPF, network namespaces and cgroups: run it as root");
             }
             // Binaries the integration tests execute.
-            run(cargo().args(["build", "--workspace", "--bins"]))?;
+            run(cargo().args(["build", "--bins"]))?;
             // Unprivileged and self-contained tests, in parallel.
-            run(cargo().args(["test", "--workspace", "--exclude", "linkerd-cni-tests"]).args(&args))?;
+            // (The default members: the eBPF crate only builds for the BPF target.)
+            run(cargo().args(["test", "--workspace", "--exclude", "linkerd-cni-ebpf", "--exclude", "linkerd-cni-tests"]).args(&args))?;
             // Privileged tests: real kernel state, one at a time.
             run(cargo().args(["test", "-p", "linkerd-cni-tests"]).args(&args).args(["--", "--test-threads=1"]))?;
             Ok(())
