@@ -253,6 +253,44 @@ pub struct Report {
     pub first_failure: Option<String>,
     /// Wall time for all connections, in microseconds.
     pub elapsed_us: u64,
+    /// Distribution of the time per connection (connect, send, receive, close).
+    pub latency: Latency,
+}
+
+/// Distribution of per-connection times, in microseconds (nearest-rank percentiles).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Latency {
+    /// Fastest.
+    pub min_us: u64,
+    /// Median.
+    pub p50_us: u64,
+    /// 90th percentile.
+    pub p90_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// Slowest.
+    pub max_us: u64,
+}
+
+impl Latency {
+    /// The distribution of `samples` (sorted in place); all zero when empty.
+    pub fn of(samples: &mut [u64]) -> Self {
+        samples.sort_unstable();
+        let rank = |p: usize| -> u64 {
+            if samples.is_empty() {
+                return 0;
+            }
+            let i = (samples.len() * p).div_ceil(100).max(1) - 1;
+            samples[i.min(samples.len() - 1)]
+        };
+        Latency {
+            min_us: rank(0),
+            p50_us: rank(50),
+            p90_us: rank(90),
+            p99_us: rank(99),
+            max_us: rank(100),
+        }
+    }
 }
 
 impl Report {
@@ -385,12 +423,16 @@ pub fn execute(opts: &Options) -> Report {
     let (mut succeeded, mut failed, mut first_failure) = (0, 0, None);
     let mut accepted = None;
     let count = if opts.udp { 1 } else { opts.count.max(1) };
-    let once = || {
-        if opts.udp {
+    let mut durations_us: Vec<u64> = Vec::with_capacity(count.min(1 << 20) as usize);
+    let mut once = || {
+        let t = Instant::now();
+        let conn = if opts.udp {
             udp_once(opts, &payload)
         } else {
             tcp_once(opts, &payload)
-        }
+        };
+        durations_us.push(t.elapsed().as_micros() as u64);
+        conn
     };
     let mut tally = |conn: &Conn| match conn.failure() {
         None => succeeded += 1,
@@ -405,6 +447,7 @@ pub fn execute(opts: &Options) -> Report {
         conn = once();
         tally(&conn);
     }
+    let latency = Latency::of(&mut durations_us);
     match listener {
         Some(Ok(l)) if conn.connect.ok => match accept_within(&l, opts.timeout()) {
             Ok((s, peer)) => {
@@ -449,6 +492,7 @@ pub fn execute(opts: &Options) -> Report {
         failed,
         first_failure,
         elapsed_us: started.elapsed().as_micros() as u64,
+        latency,
     }
 }
 
@@ -497,6 +541,38 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{args:?} must parse: {e}"));
             assert_eq!(parsed.to_args(), args, "round trip");
             assert_eq!(parsed.payload(), opts.payload(), "payload of {args:?}");
+        }
+    }
+
+    #[test]
+    fn latency_uses_nearest_rank_percentiles() {
+        let mut hundred: Vec<u64> = (1..=100).rev().collect();
+        let cases: [(&mut [u64], Latency); 3] = [
+            (&mut [], Latency::default()),
+            (
+                &mut [7],
+                Latency {
+                    min_us: 7,
+                    p50_us: 7,
+                    p90_us: 7,
+                    p99_us: 7,
+                    max_us: 7,
+                },
+            ),
+            (
+                &mut hundred,
+                Latency {
+                    min_us: 1,
+                    p50_us: 50,
+                    p90_us: 90,
+                    p99_us: 99,
+                    max_us: 100,
+                },
+            ),
+        ];
+        for (samples, want) in cases {
+            let shown = format!("{samples:?}");
+            assert_eq!(Latency::of(samples), want, "latency of {shown}");
         }
     }
 

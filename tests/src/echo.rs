@@ -23,6 +23,7 @@ use std::{
 use crate::{
     error::{Error, IoContext, Result},
     netns::NetnsGuard,
+    pool::Pool,
 };
 
 /// Largest request the echo server buffers.
@@ -167,12 +168,13 @@ impl EchoServer {
         let thread = {
             let (records, stop, name) = (Arc::clone(&records), Arc::clone(&stop), name.to_string());
             std::thread::spawn(move || {
+                let pool = Pool::new();
                 while readable(listener.as_raw_fd(), &stop) {
                     let Ok((conn, peer)) = listener.accept() else {
                         continue;
                     };
                     let (records, name) = (Arc::clone(&records), name.clone());
-                    std::thread::spawn(move || {
+                    pool.execute(move || {
                         let _ = match mode {
                             Mode::Echo => serve_echo(conn, peer, &name, &records),
                             Mode::Http => serve_http(conn, peer, &name, &records),

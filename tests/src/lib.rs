@@ -16,6 +16,8 @@ pub mod iptables;
 pub mod link;
 pub mod names;
 pub mod netns;
+pub mod pod;
+mod pool;
 pub mod proxy;
 
 pub use cgroup::CgroupGuard;
@@ -24,4 +26,5 @@ pub use echo::{EchoServer, UdpEcho};
 pub use error::{Error, Result};
 pub use link::{Bridge, IfAddr, VethPair};
 pub use netns::NetnsGuard;
+pub use pod::{Pod, PodAndPeer};
 pub use proxy::TestProxy;

@@ -38,6 +38,7 @@ use crate::{
     child::{ChildGuard, Placement},
     error::{Error, IoContext, Result},
     names::TempDir,
+    pool::Pool,
 };
 
 /// linkerd2-proxy's UID, the one the data plane exempts.
@@ -608,6 +609,7 @@ fn splice_all(src: &TcpStream, dst: &TcpStream, total: &mut u64) -> io::Result<(
 
 struct Ctx {
     logger: Logger,
+    pool: Pool,
     next_id: AtomicU64,
     connect_timeout: Duration,
     use_splice: bool,
@@ -668,16 +670,28 @@ fn handle(ctx: &Ctx, listener: SocketAddr, client: TcpStream, peer: SocketAddr) 
         .local_addr()
         .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
     let use_splice = ctx.use_splice;
-    let (up, down) = std::thread::scope(|s| {
-        let down = s.spawn(|| pump(&upstream, &client, use_splice));
-        let up = pump(&client, &upstream, use_splice);
-        let down = down.join().unwrap_or((
-            0,
-            CopyMode::ReadWrite,
-            Some(io::Error::other("copy thread panicked")),
-        ));
-        (up, down)
-    });
+    let down = match (upstream.try_clone(), client.try_clone()) {
+        (Ok(from), Ok(to)) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            ctx.pool.execute(move || {
+                let _ = tx.send(pump(&from, &to, use_splice));
+            });
+            Some(rx)
+        }
+        _ => None,
+    };
+    let up = pump(&client, &upstream, use_splice);
+    let down = match down.map(|rx| rx.recv()) {
+        Some(Ok(result)) => result,
+        _ => {
+            let _ = client.shutdown(Shutdown::Both);
+            (
+                0,
+                CopyMode::ReadWrite,
+                Some(io::Error::other("cannot copy upstream -> client")),
+            )
+        }
+    };
     let copy = if up.1 == CopyMode::Splice && down.1 == CopyMode::Splice {
         CopyMode::Splice
     } else {
@@ -714,6 +728,7 @@ pub fn serve(opts: &Options) -> Result<()> {
         logger: Logger {
             out: Mutex::new(out),
         },
+        pool: Pool::new(),
         next_id: AtomicU64::new(0),
         connect_timeout: Duration::from_millis(opts.connect_timeout_ms.max(1)),
         use_splice: !opts.no_splice,
@@ -745,8 +760,9 @@ pub fn serve(opts: &Options) -> Result<()> {
             loop {
                 match listener.accept() {
                     Ok((client, peer)) => {
-                        let ctx = Arc::clone(&ctx);
-                        std::thread::spawn(move || handle(&ctx, bound, client, peer));
+                        let job_ctx = Arc::clone(&ctx);
+                        ctx.pool
+                            .execute(move || handle(&job_ctx, bound, client, peer));
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {

@@ -14,8 +14,8 @@ use std::{
 };
 
 use linkerd_cni_tests::{
-    Bridge, CgroupGuard, ChildGuard, EchoServer, Error, NetnsGuard, Placement, TestProxy, UdpEcho,
-    VethPair,
+    Bridge, CgroupGuard, ChildGuard, EchoServer, Error, NetnsGuard, Placement, PodAndPeer,
+    TestProxy, UdpEcho, VethPair,
     cgroup::{cgroup_of, cgroup2_root},
     child::ids_of,
     client::{Options as ClientOptions, Report, run_client},
@@ -31,51 +31,25 @@ fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
 }
 
-/// A pod (netns + cgroup) linked by a veth to a peer netns standing for another pod / node.
-/// Fields drop in declaration order: the link before the netns it lives in.
-struct World {
-    veth: VethPair,
-    cgroup: CgroupGuard,
-    peer: NetnsGuard,
-    pod: NetnsGuard,
+/// The library's pod-and-peer topology with test shorthands.
+struct World(PodAndPeer);
+
+impl std::ops::Deref for World {
+    type Target = PodAndPeer;
+
+    fn deref(&self) -> &PodAndPeer {
+        &self.0
+    }
 }
 
 impl World {
     fn new() -> Self {
-        let pod = NetnsGuard::new().expect("create pod netns");
-        let peer = NetnsGuard::new().expect("create peer netns");
-        let cgroup = CgroupGuard::new().expect("create pod cgroup");
-        let veth = VethPair::connect(&pod, &peer).expect("veth pod <-> peer");
-        World {
-            veth,
-            cgroup,
-            peer,
-            pod,
-        }
-    }
-
-    fn pod_v4(&self) -> Ipv4Addr {
-        self.veth.a_v4().expect("pod has an IPv4 address")
-    }
-
-    fn pod_v6(&self) -> Ipv6Addr {
-        self.veth.a_v6().expect("pod has an IPv6 address")
-    }
-
-    fn peer_v4(&self) -> Ipv4Addr {
-        self.veth.b_v4().expect("peer has an IPv4 address")
-    }
-
-    fn peer_v6(&self) -> Ipv6Addr {
-        self.veth.b_v6().expect("peer has an IPv6 address")
+        World(PodAndPeer::new().expect("create pod, peer netns and veth"))
     }
 
     /// An application container of the pod, as `uid`.
     fn app(&self, uid: u32) -> Placement {
-        Placement::new()
-            .netns(&self.pod)
-            .cgroup(&self.cgroup)
-            .uid(uid)
+        self.pod.container(uid)
     }
 
     /// The proxy container of the pod (UID 2102).
@@ -84,7 +58,9 @@ impl World {
             ipv6: true,
             ..ProxyOptions::new()
         };
-        TestProxy::start(&self.app(PROXY_UID), &opts).expect("start the test proxy in the pod")
+        self.pod
+            .start_proxy(&opts)
+            .expect("start the test proxy in the pod")
     }
 
     fn redirect_with_iptables(&self) {
@@ -92,7 +68,7 @@ impl World {
             ipv6: true,
             ..Rules::default()
         }
-        .install(&self.pod)
+        .install(&self.pod.netns)
         .expect("install iptables redirect rules in the pod");
     }
 }
@@ -683,11 +659,12 @@ fn proxy_forwards_inbound_redirected_by_iptables() {
     let w = World::new();
     w.redirect_with_iptables();
     let proxy = w.proxy();
-    let app_v4 =
-        EchoServer::bind_in(&w.pod, sock(Ipv4Addr::UNSPECIFIED, 8080), "app-v4").expect("app v4");
+    let app_v4 = EchoServer::bind_in(&w.pod.netns, sock(Ipv4Addr::UNSPECIFIED, 8080), "app-v4")
+        .expect("app v4");
     let app_v6 = {
         let l = w
             .pod
+            .netns
             .run_in(|| {
                 let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
                 s.set_only_v6(true)?;
@@ -700,8 +677,8 @@ fn proxy_forwards_inbound_redirected_by_iptables() {
             .expect("bind app v6");
         EchoServer::serve(l, "app-v6", linkerd_cni_tests::echo::Mode::Echo).expect("app v6")
     };
-    let ignored_v4 =
-        EchoServer::bind_in(&w.pod, sock(Ipv4Addr::UNSPECIFIED, 4190), "admin").expect("app 4190");
+    let ignored_v4 = EchoServer::bind_in(&w.pod.netns, sock(Ipv4Addr::UNSPECIFIED, 4190), "admin")
+        .expect("app 4190");
     // (case, app, pod address dialled from the peer, through the proxy?)
     let cases: [(&str, &EchoServer, SocketAddr, bool); 3] = [
         ("v4", &app_v4, sock(w.pod_v4(), 8080), true),
@@ -766,6 +743,27 @@ fn proxy_forwards_inbound_redirected_by_iptables() {
             );
         }
     }
+
+    // Dialling the proxy's inbound port itself: the original destination is the listener, so
+    // the proxy refuses to loop and closes.
+    let dial = sock(w.pod_v4(), proxy::INBOUND_PORT);
+    let report = client(&remote, &ClientOptions::new(dial));
+    assert!(report.connect.ok, "connect to the inbound port: {report:?}");
+    assert_eq!(report.received_len, 0, "nothing forwarded: {report:?}");
+    let events = proxy
+        .log()
+        .wait_for_finished(finished + 1, TIMEOUT)
+        .expect("proxy finished");
+    match proxy::finished(&events).last() {
+        Some(Event::Rejected { orig_dst, peer, .. }) => {
+            assert_eq!(
+                *orig_dst, dial,
+                "original destination is the listener itself"
+            );
+            assert_eq!(Some(*peer), report.local, "the proxy saw the remote client");
+        }
+        other => panic!("expected a rejected loop, got {other:?} in {events:?}"),
+    }
 }
 
 #[test]
@@ -823,7 +821,7 @@ fn iptables_baseline_exempts_proxy_uid_udp_and_validates() {
     // Validator mode (no proxy listening on 4140): 192.0.2.2:1404 comes back to the client's
     // own listener. iptables needs a route for the destination; eBPF will not.
     drop(proxy);
-    link::add_default_route(&w.pod, w.peer_v4().into())
+    link::add_default_route(&w.pod.netns, w.peer_v4().into())
         .expect("default route towards the peer netns");
     let mut opts = ClientOptions::new("192.0.2.2:1404".parse().expect("literal"));
     opts.listen = Some("0.0.0.0:4140".parse().expect("literal"));
