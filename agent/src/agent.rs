@@ -11,7 +11,7 @@ use std::{
     sync::Mutex,
 };
 
-use linkerd_cni_common::paths;
+use linkerd_cni_common::{names, paths};
 use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 
 use crate::{
@@ -122,7 +122,7 @@ impl Agent {
     }
 
     fn pod_link_dir(&self, id: &str) -> PathBuf {
-        self.config.pin_root.join(paths::PIN_PODS).join(dataplane::pin_name(id))
+        pod_link_dir(&self.config.pin_root, id)
     }
 
     fn shared_link_dir(&self) -> PathBuf {
@@ -152,9 +152,15 @@ impl Agent {
             self.unregister_locked(&mut maps, &old)?;
         }
         maps.write_pod(netns_cookie, &entries)?;
-        let attachment = match self.attach(&reg.id, cgroup) {
+        let attached = self.attach(&reg.id, cgroup).and_then(|a| {
+            // Inbound: the netns link lives with the pod's links whatever the cgroup mode.
+            self.dataplane.attach_netns(ns.file(), &self.pod_link_dir(&reg.id))?;
+            Ok(a)
+        });
+        let attachment = match attached {
             Ok(a) => a,
             Err(e) => {
+                let _ = dataplane::detach(&self.pod_link_dir(&reg.id));
                 let _ = maps.remove_pod(netns_cookie);
                 return Err(e);
             }
@@ -215,7 +221,7 @@ impl Agent {
             }
             None => {
                 let dir = self.shared_link_dir();
-                if dataplane::links_in_force(&dir).is_err() {
+                if dataplane::links_in_force(&dir, &names::CGROUP_PROGRAMS).is_err() {
                     let _ = dataplane::detach(&dir);
                     self.dataplane.attach(&self.shared_cgroup, &dir)?;
                 }
@@ -282,11 +288,9 @@ impl Agent {
             }
             Some(_) => {}
         }
-        let dir = match &record.attachment {
-            Attachment::PerPod { .. } => self.pod_link_dir(id),
-            _ => self.shared_link_dir(),
-        };
-        dataplane::links_in_force(&dir).map_err(not_in_force)?;
+        for (dir, programs) in self.links_of(&record) {
+            dataplane::links_in_force(&dir, programs).map_err(not_in_force)?;
+        }
         Ok(record)
     }
 
@@ -323,17 +327,39 @@ impl Agent {
         f(&self.lock())
     }
 
-    /// The pin directory of a registration's links.
+    /// The pin directory of a registration's own links (cgroup links when attached per pod,
+    /// and the netns link).
     pub fn link_dir(&self, record: &PodRecord) -> Option<PathBuf> {
-        match record.attachment {
-            Attachment::PerPod { .. } => Some(self.pod_link_dir(&record.id)),
-            Attachment::Shared { .. } => Some(self.shared_link_dir()),
-            Attachment::None => None,
-        }
+        record.redirected().then(|| self.pod_link_dir(&record.id))
+    }
+
+    /// Where a registration's links are pinned, and which programs each directory must hold.
+    pub fn links_of(&self, record: &PodRecord) -> Vec<(PathBuf, &'static [&'static str])> {
+        links_of(&self.config.pin_root, record)
     }
 
     /// The cgroup of the shared attachment.
     pub fn shared_cgroup(&self) -> &Path {
         &self.shared_cgroup
+    }
+}
+
+/// The directory of a registration's own links under `pin_root`.
+pub fn pod_link_dir(pin_root: &Path, id: &str) -> PathBuf {
+    pin_root.join(paths::PIN_PODS).join(dataplane::pin_name(id))
+}
+
+/// Where a registration's links are pinned under `pin_root`, and which programs each
+/// directory must hold: per pod, every program in the pod's directory; shared, the netns link
+/// there and the cgroup links in the shared directory.
+pub fn links_of(pin_root: &Path, record: &PodRecord) -> Vec<(PathBuf, &'static [&'static str])> {
+    const NETNS_PROGRAMS: &[&str] = &[names::PROG_SK_LOOKUP];
+    let own = pod_link_dir(pin_root, &record.id);
+    match record.attachment {
+        Attachment::PerPod { .. } => vec![(own, &dataplane::ALL_PROGRAMS)],
+        Attachment::Shared { .. } => {
+            vec![(own, NETNS_PROGRAMS), (pin_root.join(paths::PIN_SHARED), &names::CGROUP_PROGRAMS)]
+        }
+        Attachment::None => vec![],
     }
 }

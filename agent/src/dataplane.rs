@@ -14,7 +14,7 @@ use std::{
 };
 
 use aya::{
-    programs::{CgroupSockAddr, CgroupSockopt, SockOps},
+    programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
     Ebpf, EbpfLoader,
 };
 use linkerd_cni_common::{names, paths};
@@ -65,9 +65,21 @@ pub fn attach_type(program: &str) -> Option<AttachType> {
         names::PROG_GETSOCKOPT => AttachType::CgroupGetsockopt,
         names::PROG_GETPEERNAME4 => AttachType::CgroupInet4Getpeername,
         names::PROG_GETPEERNAME6 => AttachType::CgroupInet6Getpeername,
+        names::PROG_SK_LOOKUP => AttachType::SkLookup,
         _ => return None,
     })
 }
+
+/// Every program: the cgroup ones, then the netns one.
+pub const ALL_PROGRAMS: [&str; 7] = [
+    names::PROG_CONNECT4,
+    names::PROG_CONNECT6,
+    names::PROG_SOCKOPS,
+    names::PROG_GETSOCKOPT,
+    names::PROG_GETPEERNAME4,
+    names::PROG_GETPEERNAME6,
+    names::PROG_SK_LOOKUP,
+];
 
 /// The loaded programs and the pin layout.
 pub struct Dataplane {
@@ -89,17 +101,18 @@ impl Dataplane {
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pin_root.join(paths::PIN_MAPS))
             .load(OBJECT)?;
-        for name in names::CGROUP_PROGRAMS {
+        for name in ALL_PROGRAMS {
             let program = ebpf.program_mut(name).ok_or(DataplaneError::MissingProgram(name))?;
             let loaded = match name {
                 names::PROG_SOCKOPS => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
                 names::PROG_GETSOCKOPT => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
+                names::PROG_SK_LOOKUP => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
                 _ => <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load()),
             };
             loaded.map_err(|source| DataplaneError::Program { program: name, source })?;
         }
         let this = Self { pin_root: pin_root.into(), ebpf };
-        for name in names::CGROUP_PROGRAMS {
+        for name in ALL_PROGRAMS {
             let path = this.pin_root.join(paths::PIN_PROGS).join(name);
             replace_pin(this.prog_fd(name)?, &path)?;
         }
@@ -149,6 +162,23 @@ impl Dataplane {
     }
 }
 
+impl Dataplane {
+    /// Attaches the inbound `sk_lookup` program to a pod's network namespace and pins the link
+    /// in `link_dir`.
+    ///
+    /// # Minimum kernel version
+    /// 5.9.
+    pub fn attach_netns(&self, netns: impl AsFd, link_dir: &Path) -> Result<(), DataplaneError> {
+        let name = names::PROG_SK_LOOKUP;
+        fs::create_dir_all(link_dir)
+            .map_err(|source| DataplaneError::Pin { path: link_dir.into(), source })?;
+        let link = bpf_sys::link_create(self.prog_fd(name)?, netns, AttachType::SkLookup).map_err(|source| {
+            DataplaneError::Attach { program: name, path: link_dir.into(), source, hint: "" }
+        })?;
+        replace_pin(link.as_fd(), &link_dir.join(name))
+    }
+}
+
 /// Pins `fd` at `path`, replacing whatever was pinned there (atomically, by rename).
 fn replace_pin(fd: BorrowedFd<'_>, path: &Path) -> Result<(), DataplaneError> {
     // bpffs refuses names with a dot.
@@ -184,10 +214,10 @@ pub fn detach(link_dir: &Path) -> io::Result<()> {
     fs::remove_dir(link_dir)
 }
 
-/// Checks that every program has a live link in `link_dir`: pinned, and still attached to a
-/// cgroup. Returns what is wrong, in words.
-pub fn links_in_force(link_dir: &Path) -> Result<(), String> {
-    for name in names::CGROUP_PROGRAMS {
+/// Checks that each of `programs` has a live link in `link_dir`: pinned, and still attached
+/// to its cgroup or netns. Returns what is wrong, in words.
+pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<(), String> {
+    for name in programs {
         let path = link_dir.join(name);
         let link = bpf_sys::obj_get(&path).map_err(|e| format!("link {} is gone: {e}", path.display()))?;
         let info = bpf_sys::link_info(&link).map_err(|e| format!("link {}: {e}", path.display()))?;

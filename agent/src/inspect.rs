@@ -6,9 +6,9 @@ use std::{fmt::Write, path::Path};
 use linkerd_cni_common::{paths, FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6};
 
 use crate::{
-    dataplane,
+    agent, dataplane,
     maps::{Maps, MapsError},
-    registry::{Attachment, Registry},
+    registry::Registry,
 };
 
 /// Renders the state under `pin_root` and `state_dir` for humans.
@@ -23,13 +23,8 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
         let pod = r.pod.as_ref().map_or_else(|| "-".into(), |p| format!("{}/{}", p.namespace, p.name));
         let _ = writeln!(out, "\npod {pod}  container {}  netns {} (cookie {})", r.id, r.netns.display(), r.netns_cookie);
         let _ = writeln!(out, "  {}", r.reason);
-        let link_dir = match &r.attachment {
-            Attachment::PerPod { .. } => Some(pin_root.join(paths::PIN_PODS).join(dataplane::pin_name(&r.id))),
-            Attachment::Shared { .. } => Some(pin_root.join(paths::PIN_SHARED)),
-            Attachment::None => None,
-        };
-        if let Some(dir) = link_dir {
-            let state = match dataplane::links_in_force(&dir) {
+        for (dir, programs) in agent::links_of(pin_root, r) {
+            let state = match dataplane::links_in_force(&dir, programs) {
                 Ok(()) => "in force".to_string(),
                 Err(why) => format!("NOT IN FORCE: {why}"),
             };
@@ -55,11 +50,26 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
                 let _ = writeln!(out, "  outbound ports ignored: [{}]  ({} bitmap blocks)", ports.join(","), view.port_blocks);
                 let addrs: Vec<String> = view.addrs.iter().map(ToString::to_string).collect();
                 let _ = writeln!(out, "  addresses (own IPs and ignored subnets): [{}]", addrs.join(", "));
+                let listener = match view.listener {
+                    (false, false) => "MISSING (inbound connections are refused until the proxy listens)".to_string(),
+                    (v4, v6) => format!("registered (IPv4 {v4}, IPv6 {v6})"),
+                };
+                let _ = writeln!(out, "  inbound: proxy listener on port {} {listener}", c.inbound_port);
                 let s = view.stats;
                 let _ = writeln!(
                     out,
-                    "  counters: redirected {}  exempt (proxy uid/gid) {}  skipped {}  SO_ORIGINAL_DST answered {} missed {}  live connections {}",
-                    s.out_redirected, s.out_exempt_owner, s.out_skipped, s.orig_dst_answered, s.orig_dst_missed, view.live_conns
+                    "  counters: outbound redirected {}  exempt (proxy uid/gid) {}  skipped {}\n            \
+                     inbound redirected {}  refused (no listener) {}  passed {}\n            \
+                     SO_ORIGINAL_DST answered {} missed {}  live connections {}",
+                    s.out_redirected,
+                    s.out_exempt_owner,
+                    s.out_skipped,
+                    s.in_redirected,
+                    s.in_refused,
+                    s.in_passed,
+                    s.orig_dst_answered,
+                    s.orig_dst_missed,
+                    view.live_conns
                 );
             }
         }

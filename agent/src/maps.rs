@@ -9,12 +9,13 @@ use std::{
 
 use aya::maps::{
     lpm_trie::{Key, LpmTrie},
-    HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
+    HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues, SockHash,
 };
 use linkerd_cni_common::{
-    names, AddrKey, ConnKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
+    names, AddrKey, ConnKey, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
     ADDR_KEY_FIXED_BITS, ADDR_INBOUND_SKIP_SOURCE, ADDR_OUTBOUND_SKIP_SUBNET, ADDR_POD_IP,
-    FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS,
+    FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY, FLAG_IN_SKIP_SOURCES,
+    FLAG_IPV6, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS,
     PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP,
 };
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
@@ -42,6 +43,8 @@ pub struct Maps {
     pub sock_dst: HashMap<MapData, u64, OrigDst>,
     pub conn_dst: HashMap<MapData, ConnKey, OrigDst>,
     pub pod_stats: PerCpuHashMap<MapData, u64, PodStats>,
+    pub pod_by_ip: HashMap<MapData, [u32; 4], u64>,
+    pub listeners: SockHash<MapData, ListenerKey>,
 }
 
 fn open(dir: &Path, name: &'static str) -> Result<Map, MapsError> {
@@ -63,6 +66,8 @@ pub struct PodEntries {
     pub config: PodConfig,
     pub port_blocks: BTreeMap<PortSetKey, PortBlock>,
     pub addrs: Vec<(u32, AddrKey)>,
+    /// The pod's addresses as `sk_lookup` sees them (IPv6 words, IPv4 v4-mapped).
+    pub ips: Vec<[u32; 4]>,
 }
 
 impl PodEntries {
@@ -83,6 +88,15 @@ impl PodEntries {
         }
         if !cfg.outbound_subnets_to_ignore.is_empty() {
             flags |= FLAG_OUT_SUBNETS;
+        }
+        if !cfg.inbound_ports_to_ignore.is_empty() {
+            flags |= FLAG_IN_PORTS;
+        }
+        if !cfg.ports_to_redirect.is_empty() {
+            flags |= FLAG_IN_REDIRECT_ONLY;
+        }
+        if !cfg.subnets_to_ignore.is_empty() {
+            flags |= FLAG_IN_SKIP_SOURCES;
         }
         let config = PodConfig {
             flags,
@@ -113,8 +127,22 @@ impl PodEntries {
         for c in &cfg.subnets_to_ignore {
             addrs.push(addr_key(netns_cookie, ADDR_INBOUND_SKIP_SOURCE, c));
         }
-        Self { config, port_blocks, addrs }
+        let ips = pod_ips.iter().map(|ip| ip_words(*ip)).collect();
+        Self { config, port_blocks, addrs, ips }
     }
+}
+
+/// An address as the programs store it: IPv6 words in network order, IPv4 v4-mapped.
+pub fn ip_words(ip: IpAddr) -> [u32; 4] {
+    let octets = match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    let mut words = [0u32; 4];
+    for (i, w) in words.iter_mut().enumerate() {
+        *w = u32::from_ne_bytes([octets[i * 4], octets[i * 4 + 1], octets[i * 4 + 2], octets[i * 4 + 3]]);
+    }
+    words
 }
 
 /// The trie key for `cidr` in `set` of pod `netns_cookie`, with its prefix length.
@@ -137,6 +165,8 @@ pub struct PodView {
     pub addrs: Vec<Cidr>,
     pub stats: PodStats,
     pub live_conns: usize,
+    /// The inbound proxy listener is registered, per family (IPv4, IPv6).
+    pub listener: (bool, bool),
 }
 
 impl Maps {
@@ -149,6 +179,8 @@ impl Maps {
             sock_dst: typed!(dir, names::MAP_SOCK_DST, HashMap),
             conn_dst: typed!(dir, names::MAP_CONN_DST, HashMap),
             pod_stats: typed!(dir, names::MAP_POD_STATS, PerCpuHashMap),
+            pod_by_ip: typed!(dir, names::MAP_POD_BY_IP, HashMap),
+            listeners: typed!(dir, names::MAP_LISTENERS, SockHash),
         })
     }
 
@@ -166,6 +198,9 @@ impl Maps {
         }
         for (prefix, k) in &entries.addrs {
             self.addrs.insert(&Key::new(*prefix, *k), 1, 0).map_err(update(names::MAP_ADDRS))?;
+        }
+        for ip in &entries.ips {
+            self.pod_by_ip.insert(ip, netns_cookie, 0).map_err(update(names::MAP_POD_BY_IP))?;
         }
         self.pod_config.insert(netns_cookie, entries.config, 0).map_err(update(names::MAP_POD_CONFIG))
     }
@@ -185,6 +220,14 @@ impl Maps {
         let conns: Vec<_> = self.conn_dst.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).collect();
         for k in conns {
             let _ = self.conn_dst.remove(&k);
+        }
+        let ips: Vec<_> = self.pod_by_ip.iter().filter_map(Result::ok).filter(|(_, c)| *c == netns_cookie).map(|(k, _)| k).collect();
+        for k in ips {
+            let _ = self.pod_by_ip.remove(&k);
+        }
+        let listeners: Vec<_> = self.listeners.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).collect();
+        for k in listeners {
+            let _ = self.listeners.remove(&k);
         }
         let _ = self.pod_stats.remove(&netns_cookie);
         Ok(existed)
@@ -226,7 +269,13 @@ impl Maps {
             addrs,
             stats: self.stats(netns_cookie),
             live_conns: self.conn_dst.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).count(),
+            listener: (self.has_listener(netns_cookie, 2), self.has_listener(netns_cookie, 10)),
         }
+    }
+
+    /// Whether the pod's inbound proxy listener of `family` (2, 10) is registered.
+    pub fn has_listener(&self, netns_cookie: u64, family: u32) -> bool {
+        self.listeners.keys().filter_map(Result::ok).any(|k| k.netns_cookie == netns_cookie && k.family == family)
     }
 
     /// Number of entries in the original-destination maps (socket-keyed, connection-keyed).

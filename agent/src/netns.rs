@@ -64,6 +64,11 @@ impl Netns {
         Ok(Self { path: path.into(), file, ino })
     }
 
+    /// The open namespace file (for attaching programs to the namespace).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// Runs `f` on a new thread that has entered this namespace.
     pub fn run<T: Send + 'static>(
         &self,

@@ -16,6 +16,10 @@ pub const PROG_GETPEERNAME4: &str = "l5d_getpeer4";
 /// `cgroup/getpeername6`: the same for IPv6 sockets.
 pub const PROG_GETPEERNAME6: &str = "l5d_getpeer6";
 
+/// `sk_lookup`: hands the pod's inbound connections to the proxy's inbound listener. Attached
+/// to the pod's network namespace.
+pub const PROG_SK_LOOKUP: &str = "l5d_sk_lookup";
+
 /// Every program attached to a pod's cgroup, in attach order.
 pub const CGROUP_PROGRAMS: [&str; 6] = [
     PROG_CONNECT4,
@@ -39,14 +43,22 @@ pub const MAP_CONN_DST: &str = "l5d_conn_dst";
 /// netns cookie → [`crate::PodStats`] (per CPU): live counters.
 pub const MAP_POD_STATS: &str = "l5d_pod_stats";
 
+/// pod address (IPv6 words, IPv4 v4-mapped) → netns cookie: how `sk_lookup` finds the pod.
+pub const MAP_POD_BY_IP: &str = "l5d_pod_by_ip";
+/// SOCKHASH of [`crate::ListenerKey`]: each pod's inbound proxy listener, inserted by sockops
+/// when the proxy calls `listen()`, gone when it closes.
+pub const MAP_LISTENERS: &str = "l5d_listeners";
+
 /// Every map, as pinned under `paths::PIN_MAPS`.
-pub const MAPS: [&str; 6] = [
+pub const MAPS: [&str; 8] = [
     MAP_POD_CONFIG,
     MAP_PORT_SETS,
     MAP_ADDRS,
     MAP_SOCK_DST,
     MAP_CONN_DST,
     MAP_POD_STATS,
+    MAP_POD_BY_IP,
+    MAP_LISTENERS,
 ];
 
 /// Capacity of the pod config map: the most pods one node agent can mesh.

@@ -11,6 +11,13 @@ pub const FLAG_OUT_PORTS: u32 = 1 << 3;
 /// [`PodConfig::flags`]: the pod has outbound ignored subnets (skip the lookup otherwise).
 pub const FLAG_OUT_SUBNETS: u32 = 1 << 4;
 
+/// [`PodConfig::flags`]: the pod has inbound ignored ports.
+pub const FLAG_IN_PORTS: u32 = 1 << 5;
+/// [`PodConfig::flags`]: `ports-to-redirect` is non-empty: only those ports go to the proxy.
+pub const FLAG_IN_REDIRECT_ONLY: u32 = 1 << 6;
+/// [`PodConfig::flags`]: the pod has inbound ignored source subnets.
+pub const FLAG_IN_SKIP_SOURCES: u32 = 1 << 7;
+
 /// Per-pod redirection settings, keyed by the pod's netns cookie.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -155,8 +162,14 @@ pub struct PodStats {
     pub orig_dst_answered: u64,
     /// `SO_ORIGINAL_DST` asked on a proxy socket we knew nothing about.
     pub orig_dst_missed: u64,
+    /// Inbound connections handed to the proxy's inbound listener.
+    pub in_redirected: u64,
+    /// Inbound connections refused: the proxy was not listening (fail closed).
+    pub in_refused: u64,
+    /// Inbound connections left to the normal lookup: ignored port or source, own traffic.
+    pub in_passed: u64,
 }
-const _: () = assert!(core::mem::size_of::<PodStats>() == 40);
+const _: () = assert!(core::mem::size_of::<PodStats>() == 64);
 
 impl PodStats {
     pub fn add(&mut self, other: &PodStats) {
@@ -165,8 +178,23 @@ impl PodStats {
         self.out_skipped += other.out_skipped;
         self.orig_dst_answered += other.orig_dst_answered;
         self.orig_dst_missed += other.orig_dst_missed;
+        self.in_redirected += other.in_redirected;
+        self.in_refused += other.in_refused;
+        self.in_passed += other.in_passed;
     }
 }
+
+/// Key of a pod's inbound proxy listener in the listener SOCKHASH. `sk_lookup` cannot read the
+/// netns cookie, so it finds the pod by destination address first (pod-by-IP map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListenerKey {
+    pub netns_cookie: u64,
+    /// `AF_INET` (2) or `AF_INET6` (10): the listener's socket family.
+    pub family: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<ListenerKey>() == 16);
 
 /// `::ffff:a.b.c.d` words for an IPv4 address in network byte order.
 #[inline(always)]
@@ -191,4 +219,5 @@ mod user {
     unsafe impl aya::Pod for OrigDst {}
     unsafe impl aya::Pod for ConnKey {}
     unsafe impl aya::Pod for PodStats {}
+    unsafe impl aya::Pod for ListenerKey {}
 }

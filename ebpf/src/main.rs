@@ -5,6 +5,7 @@
 //! - [`sockops`]: records each redirected connection by its 4-tuple and forgets it on close.
 //! - [`getsockopt`]: answers `SO_ORIGINAL_DST` on the proxy's accepted sockets.
 //! - [`getpeername`]: shows the app its original destination as the peer.
+//! - [`sk_lookup`]: hands connections arriving at the pod to the proxy's inbound listener.
 //!
 //! Every program returns 1 (allow): redirection never refuses a connection.
 #![no_std]
@@ -15,6 +16,7 @@ mod connect;
 mod getpeername;
 mod getsockopt;
 mod maps;
+mod sk_lookup;
 mod sockops;
 
 #[cfg(not(test))]

@@ -3,11 +3,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
 };
 use linkerd_cni_common::{
     names::{MAX_ADDRS, MAX_CONNS, MAX_PODS, MAX_PORT_BLOCKS},
-    AddrKey, ConnKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
+    AddrKey, ConnKey, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
 };
 
 #[map(name = "l5d_pod_config")]
@@ -27,6 +27,12 @@ pub static CONN_DST: LruHashMap<ConnKey, OrigDst> = LruHashMap::pinned(MAX_CONNS
 
 #[map(name = "l5d_pod_stats")]
 pub static POD_STATS: PerCpuHashMap<u64, PodStats> = PerCpuHashMap::pinned(MAX_PODS, 0);
+
+#[map(name = "l5d_pod_by_ip")]
+pub static POD_BY_IP: HashMap<[u32; 4], u64> = HashMap::pinned(MAX_ADDRS, 0);
+
+#[map(name = "l5d_listeners")]
+pub static LISTENERS: SockHash<ListenerKey> = SockHash::pinned(MAX_PODS * 2, 0);
 
 /// Bumps one counter of the pod's stats, if the agent created its entry.
 #[inline(always)]

@@ -1,11 +1,16 @@
-//! `sockops`: ties a redirected app socket to the connection the proxy accepts.
+//! `sockops`: ties redirected connections to the sockets the proxy accepts, and registers the
+//! proxy's inbound listener.
 //!
-//! - `TCP_CONNECT_CB` (the app's SYN is about to leave): ask for state callbacks on sockets we
-//!   redirected, so their entries are removed however the connection ends.
+//! - `TCP_CONNECT_CB` (an app's SYN is about to leave): ask for state callbacks on sockets
+//!   [`crate::connect`] redirected, so their entries are removed however the connection ends.
 //! - `ACTIVE_ESTABLISHED_CB`: the 4-tuple is now known; store the original destination under
 //!   the app side's address and port, which is the peer of the proxy's accepted socket.
-//! - `STATE_CB` to `TCP_CLOSE`: forget both entries, so the maps hold no more entries than
-//!   live connections.
+//! - `PASSIVE_ESTABLISHED_CB`: an inbound connection [`crate::sk_lookup`] handed to the proxy
+//!   is accepted; ask for state callbacks so its entry goes with it.
+//! - `TCP_LISTEN_CB`: a socket of a meshed pod listens on the inbound proxy port; put it in
+//!   the listener SOCKHASH (the kernel removes it when the socket closes).
+//! - `STATE_CB` to `TCP_CLOSE`: forget the connection's entries, so the maps hold no more
+//!   entries than live connections.
 //!
 //! # Minimum kernel version
 //! 4.13 (sock_ops), 5.7 for `bpf_get_netns_cookie` here.
@@ -14,19 +19,21 @@ use core::ptr::read_volatile;
 
 use aya_ebpf::{
     bindings::{
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
-        BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE,
+        BPF_ANY, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
+        BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_SOCK_OPS_TCP_LISTEN_CB, BPF_TCP_CLOSE,
     },
     helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::sock_ops,
     programs::SockOpsContext,
     EbpfContext,
 };
-use linkerd_cni_common::{v4_mapped_words, ConnKey};
+use linkerd_cni_common::{v4_mapped_words, ConnKey, ListenerKey};
 
-use crate::maps::{CONN_DST, SOCK_DST};
+use crate::maps::{CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST};
 
 const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
 
 #[sock_ops]
 pub fn l5d_sockops(ctx: SockOpsContext) -> u32 {
@@ -41,58 +48,136 @@ unsafe fn sockops(ctx: &SockOpsContext) {
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
             // SAFETY: lookup only.
             if unsafe { SOCK_DST.get(&cookie) }.is_some() {
-                let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+                watch_state(ctx);
             }
         }
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
             // SAFETY: the value is copied out at once.
             let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied() else { return };
-            let key = unsafe { conn_key(ctx) };
-            let _ = CONN_DST.insert(&key, &dst, 0);
+            let tuple = unsafe { Tuple::read(ctx) };
+            let _ = CONN_DST.insert(&tuple.app_side_key(), &dst, 0);
         }
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
+            let tuple = unsafe { Tuple::read(ctx) };
+            // SAFETY: lookup only.
+            if unsafe { CONN_DST.get(&tuple.accepted_key()) }.is_some() {
+                watch_state(ctx);
+            }
+        }
+        BPF_SOCK_OPS_TCP_LISTEN_CB => unsafe { listening(ctx) },
         BPF_SOCK_OPS_STATE_CB => {
             if ctx.arg(1) != BPF_TCP_CLOSE {
                 return;
             }
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-            if SOCK_DST.remove(&cookie).is_ok() {
-                let key = unsafe { conn_key(ctx) };
-                let _ = CONN_DST.remove(&key);
-            }
+            let _ = SOCK_DST.remove(&cookie);
+            let tuple = unsafe { Tuple::read(ctx) };
+            // Only sockets we asked state callbacks for get here: either side may own an entry.
+            let _ = CONN_DST.remove(&tuple.app_side_key());
+            let _ = CONN_DST.remove(&tuple.accepted_key());
         }
         _ => {}
     }
 }
 
-/// The app side of the connection, as the proxy's accepted socket sees its peer.
-///
-/// Context fields are read with volatile loads, all of them, before choosing: with a load in
-/// each branch LLVM merges them into one load at `ctx + variable offset`, which the verifier
-/// rejects (`dereference of modified ctx ptr`).
-#[inline(always)]
-unsafe fn conn_key(ctx: &SockOpsContext) -> ConnKey {
-    let ops = ctx.ops;
-    // Both addresses are loaded unconditionally and the choice is made on values.
-    let (family, ip4, ip6) = unsafe {
-        (
-            read_volatile(&raw const (*ops).family),
-            read_volatile(&raw const (*ops).local_ip4),
-            [
-                read_volatile(&raw const (*ops).local_ip6[0]),
-                read_volatile(&raw const (*ops).local_ip6[1]),
-                read_volatile(&raw const (*ops).local_ip6[2]),
-                read_volatile(&raw const (*ops).local_ip6[3]),
-            ],
-        )
-    };
-    // A v4-mapped connection reports `::ffff:a.b.c.d` as its IPv6 address: the same key.
-    let addr = if family == AF_INET { v4_mapped_words(ip4) } else { ip6 };
-    ConnKey {
-        netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
-        addr,
-        port: unsafe { read_volatile(&raw const (*ops).local_port) },
-        // `remote_port` is network order in the upper half of a host-order u32.
-        proxy_port: u32::from(u16::from_be((unsafe { read_volatile(&raw const (*ops).remote_port) } >> 16) as u16)),
+fn watch_state(ctx: &SockOpsContext) {
+    let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+}
+
+/// A meshed pod's socket listens: if it is the inbound proxy port, it becomes the pod's
+/// inbound listener for its family. An IPv6 listener also serves IPv4 until an IPv4 one exists
+/// (dual-stack sockets accept both).
+unsafe fn listening(ctx: &SockOpsContext) {
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: the value is copied out at once.
+    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }).copied() else { return };
+    if ctx.local_port() != u32::from(cfg.inbound_port) {
+        return;
+    }
+    let family = ctx.family();
+    let mut key = ListenerKey { netns_cookie, family, _pad: 0 };
+    // SAFETY: `ops` is the program's context.
+    let ops = unsafe { &mut *ctx.ops };
+    let _ = LISTENERS.update(&mut key, &mut *ops, u64::from(BPF_ANY));
+    if family == AF_INET6 {
+        let mut v4 = ListenerKey { netns_cookie, family: AF_INET, _pad: 0 };
+        let _ = LISTENERS.update(&mut v4, ops, u64::from(BPF_NOEXIST));
+    }
+}
+
+/// The connection's addresses, IPv4 as v4-mapped, ports in host order.
+struct Tuple {
+    netns_cookie: u64,
+    local: [u32; 4],
+    local_port: u32,
+    remote: [u32; 4],
+    remote_port: u32,
+}
+
+impl Tuple {
+    /// Reads the context with volatile loads, all of them before choosing: with a load in each
+    /// branch LLVM merges them into one load at `ctx + variable offset`, which the verifier
+    /// rejects (`dereference of modified ctx ptr`).
+    #[inline(always)]
+    unsafe fn read(ctx: &SockOpsContext) -> Self {
+        let ops = ctx.ops;
+        let v = |p: *const u32| unsafe { read_volatile(p) };
+        let (family, lip4, rip4, lport, rport) = unsafe {
+            (
+                v(&raw const (*ops).family),
+                v(&raw const (*ops).local_ip4),
+                v(&raw const (*ops).remote_ip4),
+                v(&raw const (*ops).local_port),
+                v(&raw const (*ops).remote_port),
+            )
+        };
+        let (lip6, rip6) = unsafe {
+            (
+                [
+                    v(&raw const (*ops).local_ip6[0]),
+                    v(&raw const (*ops).local_ip6[1]),
+                    v(&raw const (*ops).local_ip6[2]),
+                    v(&raw const (*ops).local_ip6[3]),
+                ],
+                [
+                    v(&raw const (*ops).remote_ip6[0]),
+                    v(&raw const (*ops).remote_ip6[1]),
+                    v(&raw const (*ops).remote_ip6[2]),
+                    v(&raw const (*ops).remote_ip6[3]),
+                ],
+            )
+        };
+        // A v4-mapped connection reports `::ffff:a.b.c.d` as its IPv6 addresses: same keys.
+        let v4 = family == AF_INET;
+        Tuple {
+            netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
+            local: if v4 { v4_mapped_words(lip4) } else { lip6 },
+            local_port: lport,
+            remote: if v4 { v4_mapped_words(rip4) } else { rip6 },
+            // `remote_port` is network order in the upper half of a host-order u32.
+            remote_port: u32::from(u16::from_be((rport >> 16) as u16)),
+        }
+    }
+
+    /// Key of an outbound connection, from the app's socket: the proxy's accepted socket sees
+    /// the app side as its peer.
+    fn app_side_key(&self) -> ConnKey {
+        ConnKey {
+            netns_cookie: self.netns_cookie,
+            addr: self.local,
+            port: self.local_port,
+            proxy_port: self.remote_port,
+        }
+    }
+
+    /// Key of an accepted socket (its peer, and its own port), as `getsockopt` builds it.
+    fn accepted_key(&self) -> ConnKey {
+        ConnKey {
+            netns_cookie: self.netns_cookie,
+            addr: self.remote,
+            port: self.remote_port,
+            proxy_port: self.local_port,
+        }
     }
 }

@@ -1,0 +1,117 @@
+//! `sk_lookup`: every TCP connection arriving at a meshed pod goes to the proxy's inbound
+//! listener (4143), except ignored ports and sources, the proxy port itself, and the pod's own
+//! traffic (loopback, or from its own address: the proxy forwarding to the app). With no
+//! listener, the connection is refused (fail closed), never delivered to the app behind the
+//! proxy's back.
+//!
+//! The accepted socket keeps the address the client dialled as its local address, and the
+//! connection is recorded so `SO_ORIGINAL_DST` answers it (see [`crate::getsockopt`]).
+//!
+//! Attached to each pod's network namespace. `bpf_get_netns_cookie` is not available here, so
+//! the pod is found from the destination address.
+//!
+//! # Minimum kernel version
+//! 5.9.
+
+use core::ptr::read_volatile;
+
+use aya_ebpf::{
+    bindings::{sk_action::SK_DROP, sk_action::SK_PASS},
+    macros::sk_lookup,
+    programs::SkLookupContext,
+};
+use linkerd_cni_common::{
+    v4_mapped_words, ConnKey, ListenerKey, OrigDst, ADDR_INBOUND_SKIP_SOURCE, FAMILY_V4, FAMILY_V6,
+    FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY, FLAG_IN_SKIP_SOURCES, FLAG_IPV6,
+    PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP,
+};
+
+use crate::{
+    addr::{addr_in_set, port_in_set},
+    maps::{count, CONN_DST, LISTENERS, POD_BY_IP, POD_CONFIG},
+};
+
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+const IPPROTO_TCP: u32 = 6;
+const LOOPBACK_IFINDEX: u32 = 1;
+
+#[sk_lookup]
+pub fn l5d_sk_lookup(ctx: SkLookupContext) -> u32 {
+    // SAFETY: the kernel hands a valid `bpf_sk_lookup`.
+    unsafe { lookup(&ctx) }
+}
+
+unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
+    let l = ctx.lookup;
+    let v = |p: *const u32| unsafe { read_volatile(p) };
+    // Every field is loaded before any choice (see `sockops::Tuple::read` for why).
+    let (family, protocol, ifindex, rip4, lip4, local_port) = unsafe {
+        (
+            v(&raw const (*l).family),
+            v(&raw const (*l).protocol),
+            v(&raw const (*l).ingress_ifindex),
+            v(&raw const (*l).remote_ip4),
+            v(&raw const (*l).local_ip4),
+            v(&raw const (*l).local_port),
+        )
+    };
+    let remote_port = u16::from_be(unsafe { read_volatile(&raw const (*l).remote_port) });
+    let (rip6, lip6) = unsafe {
+        (
+            [
+                v(&raw const (*l).remote_ip6[0]),
+                v(&raw const (*l).remote_ip6[1]),
+                v(&raw const (*l).remote_ip6[2]),
+                v(&raw const (*l).remote_ip6[3]),
+            ],
+            [
+                v(&raw const (*l).local_ip6[0]),
+                v(&raw const (*l).local_ip6[1]),
+                v(&raw const (*l).local_ip6[2]),
+                v(&raw const (*l).local_ip6[3]),
+            ],
+        )
+    };
+    if protocol != IPPROTO_TCP || ifindex == LOOPBACK_IFINDEX {
+        return SK_PASS;
+    }
+    let v4 = family == AF_INET;
+    let (local, remote) = if v4 { (v4_mapped_words(lip4), v4_mapped_words(rip4)) } else { (lip6, rip6) };
+    // SAFETY: values are copied out at once.
+    let Some(netns_cookie) = (unsafe { POD_BY_IP.get(&local) }).copied() else { return SK_PASS };
+    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }).copied() else { return SK_PASS };
+    let port = local_port as u16;
+    let passed = !v4 && cfg.flags & FLAG_IPV6 == 0
+        || remote == local
+        || port == cfg.inbound_port
+        || (cfg.flags & FLAG_IN_PORTS != 0 && port_in_set(netns_cookie, PORT_SET_INBOUND_SKIP, port))
+        || (cfg.flags & FLAG_IN_REDIRECT_ONLY != 0
+            && !port_in_set(netns_cookie, PORT_SET_INBOUND_REDIRECT, port))
+        || (cfg.flags & FLAG_IN_SKIP_SOURCES != 0
+            && addr_in_set(netns_cookie, ADDR_INBOUND_SKIP_SOURCE, &remote));
+    if passed {
+        count(netns_cookie, |s| &mut s.in_passed);
+        return SK_PASS;
+    }
+    // Record the connection before handing it over: the proxy may ask as soon as it accepts.
+    let key = ConnKey { netns_cookie, addr: remote, port: u32::from(remote_port), proxy_port: local_port };
+    let dst = OrigDst { addr: local, port_be: port.to_be(), family: if v4 { FAMILY_V4 } else { FAMILY_V6 } };
+    let _ = CONN_DST.insert(&key, &dst, 0);
+    let mut assigned = LISTENERS.redirect_sk_lookup(ctx, ListenerKey { netns_cookie, family, _pad: 0 }, 0);
+    if assigned.is_err() && v4 {
+        // A dual-stack IPv6 listener serves IPv4 too.
+        assigned = LISTENERS.redirect_sk_lookup(ctx, ListenerKey { netns_cookie, family: AF_INET6, _pad: 0 }, 0);
+    }
+    match assigned {
+        Ok(()) => {
+            count(netns_cookie, |s| &mut s.in_redirected);
+            SK_PASS
+        }
+        Err(_) => {
+            let _ = CONN_DST.remove(&key);
+            count(netns_cookie, |s| &mut s.in_refused);
+            SK_DROP
+        }
+    }
+}
