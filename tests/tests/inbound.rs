@@ -1,0 +1,292 @@
+//! Inbound redirection against the real kernel (root required): connections arriving at a
+//! registered pod from another netns are handed to the proxy's inbound listener (4143) by the
+//! pod's `sk_lookup` program, the proxy learns the dialled address with `SO_ORIGINAL_DST`,
+//! forwards to the app as UID 2102 without being captured again, and with no proxy listening
+//! the connection is refused.
+//!
+//! Run: `cargo test -p linkerd-cni-tests --test inbound -- --test-threads=1`
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    path::Path,
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+use linkerd_cni_agent::{Agent, AgentConfig, Registration, maps::Maps, registry::PodRecord};
+use linkerd_cni_common::paths;
+use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
+use linkerd_cni_tests::{
+    Bridge, EchoServer, NetnsGuard, Pod, PodAndPeer, TestProxy,
+    client::{Options as ClientOptions, Report, run_client},
+    proxy::{self, Event, PROXY_UID},
+};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+const APP_UID: u32 = 1000;
+const ECONNREFUSED: i32 = 111;
+
+fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+/// An agent with pins and registry of its own, removed (with every pod) on drop.
+struct Harness {
+    agent: Agent,
+    config: AgentConfig,
+}
+
+impl Harness {
+    fn new() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let tag = format!("l5dt-in-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let config = AgentConfig {
+            pin_root: Path::new(paths::BPFFS).join(&tag),
+            state_dir: std::env::temp_dir().join(&tag),
+            shared_cgroup: None,
+        };
+        Harness { agent: Agent::start(config.clone()).expect("start the agent"), config }
+    }
+
+    fn register(&self, pod: &Pod, config: LinkerdConfig) -> PodRecord {
+        self.agent
+            .register(Registration {
+                id: format!("ctr-{}", pod.netns.name()),
+                ifname: "eth0".into(),
+                netns: pod.netns.path().into(),
+                cgroup_hint: Some(pod.cgroup.path().display().to_string()),
+                pod: None,
+                config,
+                pod_ips: vec![],
+            })
+            .expect("register the pod")
+    }
+
+    fn maps(&self) -> Maps {
+        Maps::open(&self.config.pin_root.join(paths::PIN_MAPS)).expect("open pinned maps")
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        for r in self.agent.pods().unwrap_or_default() {
+            let _ = self.agent.unregister(&r.id);
+        }
+        let _ = std::fs::remove_dir_all(&self.config.pin_root);
+        let _ = std::fs::remove_dir_all(&self.config.state_dir);
+    }
+}
+
+fn proxy_in(pod: &Pod, ipv6: bool) -> TestProxy {
+    pod.start_proxy(&proxy::Options { ipv6, ..proxy::Options::new() }).expect("start the proxy as UID 2102")
+}
+
+fn accepted(proxy: &TestProxy) -> Vec<(SocketAddr, SocketAddr)> {
+    proxy
+        .events()
+        .expect("proxy log")
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Accepted { listener, orig_dst, .. } => Some((listener, orig_dst)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn wait_accepted(proxy: &TestProxy, n: usize) -> Vec<(SocketAddr, SocketAddr)> {
+    proxy
+        .log()
+        .wait_for(TIMEOUT, |events| events.iter().filter(|e| matches!(e, Event::Accepted { .. })).count() >= n)
+        .expect("proxy accepted");
+    accepted(proxy)
+}
+
+fn request(from: &NetnsGuard, target: SocketAddr) -> Report {
+    let placement = linkerd_cni_tests::Placement::new().netns(from).uid(APP_UID);
+    run_client(&placement, &ClientOptions::new(target).send("hello\n"), TIMEOUT).expect("run the client")
+}
+
+/// A pod with its app listening on `ports` (on the pod's IPv4 address) and a peer netns.
+struct World {
+    net: PodAndPeer,
+    apps: Vec<EchoServer>,
+}
+
+impl World {
+    fn new(ports: &[u16]) -> Self {
+        let net = PodAndPeer::new().expect("pod, peer and veth");
+        let apps = ports
+            .iter()
+            .map(|p| EchoServer::bind_in(&net.pod.netns, sock(Ipv4Addr::UNSPECIFIED, *p), "app").expect("app"))
+            .collect();
+        World { net, apps }
+    }
+
+    fn app(&self, port: u16) -> &EchoServer {
+        self.apps.iter().find(|a| a.addr().port() == port).expect("app on that port")
+    }
+
+    /// Connects from the peer to the pod's `port`, expecting success.
+    fn call(&self, port: u16) -> Report {
+        let r = request(&self.net.peer, sock(self.net.pod_v4(), port));
+        assert_eq!(r.succeeded, 1, "request to pod port {port}: {r:?}");
+        r
+    }
+
+    /// The app on `port` got its `n`th connection from `expected` (the proxy forwards from the
+    /// pod's own address; a direct connection comes from the peer).
+    fn app_saw(&self, port: u16, n: usize, expected: IpAddr) {
+        let got = self.app(port).wait_for(n, TIMEOUT).expect("app reached");
+        assert_eq!(got[n - 1].peer.ip(), expected, "app on {port} saw {:?}", got[n - 1]);
+    }
+}
+
+#[test]
+fn inbound_goes_through_the_proxy_with_the_original_destination() {
+    let h = Harness::new();
+    let w = World::new(&[8080]);
+    let record = h.register(&w.net.pod, LinkerdConfig::default());
+    let proxy = proxy_in(&w.net.pod, false);
+    let r = w.call(8080);
+    assert!(r.received_matches(&w.app(8080).expected_reply(b"hello\n")), "{r:?}");
+    assert_eq!(wait_accepted(&proxy, 1), vec![(sock(Ipv4Addr::UNSPECIFIED, 4143), sock(w.net.pod_v4(), 8080))]);
+    // The proxy forwarded as UID 2102 to the pod IP: the app saw the pod itself, and that hop
+    // was not captured again (one accepted connection only).
+    w.app_saw(8080, 1, IpAddr::V4(w.net.pod_v4()));
+    assert_eq!(accepted(&proxy).len(), 1);
+    let stats = h.maps().stats(record.netns_cookie);
+    assert_eq!((stats.in_redirected, stats.orig_dst_answered), (1, 1), "{stats:?}");
+    assert_eq!(h.maps().view(record.netns_cookie).listener, (true, false));
+}
+
+#[test]
+fn ignored_ports_and_redirect_list_and_ignored_sources() {
+    let h = Harness::new();
+    let w = World::new(&[4191, 9050, 8080, 8081]);
+    let config = LinkerdConfig {
+        inbound_ports_to_ignore: vec![
+            PortRange::single(4191),
+            PortRange::single(4190),
+            "9000-9100".parse().expect("range"),
+        ],
+        ..LinkerdConfig::default()
+    };
+    h.register(&w.net.pod, config);
+    let proxy = proxy_in(&w.net.pod, false);
+    let peer = IpAddr::V4(w.net.peer_v4());
+    w.call(4191);
+    w.app_saw(4191, 1, peer);
+    w.call(9050);
+    w.app_saw(9050, 1, peer);
+    w.call(8081);
+    w.app_saw(8081, 1, IpAddr::V4(w.net.pod_v4()));
+    assert_eq!(wait_accepted(&proxy, 1).len(), 1, "only 8081 went through the proxy");
+
+    // ports-to-redirect: only the listed ports go to the proxy.
+    let h2 = Harness::new();
+    let w2 = World::new(&[8080, 8081]);
+    h2.register(&w2.net.pod, LinkerdConfig { ports_to_redirect: vec![PortRange::single(8080)], ..Default::default() });
+    let proxy2 = proxy_in(&w2.net.pod, false);
+    w2.call(8081);
+    w2.app_saw(8081, 1, IpAddr::V4(w2.net.peer_v4()));
+    w2.call(8080);
+    w2.app_saw(8080, 1, IpAddr::V4(w2.net.pod_v4()));
+    assert_eq!(wait_accepted(&proxy2, 1), vec![(sock(Ipv4Addr::UNSPECIFIED, 4143), sock(w2.net.pod_v4(), 8080))]);
+
+    // subnets-to-ignore: connections from those sources go straight to the app.
+    let h3 = Harness::new();
+    let w3 = World::new(&[8080]);
+    let subnet = format!("{}/32", w3.net.peer_v4()).parse().expect("cidr");
+    h3.register(&w3.net.pod, LinkerdConfig { subnets_to_ignore: vec![subnet], ..Default::default() });
+    let proxy3 = proxy_in(&w3.net.pod, false);
+    w3.call(8080);
+    w3.app_saw(8080, 1, IpAddr::V4(w3.net.peer_v4()));
+    assert!(accepted(&proxy3).is_empty());
+}
+
+#[test]
+fn fail_closed_until_the_proxy_listens() {
+    let h = Harness::new();
+    let w = World::new(&[8080]);
+    let record = h.register(&w.net.pod, LinkerdConfig::default());
+    // The app listens, the proxy does not: refused, never delivered to the app.
+    let r = request(&w.net.peer, sock(w.net.pod_v4(), 8080));
+    assert_eq!(r.connect.errno, Some(ECONNREFUSED), "{r:?}");
+    assert!(w.app(8080).received().is_empty(), "the app must not see it");
+    assert_eq!(h.maps().view(record.netns_cookie).listener, (false, false));
+    assert_eq!(h.maps().stats(record.netns_cookie).in_refused, 1);
+    // The proxy starts: the next connection goes through it, with no action by the agent.
+    let proxy = proxy_in(&w.net.pod, false);
+    w.call(8080);
+    assert_eq!(wait_accepted(&proxy, 1)[0].1, sock(w.net.pod_v4(), 8080));
+    // And when it stops, refused again.
+    drop(proxy);
+    let r = request(&w.net.peer, sock(w.net.pod_v4(), 8080));
+    assert_eq!(r.connect.errno, Some(ECONNREFUSED), "{r:?}");
+}
+
+#[test]
+fn proxy_to_app_over_pod_ip_and_localhost_is_not_captured() {
+    let h = Harness::new();
+    let w = World::new(&[8080]);
+    h.register(&w.net.pod, LinkerdConfig::default());
+    let proxy = proxy_in(&w.net.pod, false);
+    for target in [sock(w.net.pod_v4(), 8080), sock(Ipv4Addr::LOCALHOST, 8080)] {
+        let r = run_client(&w.net.pod.container(PROXY_UID), &ClientOptions::new(target).send("hi\n"), TIMEOUT)
+            .expect("client as the proxy");
+        assert_eq!((r.succeeded, r.peer), (1, Some(target)), "{r:?}");
+    }
+    w.app(8080).wait_for(2, TIMEOUT).expect("the app got both");
+    assert!(accepted(&proxy).is_empty(), "no loop through the proxy");
+}
+
+#[test]
+fn ipv6_inbound_and_outbound() {
+    let h = Harness::new();
+    let net = PodAndPeer::new().expect("pod and peer");
+    let app = EchoServer::bind_in(&net.pod.netns, sock(Ipv6Addr::UNSPECIFIED, 8080), "app6").expect("app");
+    let remote = EchoServer::bind_in(&net.peer, sock(net.peer_v6(), 9090), "remote6").expect("remote");
+    h.register(&net.pod, LinkerdConfig { ipv6: true, ..Default::default() });
+    let proxy = proxy_in(&net.pod, true);
+    let r = request(&net.peer, sock(net.pod_v6(), 8080));
+    assert_eq!(r.succeeded, 1, "{r:?}");
+    let got = app.wait_for(1, TIMEOUT).expect("app reached");
+    assert_eq!(got[0].peer.ip(), IpAddr::V6(net.pod_v6()), "forwarded by the proxy");
+    let r = run_client(&net.pod.container(APP_UID), &ClientOptions::new(remote.addr()).send("x\n"), TIMEOUT)
+        .expect("outbound");
+    assert_eq!((r.succeeded, r.peer), (1, Some(remote.addr())), "{r:?}");
+    assert_eq!(
+        wait_accepted(&proxy, 2),
+        vec![
+            (sock(Ipv6Addr::UNSPECIFIED, 4143), sock(net.pod_v6(), 8080)),
+            (sock(Ipv6Addr::LOCALHOST, 4140), remote.addr()),
+        ]
+    );
+}
+
+#[test]
+fn meshed_pods_on_one_node_traverse_both_proxies() {
+    let h = Harness::new();
+    let node = NetnsGuard::new().expect("node netns");
+    let mut bridge =
+        Bridge::create(&node, "10.245.0.1/24".parse().expect("literal"), "fd00:245::1/64".parse().expect("literal"))
+            .expect("bridge");
+    let client = Pod::new().expect("client pod");
+    let server = Pod::new().expect("server pod");
+    let _client_port = bridge.attach(&client.netns).expect("attach client");
+    let server_port = bridge.attach(&server.netns).expect("attach server");
+    h.register(&client, LinkerdConfig::default());
+    h.register(&server, LinkerdConfig::default());
+    let app = EchoServer::bind_in(&server.netns, sock(Ipv4Addr::UNSPECIFIED, 8080), "server-app").expect("app");
+    let client_proxy = proxy_in(&client, false);
+    let server_proxy = proxy_in(&server, false);
+    let target = sock(server_port.v4(), 8080);
+    let r = run_client(&client.container(APP_UID), &ClientOptions::new(target).send("hello\n"), TIMEOUT)
+        .expect("client");
+    let detail = || format!("{r:?}\nclient proxy: {:?}\nserver proxy: {:?}", client_proxy.events(), server_proxy.events());
+    assert_eq!((r.succeeded, r.peer), (1, Some(target)), "{}", detail());
+    assert!(r.received_matches(&app.expected_reply(b"hello\n")), "{}", detail());
+    assert_eq!(wait_accepted(&client_proxy, 1), vec![(sock(Ipv4Addr::LOCALHOST, 4140), target)]);
+    assert_eq!(wait_accepted(&server_proxy, 1), vec![(sock(Ipv4Addr::UNSPECIFIED, 4143), target)]);
+    assert_eq!(app.wait_for(1, TIMEOUT).expect("app")[0].peer.ip(), IpAddr::V4(server_port.v4()));
+}
