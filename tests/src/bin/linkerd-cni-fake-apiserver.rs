@@ -62,6 +62,11 @@ async fn run(opts: Options) -> anyhow::Result<()> {
             path.display()
         );
     }
+    // Handlers first: a SIGHUP sent as soon as the `listening on` line appears must not kill
+    // the process with the default action.
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     if let Some(path) = &opts.kubeconfig {
         server
             .write_kubeconfig(path)
@@ -70,9 +75,6 @@ async fn run(opts: Options) -> anyhow::Result<()> {
     println!("listening on {}", server.url());
     std::io::stdout().flush()?;
 
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     let period = Duration::from_millis(opts.rescan_ms.max(1));
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
