@@ -139,40 +139,27 @@ fn accepted(proxy: &TestProxy) -> Vec<SocketAddr> {
         .collect()
 }
 
-/// The request went through `proxy`: it saw the original destination, and the server saw the
-/// proxy's upstream connection.
+/// The request went through `proxy`: it accepted the connection on its outbound listener with
+/// the original destination `dst`, and the server's new connection (after `before`) came from
+/// the proxy's upstream socket.
 fn assert_proxied(proxy: &TestProxy, server: &EchoServer, dst: SocketAddr, before: usize) {
-    let events = proxy
+    let fresh: Vec<SocketAddr> = server.received()[before..].iter().map(|r| r.peer).collect();
+    proxy
         .log()
         .wait_for(Duration::from_secs(10), |ev| {
-            ev.iter()
-                .any(|e| matches!(e, Event::Closed { orig_dst, .. } if *orig_dst == dst))
+            ev.iter().any(|e| {
+                matches!(e, Event::Closed { orig_dst, upstream_local, listener, .. }
+                    if *orig_dst == dst
+                        && listener.port() == OUTBOUND_PORT
+                        && fresh.contains(upstream_local))
+            })
         })
-        .unwrap_or_else(|e| panic!("the proxy must forward a connection to {dst}: {e}"));
-    let upstream = events
-        .iter()
-        .find_map(|e| match e {
-            Event::Closed {
-                orig_dst,
-                upstream_local,
-                listener,
-                ..
-            } if *orig_dst == dst => {
-                assert_eq!(
-                    listener.port(),
-                    OUTBOUND_PORT,
-                    "accepted on the outbound listener"
-                );
-                Some(*upstream_local)
-            }
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("no Closed event for {dst}: {events:?}"));
-    let seen = server.received();
-    assert!(
-        seen[before..].iter().any(|r| r.peer == upstream),
-        "the server must see the proxy's upstream connection {upstream}: {seen:?}"
-    );
+        .unwrap_or_else(|e| {
+            panic!(
+                "the proxy must have forwarded the server's new connection(s) {fresh:?} \
+                 to {dst}: {e}"
+            )
+        });
 }
 
 /// The request went straight to the server: its peer is the client socket itself.
@@ -281,4 +268,466 @@ fn meshed_pod_is_redirected_unmeshed_and_linkerd_init_pods_are_not() {
     }
     let st = state(&node);
     assert!(st.is_empty(), "nothing left after every DEL: {st:?}");
+}
+
+#[test]
+fn skip_outbound_ports_annotations_on_pod_and_namespace_are_honoured() {
+    let node = start_node(
+        NodeOptions::default(),
+        &[
+            namespace_manifest("shop", &[]),
+            namespace_manifest("batch", &[(SKIP_OUTBOUND, "9090")]),
+        ],
+    );
+    let server_pod = add_pod(&node, PodSpec::unmeshed("shop", "server"));
+    let ip = server_pod.ip().expect("server ip");
+    let netns = server_pod.netns().expect("server netns");
+    let (a, b) = (SocketAddr::from((ip, 8080)), SocketAddr::from((ip, 9090)));
+    let servers = [
+        EchoServer::bind_in(netns, a, "server-8080").expect("echo 8080"),
+        EchoServer::bind_in(netns, b, "server-9090").expect("echo 9090"),
+    ];
+
+    // (pod, destinations that must go direct, destinations that must go through the proxy)
+    let cases = [
+        (
+            PodSpec::meshed("shop", "pod-annotated").annotate(SKIP_OUTBOUND, "8080"),
+            vec![a],
+            vec![b],
+        ),
+        (PodSpec::meshed("batch", "ns-annotated"), vec![b], vec![a]),
+        (
+            // The pod's own annotation replaces the namespace's.
+            PodSpec::meshed("batch", "both").annotate(SKIP_OUTBOUND, "8080"),
+            vec![a],
+            vec![b],
+        ),
+        (PodSpec::meshed("shop", "none"), vec![], vec![a, b]),
+    ];
+    for (spec, direct, proxied) in cases {
+        let name = spec.name.clone();
+        let pod = add_pod(&node, spec);
+        let proxy = pod
+            .start_proxy()
+            .unwrap_or_else(|e| panic!("proxy in {name}: {e}"));
+        for (i, dst) in [a, b].into_iter().enumerate() {
+            let server = &servers[i];
+            let before = server.received().len();
+            let report = request(&pod, server, dst, "hi\n");
+            if direct.contains(&dst) {
+                assert_direct(&report, server, before);
+            } else {
+                assert_proxied(&proxy, server, dst, before);
+            }
+        }
+        assert_eq!(
+            accepted(&proxy),
+            proxied,
+            "{name}: the proxy saw exactly the non-skipped destinations"
+        );
+        let st = state(&node);
+        let ignored =
+            st.record(&pod.container_id).expect("record")["config"]["outbound-ports-to-ignore"]
+                .clone();
+        let want: Vec<String> = direct.iter().map(|d| d.port().to_string()).collect();
+        assert_eq!(
+            ignored,
+            serde_json::json!(want),
+            "{name}: registered ignore list"
+        );
+        drop(proxy);
+        let c = cookie(&pod);
+        del_twice(&node, &pod);
+        assert_forgotten(&node, &pod, c);
+    }
+}
+
+#[test]
+fn del_twice_as_containerd_does_leaves_nothing() {
+    let node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
+    let pod = add_pod(&node, PodSpec::meshed("shop", "web"));
+    let c = cookie(&pod);
+    let ip = pod.ip().expect("pod ip");
+    let st = state(&node);
+    assert!(st.registered().contains(&pod.container_id), "{st:?}");
+    assert!(
+        !st.entries_for(c).is_empty(),
+        "map entries while registered"
+    );
+    let reserved = node
+        .dir()
+        .join("ipam")
+        .join(linkerd_cni_tests::node::NETWORK_NAME)
+        .join(ip.to_string());
+    assert!(reserved.exists(), "host-local reserved {ip}");
+
+    cni_ok(&node, Verb::Del, &pod, Some(pod.netns_path()));
+    assert_forgotten(&node, &pod, c);
+    assert!(!reserved.exists(), "host-local released {ip}");
+    // containerd's RemovePodSandbox: DEL again, with an empty CNI_NETNS, no cached result.
+    cni_ok(&node, Verb::Del, &pod, None);
+    assert_forgotten(&node, &pod, c);
+    let st = state(&node);
+    assert!(st.is_empty(), "nothing left: {st:?}");
+    let pods_dir = node.pin_root().join("pods");
+    let left: Vec<_> = std::fs::read_dir(&pods_dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", pods_dir.display()))
+        .collect();
+    assert!(left.is_empty(), "no pinned link directory left: {left:?}");
+}
+
+/// Runs CHECK through libcni and returns the error it must report.
+fn check_fails(node: &SimNode, pod: &SimPod) -> linkerd_cni_tests::cniruntime::CniError {
+    let out = node
+        .cni(Verb::Check, pod)
+        .unwrap_or_else(|e| panic!("running CHECK: {e}"));
+    out.error()
+        .unwrap_or_else(|| panic!("CHECK must fail: {} / {}", out.stdout, out.stderr))
+}
+
+#[test]
+fn check_detects_redirection_removed_behind_the_agents_back() {
+    let node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
+
+    // 1. A link detached with bpftool.
+    let pod = add_pod(&node, PodSpec::meshed("shop", "detached"));
+    cni_ok(&node, Verb::Check, &pod, Some(pod.netns_path()));
+    let link = node
+        .pin_root()
+        .join("pods")
+        .join(&pod.container_id)
+        .join("l5d_connect4");
+    let out = std::process::Command::new("bpftool")
+        .args(["link", "detach", "pinned"])
+        .arg(&link)
+        .output()
+        .unwrap_or_else(|e| panic!("running bpftool: {e}"));
+    assert!(
+        out.status.success(),
+        "bpftool link detach {}: {}",
+        link.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = check_fails(&node, &pod);
+    assert_eq!(
+        err.code, 100,
+        "plugin-specific code for 'not in force': {err:?}"
+    );
+    assert!(
+        err.msg.contains("not in force")
+            && err.msg.contains("l5d_connect4")
+            && err.msg.contains("detached"),
+        "the message says what is missing: {err:?}"
+    );
+    assert!(
+        err.context.contains("linkerd-cni"),
+        "libcni names the failing plugin: {err:?}"
+    );
+    let c = cookie(&pod);
+    del_twice(&node, &pod);
+    assert_forgotten(&node, &pod, c);
+
+    // 2. The pod's config entry deleted from the map.
+    let pod = add_pod(&node, PodSpec::meshed("shop", "unconfigured"));
+    cni_ok(&node, Verb::Check, &pod, Some(pod.netns_path()));
+    let c = cookie(&pod);
+    {
+        let mut maps = linkerd_cni_agent::maps::Maps::open(&node.pin_root().join("maps"))
+            .unwrap_or_else(|e| panic!("opening the pinned maps: {e}"));
+        maps.pod_config
+            .remove(&c)
+            .unwrap_or_else(|e| panic!("deleting the pod_config entry of {c}: {e}"));
+    }
+    let err = check_fails(&node, &pod);
+    assert_eq!(err.code, 100, "{err:?}");
+    assert!(
+        err.msg.contains("not in force") && err.msg.contains("pod config entry is missing"),
+        "the message says what is missing: {err:?}"
+    );
+    del_twice(&node, &pod);
+    assert_forgotten(&node, &pod, c);
+    let st = state(&node);
+    assert!(st.is_empty(), "nothing left: {st:?}");
+}
+
+/// A `prevResult` as the bridge plugin would pass it (for direct plugin invocations).
+fn fake_prev_result(pod: &SimPod, i: usize) -> Value {
+    serde_json::json!({
+        "cniVersion": linkerd_cni_tests::node::CNI_VERSION,
+        "interfaces": [{"name": "eth0", "sandbox": pod.netns_path()}],
+        "ips": [{"address": format!("10.99.{}.{}/16", i / 200, i % 200 + 2), "interface": 0}],
+        "dns": {}
+    })
+}
+
+#[test]
+fn fifty_concurrent_adds_then_fifty_concurrent_dels() {
+    const N: usize = 50;
+    let node = start_node(NodeOptions::default(), &[namespace_manifest("load", &[])]);
+    let specs: Vec<PodSpec> = (0..N)
+        .map(|i| PodSpec::meshed("load", &format!("pod-{i}")))
+        .collect();
+    let manifests: Vec<Value> = specs
+        .iter()
+        .map(|s| s.manifest(linkerd_cni_tests::node::NODE_NAME))
+        .collect();
+    node.apply(&manifests)
+        .unwrap_or_else(|e| panic!("serving the pods: {e}"));
+    let pods: Vec<SimPod> = specs
+        .into_iter()
+        .map(|s| SimPod::new(s).unwrap_or_else(|e| panic!("pod sandbox: {e}")))
+        .collect();
+    let cookies: BTreeSet<u64> = pods.iter().map(cookie).collect();
+    assert_eq!(cookies.len(), N, "every pod has its own netns");
+
+    let run_all = |command: &str| {
+        let started = Instant::now();
+        let outcomes: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = pods
+                .iter()
+                .enumerate()
+                .map(|(i, pod)| {
+                    let node = &node;
+                    s.spawn(move || {
+                        let env = node.plugin_env(command, pod);
+                        let prev = fake_prev_result(pod, i);
+                        let stdin = node
+                            .plugin_stdin(pod, Some(prev.clone()))
+                            .unwrap_or_else(|e| panic!("stdin: {e}"));
+                        let out = node
+                            .run_plugin(&env, stdin.to_string().as_bytes())
+                            .unwrap_or_else(|e| panic!("{command} of pod-{i}: {e}"));
+                        (i, prev, out)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| panic!("{command} thread panicked"))
+                })
+                .collect()
+        });
+        (outcomes, started.elapsed())
+    };
+
+    let (adds, took) = run_all("ADD");
+    for (i, prev, out) in &adds {
+        assert!(
+            out.status.success(),
+            "ADD of pod-{i}: {} {}\n{}",
+            out.stdout,
+            out.stderr,
+            node.diagnostics()
+        );
+        assert_eq!(
+            out.json().as_ref(),
+            Some(prev),
+            "ADD of pod-{i} prints prevResult"
+        );
+    }
+    eprintln!("{N} concurrent ADDs took {took:?}");
+    let st = state(&node);
+    let ids: BTreeSet<String> = pods.iter().map(|p| p.container_id.clone()).collect();
+    assert_eq!(st.registered(), ids, "every pod registered");
+    assert_eq!(
+        st.pod_config.keys().copied().collect::<BTreeSet<u64>>(),
+        cookies,
+        "one pod_config entry per pod netns"
+    );
+    for pod in &pods {
+        assert_eq!(mode(&st, &pod.container_id), "per_pod", "{}", pod.spec.name);
+        assert!(
+            !st.links_of(&pod.container_id).is_empty(),
+            "{} has links",
+            pod.spec.name
+        );
+    }
+
+    let (dels, took) = run_all("DEL");
+    for (i, _, out) in &dels {
+        assert!(
+            out.status.success(),
+            "DEL of pod-{i}: {} {}",
+            out.stdout,
+            out.stderr
+        );
+        assert_eq!(out.stdout.trim(), "", "DEL prints nothing");
+    }
+    eprintln!("{N} concurrent DELs took {took:?}");
+    let st = state(&node);
+    assert!(st.is_empty(), "registry and maps end empty: {st:?}");
+}
+
+#[test]
+fn agent_stopped_during_add_means_try_again_and_nothing_half_registered() {
+    let mut node = start_node(
+        NodeOptions {
+            agent_timeout_ms: 20_000,
+            ..NodeOptions::default()
+        },
+        &[namespace_manifest("shop", &[])],
+    );
+    let pod = node
+        .new_pod(PodSpec::meshed("shop", "web"))
+        .unwrap_or_else(|e| panic!("pod: {e}"));
+    let c = cookie(&pod);
+    let before = state(&node);
+    let env = node.plugin_env("ADD", &pod);
+    let stdin = node
+        .plugin_stdin(&pod, Some(fake_prev_result(&pod, 0)))
+        .expect("stdin")
+        .to_string();
+
+    // Freeze the API server: the agent's decision for the ADD blocks on it.
+    let agent = node.agent().expect("agent running");
+    let adds = agent.metric("linkerd_cni_agent_add_total").expect("metric");
+    let api_pid = node.apiserver().pid();
+    linkerd_cni_tests::node::signal(api_pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    let out = std::thread::scope(|s| {
+        let add = s.spawn(|| node.run_plugin(&env, stdin.as_bytes()));
+        wait_until("the agent to take the ADD", Duration::from_secs(10), || {
+            (agent.metric("linkerd_cni_agent_add_total").ok()? > adds).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
+        // The agent dies in the middle of the ADD.
+        let killed = Instant::now();
+        linkerd_cni_tests::node::signal(agent.pid(), nix::sys::signal::Signal::SIGKILL)
+            .expect("SIGKILL");
+        let out = add
+            .join()
+            .unwrap_or_else(|_| panic!("plugin thread panicked"))
+            .unwrap_or_else(|e| panic!("running the plugin: {e}"));
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the plugin notices the agent's death at once, not after its timeout"
+        );
+        out
+    });
+    linkerd_cni_tests::node::signal(api_pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    assert_eq!(
+        out.code(),
+        Some(11),
+        "try again later: {} {}",
+        out.stdout,
+        out.stderr
+    );
+    node.kill_agent();
+    assert_eq!(state(&node), before, "nothing half-registered");
+    assert!(state(&node).entries_for(c).is_empty());
+
+    // With no agent at all (stale socket of the killed one), the same answer.
+    let out = node.run_plugin(&env, stdin.as_bytes()).expect("plugin");
+    assert_eq!(out.code(), Some(11), "{} {}", out.stdout, out.stderr);
+    assert!(out.msg().contains("cannot reach"), "{}", out.msg());
+    assert_eq!(state(&node), before, "nothing registered");
+
+    // The runtime retries once the agent is back, and the pod is meshed.
+    node.start_agent()
+        .unwrap_or_else(|e| panic!("restarting the agent: {e}"));
+    let out = node.run_plugin(&env, stdin.as_bytes()).expect("plugin");
+    assert!(
+        out.status.success(),
+        "ADD after restart: {} {}",
+        out.stdout,
+        out.stderr
+    );
+    let st = state(&node);
+    assert_eq!(mode(&st, &pod.container_id), "per_pod");
+    assert!(st.pod_config.contains_key(&c));
+    let out = node
+        .run_plugin(&node.plugin_env("DEL", &pod), stdin.as_bytes())
+        .expect("plugin");
+    assert!(out.status.success(), "DEL: {} {}", out.stdout, out.stderr);
+    assert!(state(&node).is_empty(), "{:?}", state(&node));
+}
+
+#[test]
+fn registrations_whose_netns_is_deleted_are_dropped_within_30_seconds() {
+    // The shipped reap interval: this checks the guarantee as deployed.
+    let opts = NodeOptions::default();
+    let node = start_node(opts, &[namespace_manifest("shop", &[])]);
+    let mut pod = add_pod(&node, PodSpec::meshed("shop", "web"));
+    let keep = add_pod(&node, PodSpec::meshed("shop", "kept"));
+    let c = cookie(&pod);
+    assert!(state(&node).registered().contains(&pod.container_id));
+
+    pod.delete_netns();
+    let gone = Instant::now();
+    wait_until(
+        "the registration to be reaped",
+        Duration::from_secs(30),
+        || (!state(&node).registered().contains(&pod.container_id)).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
+    eprintln!("reaped {:?} after the netns was deleted", gone.elapsed());
+    assert_forgotten(&node, &pod, c);
+    let st = state(&node);
+    assert!(
+        st.registered().contains(&keep.container_id),
+        "a live pod is kept: {st:?}"
+    );
+    assert!(st.pod_config.contains_key(&cookie(&keep)));
+    cni_ok(&node, Verb::Check, &keep, Some(keep.netns_path()));
+
+    // The runtime's DELs still succeed afterwards (the netns path is gone).
+    del_twice(&node, &pod);
+    del_twice(&node, &keep);
+    assert!(state(&node).is_empty(), "{:?}", state(&node));
+}
+
+#[test]
+fn registry_survives_an_agent_restart() {
+    let mut node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
+    let server_pod = add_pod(&node, PodSpec::unmeshed("shop", "server"));
+    let dst = SocketAddr::from((server_pod.ip().expect("ip"), 8080));
+    let server =
+        EchoServer::bind_in(server_pod.netns().expect("netns"), dst, "server").expect("echo");
+    let pod = add_pod(&node, PodSpec::meshed("shop", "web"));
+    let proxy = pod.start_proxy().expect("proxy");
+    let before = server.received().len();
+    request(&pod, &server, dst, "one\n");
+    assert_proxied(&proxy, &server, dst, before);
+    let registered = state(&node);
+
+    node.kill_agent();
+    // Redirection stays in force while the agent is down.
+    let before = server.received().len();
+    request(&pod, &server, dst, "two\n");
+    assert_eq!(accepted(&proxy).len(), 2, "still proxied without the agent");
+    assert!(server.received().len() > before);
+
+    node.start_agent()
+        .unwrap_or_else(|e| panic!("restarting the agent: {e}"));
+    let st = state(&node);
+    assert_eq!(
+        st.registry, registered.registry,
+        "the registry is as it was"
+    );
+    assert_eq!(st.links, registered.links, "the links are as they were");
+    cni_ok(&node, Verb::Check, &pod, Some(pod.netns_path()));
+    cni_ok(
+        &node,
+        Verb::Check,
+        &server_pod,
+        Some(server_pod.netns_path()),
+    );
+    let inspect = node.inspect().unwrap_or_else(|e| panic!("inspect: {e}"));
+    assert!(
+        inspect.contains(&pod.container_id) && inspect.contains("in force"),
+        "inspect shows the adopted pod: {inspect}"
+    );
+    let before = server.received().len();
+    request(&pod, &server, dst, "three\n");
+    assert_proxied(&proxy, &server, dst, before);
+    assert_eq!(accepted(&proxy).len(), 3);
+
+    drop(proxy);
+    for p in [&pod, &server_pod] {
+        let c = cookie(p);
+        del_twice(&node, p);
+        assert_forgotten(&node, p, c);
+    }
+    assert!(state(&node).is_empty(), "{:?}", state(&node));
 }
