@@ -731,3 +731,439 @@ fn registry_survives_an_agent_restart() {
     }
     assert!(state(&node).is_empty(), "{:?}", state(&node));
 }
+
+/// `env` with `var` replaced (`Some`) or removed (`None`).
+fn with(env: &[(String, String)], var: &str, value: Option<&str>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = env.iter().filter(|(k, _)| k != var).cloned().collect();
+    if let Some(v) = value {
+        out.push((var.to_string(), v.to_string()));
+    }
+    out
+}
+
+/// `conf` with the JSON pointer `at` (an existing parent object) set to `value`.
+fn set(conf: &Value, at: &str, value: Value) -> Vec<u8> {
+    let mut conf = conf.clone();
+    let (parent, key) = at.rsplit_once('/').expect("pointer with a parent");
+    conf.pointer_mut(parent)
+        .and_then(Value::as_object_mut)
+        .unwrap_or_else(|| panic!("{parent} must be an object"))
+        .insert(key.to_string(), value);
+    conf.to_string().into_bytes()
+}
+
+#[test]
+fn bad_input_corpus_gets_the_right_code_and_changes_nothing() {
+    let node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
+    // Something registered already, so "unchanged" is not trivially "empty".
+    let registered = add_pod(&node, PodSpec::meshed("shop", "registered"));
+    let target = node
+        .new_pod(PodSpec::meshed("shop", "target"))
+        .expect("target pod");
+    let malformed = node
+        .new_pod(PodSpec::meshed("shop", "malformed").annotate(SKIP_OUTBOUND, "eighty"))
+        .expect("pod with a malformed annotation");
+    let ghost = SimPod::new(PodSpec::meshed("shop", "ghost")).expect("pod the API does not know");
+    let baseline = state(&node);
+    assert!(baseline.registered().contains(&registered.container_id));
+
+    let env = node.plugin_env("ADD", &target);
+    let conf = node
+        .plugin_stdin(&target, Some(fake_prev_result(&target, 0)))
+        .expect("stdin");
+    let good = conf.to_string().into_bytes();
+    let not_a_netns = node.conflist().display().to_string();
+    let oversized = vec![b' '; 1024 * 1024 + 1];
+    let v = |version: &str| set(&conf, "/cniVersion", serde_json::json!(version));
+    let other_uid = {
+        let mut e = env.clone();
+        for (k, val) in e.iter_mut() {
+            if k == "CNI_ARGS" {
+                *val = val.replace(&target.spec.uid, "00000000-dead-4000-8000-000000000000");
+            }
+        }
+        e
+    };
+
+    // (case, environment, stdin, expected CNI code, text the message must hold)
+    let corpus: Vec<(&str, Vec<(String, String)>, Vec<u8>, u64, &str)> = vec![
+        (
+            "no CNI_COMMAND",
+            with(&env, "CNI_COMMAND", None),
+            good.clone(),
+            4,
+            "CNI_COMMAND",
+        ),
+        (
+            "unknown command",
+            with(&env, "CNI_COMMAND", Some("ATTACH")),
+            good.clone(),
+            4,
+            "ATTACH",
+        ),
+        (
+            "no CNI_CONTAINERID",
+            with(&env, "CNI_CONTAINERID", None),
+            good.clone(),
+            4,
+            "CNI_CONTAINERID",
+        ),
+        (
+            "no CNI_NETNS on ADD",
+            with(&env, "CNI_NETNS", None),
+            good.clone(),
+            4,
+            "CNI_NETNS",
+        ),
+        (
+            "no CNI_IFNAME",
+            with(&env, "CNI_IFNAME", None),
+            good.clone(),
+            4,
+            "CNI_IFNAME",
+        ),
+        (
+            "container id with a path",
+            with(&env, "CNI_CONTAINERID", Some("../../etc/passwd")),
+            good.clone(),
+            4,
+            "CNI_CONTAINERID",
+        ),
+        (
+            "interface name with a slash",
+            with(&env, "CNI_IFNAME", Some("eth/0")),
+            good.clone(),
+            4,
+            "CNI_IFNAME",
+        ),
+        (
+            "unknown CNI_ARGS key",
+            with(
+                &env,
+                "CNI_ARGS",
+                Some("K8S_POD_NAMESPACE=shop;K8S_POD_NAME=target;FOO=1"),
+            ),
+            good.clone(),
+            4,
+            "FOO",
+        ),
+        (
+            "CNI_ARGS item without =",
+            with(&env, "CNI_ARGS", Some("IgnoreUnknown=1;K8S_POD_NAME")),
+            good.clone(),
+            4,
+            "CNI_ARGS",
+        ),
+        (
+            "broken JSON",
+            env.clone(),
+            br#"{"cniVersion":"1.0.0","linkerd":{"#.to_vec(),
+            6,
+            "decode",
+        ),
+        ("empty stdin", env.clone(), Vec::new(), 6, "decode"),
+        ("oversized stdin", env.clone(), oversized, 6, "exceeds"),
+        (
+            "not an object",
+            env.clone(),
+            b"[1,2,3]".to_vec(),
+            7,
+            "object",
+        ),
+        (
+            "proxy-uid as a word",
+            env.clone(),
+            set(&conf, "/linkerd/proxy-uid", serde_json::json!("root")),
+            7,
+            "linkerd.proxy-uid",
+        ),
+        (
+            "ports list as a string",
+            env.clone(),
+            set(
+                &conf,
+                "/linkerd/outbound-ports-to-ignore",
+                serde_json::json!("8080"),
+            ),
+            7,
+            "linkerd.outbound-ports-to-ignore",
+        ),
+        (
+            "reversed port range",
+            env.clone(),
+            set(
+                &conf,
+                "/linkerd/inbound-ports-to-ignore",
+                serde_json::json!(["9100-9000"]),
+            ),
+            7,
+            "linkerd.inbound-ports-to-ignore",
+        ),
+        (
+            "ipv6 as a string",
+            env.clone(),
+            set(&conf, "/linkerd/ipv6", serde_json::json!("yes")),
+            7,
+            "linkerd.ipv6",
+        ),
+        (
+            "cgroupPath as a number",
+            env.clone(),
+            set(&conf, "/runtimeConfig/cgroupPath", serde_json::json!(5)),
+            7,
+            "runtimeConfig.cgroupPath",
+        ),
+        (
+            "empty agent socket",
+            env.clone(),
+            set(&conf, "/linkerd/agent-socket", serde_json::json!("")),
+            7,
+            "linkerd.agent-socket",
+        ),
+        ("version 0.2.0", env.clone(), v("0.2.0"), 1, "0.2.0"),
+        ("version 2.0.0", env.clone(), v("2.0.0"), 1, "2.0.0"),
+        (
+            "version not a string",
+            env.clone(),
+            set(&conf, "/cniVersion", serde_json::json!(1.0)),
+            7,
+            "cniVersion",
+        ),
+        (
+            "CHECK in 0.3.1",
+            with(&env, "CNI_COMMAND", Some("CHECK")),
+            v("0.3.1"),
+            1,
+            "CHECK",
+        ),
+        (
+            "GC in 1.0.0",
+            with(&env, "CNI_COMMAND", Some("GC")),
+            v("1.0.0"),
+            1,
+            "GC",
+        ),
+        (
+            "STATUS in 0.4.0",
+            with(&env, "CNI_COMMAND", Some("STATUS")),
+            v("0.4.0"),
+            1,
+            "STATUS",
+        ),
+        (
+            "nonexistent netns",
+            with(&env, "CNI_NETNS", Some("/run/netns/l5dt-no-such-netns")),
+            good.clone(),
+            3,
+            "not found",
+        ),
+        (
+            "a regular file as netns",
+            with(&env, "CNI_NETNS", Some(&not_a_netns)),
+            good.clone(),
+            3,
+            "regular file",
+        ),
+        (
+            "a directory as netns",
+            with(&env, "CNI_NETNS", Some("/run/netns")),
+            good.clone(),
+            3,
+            "directory",
+        ),
+        (
+            "a mount namespace as netns",
+            with(&env, "CNI_NETNS", Some("/proc/self/ns/mnt")),
+            good.clone(),
+            3,
+            "mount namespace",
+        ),
+        // Refused by the agent after it looked the pod up.
+        (
+            "pod unknown to the API",
+            node.plugin_env("ADD", &ghost),
+            node.plugin_stdin(&ghost, None)
+                .expect("stdin")
+                .to_string()
+                .into_bytes(),
+            11,
+            "not found",
+        ),
+        ("pod UID of another pod", other_uid, good.clone(), 11, "uid"),
+        (
+            "malformed skip-outbound-ports",
+            node.plugin_env("ADD", &malformed),
+            node.plugin_stdin(&malformed, None)
+                .expect("stdin")
+                .to_string()
+                .into_bytes(),
+            7,
+            SKIP_OUTBOUND,
+        ),
+        (
+            "CHECK of a pod never added",
+            with(&env, "CNI_COMMAND", Some("CHECK")),
+            good.clone(),
+            3,
+            "no registration",
+        ),
+    ];
+
+    for (case, env, stdin, code, needle) in corpus {
+        let out = node
+            .run_plugin(&env, &stdin)
+            .unwrap_or_else(|e| panic!("{case}: running the plugin: {e}"));
+        assert_eq!(
+            out.code(),
+            Some(code),
+            "{case}: exit {} stdout {:?} stderr {}",
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+        assert!(
+            out.msg().contains(needle),
+            "{case}: the message must mention {needle:?}: {}",
+            out.msg()
+        );
+        let body = out.json().expect("error JSON");
+        assert!(
+            body["cniVersion"].is_string(),
+            "{case}: the error names a cniVersion: {body}"
+        );
+        assert_eq!(
+            out.stdout.trim().lines().count(),
+            1,
+            "{case}: one JSON object on stdout"
+        );
+        assert_eq!(
+            state(&node),
+            baseline,
+            "{case}: the agent's state must not change"
+        );
+    }
+    assert!(
+        node.agent()
+            .is_some_and(|a| a.metric("linkerd_cni_agent_pods").ok() == Some(1)),
+        "the agent is alive and still serves the registered pod"
+    );
+    cni_ok(
+        &node,
+        Verb::Check,
+        &registered,
+        Some(registered.netns_path()),
+    );
+    // Then the same target with good input is meshed: the corpus did not wedge anything.
+    let out = node.run_plugin(&env, &good).expect("plugin");
+    assert!(
+        out.status.success(),
+        "good ADD: {} {}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(mode(&state(&node), &target.container_id), "per_pod");
+}
+
+#[test]
+fn gc_and_status_invoked_directly() {
+    let mut node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
+    let pods: Vec<SimPod> = (0..3)
+        .map(|i| {
+            let pod = node
+                .new_pod(PodSpec::meshed("shop", &format!("gc-{i}")))
+                .unwrap_or_else(|e| panic!("pod: {e}"));
+            let stdin = node
+                .plugin_stdin(&pod, Some(fake_prev_result(&pod, i)))
+                .expect("stdin");
+            let out = node
+                .run_plugin(&node.plugin_env("ADD", &pod), stdin.to_string().as_bytes())
+                .expect("plugin");
+            assert!(
+                out.status.success(),
+                "ADD gc-{i}: {} {}",
+                out.stdout,
+                out.stderr
+            );
+            pod
+        })
+        .collect();
+    let cookies: Vec<u64> = pods.iter().map(cookie).collect();
+    let gc_env: Vec<(String, String)> = vec![
+        ("CNI_COMMAND".into(), "GC".into()),
+        ("CNI_PATH".into(), "/usr/lib/cni".into()),
+    ];
+    let base = node.plugin_stdin(&pods[0], None).expect("stdin");
+    let conf = |valid: Option<(&str, Vec<&SimPod>)>| -> Vec<u8> {
+        let mut c = base.clone();
+        c["cniVersion"] = serde_json::json!("1.1.0");
+        if let Some(obj) = c.as_object_mut() {
+            obj.remove("runtimeConfig");
+        }
+        if let Some((key, list)) = valid {
+            c[key] = list
+                .iter()
+                .map(|p| serde_json::json!({"containerID": p.container_id, "ifname": "eth0"}))
+                .collect();
+        }
+        c.to_string().into_bytes()
+    };
+
+    // No list of valid attachments: refused, nothing dropped.
+    let before = state(&node);
+    let out = node.run_plugin(&gc_env, &conf(None)).expect("plugin");
+    assert_eq!(out.code(), Some(7), "{} {}", out.stdout, out.stderr);
+    assert_eq!(state(&node), before, "GC without a list drops nothing");
+
+    let out = node
+        .run_plugin(
+            &gc_env,
+            &conf(Some(("cni.dev/valid-attachments", vec![&pods[0]]))),
+        )
+        .expect("plugin");
+    assert!(out.status.success(), "GC: {} {}", out.stdout, out.stderr);
+    assert_eq!(out.stdout.trim(), "", "GC prints nothing on success");
+    let st = state(&node);
+    assert_eq!(
+        st.registered(),
+        BTreeSet::from([pods[0].container_id.clone()]),
+        "only the valid one is kept"
+    );
+    assert!(st.pod_config.contains_key(&cookies[0]));
+    for (pod, c) in pods.iter().zip(&cookies).skip(1) {
+        assert_forgotten(&node, pod, *c);
+    }
+
+    // The older key, with nothing valid any more.
+    let out = node
+        .run_plugin(&gc_env, &conf(Some(("cni.dev/attachments", vec![]))))
+        .expect("plugin");
+    assert!(out.status.success(), "GC: {} {}", out.stdout, out.stderr);
+    assert!(state(&node).is_empty(), "{:?}", state(&node));
+
+    let status_env: Vec<(String, String)> = vec![("CNI_COMMAND".into(), "STATUS".into())];
+    let out = node.run_plugin(&status_env, &conf(None)).expect("plugin");
+    assert!(
+        out.status.success(),
+        "STATUS with the agent up: {} {}",
+        out.stdout,
+        out.stderr
+    );
+    node.kill_agent();
+    let out = node.run_plugin(&status_env, &conf(None)).expect("plugin");
+    assert_eq!(
+        out.code(),
+        Some(50),
+        "STATUS without the agent: {} {}",
+        out.stdout,
+        out.stderr
+    );
+    node.start_agent()
+        .unwrap_or_else(|e| panic!("restarting the agent: {e}"));
+    let out = node.run_plugin(&status_env, &conf(None)).expect("plugin");
+    assert!(
+        out.status.success(),
+        "STATUS once the agent is back: {} {}",
+        out.stdout,
+        out.stderr
+    );
+}
