@@ -4,6 +4,25 @@
 //! servers that record where connections landed.
 //!
 //! Everything needs root. Traffic stays on loopback and inside netns made here.
+//!
+//! ```no_run
+//! use linkerd_cni_tests::{EchoServer, PodAndPeer, client::{Options, run_client}, proxy};
+//! # fn main() -> linkerd_cni_tests::Result<()> {
+//! let w = PodAndPeer::new()?; // pod netns + cgroup, veth to a peer netns
+//! let server = EchoServer::bind_in(&w.peer, (w.peer_v4(), 8080).into(), "server")?;
+//! let proxy = w.pod.start_proxy(&proxy::Options::new())?; // UID 2102, in the pod
+//! // ... redirect the pod (agent registration, or `iptables::Rules::default().install`) ...
+//! let report = run_client(
+//!     &w.pod.container(1000),
+//!     &Options::new(server.addr()).send("hello\n"),
+//!     std::time::Duration::from_secs(10),
+//! )?;
+//! assert!(report.received_matches(&server.expected_reply(b"hello\n")));
+//! let events = proxy.log().wait_for_finished(1, std::time::Duration::from_secs(10))?;
+//! # let _ = events;
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod bins;
 pub mod cgroup;
