@@ -170,7 +170,10 @@ impl Server {
         match result {
             Ok(record) => {
                 tracing::info!(redirected = record.redirected(), reason = %reason, "pod added");
-                Response::Added { redirected: record.redirected(), reason: format!("{reason}; {}", record.reason) }
+                // An unredirected record's reason is the decision's: say it once.
+                let reason =
+                    if record.reason == reason { reason } else { format!("{reason}; {}", record.reason) };
+                Response::Added { redirected: record.redirected(), reason }
             }
             Err(e) => agent_error(e),
         }

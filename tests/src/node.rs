@@ -460,6 +460,12 @@ impl ApiServerProcess {
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// SIGTERM (it removes the kubeconfig it wrote), then wait for the exit.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        signal(self.pid(), Signal::SIGTERM)?;
+        self.child.wait_timeout(timeout)
+    }
 }
 
 /// The node agent process (`linkerd-cni-agent run`).
@@ -939,6 +945,11 @@ impl SimNode {
     /// The fake API server.
     pub fn apiserver(&self) -> &ApiServerProcess {
         &self.apiserver
+    }
+
+    /// The fake API server (mutable, to stop it).
+    pub fn apiserver_mut(&mut self) -> &mut ApiServerProcess {
+        &mut self.apiserver
     }
 
     /// The agent, while running.

@@ -2,9 +2,11 @@
 //!
 //! - `setup`: installs what builds and tests need on Debian/Ubuntu (idempotent).
 //! - `build-ebpf`: builds the eBPF object.
+//! - `demo`: setup, build, then the demo on a simulated node (root; see `demo.rs`).
 //! - `test` (alias `ci`): setup, build, then every test (unit in parallel, privileged one at a
 //!   time). This is the README's test command and what `.ci/run` runs.
 
+mod demo;
 mod setup;
 
 use std::{path::PathBuf, process::Command};
@@ -25,6 +27,8 @@ enum Task {
     Setup,
     /// Build the eBPF object (target bpfel-unknown-none).
     BuildEbpf,
+    /// Set up, build, and run the demo on a simulated node (root).
+    Demo,
     /// Set up, build, and run the whole test suite.
     #[command(alias = "ci")]
     Test {
@@ -64,6 +68,7 @@ fn build_ebpf() -> anyhow::Result<PathBuf> {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Setup => setup::setup(),
+        Task::Demo => demo::demo(),
         Task::BuildEbpf => {
             let object = build_ebpf()?;
             println!("{}", object.display());
