@@ -32,6 +32,9 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// Cgroup for the shared (fallback) attachment; default: the cgroup2 root.
     pub shared_cgroup: Option<PathBuf>,
+    /// Where the host's filesystems are mounted when the agent runs in a container (`/host`
+    /// in the DaemonSet): netns and cgroup paths sent by the runtime are host paths.
+    pub host_root: Option<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -40,6 +43,7 @@ impl Default for AgentConfig {
             pin_root: paths::PIN_ROOT.into(),
             state_dir: paths::STATE_DIR.into(),
             shared_cgroup: None,
+            host_root: None,
         }
     }
 }
@@ -91,6 +95,8 @@ pub struct Agent {
     registry: Registry,
     /// Serialises updates: maps, links and registry change together.
     maps: Mutex<Maps>,
+    /// The cgroup2 root the pods' cgroups are found under.
+    cgroup_root: PathBuf,
     shared_cgroup: PathBuf,
 }
 
@@ -101,11 +107,9 @@ impl Agent {
         let dataplane = Dataplane::load(&config.pin_root)?;
         let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;
         let registry = Registry::open(&config.state_dir)?;
-        let shared_cgroup = match &config.shared_cgroup {
-            Some(c) => c.clone(),
-            None => kernel::cgroup2_mount()?,
-        };
-        let agent = Self { config, dataplane, registry, maps: Mutex::new(maps), shared_cgroup };
+        let cgroup_root = kernel::cgroup2_mount(config.host_root.as_deref())?;
+        let shared_cgroup = config.shared_cgroup.clone().unwrap_or_else(|| cgroup_root.clone());
+        let agent = Self { config, dataplane, registry, maps: Mutex::new(maps), cgroup_root, shared_cgroup };
         let adopted = agent.registry.all()?;
         tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
         Ok(agent)
@@ -129,9 +133,18 @@ impl Agent {
         self.config.pin_root.join(paths::PIN_SHARED)
     }
 
+    /// A host path as this process sees it.
+    fn host_path(&self, path: &Path) -> PathBuf {
+        match &self.config.host_root {
+            Some(root) => root.join(path.strip_prefix("/").unwrap_or(path)),
+            None => path.into(),
+        }
+    }
+
     /// Meshes a pod: map entries, then the attachment, then the record. Re-registering an id
     /// replaces the earlier registration.
-    pub fn register(&self, reg: Registration) -> Result<PodRecord, AgentError> {
+    pub fn register(&self, mut reg: Registration) -> Result<PodRecord, AgentError> {
+        reg.netns = self.host_path(&reg.netns);
         let ns = Netns::open(&reg.netns)?;
         let netns_cookie = ns.cookie()?;
         let mut pod_ips = reg.pod_ips.clone();
@@ -140,9 +153,14 @@ impl Agent {
                 pod_ips.push(ip);
             }
         }
+        // An absolute hint is a host path; a relative one is relative to the cgroup2 root.
+        let hint = reg.cgroup_hint.as_deref().map(|h| match Path::new(h).is_absolute() {
+            true if !Path::new(h).starts_with(&self.cgroup_root) => self.host_path(Path::new(h)).display().to_string(),
+            _ => h.to_string(),
+        });
         let cgroup = cgroup::resolve(
-            &kernel::cgroup2_mount()?,
-            reg.cgroup_hint.as_deref(),
+            &self.cgroup_root,
+            hint.as_deref(),
             reg.pod.as_ref().and_then(|p| p.uid.as_deref()),
         );
         let entries = PodEntries::new(netns_cookie, &reg.config, &pod_ips);
@@ -188,7 +206,8 @@ impl Agent {
 
     /// Records a pod that is not redirected (so DEL and CHECK know about it) without touching
     /// the data plane.
-    pub fn record_unredirected(&self, reg: Registration, reason: String) -> Result<PodRecord, AgentError> {
+    pub fn record_unredirected(&self, mut reg: Registration, reason: String) -> Result<PodRecord, AgentError> {
+        reg.netns = self.host_path(&reg.netns);
         let (netns_ino, netns_cookie) = match Netns::open(&reg.netns) {
             Ok(ns) => (ns.ino, ns.cookie()?),
             Err(e) => return Err(e.into()),

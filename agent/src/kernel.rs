@@ -67,21 +67,23 @@ pub fn check_kernel() -> Result<String, KernelTooOld> {
 }
 
 /// Finds the cgroup v2 mount point in `/proc/self/mountinfo` (hybrid hosts mount it at
-/// `/sys/fs/cgroup/unified`, unified hosts at `/sys/fs/cgroup`).
-pub fn cgroup2_mount() -> io::Result<PathBuf> {
+/// `/sys/fs/cgroup/unified`, unified hosts at `/sys/fs/cgroup`). With a host root (the agent in
+/// a container with the host's filesystems under `/host`), the host's cgroup2 mount under it.
+pub fn cgroup2_mount(host_root: Option<&Path>) -> io::Result<PathBuf> {
     let info = fs::read_to_string("/proc/self/mountinfo")?;
-    find_mount(&info, "cgroup2").ok_or_else(|| {
+    find_mount(&info, "cgroup2", host_root.unwrap_or(Path::new("/"))).ok_or_else(|| {
         io::Error::new(io::ErrorKind::NotFound, "no cgroup2 filesystem is mounted")
     })
 }
 
-/// The mount point of the first mount of filesystem type `fstype` in mountinfo text.
-pub fn find_mount(mountinfo: &str, fstype: &str) -> Option<PathBuf> {
+/// The mount point of the first mount of filesystem type `fstype` under `within` in mountinfo
+/// text.
+pub fn find_mount(mountinfo: &str, fstype: &str, within: &Path) -> Option<PathBuf> {
     mountinfo.lines().find_map(|line| {
         let (pre, post) = line.split_once(" - ")?;
         let ty = post.split_whitespace().next()?;
-        let mount = pre.split_whitespace().nth(4)?;
-        (ty == fstype).then(|| PathBuf::from(unescape(mount)))
+        let mount = PathBuf::from(unescape(pre.split_whitespace().nth(4)?));
+        (ty == fstype && mount.starts_with(within)).then_some(mount)
     })
 }
 
@@ -160,8 +162,12 @@ mod tests {
         let info = "25 30 0:22 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n\
                     40 25 0:35 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n\
                     50 30 0:40 / /my\\040bpf rw - bpf bpf rw\n";
-        assert_eq!(find_mount(info, "cgroup2"), Some(PathBuf::from("/sys/fs/cgroup/unified")));
-        assert_eq!(find_mount(info, "bpf"), Some(PathBuf::from("/my bpf")));
-        assert_eq!(find_mount(info, "nfs"), None);
+        let root = Path::new("/");
+        assert_eq!(find_mount(info, "cgroup2", root), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(find_mount(info, "bpf", root), Some(PathBuf::from("/my bpf")));
+        assert_eq!(find_mount(info, "nfs", root), None);
+        let host = "60 30 0:35 / /host/sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let both = format!("{info}{host}");
+        assert_eq!(find_mount(&both, "cgroup2", Path::new("/host")), Some(PathBuf::from("/host/sys/fs/cgroup")));
     }
 }

@@ -58,6 +58,10 @@ struct RunArgs {
     /// (default: the cgroup2 root).
     #[arg(long, env = "LINKERD_CNI_AGENT_SHARED_CGROUP")]
     shared_cgroup: Option<PathBuf>,
+    /// Where the host's filesystems are mounted when running in a container (the DaemonSet
+    /// mounts them under /host): netns and cgroup paths from the runtime are host paths.
+    #[arg(long, env = "LINKERD_CNI_AGENT_HOST_ROOT")]
+    host_root: Option<PathBuf>,
     /// Address of the /live, /ready and /metrics endpoint.
     #[arg(long, env = "LINKERD_CNI_AGENT_HEALTH_ADDR", default_value = "0.0.0.0:9990")]
     health_addr: SocketAddr,
@@ -87,7 +91,7 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)
         .init();
-    let config = AgentConfig { pin_root: cli.pin_root.clone(), state_dir: cli.state_dir.clone(), shared_cgroup: None };
+    let config = AgentConfig { pin_root: cli.pin_root.clone(), state_dir: cli.state_dir.clone(), ..AgentConfig::default() };
     match cli.command {
         Command::Inspect => {
             print!("{}", inspect::render(&cli.pin_root, &cli.state_dir)?);
@@ -104,7 +108,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => {
-            let config = AgentConfig { shared_cgroup: args.shared_cgroup.clone(), ..config };
+            let config = AgentConfig { shared_cgroup: args.shared_cgroup.clone(), host_root: args.host_root.clone(), ..config };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(config, args))
         }
     }

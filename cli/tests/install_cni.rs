@@ -245,11 +245,11 @@ fn flags_change_what_they_should() {
             vec![],
             vec![
                 (format!("{ds}/metadata/annotations/prometheus.io~1port").replace("~1", "/"), json!("9999")),
-                (format!("{ds}/spec/containers/0/env/9/value"), json!("0.0.0.0:9999")),
+                (format!("{ds}/spec/containers/0/env/11/value"), json!("0.0.0.0:9999")),
                 (format!("{ds}/spec/containers/0/ports/0/containerPort"), json!(9999)),
             ],
         ),
-        (vec!["--set", "agent.logLevel=debug"], vec![], vec![(format!("{ds}/spec/containers/0/env/5/value"), json!("debug"))]),
+        (vec!["--set", "agent.logLevel=debug"], vec![], vec![(format!("{ds}/spec/containers/0/env/6/value"), json!("debug"))]),
         (vec!["--set", "disableIPv6=false"], vec![], vec![(linkerd("ipv6"), json!(true))]),
         (
             vec!["--set", "resources.memory.limit=128Mi"],
@@ -278,6 +278,8 @@ fn agent_env_vars() {
     assert_eq!(by_name["LINKERD_CNI_AGENT_SOCKET"]["value"], linkerd_cni_common::paths::AGENT_SOCKET);
     assert_eq!(by_name["CONTAINER_MOUNT_PREFIX"]["value"], linkerd_cni_common::paths::CONTAINER_MOUNT_PREFIX);
     assert_eq!(by_name["CNI_NETWORK_CONFIG"]["valueFrom"]["configMapKeyRef"]["key"], "cni_network_config");
+    assert_eq!(by_name["LINKERD_CNI_AGENT_INSTALL"]["value"], "true");
+    assert_eq!(by_name["LINKERD_CNI_AGENT_HOST_ROOT"]["value"], "/host");
     assert_eq!(by_name["LINKERD_CNI_AGENT_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
 }
 

@@ -49,6 +49,7 @@ impl Harness {
             pin_root: Path::new(paths::BPFFS).join(&tag),
             state_dir: std::env::temp_dir().join(&tag),
             shared_cgroup,
+            ..AgentConfig::default()
         };
         let agent = Agent::start(config.clone()).expect("start the agent (load and pin programs)");
         Harness { agent: Some(agent), config }

@@ -43,7 +43,7 @@ impl Harness {
         let config = AgentConfig {
             pin_root: Path::new(paths::BPFFS).join(&tag),
             state_dir: std::env::temp_dir().join(&tag),
-            shared_cgroup: None,
+            ..AgentConfig::default()
         };
         Harness { agent: Agent::start(config.clone()).expect("start the agent"), config }
     }
