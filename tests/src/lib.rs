@@ -24,6 +24,7 @@
 //! # }
 //! ```
 
+pub mod agent;
 pub mod bins;
 pub mod cgroup;
 pub mod child;
@@ -41,6 +42,7 @@ pub mod pod;
 mod pool;
 pub mod proxy;
 
+pub use agent::AgentHarness;
 pub use cgroup::CgroupGuard;
 pub use child::{ChildGuard, Placement};
 pub use echo::{EchoServer, UdpEcho};

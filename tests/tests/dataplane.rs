@@ -9,20 +9,14 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    path::{Path, PathBuf},
-    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
-use linkerd_cni_agent::{
-    Agent, AgentConfig, Registration, dataplane,
-    maps::Maps,
-    registry::{Attachment, PodRecord},
-};
-use linkerd_cni_common::{names, paths};
+use linkerd_cni_agent::registry::Attachment;
+use linkerd_cni_common::names;
 use linkerd_cni_proto::config::LinkerdConfig;
 use linkerd_cni_tests::{
-    CgroupGuard, EchoServer, Pod, PodAndPeer, TestProxy, UdpEcho,
+    AgentHarness, CgroupGuard, EchoServer, Pod, PodAndPeer, TestProxy, UdpEcho,
     client::{Options as ClientOptions, Report, run_client},
     proxy::{self, Event, PROXY_UID},
 };
@@ -33,77 +27,6 @@ const SERVER_PORT: u16 = 8080;
 
 fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
-}
-
-/// An agent with pins and registry of its own, removed (with every pod) on drop.
-struct Harness {
-    agent: Option<Agent>,
-    config: AgentConfig,
-}
-
-impl Harness {
-    fn new(shared_cgroup: Option<PathBuf>) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let tag = format!("l5dt-dp-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        let config = AgentConfig {
-            pin_root: Path::new(paths::BPFFS).join(&tag),
-            state_dir: std::env::temp_dir().join(&tag),
-            shared_cgroup,
-            ..AgentConfig::default()
-        };
-        let agent = Agent::start(config.clone()).expect("start the agent (load and pin programs)");
-        Harness { agent: Some(agent), config }
-    }
-
-    fn agent(&self) -> &Agent {
-        self.agent.as_ref().expect("agent running")
-    }
-
-    /// Registers `pod`: per-pod attachment on its cgroup, or the shared one when `per_pod` is false.
-    fn register(&self, pod: &Pod, config: LinkerdConfig, per_pod: bool) -> PodRecord {
-        let cgroup_hint = per_pod.then(|| pod.cgroup.path().display().to_string());
-        self.agent()
-            .register(Registration {
-                id: format!("ctr-{}", pod.netns.name()),
-                ifname: "eth0".into(),
-                netns: pod.netns.path().into(),
-                cgroup_hint,
-                pod: None,
-                config,
-                pod_ips: vec![],
-            })
-            .expect("register the pod")
-    }
-
-    fn maps(&self) -> Maps {
-        Maps::open(&self.config.pin_root.join(paths::PIN_MAPS)).expect("open pinned maps")
-    }
-
-    /// Simulates a crash: every fd the agent held is closed, nothing is cleaned up.
-    fn kill(&mut self) {
-        self.agent = None;
-    }
-
-    fn start_again(&mut self) {
-        self.agent = Some(Agent::start(self.config.clone()).expect("restart the agent"));
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if self.agent.is_none() {
-            self.agent = Agent::start(self.config.clone()).ok();
-        }
-        if let Some(agent) = &self.agent {
-            for r in agent.pods().unwrap_or_default() {
-                let _ = agent.unregister(&r.id);
-            }
-        }
-        self.agent = None;
-        let _ = dataplane::detach(&self.config.pin_root.join(paths::PIN_SHARED));
-        let _ = std::fs::remove_dir_all(&self.config.pin_root);
-        let _ = std::fs::remove_dir_all(&self.config.state_dir);
-    }
 }
 
 /// The pod-and-peer topology with a server in the peer and the proxy in the pod.
@@ -167,7 +90,7 @@ fn assert_direct(world: &World, proxy: &TestProxy, report: &Report, seen_before:
 
 #[test]
 fn outbound_goes_through_the_proxy_with_the_original_destination() {
-    let h = Harness::new(None);
+    let h = AgentHarness::new(None);
     let world = World::new();
     let record = h.register(&world.net.pod, LinkerdConfig::default(), true);
     assert!(matches!(record.attachment, Attachment::PerPod { .. }), "{record:?}");
@@ -201,7 +124,7 @@ fn outbound_goes_through_the_proxy_with_the_original_destination() {
 
 #[test]
 fn proxy_uid_and_gid_are_exempt() {
-    let h = Harness::new(None);
+    let h = AgentHarness::new(None);
     let world = World::new();
     let config = LinkerdConfig { proxy_gid: 3000, ..LinkerdConfig::default() };
     h.register(&world.net.pod, config, true);
@@ -219,7 +142,7 @@ fn proxy_uid_and_gid_are_exempt() {
 
 #[test]
 fn ignored_ports_subnets_loopback_own_ip_and_udp_are_not_redirected() {
-    let h = Harness::new(None);
+    let h = AgentHarness::new(None);
     let world = World::new();
     let peer = world.net.peer_v4();
     let config = LinkerdConfig {
@@ -265,7 +188,7 @@ fn ignored_ports_subnets_loopback_own_ip_and_udp_are_not_redirected() {
 
 #[test]
 fn ignored_outbound_subnets_are_not_redirected() {
-    let h = Harness::new(None);
+    let h = AgentHarness::new(None);
     let world = World::new();
     let subnet = format!("{}/24", world.net.peer_v4()).parse().expect("cidr");
     h.register(
@@ -280,7 +203,7 @@ fn ignored_outbound_subnets_are_not_redirected() {
 
 #[test]
 fn ipv6_and_v4_mapped_destinations_are_redirected() {
-    let h = Harness::new(None);
+    let h = AgentHarness::new(None);
     let world = World::new();
     let server6 = EchoServer::bind_in(&world.net.peer, sock(world.net.peer_v6(), SERVER_PORT), "server6")
         .expect("v6 server");
@@ -304,7 +227,7 @@ fn ipv6_and_v4_mapped_destinations_are_redirected() {
 
 #[test]
 fn ipv6_is_left_alone_when_disabled() {
-    let h = Harness::new(None);
+    let h = AgentHarness::new(None);
     let world = World::new();
     let server6 = EchoServer::bind_in(&world.net.peer, sock(world.net.peer_v6(), SERVER_PORT), "server6")
         .expect("v6 server");
@@ -321,7 +244,7 @@ fn unregistered_pods_and_the_host_are_untouched_with_a_shared_attachment() {
     // Both pods live under one parent cgroup that carries the shared attachment: only the
     // registered pod's netns cookie selects its sockets.
     let parent = CgroupGuard::new().expect("parent cgroup");
-    let h = Harness::new(Some(parent.path().into()));
+    let h = AgentHarness::new(Some(parent.path()));
     let meshed = World::new();
     let other = World::new();
     let meshed_pod_cg = CgroupGuard::new_under(parent.path()).expect("pod cgroup");
@@ -358,7 +281,7 @@ fn unregistered_pods_and_the_host_are_untouched_with_a_shared_attachment() {
 
 #[test]
 fn validator_reaches_itself() {
-    let h = Harness::new(None);
+    let h = AgentHarness::new(None);
     let world = World::new();
     h.register(&world.net.pod, LinkerdConfig::default(), true);
     // As linkerd-network-validator does: UID 65534, listen on 0.0.0.0:4140, dial an address
@@ -372,7 +295,7 @@ fn validator_reaches_itself() {
 
 #[test]
 fn redirection_survives_the_agent_and_unregister_leaves_nothing() {
-    let mut h = Harness::new(None);
+    let mut h = AgentHarness::new(None);
     let world = World::new();
     let record = h.register(&world.net.pod, LinkerdConfig::default(), true);
     let proxy = world.proxy(false);
@@ -405,7 +328,7 @@ fn redirection_survives_the_agent_and_unregister_leaves_nothing() {
 
 #[test]
 fn original_destination_maps_are_cleaned_after_many_connections() {
-    let h = Harness::new(None);
+    let h = AgentHarness::new(None);
     let world = World::new();
     let record = h.register(&world.net.pod, LinkerdConfig::default(), true);
     let proxy = world.proxy(false);

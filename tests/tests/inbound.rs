@@ -8,16 +8,12 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    path::Path,
-    sync::atomic::{AtomicU32, Ordering},
     time::Duration,
 };
 
-use linkerd_cni_agent::{Agent, AgentConfig, Registration, maps::Maps, registry::PodRecord};
-use linkerd_cni_common::paths;
 use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
 use linkerd_cni_tests::{
-    Bridge, EchoServer, NetnsGuard, Pod, PodAndPeer, TestProxy,
+    AgentHarness, Bridge, EchoServer, NetnsGuard, Pod, PodAndPeer, TestProxy,
     client::{Options as ClientOptions, Report, run_client},
     proxy::{self, Event, PROXY_UID},
 };
@@ -28,53 +24,6 @@ const ECONNREFUSED: i32 = 111;
 
 fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
-}
-
-/// An agent with pins and registry of its own, removed (with every pod) on drop.
-struct Harness {
-    agent: Agent,
-    config: AgentConfig,
-}
-
-impl Harness {
-    fn new() -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let tag = format!("l5dt-in-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        let config = AgentConfig {
-            pin_root: Path::new(paths::BPFFS).join(&tag),
-            state_dir: std::env::temp_dir().join(&tag),
-            ..AgentConfig::default()
-        };
-        Harness { agent: Agent::start(config.clone()).expect("start the agent"), config }
-    }
-
-    fn register(&self, pod: &Pod, config: LinkerdConfig) -> PodRecord {
-        self.agent
-            .register(Registration {
-                id: format!("ctr-{}", pod.netns.name()),
-                ifname: "eth0".into(),
-                netns: pod.netns.path().into(),
-                cgroup_hint: Some(pod.cgroup.path().display().to_string()),
-                pod: None,
-                config,
-                pod_ips: vec![],
-            })
-            .expect("register the pod")
-    }
-
-    fn maps(&self) -> Maps {
-        Maps::open(&self.config.pin_root.join(paths::PIN_MAPS)).expect("open pinned maps")
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        for r in self.agent.pods().unwrap_or_default() {
-            let _ = self.agent.unregister(&r.id);
-        }
-        let _ = std::fs::remove_dir_all(&self.config.pin_root);
-        let _ = std::fs::remove_dir_all(&self.config.state_dir);
-    }
 }
 
 fn proxy_in(pod: &Pod, ipv6: bool) -> TestProxy {
@@ -143,9 +92,9 @@ impl World {
 
 #[test]
 fn inbound_goes_through_the_proxy_with_the_original_destination() {
-    let h = Harness::new();
+    let h = AgentHarness::new(None);
     let w = World::new(&[8080]);
-    let record = h.register(&w.net.pod, LinkerdConfig::default());
+    let record = h.register(&w.net.pod, LinkerdConfig::default(), true);
     let proxy = proxy_in(&w.net.pod, false);
     let r = w.call(8080);
     assert!(r.received_matches(&w.app(8080).expected_reply(b"hello\n")), "{r:?}");
@@ -161,7 +110,7 @@ fn inbound_goes_through_the_proxy_with_the_original_destination() {
 
 #[test]
 fn ignored_ports_and_redirect_list_and_ignored_sources() {
-    let h = Harness::new();
+    let h = AgentHarness::new(None);
     let w = World::new(&[4191, 9050, 8080, 8081]);
     let config = LinkerdConfig {
         inbound_ports_to_ignore: vec![
@@ -171,7 +120,7 @@ fn ignored_ports_and_redirect_list_and_ignored_sources() {
         ],
         ..LinkerdConfig::default()
     };
-    h.register(&w.net.pod, config);
+    h.register(&w.net.pod, config, true);
     let proxy = proxy_in(&w.net.pod, false);
     let peer = IpAddr::V4(w.net.peer_v4());
     w.call(4191);
@@ -183,9 +132,9 @@ fn ignored_ports_and_redirect_list_and_ignored_sources() {
     assert_eq!(wait_accepted(&proxy, 1).len(), 1, "only 8081 went through the proxy");
 
     // ports-to-redirect: only the listed ports go to the proxy.
-    let h2 = Harness::new();
+    let h2 = AgentHarness::new(None);
     let w2 = World::new(&[8080, 8081]);
-    h2.register(&w2.net.pod, LinkerdConfig { ports_to_redirect: vec![PortRange::single(8080)], ..Default::default() });
+    h2.register(&w2.net.pod, LinkerdConfig { ports_to_redirect: vec![PortRange::single(8080)], ..Default::default() }, true);
     let proxy2 = proxy_in(&w2.net.pod, false);
     w2.call(8081);
     w2.app_saw(8081, 1, IpAddr::V4(w2.net.peer_v4()));
@@ -194,10 +143,10 @@ fn ignored_ports_and_redirect_list_and_ignored_sources() {
     assert_eq!(wait_accepted(&proxy2, 1), vec![(sock(Ipv4Addr::UNSPECIFIED, 4143), sock(w2.net.pod_v4(), 8080))]);
 
     // subnets-to-ignore: connections from those sources go straight to the app.
-    let h3 = Harness::new();
+    let h3 = AgentHarness::new(None);
     let w3 = World::new(&[8080]);
     let subnet = format!("{}/32", w3.net.peer_v4()).parse().expect("cidr");
-    h3.register(&w3.net.pod, LinkerdConfig { subnets_to_ignore: vec![subnet], ..Default::default() });
+    h3.register(&w3.net.pod, LinkerdConfig { subnets_to_ignore: vec![subnet], ..Default::default() }, true);
     let proxy3 = proxy_in(&w3.net.pod, false);
     w3.call(8080);
     w3.app_saw(8080, 1, IpAddr::V4(w3.net.peer_v4()));
@@ -206,9 +155,9 @@ fn ignored_ports_and_redirect_list_and_ignored_sources() {
 
 #[test]
 fn fail_closed_until_the_proxy_listens() {
-    let h = Harness::new();
+    let h = AgentHarness::new(None);
     let w = World::new(&[8080]);
-    let record = h.register(&w.net.pod, LinkerdConfig::default());
+    let record = h.register(&w.net.pod, LinkerdConfig::default(), true);
     // The app listens, the proxy does not: refused, never delivered to the app.
     let r = request(&w.net.peer, sock(w.net.pod_v4(), 8080));
     assert_eq!(r.connect.errno, Some(ECONNREFUSED), "{r:?}");
@@ -227,9 +176,9 @@ fn fail_closed_until_the_proxy_listens() {
 
 #[test]
 fn proxy_to_app_over_pod_ip_and_localhost_is_not_captured() {
-    let h = Harness::new();
+    let h = AgentHarness::new(None);
     let w = World::new(&[8080]);
-    h.register(&w.net.pod, LinkerdConfig::default());
+    h.register(&w.net.pod, LinkerdConfig::default(), true);
     let proxy = proxy_in(&w.net.pod, false);
     for target in [sock(w.net.pod_v4(), 8080), sock(Ipv4Addr::LOCALHOST, 8080)] {
         let r = run_client(&w.net.pod.container(PROXY_UID), &ClientOptions::new(target).send("hi\n"), TIMEOUT)
@@ -242,11 +191,11 @@ fn proxy_to_app_over_pod_ip_and_localhost_is_not_captured() {
 
 #[test]
 fn ipv6_inbound_and_outbound() {
-    let h = Harness::new();
+    let h = AgentHarness::new(None);
     let net = PodAndPeer::new().expect("pod and peer");
     let app = EchoServer::bind_in(&net.pod.netns, sock(Ipv6Addr::UNSPECIFIED, 8080), "app6").expect("app");
     let remote = EchoServer::bind_in(&net.peer, sock(net.peer_v6(), 9090), "remote6").expect("remote");
-    h.register(&net.pod, LinkerdConfig { ipv6: true, ..Default::default() });
+    h.register(&net.pod, LinkerdConfig { ipv6: true, ..Default::default() }, true);
     let proxy = proxy_in(&net.pod, true);
     let r = request(&net.peer, sock(net.pod_v6(), 8080));
     assert_eq!(r.succeeded, 1, "{r:?}");
@@ -266,7 +215,7 @@ fn ipv6_inbound_and_outbound() {
 
 #[test]
 fn meshed_pods_on_one_node_traverse_both_proxies() {
-    let h = Harness::new();
+    let h = AgentHarness::new(None);
     let node = NetnsGuard::new().expect("node netns");
     let mut bridge =
         Bridge::create(&node, "10.245.0.1/24".parse().expect("literal"), "fd00:245::1/64".parse().expect("literal"))
@@ -275,8 +224,8 @@ fn meshed_pods_on_one_node_traverse_both_proxies() {
     let server = Pod::new().expect("server pod");
     let _client_port = bridge.attach(&client.netns).expect("attach client");
     let server_port = bridge.attach(&server.netns).expect("attach server");
-    h.register(&client, LinkerdConfig::default());
-    h.register(&server, LinkerdConfig::default());
+    h.register(&client, LinkerdConfig::default(), true);
+    h.register(&server, LinkerdConfig::default(), true);
     let app = EchoServer::bind_in(&server.netns, sock(Ipv4Addr::UNSPECIFIED, 8080), "server-app").expect("app");
     let client_proxy = proxy_in(&client, false);
     let server_proxy = proxy_in(&server, false);

@@ -1,0 +1,115 @@
+//! An in-process node agent for privileged tests: pins and registry of its own (never the
+//! real `/sys/fs/bpf/linkerd-cni`), pods registered from the support library's [`Pod`], and
+//! everything unregistered and unpinned on drop.
+
+use std::{
+    path::Path,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use linkerd_cni_agent::{
+    Agent, AgentConfig, Registration, dataplane,
+    maps::Maps,
+    registry::PodRecord,
+};
+use linkerd_cni_common::paths;
+use linkerd_cni_proto::config::LinkerdConfig;
+
+use crate::pod::Pod;
+
+/// An agent, stopped and restarted at will, cleaned up on drop.
+pub struct AgentHarness {
+    agent: Option<Agent>,
+    config: AgentConfig,
+}
+
+impl AgentHarness {
+    /// Starts an agent whose shared attachment (for pods registered without a cgroup) goes on
+    /// `shared_cgroup` (the cgroup2 root when `None`).
+    ///
+    /// # Panics
+    /// When the programs cannot be loaded: every test using this needs them.
+    pub fn new(shared_cgroup: Option<&Path>) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let tag = format!("l5dt-agent-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let config = AgentConfig {
+            pin_root: Path::new(paths::BPFFS).join(&tag),
+            state_dir: std::env::temp_dir().join(&tag),
+            shared_cgroup: shared_cgroup.map(Path::to_path_buf),
+            ..AgentConfig::default()
+        };
+        let agent = Agent::start(config.clone()).expect("start the agent (load and pin programs)");
+        AgentHarness { agent: Some(agent), config }
+    }
+
+    /// The running agent.
+    ///
+    /// # Panics
+    /// After [`Self::kill`] and before [`Self::start_again`].
+    pub fn agent(&self) -> &Agent {
+        self.agent.as_ref().expect("agent running")
+    }
+
+    /// Its pin root and registry.
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    /// Registers `pod` with `config`: attached to its own cgroup when `per_pod`, else through
+    /// the shared attachment.
+    ///
+    /// # Panics
+    /// When registration fails.
+    pub fn register(&self, pod: &Pod, config: LinkerdConfig, per_pod: bool) -> PodRecord {
+        let cgroup_hint = per_pod.then(|| pod.cgroup.path().display().to_string());
+        self.agent()
+            .register(Registration {
+                id: format!("ctr-{}", pod.netns.name()),
+                ifname: "eth0".into(),
+                netns: pod.netns.path().into(),
+                cgroup_hint,
+                pod: None,
+                config,
+                pod_ips: vec![],
+            })
+            .expect("register the pod")
+    }
+
+    /// The pinned maps, opened afresh.
+    ///
+    /// # Panics
+    /// When they cannot be opened.
+    pub fn maps(&self) -> Maps {
+        Maps::open(&self.config.pin_root.join(paths::PIN_MAPS)).expect("open pinned maps")
+    }
+
+    /// Simulates a crash: every fd the agent held is closed, nothing is cleaned up.
+    pub fn kill(&mut self) {
+        self.agent = None;
+    }
+
+    /// Starts the agent again on the same pins and registry.
+    ///
+    /// # Panics
+    /// When it cannot start.
+    pub fn start_again(&mut self) {
+        self.agent = Some(Agent::start(self.config.clone()).expect("restart the agent"));
+    }
+}
+
+impl Drop for AgentHarness {
+    fn drop(&mut self) {
+        if self.agent.is_none() {
+            self.agent = Agent::start(self.config.clone()).ok();
+        }
+        if let Some(agent) = &self.agent {
+            for r in agent.pods().unwrap_or_default() {
+                let _ = agent.unregister(&r.id);
+            }
+        }
+        self.agent = None;
+        let _ = dataplane::detach(&self.config.pin_root.join(paths::PIN_SHARED));
+        let _ = std::fs::remove_dir_all(&self.config.pin_root);
+        let _ = std::fs::remove_dir_all(&self.config.state_dir);
+    }
+}
