@@ -48,8 +48,9 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
                 );
                 let ports: Vec<String> = r.config.outbound_ports_to_ignore.iter().map(ToString::to_string).collect();
                 let _ = writeln!(out, "  outbound ports ignored: [{}]  ({} bitmap blocks)", ports.join(","), view.port_blocks);
+                let ips: Vec<String> = view.ips.iter().map(ToString::to_string).collect();
                 let addrs: Vec<String> = view.addrs.iter().map(ToString::to_string).collect();
-                let _ = writeln!(out, "  addresses (own IPs and ignored subnets): [{}]", addrs.join(", "));
+                let _ = writeln!(out, "  pod addresses: [{}]  ignored subnets: [{}]", ips.join(", "), addrs.join(", "));
                 let listener = match view.listener {
                     (false, false) => "MISSING (inbound connections are refused until the proxy listens)".to_string(),
                     (v4, v6) => format!("registered (IPv4 {v4}, IPv6 {v6})"),

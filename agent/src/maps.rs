@@ -13,7 +13,7 @@ use aya::maps::{
 };
 use linkerd_cni_common::{
     names, AddrKey, ConnKey, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
-    ADDR_KEY_FIXED_BITS, ADDR_INBOUND_SKIP_SOURCE, ADDR_OUTBOUND_SKIP_SUBNET, ADDR_POD_IP,
+    ADDR_KEY_FIXED_BITS, ADDR_INBOUND_SKIP_SOURCE, ADDR_OUTBOUND_SKIP_SUBNET,
     FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY, FLAG_IN_SKIP_SOURCES,
     FLAG_IPV6, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS,
     PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP,
@@ -118,9 +118,6 @@ impl PodEntries {
         add_ports(PORT_SET_INBOUND_SKIP, &cfg.inbound_ports_to_ignore);
         add_ports(PORT_SET_INBOUND_REDIRECT, &cfg.ports_to_redirect);
         let mut addrs = Vec::new();
-        for ip in pod_ips {
-            addrs.push(addr_key(netns_cookie, ADDR_POD_IP, &Cidr::host(*ip)));
-        }
         for c in &cfg.outbound_subnets_to_ignore {
             addrs.push(addr_key(netns_cookie, ADDR_OUTBOUND_SKIP_SUBNET, c));
         }
@@ -162,7 +159,10 @@ pub fn addr_key(netns_cookie: u64, set: u32, cidr: &Cidr) -> (u32, AddrKey) {
 pub struct PodView {
     pub config: Option<PodConfig>,
     pub port_blocks: usize,
+    /// Ignored subnets (outbound destinations, inbound sources).
     pub addrs: Vec<Cidr>,
+    /// The pod's own addresses.
+    pub ips: Vec<IpAddr>,
     pub stats: PodStats,
     pub live_conns: usize,
     /// The inbound proxy listener is registered, per family (IPv4, IPv6).
@@ -263,8 +263,16 @@ impl Maps {
             .filter(|k| k.data().netns_cookie == netns_cookie)
             .map(|k| cidr_of(&k))
             .collect();
+        let ips = self
+            .pod_by_ip
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, c)| *c == netns_cookie)
+            .map(|(words, _)| ip_of(words))
+            .collect();
         PodView {
             config: self.pod_config(netns_cookie),
+            ips,
             port_blocks: self.port_sets.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).count(),
             addrs,
             stats: self.stats(netns_cookie),
@@ -282,6 +290,16 @@ impl Maps {
     pub fn orig_dst_entries(&self) -> (usize, usize) {
         (self.sock_dst.keys().count(), self.conn_dst.keys().count())
     }
+}
+
+/// Turns program-side address words back into an address.
+pub fn ip_of(words: [u32; 4]) -> IpAddr {
+    let mut octets = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        octets[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    let v6 = std::net::Ipv6Addr::from(octets);
+    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
 /// Turns a trie key back into the CIDR it stores.
@@ -307,7 +325,11 @@ mod tests {
         )
         .unwrap();
         let e = PodEntries::new(7, &cfg, &["10.1.2.3".parse().unwrap()]);
-        assert_eq!(e.config.flags, FLAG_EXEMPT_UID | FLAG_EXEMPT_GID | FLAG_OUT_PORTS | FLAG_OUT_SUBNETS);
+        // Default inbound ignores (4190, 4191) and an ignored source subnet set the inbound flags.
+        assert_eq!(
+            e.config.flags,
+            FLAG_EXEMPT_UID | FLAG_EXEMPT_GID | FLAG_OUT_PORTS | FLAG_OUT_SUBNETS | FLAG_IN_PORTS | FLAG_IN_SKIP_SOURCES
+        );
         assert_eq!((e.config.proxy_uid, e.config.proxy_gid), (2102, 5));
         // 25 → block 0; 9000-9300 → blocks 35, 36; default inbound skips 4190/4191 → block 16.
         let out: Vec<u16> = e.port_blocks.keys().filter(|k| k.set == PORT_SET_OUTBOUND_SKIP).map(|k| k.block).collect();
@@ -316,9 +338,9 @@ mod tests {
         assert!(b35.contains(9000) && b35.contains(9215) && !b35.contains(8999));
         assert!(e.port_blocks[&PortSetKey::new(7, PORT_SET_INBOUND_SKIP, 4190)].contains(4191));
         let cidrs: Vec<Cidr> = e.addrs.iter().map(|(p, k)| cidr_of(&Key::new(*p, *k))).collect();
-        assert_eq!(
-            cidrs,
-            vec!["10.1.2.3/32".parse().unwrap(), "10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()]
-        );
+        assert_eq!(cidrs, vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()]);
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(e.ips.iter().map(|w| ip_of(*w)).collect::<Vec<_>>(), vec![ip]);
+        assert_eq!(ip_of(ip_words("fd00::5".parse().unwrap())), "fd00::5".parse::<IpAddr>().unwrap());
     }
 }

@@ -90,8 +90,6 @@ impl PortBlock {
 pub const ADDR_OUTBOUND_SKIP_SUBNET: u32 = 1;
 /// Sources whose inbound connections are not redirected (`subnets-to-ignore`).
 pub const ADDR_INBOUND_SKIP_SOURCE: u32 = 2;
-/// The pod's own addresses (never redirected: iptables sees them leave via `lo`).
-pub const ADDR_POD_IP: u32 = 3;
 
 /// The data part of an LPM trie key: pod, set, then the address as IPv6 (IPv4 as
 /// `::ffff:a.b.c.d`). The trie matches bits from the first byte on, so the prefix length of a

@@ -3,10 +3,10 @@
 use aya_ebpf::maps::lpm_trie::Key;
 use linkerd_cni_common::{
     AddrKey, PodConfig, PortSetKey, ADDR_KEY_FULL_BITS, FLAG_OUT_PORTS,
-    FLAG_OUT_SUBNETS, ADDR_OUTBOUND_SKIP_SUBNET, ADDR_POD_IP, PORT_SET_OUTBOUND_SKIP,
+    FLAG_OUT_SUBNETS, ADDR_OUTBOUND_SKIP_SUBNET, PORT_SET_OUTBOUND_SKIP,
 };
 
-use crate::maps::{ADDRS, PORT_SETS};
+use crate::maps::{ADDRS, POD_BY_IP, PORT_SETS};
 
 /// `127.0.0.1` in network byte order.
 pub const LOOPBACK4_BE: u32 = u32::from_be_bytes([127, 0, 0, 1]).to_be();
@@ -50,7 +50,9 @@ pub fn outbound_redirected(cfg: &PodConfig, netns_cookie: u64, words: &[u32; 4],
     if cfg.flags & FLAG_OUT_PORTS != 0 && port_in_set(netns_cookie, PORT_SET_OUTBOUND_SKIP, port) {
         return false;
     }
-    if addr_in_set(netns_cookie, ADDR_POD_IP, words) {
+    // The pod's own address: one hash probe (the map `sk_lookup` uses to find the pod).
+    // SAFETY: read-only lookup.
+    if unsafe { POD_BY_IP.get(words) }.is_some_and(|c| *c == netns_cookie) {
         return false;
     }
     if cfg.flags & FLAG_OUT_SUBNETS != 0

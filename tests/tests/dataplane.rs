@@ -318,7 +318,10 @@ fn redirection_survives_the_agent_and_unregister_leaves_nothing() {
     assert!(String::from_utf8_lossy(&tree.stdout).trim().is_empty(), "programs still attached");
     let maps = h.maps();
     let view = maps.view(record.netns_cookie);
-    assert!(view.config.is_none() && view.port_blocks == 0 && view.addrs.is_empty(), "{view:?}");
+    assert!(
+        view.config.is_none() && view.port_blocks == 0 && view.addrs.is_empty() && view.ips.is_empty(),
+        "{view:?}"
+    );
     assert!(maps.pod_stats.get(&record.netns_cookie, 0).is_err(), "stats entry left");
     assert!(h.agent().pods().expect("registry").is_empty());
     // And the pod is no longer redirected.
