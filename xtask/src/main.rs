@@ -3,9 +3,11 @@
 //! - `setup`: installs what builds and tests need on Debian/Ubuntu (idempotent).
 //! - `build-ebpf`: builds the eBPF object.
 //! - `demo`: setup, build, then the demo on a simulated node (root; see `demo.rs`).
+//! - `bench [--quick]`: the benchmarks (see `bench.rs`).
 //! - `test` (alias `ci`): setup, build, then every test (unit in parallel, privileged one at a
 //!   time). This is the README's test command and what `.ci/run` runs.
 
+mod bench;
 mod demo;
 mod setup;
 
@@ -35,6 +37,12 @@ enum Task {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
+    },
+    /// Build and run the benchmarks (ebpf vs iptables vs direct); writes BENCHMARKS.md (root).
+    Bench {
+        /// Short run, under two minutes.
+        #[arg(long)]
+        quick: bool,
     },
 }
 
@@ -69,6 +77,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Setup => setup::setup(),
         Task::Demo => demo::demo(),
+        Task::Bench { quick } => bench::bench(quick),
         Task::BuildEbpf => {
             let object = build_ebpf()?;
             println!("{}", object.display());

@@ -1,0 +1,188 @@
+//! `linkerd-cni-bench`: eBPF redirection against Linkerd's iptables rules and against no
+//! interception, on a simulated node (run it through `cargo xtask bench [--quick]`).
+//!
+//! `run` drives the whole benchmark and writes `BENCHMARKS.md`, `bench/results.json` and
+//! `bench/chart.svg`. The other subcommands are the pieces it starts inside pods: `proxy`,
+//! `server`, `load` and `probe`.
+//!
+//! Modules: [`traffic`] (scenarios 1-3), [`podsetup`] (4-5), [`restart`] (6), [`node`] (the
+//! agent, plugin, API server and placed processes), [`report`] (renderings).
+
+mod fastns;
+mod load;
+mod node;
+mod podsetup;
+mod pool;
+mod probe;
+mod proxy;
+mod report;
+mod restart;
+mod server;
+mod stats;
+mod traffic;
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use linkerd_cni_tests::CgroupGuard;
+
+/// linkerd2-proxy's UID.
+pub const PROXY_UID: u32 = 2102;
+/// The proxy's outbound port.
+pub const OUTBOUND_PORT: u16 = 4140;
+/// The proxy's inbound port.
+pub const INBOUND_PORT: u16 = 4143;
+
+#[derive(Parser)]
+#[command(about = "linkerd-cni benchmarks: ebpf vs iptables vs direct on a simulated node")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run every scenario and write the report.
+    Run(RunArgs),
+    /// (internal) The load generator.
+    Load(load::LoadArgs),
+    /// (internal) The forwarding proxy.
+    Proxy(proxy::ProxyArgs),
+    /// (internal) The application server.
+    Server {
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+    /// (internal) The redirection probe.
+    Probe {
+        #[arg(long)]
+        home: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Short run (under two minutes): fewer rounds, shorter loads, fewer samples.
+    #[arg(long)]
+    quick: bool,
+    /// Where BENCHMARKS.md and bench/ are written (the repository root).
+    #[arg(long, default_value = ".")]
+    out_dir: PathBuf,
+    /// The command line recorded in the report.
+    #[arg(long)]
+    command: Option<String>,
+}
+
+/// Removes bpffs pin roots that an earlier, killed benchmark left (named `l5dt-<pid>-<n>`
+/// with a dead owner).
+fn reap_stale_pins() {
+    let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let owner = name.strip_prefix(linkerd_cni_tests::names::PREFIX).and_then(|r| r.split('-').next()?.parse::<u32>().ok());
+        if let Some(pid) = owner
+            && pid != std::process::id()
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = node::remove_bpffs_tree(&e.path());
+        }
+    }
+}
+
+fn git_commit(root: &Path) -> String {
+    std::process::Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the benchmark creates netns, cgroups and BPF programs: run it as root");
+    }
+    let started = Instant::now();
+    reap_stale_pins();
+    let quick = args.quick;
+    let bins = node::Bins::find()?;
+    let cfg = if quick {
+        traffic::TrafficConfig { rounds: 2, rr_ms: 1000, bulk_ms: 800, warmup_ms: 300, concurrency: 32, streams: 2 }
+    } else {
+        traffic::TrafficConfig { rounds: 5, rr_ms: 3000, bulk_ms: 2000, warmup_ms: 500, concurrency: 32, streams: 2 }
+    };
+    let (checkpoints, samples, restarts, restart_ms) =
+        if quick { (vec![1, 100, 1000], 20, 1, 4000) } else { (vec![1, 100, 1000], 100, 3, 6000) };
+
+    let api = node::Api::start()?;
+    let shared_cgroup = CgroupGuard::new()?;
+    let mut agent = node::AgentProc::start(&bins.agent, &api.kubeconfig, shared_cgroup.path())?;
+    let cni = node::Cni { plugin: bins.plugin.clone(), socket: agent.socket.clone() };
+    let outcome = (|| -> anyhow::Result<_> {
+        let topo = traffic::Topology::build(&bins.me, &api, &cni).context("building the simulated node")?;
+        eprintln!("bench: node ready ({:.1} s)", started.elapsed().as_secs_f64());
+        let traffic = traffic::run(&topo, &cfg)?;
+        let restart = restart::run(&bins.me, &topo, &mut agent, restarts, restart_ms, restart_ms / 3, cfg.concurrency)?;
+        drop(topo);
+        let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)?;
+        Ok((traffic, restart, pods))
+    })();
+    let outcome = outcome.map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()));
+    drop(agent);
+    let (traffic, restart, pods) = outcome?;
+
+    let rows = report::traffic_rows(&traffic);
+    let goals = report::goals(&rows, &pods, &restart);
+    let notes_file = args.out_dir.join("bench/ANALYSIS.md");
+    let notes = std::fs::read_to_string(&notes_file).map(|n| vec![n.trim().to_string()]).unwrap_or_default();
+    let results = report::Results {
+        command: args.command.unwrap_or_else(|| format!("cargo xtask bench{}", if quick { " --quick" } else { "" })),
+        quick,
+        unix_time: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        git_commit: git_commit(&args.out_dir),
+        duration_secs: started.elapsed().as_secs_f64(),
+        machine: report::Machine::probe(),
+        traffic_config: cfg,
+        traffic: rows,
+        pod_setup: pods,
+        restart,
+        goals,
+        notes,
+    };
+    report::write(&args.out_dir, &results)?;
+    for g in &results.goals {
+        let met = match g.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "n/a",
+        };
+        eprintln!("goal {met:>6}: {} — {}", g.goal, g.observed);
+    }
+    eprintln!(
+        "bench: wrote {} and bench/results.json, bench/chart.svg ({:.0} s)",
+        args.out_dir.join("BENCHMARKS.md").display(),
+        results.duration_secs
+    );
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Run(args) => run(args),
+        Cmd::Load(args) => {
+            let r = load::run(&args);
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
+        Cmd::Proxy(args) => proxy::run(args),
+        Cmd::Server { listen } => server::run(listen),
+        Cmd::Probe { home } => probe::run(&home),
+    }
+}

@@ -1,0 +1,403 @@
+//! The simulated node: a fake API server, the real agent process, the real CNI plugin binary,
+//! and child processes (proxy, server, load) placed in pods.
+//!
+//! Everything here is torn down on drop: processes killed by PID, pins and scratch
+//! directories removed.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{Ipv4Addr, SocketAddr},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use linkerd_cni_proto::wire::{self, Envelope, PROTOCOL_VERSION, Request, Response};
+use linkerd_cni_tests::{ChildGuard, NetnsGuard, Placement, fake_apiserver::FakeApiServer, names::TempDir};
+use serde_json::json;
+
+use crate::{
+    load::{LoadArgs, LoadResult},
+    proxy::ProxyCounters,
+};
+
+/// The Kubernetes namespace of every benchmark pod.
+pub const K8S_NAMESPACE: &str = "bench";
+/// The node name the agent watches pods of.
+pub const NODE_NAME: &str = "bench-node";
+/// The UID of application containers and clients (anything but the proxy's).
+pub const APP_UID: u32 = 1000;
+
+/// The binaries the benchmark drives.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    /// This binary (for `load`, `proxy`, `server`, `probe`).
+    pub me: PathBuf,
+    pub agent: PathBuf,
+    pub plugin: PathBuf,
+}
+
+impl Bins {
+    /// All of them next to this executable (`target/release`).
+    pub fn find() -> anyhow::Result<Self> {
+        let me = std::env::current_exe().context("locating the benchmark binary")?;
+        let dir = me.parent().map(Path::to_path_buf).unwrap_or_default();
+        let find = |name: &str| {
+            let p = dir.join(name);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                bail!("{} not found: build it (`cargo xtask bench` builds everything)", p.display())
+            }
+        };
+        Ok(Self { agent: find("linkerd-cni-agent")?, plugin: find("linkerd-cni")?, me })
+    }
+}
+
+/// Writes `value` to `/proc/sys/<key>` inside `ns` (per-netns sysctls).
+pub fn sysctl(ns: &NetnsGuard, key: &str, value: &str) -> anyhow::Result<()> {
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    ns.run_in(|| std::fs::write(&path, value))?.with_context(|| format!("sysctl {key}={value}"))
+}
+
+/// The sysctls every benchmark netns gets, so that hundreds of thousands of short connections
+/// do not run out of ephemeral ports (same in every mode).
+pub fn tune(ns: &NetnsGuard) -> anyhow::Result<()> {
+    sysctl(ns, "net.ipv4.ip_local_port_range", "1024 65000")?;
+    sysctl(ns, "net.ipv4.tcp_tw_reuse", "1")?;
+    Ok(())
+}
+
+/// The fake API server with the benchmark's namespace.
+pub struct Api {
+    pub server: FakeApiServer,
+    pub kubeconfig: PathBuf,
+    _dir: TempDir,
+}
+
+impl Api {
+    pub fn start() -> anyhow::Result<Self> {
+        let server = FakeApiServer::start()?;
+        let dir = TempDir::new()?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig)?;
+        server.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": K8S_NAMESPACE}}))?;
+        Ok(Self { server, kubeconfig, _dir: dir })
+    }
+
+    /// Adds a meshed pod (it has a `linkerd-proxy` container) scheduled on the node.
+    pub fn add_pod(&self, name: &str, uid: &str) -> anyhow::Result<()> {
+        self.server.apply(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": K8S_NAMESPACE, "uid": uid},
+            "spec": {"nodeName": NODE_NAME, "containers": [
+                {"name": "app", "image": "app"},
+                {"name": "linkerd-proxy", "image": "cr.l5d.io/linkerd/proxy"}
+            ]}
+        }))?;
+        Ok(())
+    }
+
+    pub fn delete_pod(&self, name: &str) -> anyhow::Result<()> {
+        self.server.delete_pod(K8S_NAMESPACE, name)?;
+        Ok(())
+    }
+}
+
+/// The real agent process, with its own pin root, state dir and socket.
+pub struct AgentProc {
+    child: Option<ChildGuard>,
+    bin: PathBuf,
+    pub socket: PathBuf,
+    pub pin_root: PathBuf,
+    state_dir: PathBuf,
+    kubeconfig: PathBuf,
+    shared_cgroup: PathBuf,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+impl AgentProc {
+    pub fn start(bin: &Path, kubeconfig: &Path, shared_cgroup: &Path) -> anyhow::Result<Self> {
+        let dir = TempDir::new()?;
+        let pin_root = PathBuf::from(format!("/sys/fs/bpf/{}", linkerd_cni_tests::names::unique_name()));
+        let mut me = Self {
+            child: None,
+            bin: bin.into(),
+            socket: dir.path().join("agent.sock"),
+            pin_root,
+            state_dir: dir.path().join("pods"),
+            kubeconfig: kubeconfig.into(),
+            shared_cgroup: shared_cgroup.into(),
+            log: dir.path().join("agent.log"),
+            _dir: dir,
+        };
+        me.spawn()?;
+        Ok(me)
+    }
+
+    /// Starts the process and waits until it answers a status request.
+    pub fn spawn(&mut self) -> anyhow::Result<Duration> {
+        let t0 = Instant::now();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--pin-root")
+            .arg(&self.pin_root)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .args(["--log-level", "warn", "run", "--socket"])
+            .arg(&self.socket)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--node-name", NODE_NAME, "--health-addr", "127.0.0.1:0", "--shared-cgroup"])
+            .arg(&self.shared_cgroup)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        self.child = Some(ChildGuard::spawn(&mut cmd)?);
+        let deadline = t0 + Duration::from_secs(30);
+        loop {
+            if self.status().is_ok() {
+                return Ok(t0.elapsed());
+            }
+            if let Some(c) = self.child.as_mut()
+                && let Some(status) = c.try_wait()?
+            {
+                bail!("the agent exited with {status}: {}", self.log_tail());
+            }
+            if Instant::now() > deadline {
+                bail!("the agent did not become ready in 30 s: {}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// The last lines of the agent's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(ChildGuard::pid)
+    }
+
+    /// SIGKILL, by PID.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill();
+        }
+    }
+
+    /// A status request over the registration socket: the number of registered pods.
+    pub fn status(&self) -> anyhow::Result<usize> {
+        let mut s = UnixStream::connect(&self.socket)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(&wire::encode(&Envelope { version: PROTOCOL_VERSION, request: Request::Status })?)?;
+        let mut header = [0u8; 4];
+        s.read_exact(&mut header)?;
+        let mut body = vec![0u8; wire::frame_len(header)?];
+        s.read_exact(&mut body)?;
+        match serde_json::from_slice(&body)? {
+            Response::Status { pods, .. } => Ok(pods),
+            other => bail!("unexpected answer to a status request: {other:?}"),
+        }
+    }
+
+    /// Resident set size of the process, from `/proc/<pid>/status` (KiB): (VmRSS, VmHWM).
+    pub fn rss_kib(&self) -> anyhow::Result<(u64, u64)> {
+        let pid = self.pid().context("agent not running")?;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        Ok((field("VmRSS:"), field("VmHWM:")))
+    }
+
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.kill();
+        // Unpinning links detaches them; unpinning maps and programs frees them.
+        let _ = remove_bpffs_tree(&self.pin_root);
+    }
+}
+
+/// Removes a bpffs directory tree (pins, then directories).
+pub fn remove_bpffs_tree(dir: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_bpffs_tree(&p)?;
+        } else {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    std::fs::remove_dir(dir)
+}
+
+/// What a CNI invocation needs to know about a pod.
+pub struct CniPod<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub netns: &'a Path,
+    pub cgroup: Option<&'a Path>,
+    pub ip: Ipv4Addr,
+}
+
+/// Runs the real `linkerd-cni` binary as a container runtime does.
+pub struct Cni {
+    pub plugin: PathBuf,
+    pub socket: PathBuf,
+}
+
+impl Cni {
+    fn netconf(&self, pod: &CniPod<'_>) -> serde_json::Value {
+        let mut conf = json!({
+            "cniVersion": "1.0.0",
+            "name": "k8s-pod-network",
+            "type": "linkerd-cni",
+            "log_level": "warn",
+            "linkerd": {
+                "incoming-proxy-port": 4143,
+                "outgoing-proxy-port": 4140,
+                "proxy-uid": 2102,
+                "inbound-ports-to-ignore": ["4191", "4190"],
+                "agent-socket": self.socket,
+            },
+            "prevResult": {
+                "cniVersion": "1.0.0",
+                "interfaces": [{"name": "eth0", "sandbox": pod.netns}],
+                "ips": [{"address": format!("{}/24", pod.ip), "interface": 0}],
+            },
+        });
+        if let Some(cg) = pod.cgroup {
+            conf["runtimeConfig"] = json!({"cgroupPath": cg});
+        }
+        conf
+    }
+
+    /// Runs `command` (`ADD`, `DEL`) for `pod`; returns the wall time from spawning the plugin
+    /// to its exit (for ADD: the redirection is in force when it exits successfully).
+    pub fn invoke(&self, command: &str, pod: &CniPod<'_>) -> anyhow::Result<Duration> {
+        let conf = serde_json::to_vec(&self.netconf(pod))?;
+        let t0 = Instant::now();
+        let mut child = Command::new(&self.plugin)
+            .env_clear()
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", pod.id)
+            .env("CNI_NETNS", pod.netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/usr/lib/cni")
+            .env(
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={K8S_NAMESPACE};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+                    pod.name, pod.id, pod.uid
+                ),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("spawning {}", self.plugin.display()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(&conf)?;
+        }
+        let out = child.wait_with_output()?;
+        let took = t0.elapsed();
+        if !out.status.success() {
+            bail!(
+                "CNI {command} of {} failed ({}): {} {}",
+                pod.name,
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(took)
+    }
+}
+
+/// A long-running child of this binary (proxy or server) whose stdout lines are kept.
+pub struct Daemon {
+    _child: ChildGuard,
+    last_line: Arc<Mutex<String>>,
+}
+
+impl Daemon {
+    /// Starts `me <args>` placed as `placement` says and waits for its first stdout line.
+    pub fn start(me: &Path, placement: &Placement, args: &[String]) -> anyhow::Result<Self> {
+        let mut cmd = placement.command(me)?;
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = ChildGuard::spawn(&mut cmd)?;
+        let stdout = child.child_mut().stdout.take().context("no stdout pipe")?;
+        let last_line = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let last_line = last_line.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    *last_line.lock().unwrap_or_else(|p| p.into_inner()) = line;
+                    let _ = tx.send(());
+                }
+            });
+        }
+        if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+            bail!("{args:?} did not get ready");
+        }
+        Ok(Self { _child: child, last_line })
+    }
+
+    /// The proxy's latest counters.
+    pub fn counters(&self) -> ProxyCounters {
+        // Give the proxy's 50 ms reporting tick time to catch up.
+        std::thread::sleep(Duration::from_millis(120));
+        let line = self.last_line.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        serde_json::from_str(&line).unwrap_or_default()
+    }
+}
+
+/// Runs `me load ...` placed as `placement` says and returns its result.
+pub fn run_load(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow::Result<LoadResult> {
+    let mut cmd = placement.command(me)?;
+    cmd.arg("load")
+        .args(["--kind", match args.kind {
+            crate::load::Kind::Rr => "rr",
+            crate::load::Kind::Bulk => "bulk",
+        }])
+        .args(["--target", &args.target.to_string()])
+        .args(["--concurrency", &args.concurrency.to_string()])
+        .args(["--duration-ms", &args.duration_ms.to_string()])
+        .args(["--warmup-ms", &args.warmup_ms.to_string()]);
+    if let Some(s) = args.series_ms {
+        cmd.args(["--series-ms", &s.to_string()]);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let timeout = Duration::from_millis(args.duration_ms + args.warmup_ms) + Duration::from_secs(30);
+    let out = ChildGuard::spawn(&mut cmd)?.wait_output(timeout)?;
+    if !out.status.success() {
+        bail!("load generator failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).with_context(|| format!("parsing the load result {text:?}"))
+}
+
+/// The first IPv4 address of a socket address (helper for targets).
+pub fn v4(addr: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::from((addr, port))
+}

@@ -1,0 +1,266 @@
+//! Scenarios 4 and 5: CNI ADD and DEL latency through the real plugin against the real agent
+//! with 1, 100 and 1,000 pods registered, and the agent's footprint at 1,000 pods.
+//!
+//! A pod here is a netns (lo up) and a cgroup, made in-process ([`crate::fastns`]). Each
+//! measured ADD runs the plugin binary as a runtime does (spawn to exit: the agent answers
+//! once the programs are attached and the maps written, so exit means "in force"), then a
+//! probe inside the pod checks that its connects are redirected; DEL is timed the same way and
+//! the probe checks they no longer are.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::Path,
+    process::{ChildStdin, ChildStdout, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use linkerd_cni_common::paths;
+use linkerd_cni_tests::{CgroupGuard, ChildGuard, Placement};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    fastns::LightPod,
+    node::{AgentProc, Api, Cni, CniPod},
+    stats,
+};
+
+/// The long-lived probe process.
+pub struct Prober {
+    _child: ChildGuard,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Prober {
+    pub fn start(me: &Path, home: &CgroupGuard) -> anyhow::Result<Self> {
+        let mut cmd = Placement::new().cgroup(home).command(me)?;
+        cmd.arg("probe").arg("--home").arg(home.path()).stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = ChildGuard::spawn(&mut cmd)?;
+        let stdin = child.child_mut().stdin.take().context("probe stdin")?;
+        let stdout = BufReader::new(child.child_mut().stdout.take().context("probe stdout")?);
+        Ok(Self { _child: child, stdin, stdout })
+    }
+
+    /// `redirected`, `direct` or `other ...`.
+    pub fn check(&mut self, pod: &LightPod) -> anyhow::Result<String> {
+        writeln!(self.stdin, "{} {}", pod.cgroup.display(), pod.netns.display())?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        Ok(line.trim().to_string())
+    }
+}
+
+/// ADD and DEL latencies with `registered` pods already registered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub registered: usize,
+    pub add_ms: Vec<f64>,
+    pub del_ms: Vec<f64>,
+    pub add_p50_ms: f64,
+    pub add_p99_ms: f64,
+    pub del_p50_ms: f64,
+    pub del_p99_ms: f64,
+    /// Agent VmRSS at this point, KiB.
+    pub agent_rss_kib: u64,
+}
+
+/// One pinned map's kernel memory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MapMem {
+    pub name: String,
+    pub kind: String,
+    pub max_entries: u64,
+    pub bytes_memlock: u64,
+}
+
+/// The agent's footprint with the most pods registered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Footprint {
+    pub registered: usize,
+    pub agent_rss_kib: u64,
+    pub agent_hwm_kib: u64,
+    pub agent_rss_1_pod_kib: u64,
+    pub maps: Vec<MapMem>,
+    pub maps_total_bytes: u64,
+    /// bpf_links pinned for the pods.
+    pub links: usize,
+    /// Agent restart (spawn to answering) with this many pods to adopt, ms.
+    pub restart_ready_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PodSetupResults {
+    pub checkpoints: Vec<Checkpoint>,
+    pub footprint: Footprint,
+    /// Seconds spent filling the node (pods made and added).
+    pub fill_secs: f64,
+}
+
+struct Registered {
+    pod: LightPod,
+    uid: String,
+}
+
+fn cni_pod<'a>(r: &'a Registered, n: usize) -> CniPod<'a> {
+    CniPod {
+        id: &r.pod.name,
+        name: &r.pod.name,
+        uid: &r.uid,
+        netns: &r.pod.netns,
+        cgroup: Some(&r.pod.cgroup),
+        ip: std::net::Ipv4Addr::new(10, 245, (n / 250) as u8, (n % 250 + 2) as u8),
+    }
+}
+
+fn make_pods(count: usize, parent: &Path, api: &Api) -> anyhow::Result<Vec<Registered>> {
+    let pods = LightPod::create_many(count, parent)?;
+    pods.into_iter()
+        .map(|pod| {
+            let uid = format!("{}-uid", pod.name);
+            api.add_pod(&pod.name, &uid)?;
+            Ok(Registered { pod, uid })
+        })
+        .collect()
+}
+
+/// Reads `bpftool -j map show pinned <path>` for every pinned map under `dir`.
+pub fn map_memory(dir: &Path) -> anyhow::Result<Vec<MapMem>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = e?.path();
+        let o = std::process::Command::new("bpftool").args(["-j", "map", "show", "pinned"]).arg(&path).output()?;
+        if !o.status.success() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+        out.push(MapMem {
+            name: v["name"].as_str().unwrap_or_default().to_string(),
+            kind: v["type"].as_str().unwrap_or_default().to_string(),
+            max_entries: v["max_entries"].as_u64().unwrap_or(0),
+            bytes_memlock: v["bytes_memlock"].as_u64().unwrap_or(0),
+        });
+    }
+    out.sort_by(|a, b| b.bytes_memlock.cmp(&a.bytes_memlock));
+    Ok(out)
+}
+
+fn count_links(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| std::fs::read_dir(e.path()).map(|x| x.count()).unwrap_or(0)).sum())
+        .unwrap_or(0)
+}
+
+/// Runs scenarios 4 and 5. `checkpoints` are the registered-pod counts (ascending);
+/// `samples` ADD/DEL pairs are measured at each.
+pub fn run(
+    me: &Path,
+    api: &Api,
+    agent: &mut AgentProc,
+    cni: &Cni,
+    checkpoints: &[usize],
+    samples: usize,
+) -> anyhow::Result<PodSetupResults> {
+    let parent = CgroupGuard::new()?;
+    let home = CgroupGuard::new()?;
+    let mut prober = Prober::start(me, &home)?;
+    let mut filler: Vec<Registered> = Vec::new();
+    let mut out = Vec::new();
+    let mut fill_secs = 0.0;
+    let mut rss_1 = 0;
+    let mut counter = 0usize;
+    let result = (|| -> anyhow::Result<PodSetupResults> {
+        for &target in checkpoints {
+            let base = agent.status()?;
+            if target > base {
+                let t0 = Instant::now();
+                let new = make_pods(target - base, parent.path(), api)?;
+                for r in new {
+                    counter += 1;
+                    cni.invoke("ADD", &cni_pod(&r, counter))?;
+                    filler.push(r);
+                }
+                fill_secs += t0.elapsed().as_secs_f64();
+            }
+            let registered = agent.status()?;
+            let measured = make_pods(samples, parent.path(), api)?;
+            // Let the agent's watch cache see the new pod objects, as it would in a cluster
+            // (pods exist well before their sandbox).
+            std::thread::sleep(Duration::from_millis(300));
+            let (mut add_ms, mut del_ms) = (Vec::new(), Vec::new());
+            for r in &measured {
+                counter += 1;
+                let pod = cni_pod(r, counter);
+                add_ms.push(cni.invoke("ADD", &pod)?.as_secs_f64() * 1e3);
+                let state = prober.check(&r.pod)?;
+                if state != "redirected" {
+                    bail!("after ADD of {}, its connects are not redirected: {state}", r.pod.name);
+                }
+                del_ms.push(cni.invoke("DEL", &pod)?.as_secs_f64() * 1e3);
+                let state = prober.check(&r.pod)?;
+                if state != "direct" {
+                    bail!("after DEL of {}, its connects are still redirected: {state}", r.pod.name);
+                }
+            }
+            for r in &measured {
+                let _ = api.delete_pod(&r.pod.name);
+            }
+            drop(measured);
+            let (rss, _) = agent.rss_kib()?;
+            if rss_1 == 0 {
+                rss_1 = rss;
+            }
+            let cp = Checkpoint {
+                registered,
+                add_p50_ms: stats::percentile(&add_ms, 0.5),
+                add_p99_ms: stats::percentile(&add_ms, 0.99),
+                del_p50_ms: stats::percentile(&del_ms, 0.5),
+                del_p99_ms: stats::percentile(&del_ms, 0.99),
+                add_ms,
+                del_ms,
+                agent_rss_kib: rss,
+            };
+            eprintln!(
+                "bench: pod setup with {registered} registered: ADD p50 {:.2} ms p99 {:.2} ms, DEL p50 {:.2} ms p99 {:.2} ms, agent RSS {} KiB",
+                cp.add_p50_ms, cp.add_p99_ms, cp.del_p50_ms, cp.del_p99_ms, rss
+            );
+            out.push(cp);
+        }
+        let registered = agent.status()?;
+        let (rss, hwm) = agent.rss_kib()?;
+        let maps = map_memory(&agent.pin_root.join(paths::PIN_MAPS))?;
+        let links = count_links(&agent.pin_root.join(paths::PIN_PODS));
+        agent.kill();
+        let restart = agent.spawn()?;
+        let adopted = agent.status()?;
+        if adopted != registered {
+            bail!("after a restart the agent knows {adopted} pods, not {registered}");
+        }
+        let footprint = Footprint {
+            registered,
+            agent_rss_kib: rss,
+            agent_hwm_kib: hwm,
+            agent_rss_1_pod_kib: rss_1,
+            maps_total_bytes: maps.iter().map(|m| m.bytes_memlock).sum(),
+            maps,
+            links,
+            restart_ready_ms: restart.as_secs_f64() * 1e3,
+        };
+        eprintln!(
+            "bench: footprint with {registered} pods: agent RSS {} KiB, maps {} KiB, {links} links, restart {:.0} ms",
+            footprint.agent_rss_kib,
+            footprint.maps_total_bytes / 1024,
+            footprint.restart_ready_ms
+        );
+        Ok(PodSetupResults { checkpoints: out, footprint, fill_secs })
+    })();
+    drop(prober);
+    // The fillers stay registered until the agent goes (its pins are removed then); their
+    // netns and cgroups go now.
+    for r in &filler {
+        let _ = api.delete_pod(&r.pod.name);
+    }
+    drop(filler);
+    result
+}

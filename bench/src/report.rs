@@ -1,0 +1,534 @@
+//! The results of a run and their renderings: `BENCHMARKS.md` (tables, ratios, goals, the
+//! machine, the exact command), `bench/results.json` (everything, raw samples included) and
+//! `bench/chart.svg` (the main comparisons, hand-drawn).
+
+use std::{fmt::Write as _, path::Path};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    podsetup::PodSetupResults,
+    restart::RestartRound,
+    stats::Summary,
+    traffic::{Mode, Sample, Scenario, TrafficConfig, TrafficResults},
+};
+
+/// The machine the run happened on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Machine {
+    pub uname: String,
+    pub cpu: String,
+    pub cores: usize,
+    pub memory_mib: u64,
+}
+
+impl Machine {
+    pub fn probe() -> Self {
+        let uname = std::process::Command::new("uname")
+            .arg("-srvm")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+            .unwrap_or_default();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_mib = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+            / 1024;
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        Self { uname, cpu, cores, memory_mib }
+    }
+}
+
+/// One scenario × mode row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrafficRow {
+    pub scenario: Scenario,
+    pub mode: Mode,
+    /// `measured`, or why not.
+    pub status: String,
+    pub rate: Summary,
+    pub p50_us: Summary,
+    pub p99_us: Summary,
+    pub gbps: Summary,
+    pub failed: u64,
+    pub samples: Vec<Sample>,
+}
+
+/// A goal of the issue, and whether this run met it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Goal {
+    pub goal: String,
+    pub observed: String,
+    pub met: Option<bool>,
+}
+
+/// Everything one run produced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Results {
+    pub command: String,
+    pub quick: bool,
+    pub unix_time: u64,
+    pub git_commit: String,
+    pub duration_secs: f64,
+    pub machine: Machine,
+    pub traffic_config: TrafficConfig,
+    pub traffic: Vec<TrafficRow>,
+    pub pod_setup: PodSetupResults,
+    pub restart: Vec<RestartRound>,
+    pub goals: Vec<Goal>,
+    /// Profiling notes and explanations, written by hand after a run is analysed; kept
+    /// verbatim in BENCHMARKS.md.
+    pub notes: Vec<String>,
+}
+
+/// Summarises raw traffic samples into rows.
+pub fn traffic_rows(results: &TrafficResults) -> Vec<TrafficRow> {
+    let mut rows = Vec::new();
+    for (&scenario, modes) in results {
+        for (&mode, samples) in modes {
+            let samples = samples.clone();
+            let status = if samples.is_some() { "measured" } else { "not yet implemented" };
+            let s = samples.unwrap_or_default();
+            let col = |f: fn(&Sample) -> f64| Summary::of(&s.iter().map(f).collect::<Vec<_>>());
+            rows.push(TrafficRow {
+                scenario,
+                mode,
+                status: status.into(),
+                rate: col(|x| x.rate),
+                p50_us: col(|x| x.p50_us),
+                p99_us: col(|x| x.p99_us),
+                gbps: col(|x| x.gbps),
+                failed: s.iter().map(|x| x.failed).sum(),
+                samples: s,
+            });
+        }
+    }
+    rows
+}
+
+fn row(rows: &[TrafficRow], scenario: Scenario, mode: Mode) -> Option<&TrafficRow> {
+    rows.iter().find(|r| r.scenario == scenario && r.mode == mode && r.status == "measured")
+}
+
+/// Evaluates the issue's goals.
+pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRound]) -> Vec<Goal> {
+    let mut out = Vec::new();
+    for (conn, thr) in [
+        (Scenario::OutboundConnections, Scenario::OutboundThroughput),
+        (Scenario::InboundConnections, Scenario::InboundThroughput),
+    ] {
+        let dir = if conn == Scenario::OutboundConnections { "outbound" } else { "inbound" };
+        let (Some(d), Some(e)) = (row(rows, conn, Mode::Direct), row(rows, conn, Mode::Ebpf)) else {
+            out.push(Goal {
+                goal: format!("{dir}: ebpf ≥ 0.97 × direct, ahead of both iptables modes"),
+                observed: "ebpf not measured (not yet implemented)".into(),
+                met: None,
+            });
+            continue;
+        };
+        let ratio = e.rate.median / d.rate.median;
+        out.push(Goal {
+            goal: format!("{dir} connection rate: ebpf ≥ 0.97 × direct"),
+            observed: format!("{ratio:.3} × direct ({:.0} vs {:.0} conn/s)", e.rate.median, d.rate.median),
+            met: Some(ratio >= 0.97),
+        });
+        for m in [Mode::IptablesNft, Mode::IptablesLegacy] {
+            let Some(i) = row(rows, conn, m) else { continue };
+            out.push(Goal {
+                goal: format!("{dir} connection rate: ebpf clearly ahead of {} (min of ebpf > max of {})", m.label(), m.label()),
+                observed: format!(
+                    "{:.3} × ({:.0}–{:.0} vs {:.0}–{:.0} conn/s)",
+                    e.rate.median / i.rate.median,
+                    e.rate.min,
+                    e.rate.max,
+                    i.rate.min,
+                    i.rate.max
+                ),
+                met: Some(e.rate.min > i.rate.max),
+            });
+            out.push(Goal {
+                goal: format!("{dir} p99: ebpf clearly below {} (max of ebpf < min of {})", m.label(), m.label()),
+                observed: format!(
+                    "{:.0}–{:.0} µs vs {:.0}–{:.0} µs",
+                    e.p99_us.min, e.p99_us.max, i.p99_us.min, i.p99_us.max
+                ),
+                met: Some(e.p99_us.max < i.p99_us.min),
+            });
+        }
+        if let (Some(d), Some(e)) = (row(rows, thr, Mode::Direct), row(rows, thr, Mode::Ebpf)) {
+            let ratio = e.gbps.median / d.gbps.median;
+            // Within noise: within 3 %, or the two ranges overlap.
+            let met = (ratio - 1.0).abs() <= 0.03 || (e.gbps.min <= d.gbps.max && d.gbps.min <= e.gbps.max);
+            out.push(Goal {
+                goal: format!("{dir} throughput: ebpf = direct within noise"),
+                observed: format!(
+                    "{ratio:.3} × direct ({:.2}–{:.2} vs {:.2}–{:.2} Gbit/s)",
+                    e.gbps.min, e.gbps.max, d.gbps.min, d.gbps.max
+                ),
+                met: Some(met),
+            });
+        }
+    }
+    let worst_p50 = pods.checkpoints.iter().map(|c| c.add_p50_ms).fold(0.0, f64::max);
+    let worst_p99 = pods.checkpoints.iter().map(|c| c.add_p99_ms).fold(0.0, f64::max);
+    out.push(Goal {
+        goal: "CNI ADD p50 ≤ 2 ms (every checkpoint)".into(),
+        observed: format!("worst p50 {worst_p50:.2} ms"),
+        met: Some(worst_p50 <= 2.0),
+    });
+    out.push(Goal {
+        goal: "CNI ADD p99 ≤ 10 ms (every checkpoint)".into(),
+        observed: format!("worst p99 {worst_p99:.2} ms"),
+        met: Some(worst_p99 <= 10.0),
+    });
+    if let (Some(first), Some(last)) = (pods.checkpoints.first(), pods.checkpoints.last()) {
+        let ratio = last.add_p50_ms / first.add_p50_ms;
+        out.push(Goal {
+            goal: format!("ADD p50 with {} pods / with {} pod(s) ≤ 1.2", last.registered, first.registered),
+            observed: format!("{ratio:.2} ({:.2} / {:.2} ms)", last.add_p50_ms, first.add_p50_ms),
+            met: Some(ratio <= 1.2),
+        });
+    }
+    let f = &pods.footprint;
+    out.push(Goal {
+        goal: format!("agent RSS ≤ 20 MiB with {} pods", f.registered),
+        observed: format!("{:.1} MiB", f.agent_rss_kib as f64 / 1024.0),
+        met: Some(f.agent_rss_kib <= 20 * 1024),
+    });
+    let failed: u64 = restart.iter().map(|r| r.failed).sum();
+    out.push(Goal {
+        goal: "0 failed connections while the agent is SIGKILLed and restarted".into(),
+        observed: format!(
+            "{failed} failed of {} over {} restarts",
+            restart.iter().map(|r| r.ok + r.failed).sum::<u64>(),
+            restart.len()
+        ),
+        met: Some(failed == 0 && !restart.is_empty()),
+    });
+    out
+}
+
+fn range(s: &Summary, prec: usize) -> String {
+    format!("{:.p$} ({:.p$}–{:.p$})", s.median, s.min, s.max, p = prec)
+}
+
+/// Renders BENCHMARKS.md.
+pub fn markdown(r: &Results) -> String {
+    let mut md = String::new();
+    let c = &r.traffic_config;
+    let _ = writeln!(md, "# Benchmarks: eBPF redirection vs Linkerd's iptables rules vs no interception\n");
+    let _ = writeln!(
+        md,
+        "Generated by `{}` ({}run, {:.0} s, commit `{}`). Numbers are medians over {} rounds \
+         with the min–max in parentheses; modes run back to back, alternating (the order rotates \
+         every round). Raw samples: `bench/results.json`; chart: `bench/chart.svg`.\n",
+        r.command,
+        if r.quick { "quick " } else { "full " },
+        r.duration_secs,
+        r.git_commit,
+        c.rounds
+    );
+    let m = &r.machine;
+    let _ = writeln!(md, "**Machine**: `{}`; {} ({} cores), {} MiB RAM.\n", m.uname, m.cpu, m.cores, m.memory_mib);
+    let _ = writeln!(md, "![main comparisons](bench/chart.svg)\n");
+
+    let _ = writeln!(md, "## Goals\n");
+    let _ = writeln!(md, "| goal | observed | met |\n|---|---|---|");
+    for g in &r.goals {
+        let met = match g.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "n/a",
+        };
+        let _ = writeln!(md, "| {} | {} | {met} |", g.goal, g.observed);
+    }
+    if !r.notes.is_empty() {
+        let _ = writeln!(md, "\n## Analysis\n");
+        for n in &r.notes {
+            let _ = writeln!(md, "{n}\n");
+        }
+    }
+
+    let _ = writeln!(md, "\n## 1–3. Traffic through the proxy\n");
+    let _ = writeln!(
+        md,
+        "Connections: {} concurrent clients, each looping connect, {}-byte request, response, close, \
+         for {} ms (after {} ms warm-up); latency is connect-to-close of one exchange. Throughput: {} \
+         long connections downloading for {} ms. The ratio column is the median against `direct`.\n",
+        c.concurrency,
+        crate::server::REQ_LEN,
+        c.rr_ms,
+        c.warmup_ms,
+        c.streams,
+        c.bulk_ms
+    );
+    for scenario in Scenario::ALL {
+        let rows: Vec<&TrafficRow> = r.traffic.iter().filter(|x| x.scenario == scenario).collect();
+        let direct = rows.iter().copied().find(|x| x.mode == Mode::Direct && x.status == "measured");
+        let _ = writeln!(md, "### {}\n", scenario.label());
+        if scenario.kind() == crate::load::Kind::Rr {
+            let _ = writeln!(md, "| mode | conn/s | × direct | p50 µs | p99 µs | failed |\n|---|---|---|---|---|---|");
+            for x in &rows {
+                if x.status != "measured" {
+                    let _ = writeln!(md, "| {} | {} | | | | |", x.mode.label(), x.status);
+                    continue;
+                }
+                let ratio = direct.map(|d| format!("{:.3}", x.rate.median / d.rate.median)).unwrap_or_default();
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {ratio} | {} | {} | {} |",
+                    x.mode.label(),
+                    range(&x.rate, 0),
+                    range(&x.p50_us, 0),
+                    range(&x.p99_us, 0),
+                    x.failed
+                );
+            }
+        } else {
+            let _ = writeln!(md, "| mode | Gbit/s | × direct | failed |\n|---|---|---|---|");
+            for x in &rows {
+                if x.status != "measured" {
+                    let _ = writeln!(md, "| {} | {} | | |", x.mode.label(), x.status);
+                    continue;
+                }
+                let ratio = direct.map(|d| format!("{:.3}", x.gbps.median / d.gbps.median)).unwrap_or_default();
+                let _ = writeln!(md, "| {} | {} | {ratio} | {} |", x.mode.label(), range(&x.gbps, 2), x.failed);
+            }
+        }
+        let _ = writeln!(md);
+    }
+
+    let p = &r.pod_setup;
+    let _ = writeln!(md, "## 4. Pod setup: CNI ADD and DEL through the real plugin and agent\n");
+    let _ = writeln!(
+        md,
+        "Each sample spawns the `linkerd-cni` binary as a runtime does (spawn to exit; the agent \
+         answers once the programs are attached to the pod's cgroup and the maps are written), \
+         then checks from inside the pod that its connects are redirected; DEL likewise, checking \
+         they no longer are. Pods: a netns (lo up) and a cgroup each, registered with a fake API \
+         server. Filling the node took {:.1} s.\n",
+        p.fill_secs
+    );
+    let _ = writeln!(md, "| pods registered | samples | ADD p50 ms | ADD p99 ms | DEL p50 ms | DEL p99 ms | agent RSS MiB |\n|---|---|---|---|---|---|---|");
+    for cp in &p.checkpoints {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            cp.registered,
+            cp.add_ms.len(),
+            cp.add_p50_ms,
+            cp.add_p99_ms,
+            cp.del_p50_ms,
+            cp.del_p99_ms,
+            cp.agent_rss_kib as f64 / 1024.0
+        );
+    }
+    if let (Some(a), Some(b)) = (p.checkpoints.first(), p.checkpoints.last()) {
+        let _ = writeln!(
+            md,
+            "\nRatio {} pods / {} pod(s): ADD p50 {:.2}, ADD p99 {:.2}, DEL p50 {:.2}, DEL p99 {:.2}.\n",
+            b.registered,
+            a.registered,
+            b.add_p50_ms / a.add_p50_ms,
+            b.add_p99_ms / a.add_p99_ms,
+            b.del_p50_ms / a.del_p50_ms,
+            b.del_p99_ms / a.del_p99_ms
+        );
+    }
+
+    let f = &p.footprint;
+    let _ = writeln!(md, "## 5. Footprint with {} pods registered\n", f.registered);
+    let _ = writeln!(
+        md,
+        "Agent RSS {:.1} MiB (peak {:.1} MiB; {:.1} MiB with one pod). {} pinned bpf_links. \
+         BPF maps {:.1} KiB in total (`bpftool map show` → `bytes_memlock`). An agent restart \
+         (spawn to answering on its socket, adopting every pod) took {:.0} ms.\n",
+        f.agent_rss_kib as f64 / 1024.0,
+        f.agent_hwm_kib as f64 / 1024.0,
+        f.agent_rss_1_pod_kib as f64 / 1024.0,
+        f.links,
+        f.maps_total_bytes as f64 / 1024.0,
+        f.restart_ready_ms
+    );
+    let _ = writeln!(md, "| map | type | max entries | memlock KiB |\n|---|---|---|---|");
+    for m in &f.maps {
+        let _ = writeln!(md, "| {} | {} | {} | {:.1} |", m.name, m.kind, m.max_entries, m.bytes_memlock as f64 / 1024.0);
+    }
+
+    let _ = writeln!(md, "\n## 6. Agent restart under load\n");
+    let _ = writeln!(
+        md,
+        "Clients in the ebpf pod ({} concurrent, short connections) run while the agent is \
+         SIGKILLed and started again; a failure is any exchange that did not complete.\n",
+        c.concurrency
+    );
+    let _ = writeln!(md, "| restart | killed at ms | down ms (kill → answering) | connections ok | failed | failed kill→ready+1 s | through the proxy |\n|---|---|---|---|---|---|---|");
+    for (i, x) in r.restart.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "| {} | {:.0} | {:.0} | {} | {} | {} | {} |",
+            i + 1,
+            x.kill_at_ms,
+            x.down_ms,
+            x.ok,
+            x.failed,
+            x.failed_in_window,
+            x.through_proxy
+        );
+    }
+
+    let _ = writeln!(md, "\n## Method\n");
+    let _ = writeln!(
+        md,
+        "- Everything runs on one simulated node: a node netns with a bridge, pods as netns + cgroup \
+         v2 attached to it, an upstream pod running the server, a peer pod for inbound clients. No \
+         traffic leaves the netns made for the run.\n\
+         - Each mode has its own meshed pod running the same proxy (`linkerd-cni-bench proxy`, UID \
+         2102: `getsockopt(SO_ORIGINAL_DST)` on every accepted connection, connect there, relay with \
+         `splice(2)`) and the same server. A mode has a pod of its own because a netns keeps the \
+         legacy `nat` table and its conntrack hooks once iptables-legacy touched it.\n\
+         - `direct`: clients dial the proxy (outbound `127.0.0.1:4140`, inbound `<pod>:4143`); the \
+         proxy still calls `SO_ORIGINAL_DST`, which has nothing to answer, and forwards to the \
+         configured upstream. `iptables-nft` / `iptables-legacy`: Linkerd proxy-init's chains \
+         `PROXY_INIT_REDIRECT` (PREROUTING) and `PROXY_INIT_OUTPUT` (OUTPUT: proxy UID, `lo`, then \
+         REDIRECT) in the pod netns. `ebpf`: the pod registered through the real `linkerd-cni` \
+         plugin with the real agent process.\n\
+         - Every measurement checks the proxy's accept counter: a connection that bypassed the \
+         proxy fails the run.\n\
+         - Clients are a separate process in the client pod (netns, cgroup, UID 1000), threads \
+         with blocking sockets; every netns gets `tcp_tw_reuse=1` and a wide ephemeral port range."
+    );
+    md
+}
+
+const COLORS: [(&str, Mode); 4] =
+    [("#9e9e9e", Mode::Direct), ("#e6862e", Mode::IptablesNft), ("#c0392b", Mode::IptablesLegacy), ("#2e86de", Mode::Ebpf)];
+
+fn color(mode: Mode) -> &'static str {
+    COLORS.iter().find(|(_, m)| *m == mode).map(|(c, _)| *c).unwrap_or("#000")
+}
+
+/// A grouped bar panel with min–max whiskers. `groups`: (label, bars (label, colour, value)).
+fn panel(svg: &mut String, x: f64, y: f64, w: f64, h: f64, title: &str, groups: &[(String, Vec<(String, &str, Option<Summary>)>)]) {
+    let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" font-size="14" font-weight="bold">{title}</text>"#, x, y + 14.0);
+    let (top, bottom) = (y + 28.0, y + h - 34.0);
+    let max = groups
+        .iter()
+        .flat_map(|(_, b)| b.iter().filter_map(|(_, _, s)| s.map(|s| s.max)))
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let _ = writeln!(svg, r##"<line x1="{x:.1}" y1="{bottom:.1}" x2="{:.1}" y2="{bottom:.1}" stroke="#333"/>"##, x + w);
+    for t in 0..=4 {
+        let v = max * f64::from(t) / 4.0;
+        let ty = bottom - (bottom - top) * f64::from(t) / 4.0;
+        let _ = writeln!(svg, r##"<line x1="{x:.1}" y1="{ty:.1}" x2="{:.1}" y2="{ty:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#555">{}</text>"##, x + w, x + 2.0, ty - 2.0, fmt_num(v));
+    }
+    let gw = w / groups.len().max(1) as f64;
+    for (gi, (glabel, bars)) in groups.iter().enumerate() {
+        let gx = x + gw * gi as f64;
+        let bw = (gw - 16.0) / bars.len().max(1) as f64;
+        for (bi, (blabel, colour, s)) in bars.iter().enumerate() {
+            let bx = gx + 8.0 + bw * bi as f64;
+            match s {
+                Some(s) => {
+                    let bh = (bottom - top) * s.median / max;
+                    let _ = writeln!(svg, r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{bh:.1}" fill="{colour}"><title>{blabel}: {} ({}–{})</title></rect>"#, bx + 1.0, bottom - bh, bw - 2.0, fmt_num(s.median), fmt_num(s.min), fmt_num(s.max));
+                    let (ymin, ymax) = (bottom - (bottom - top) * s.min / max, bottom - (bottom - top) * s.max / max);
+                    let cx = bx + bw / 2.0;
+                    let _ = writeln!(svg, r##"<line x1="{cx:.1}" y1="{ymin:.1}" x2="{cx:.1}" y2="{ymax:.1}" stroke="#222"/><line x1="{:.1}" y1="{ymin:.1}" x2="{:.1}" y2="{ymin:.1}" stroke="#222"/><line x1="{:.1}" y1="{ymax:.1}" x2="{:.1}" y2="{ymax:.1}" stroke="#222"/>"##, cx - 3.0, cx + 3.0, cx - 3.0, cx + 3.0);
+                    let _ = writeln!(svg, r#"<text x="{cx:.1}" y="{:.1}" font-size="9" text-anchor="middle">{}</text>"#, ymax - 3.0, fmt_num(s.median));
+                }
+                None => {
+                    let _ = writeln!(svg, r##"<text x="{:.1}" y="{:.1}" font-size="9" text-anchor="middle" fill="#888" transform="rotate(-90 {:.1} {:.1})">not yet implemented</text>"##, bx + bw / 2.0, bottom - 6.0, bx + bw / 2.0, bottom - 6.0);
+                }
+            }
+        }
+        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{glabel}</text>"#, gx + gw / 2.0, bottom + 14.0);
+    }
+}
+
+fn fmt_num(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Renders the chart.
+pub fn svg(r: &Results) -> String {
+    let (w, h) = (1000.0, 760.0);
+    let mut s = String::new();
+    let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif">"#);
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let traffic = |scenario: Scenario, f: fn(&TrafficRow) -> Summary| -> Vec<(String, &str, Option<Summary>)> {
+        Mode::ALL
+            .iter()
+            .map(|&m| {
+                let row = r.traffic.iter().find(|x| x.scenario == scenario && x.mode == m);
+                (m.label().to_string(), color(m), row.filter(|x| x.status == "measured").map(f))
+            })
+            .collect()
+    };
+    panel(&mut s, 20.0, 40.0, 460.0, 330.0, "Connections per second (higher is better)", &[
+        ("outbound".into(), traffic(Scenario::OutboundConnections, |x| x.rate)),
+        ("inbound".into(), traffic(Scenario::InboundConnections, |x| x.rate)),
+    ]);
+    panel(&mut s, 520.0, 40.0, 460.0, 330.0, "p99 connection latency, µs (lower is better)", &[
+        ("outbound".into(), traffic(Scenario::OutboundConnections, |x| x.p99_us)),
+        ("inbound".into(), traffic(Scenario::InboundConnections, |x| x.p99_us)),
+    ]);
+    panel(&mut s, 20.0, 400.0, 460.0, 330.0, "Throughput, Gbit/s (higher is better)", &[
+        ("outbound".into(), traffic(Scenario::OutboundThroughput, |x| x.gbps)),
+        ("inbound".into(), traffic(Scenario::InboundThroughput, |x| x.gbps)),
+    ]);
+    let pods: Vec<(String, Vec<(String, &str, Option<Summary>)>)> = r
+        .pod_setup
+        .checkpoints
+        .iter()
+        .map(|c| {
+            let one = |v: f64| Some(Summary { median: v, min: v, max: v });
+            (
+                format!("{} pods", c.registered),
+                vec![
+                    ("ADD p50".to_string(), "#2e86de", one(c.add_p50_ms)),
+                    ("ADD p99".to_string(), "#1b4f72", one(c.add_p99_ms)),
+                    ("DEL p50".to_string(), "#58d68d", one(c.del_p50_ms)),
+                    ("DEL p99".to_string(), "#1e8449", one(c.del_p99_ms)),
+                ],
+            )
+        })
+        .collect();
+    panel(&mut s, 520.0, 400.0, 460.0, 330.0, "CNI ADD / DEL latency, ms (lower is better)", &pods);
+    // Legends.
+    for (i, (c, m)) in COLORS.iter().enumerate() {
+        let lx = 20.0 + 130.0 * i as f64;
+        let _ = writeln!(s, r#"<rect x="{lx}" y="8" width="12" height="12" fill="{c}"/><text x="{:.0}" y="18" font-size="12">{}</text>"#, lx + 16.0, m.label());
+    }
+    for (i, (c, l)) in [("#2e86de", "ADD p50"), ("#1b4f72", "ADD p99"), ("#58d68d", "DEL p50"), ("#1e8449", "DEL p99")].iter().enumerate() {
+        let lx = 560.0 + 105.0 * i as f64;
+        let _ = writeln!(s, r#"<rect x="{lx}" y="745" width="12" height="12" fill="{c}"/><text x="{:.0}" y="755" font-size="12">{l}</text>"#, lx + 16.0);
+    }
+    let _ = writeln!(s, r##"<text x="20" y="755" font-size="11" fill="#555">bars: median of rounds; whiskers: min–max. {}</text>"##, r.machine.uname.split_whitespace().take(2).collect::<Vec<_>>().join(" "));
+    let _ = writeln!(s, "</svg>");
+    s
+}
+
+/// Writes BENCHMARKS.md, bench/results.json and bench/chart.svg under `root`.
+pub fn write(root: &Path, r: &Results) -> anyhow::Result<()> {
+    std::fs::create_dir_all(root.join("bench"))?;
+    std::fs::write(root.join("bench/results.json"), serde_json::to_string_pretty(r)? + "\n")?;
+    std::fs::write(root.join("bench/chart.svg"), svg(r))?;
+    std::fs::write(root.join("BENCHMARKS.md"), markdown(r))?;
+    Ok(())
+}

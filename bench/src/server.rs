@@ -1,0 +1,59 @@
+//! The application server every mode talks to (`linkerd-cni-bench server`).
+//!
+//! A client opens with a [`REQ_LEN`]-byte request. `R...`: request/response, the server
+//! answers [`REQ_LEN`] bytes and closes once the client has closed. `B...`: bulk, the server
+//! writes 256 KiB blocks until the client goes away.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    sync::Arc,
+    time::Duration,
+};
+
+use crate::{pool::Pool, proxy::listen};
+
+/// Size of a request and of a response.
+pub const REQ_LEN: usize = 64;
+/// First byte of a request/response exchange.
+pub const RR: u8 = b'R';
+/// First byte of a bulk download.
+pub const BULK: u8 = b'B';
+
+/// Serves on `addr` until killed; prints `ready` once listening.
+pub fn run(addr: SocketAddr) -> anyhow::Result<()> {
+    let listener = listen(addr)?;
+    let pool = Arc::new(Pool::new());
+    println!("ready");
+    loop {
+        let Ok((conn, _)) = listener.accept() else {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        };
+        pool.execute(move || {
+            let _ = serve(conn);
+        });
+    }
+}
+
+fn serve(mut conn: TcpStream) -> std::io::Result<()> {
+    conn.set_nodelay(true)?;
+    let mut req = [0u8; REQ_LEN];
+    conn.read_exact(&mut req)?;
+    match req[0] {
+        RR => {
+            conn.write_all(&[b'r'; REQ_LEN])?;
+            // Wait for the client's close, so that the client side closes first.
+            let mut sink = [0u8; 64];
+            while conn.read(&mut sink)? > 0 {}
+        }
+        BULK => {
+            let block = vec![b'b'; 256 * 1024];
+            loop {
+                conn.write_all(&block)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,368 @@
+//! Scenarios 1-3: connection setup and throughput, outbound and inbound, in every mode.
+//!
+//! The simulated node: a node netns with a bridge; an `upstream` pod running the server (the
+//! outbound destination); a `peer` pod (the inbound clients); and one meshed pod per mode, each
+//! running the same proxy (UID 2102) and the same server, in its own netns and cgroup, with
+//! that mode's redirection:
+//! - `direct`: nothing intercepts; clients dial the proxy itself (the floor);
+//! - `iptables-nft` / `iptables-legacy`: Linkerd's proxy-init rules in the pod netns;
+//! - `ebpf`: the pod registered with the real agent through the real CNI plugin.
+//!
+//! A mode has a pod of its own so that switching modes leaves no trace (a legacy `nat` table
+//! and its conntrack hooks stay in a netns once created).
+
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+
+use anyhow::{Context, bail};
+use linkerd_cni_tests::{
+    Bridge, IfAddr, NetnsGuard, Placement, Pod, iptables::Rules, link::PodPort,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    load::{Kind, LoadArgs, LoadResult},
+    node::{APP_UID, Api, Cni, CniPod, Daemon, run_load, tune, v4},
+};
+
+/// The app port every server listens on.
+pub const APP_PORT: u16 = 8080;
+
+/// A redirection mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    Direct,
+    IptablesNft,
+    IptablesLegacy,
+    Ebpf,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 4] = [Mode::Direct, Mode::IptablesNft, Mode::IptablesLegacy, Mode::Ebpf];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Direct => "direct",
+            Mode::IptablesNft => "iptables-nft",
+            Mode::IptablesLegacy => "iptables-legacy",
+            Mode::Ebpf => "ebpf",
+        }
+    }
+}
+
+/// A traffic scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    OutboundConnections,
+    OutboundThroughput,
+    InboundConnections,
+    InboundThroughput,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 4] = [
+        Scenario::OutboundConnections,
+        Scenario::OutboundThroughput,
+        Scenario::InboundConnections,
+        Scenario::InboundThroughput,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Scenario::OutboundConnections => "outbound connections",
+            Scenario::OutboundThroughput => "outbound throughput",
+            Scenario::InboundConnections => "inbound connections",
+            Scenario::InboundThroughput => "inbound throughput",
+        }
+    }
+
+    pub fn inbound(self) -> bool {
+        matches!(self, Scenario::InboundConnections | Scenario::InboundThroughput)
+    }
+
+    pub fn kind(self) -> Kind {
+        match self {
+            Scenario::OutboundConnections | Scenario::InboundConnections => Kind::Rr,
+            _ => Kind::Bulk,
+        }
+    }
+}
+
+/// Durations and load shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrafficConfig {
+    pub rounds: usize,
+    pub rr_ms: u64,
+    pub bulk_ms: u64,
+    pub warmup_ms: u64,
+    pub concurrency: usize,
+    pub streams: usize,
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sample {
+    pub round: usize,
+    /// Connections per second (connection scenarios).
+    pub rate: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Gbit/s (throughput scenarios).
+    pub gbps: f64,
+    pub failed: u64,
+    /// Connections the proxy accepted meanwhile (warm-up included).
+    pub through_proxy: u64,
+}
+
+/// A mode's pod: its processes first, so they are killed before their netns and cgroup go.
+struct ModePod {
+    mode: Mode,
+    proxy: Daemon,
+    _server: Daemon,
+    _port: PodPort,
+    pod: Pod,
+    ip: Ipv4Addr,
+}
+
+/// The node and its pods.
+pub struct Topology {
+    pods: Vec<ModePod>,
+    _upstream_server: Daemon,
+    upstream_ip: Ipv4Addr,
+    _upstream_port: PodPort,
+    _upstream: NetnsGuard,
+    _peer_port: PodPort,
+    peer: NetnsGuard,
+    _bridge: Bridge,
+    _node: NetnsGuard,
+    me: std::path::PathBuf,
+}
+
+/// The CNI container id of a mode's pod.
+pub fn ebpf_pod_id() -> String {
+    format!("bench-traffic-{}", std::process::id())
+}
+
+impl Topology {
+    /// Builds the node; registers the ebpf pod through `cni` (the agent must be running).
+    pub fn build(me: &std::path::Path, api: &Api, cni: &Cni) -> anyhow::Result<Self> {
+        let node = NetnsGuard::new()?;
+        let mut bridge = Bridge::create(
+            &node,
+            IfAddr::new(Ipv4Addr::new(10, 244, 0, 1), 24),
+            IfAddr::new("fd00:244::1".parse::<std::net::Ipv6Addr>()?, 64),
+        )?;
+        let server_args = |port: u16| vec!["server".to_string(), "--listen".into(), format!("0.0.0.0:{port}")];
+
+        let upstream = NetnsGuard::new()?;
+        tune(&upstream)?;
+        let upstream_port = bridge.attach(&upstream)?;
+        let upstream_server =
+            Daemon::start(me, &Placement::new().netns(&upstream).uid(APP_UID), &server_args(APP_PORT))?;
+        let upstream_ip = upstream_port.v4();
+
+        let peer = NetnsGuard::new()?;
+        tune(&peer)?;
+        let peer_port = bridge.attach(&peer)?;
+
+        let mut pods = Vec::new();
+        for mode in Mode::ALL {
+            let pod = Pod::new()?;
+            tune(&pod.netns)?;
+            let port = bridge.attach(&pod.netns)?;
+            let ip = port.v4();
+            match mode {
+                Mode::IptablesNft | Mode::IptablesLegacy => {
+                    let binary = if mode == Mode::IptablesNft { "iptables-nft" } else { "iptables-legacy" };
+                    Rules { binary: binary.into(), ..Rules::default() }
+                        .install(&pod.netns)
+                        .with_context(|| format!("installing the {binary} rules"))?;
+                }
+                Mode::Ebpf => {
+                    let id = ebpf_pod_id();
+                    let uid = format!("{id}-uid");
+                    api.add_pod(&id, &uid)?;
+                    cni.invoke(
+                        "ADD",
+                        &CniPod {
+                            id: &id,
+                            name: &id,
+                            uid: &uid,
+                            netns: pod.netns.path(),
+                            cgroup: Some(pod.cgroup.path()),
+                            ip,
+                        },
+                    )?;
+                }
+                Mode::Direct => {}
+            }
+            let mut proxy_args = vec!["proxy".to_string()];
+            if mode == Mode::Direct {
+                proxy_args.extend([
+                    "--direct-outbound".into(),
+                    v4(upstream_ip, APP_PORT).to_string(),
+                    "--direct-inbound".into(),
+                    v4(ip, APP_PORT).to_string(),
+                ]);
+            }
+            let proxy = Daemon::start(me, &pod.container(crate::PROXY_UID), &proxy_args)?;
+            let server = Daemon::start(me, &pod.container(APP_UID), &server_args(APP_PORT))?;
+            pods.push(ModePod { mode, proxy, _server: server, _port: port, pod, ip });
+        }
+        Ok(Self {
+            pods,
+            _upstream_server: upstream_server,
+            upstream_ip,
+            _upstream_port: upstream_port,
+            _upstream: upstream,
+            _peer_port: peer_port,
+            peer,
+            _bridge: bridge,
+            _node: node,
+            me: me.into(),
+        })
+    }
+
+    fn pod(&self, mode: Mode) -> anyhow::Result<&ModePod> {
+        self.pods.iter().find(|p| p.mode == mode).context("no pod for this mode")
+    }
+
+    /// The ebpf pod's netns and cgroup (for the restart scenario).
+    pub fn ebpf_pod(&self) -> anyhow::Result<(&Pod, Ipv4Addr)> {
+        let p = self.pod(Mode::Ebpf)?;
+        Ok((&p.pod, p.ip))
+    }
+
+    /// The upstream server's address.
+    pub fn upstream(&self) -> std::net::SocketAddr {
+        v4(self.upstream_ip, APP_PORT)
+    }
+
+    /// Where and as whom the clients of `scenario` run, and what they dial, in `mode`.
+    fn client(&self, mode: Mode, scenario: Scenario) -> anyhow::Result<(Placement, std::net::SocketAddr)> {
+        let p = self.pod(mode)?;
+        Ok(if scenario.inbound() {
+            let port = if mode == Mode::Direct { crate::INBOUND_PORT } else { APP_PORT };
+            (Placement::new().netns(&self.peer).uid(APP_UID), v4(p.ip, port))
+        } else {
+            let target =
+                if mode == Mode::Direct { v4(Ipv4Addr::LOCALHOST, crate::OUTBOUND_PORT) } else { self.upstream() };
+            (p.pod.container(APP_UID), target)
+        })
+    }
+
+    /// Runs the load of `scenario` in `mode` and checks that every connection went through
+    /// the proxy.
+    pub fn measure(&self, mode: Mode, scenario: Scenario, cfg: &TrafficConfig, round: usize) -> anyhow::Result<Sample> {
+        let (placement, target) = self.client(mode, scenario)?;
+        let kind = scenario.kind();
+        let args = LoadArgs {
+            kind,
+            target,
+            concurrency: if kind == Kind::Rr { cfg.concurrency } else { cfg.streams },
+            duration_ms: if kind == Kind::Rr { cfg.rr_ms } else { cfg.bulk_ms },
+            warmup_ms: cfg.warmup_ms,
+            series_ms: None,
+        };
+        let proxy = &self.pod(mode)?.proxy;
+        let before = proxy.counters();
+        let r: LoadResult = run_load(&self.me, &placement, &args)?;
+        let after = proxy.counters();
+        let through_proxy =
+            if scenario.inbound() { after.inbound - before.inbound } else { after.outbound - before.outbound };
+        if through_proxy < r.ok {
+            bail!(
+                "{} / {}: {} connections succeeded but the proxy accepted only {through_proxy}: \
+                 redirection is not in force",
+                mode.label(),
+                scenario.label(),
+                r.ok
+            );
+        }
+        if r.ok == 0 {
+            bail!("{} / {}: no connection succeeded: {:?}", mode.label(), scenario.label(), r.errors);
+        }
+        Ok(Sample {
+            round,
+            rate: r.rate,
+            p50_us: r.p50_us,
+            p99_us: r.p99_us,
+            gbps: r.gbps,
+            failed: r.failed,
+            through_proxy,
+        })
+    }
+
+    /// Whether inbound connections to `mode`'s pod reach its proxy (a short probe load).
+    pub fn inbound_redirected(&self, mode: Mode) -> anyhow::Result<bool> {
+        let (placement, target) = self.client(mode, Scenario::InboundConnections)?;
+        let proxy = &self.pod(mode)?.proxy;
+        let before = proxy.counters();
+        let args = LoadArgs {
+            kind: Kind::Rr,
+            target,
+            concurrency: 1,
+            duration_ms: 200,
+            warmup_ms: 0,
+            series_ms: None,
+        };
+        let r = run_load(&self.me, &placement, &args)?;
+        let after = proxy.counters();
+        Ok(r.ok > 0 && after.inbound - before.inbound >= r.ok)
+    }
+
+    /// The proxy counters of `mode`'s pod.
+    pub fn proxy_counters(&self, mode: Mode) -> anyhow::Result<crate::proxy::ProxyCounters> {
+        Ok(self.pod(mode)?.proxy.counters())
+    }
+}
+
+/// Every sample, per scenario and mode; `None` where a mode does not support the scenario.
+pub type TrafficResults = BTreeMap<Scenario, BTreeMap<Mode, Option<Vec<Sample>>>>;
+
+/// Runs every scenario in every mode, `rounds` times, modes back to back and alternating (the
+/// order rotates each round).
+pub fn run(topo: &Topology, cfg: &TrafficConfig) -> anyhow::Result<TrafficResults> {
+    let mut results: TrafficResults = BTreeMap::new();
+    let mut supported: BTreeMap<(Scenario, Mode), bool> = BTreeMap::new();
+    for scenario in Scenario::ALL {
+        for mode in Mode::ALL {
+            let ok = !scenario.inbound() || topo.inbound_redirected(mode)?;
+            if !ok {
+                eprintln!("bench: {} in mode {}: not redirected (not yet implemented)", scenario.label(), mode.label());
+            }
+            supported.insert((scenario, mode), ok);
+            results.entry(scenario).or_default().insert(mode, ok.then(Vec::new));
+        }
+    }
+    for round in 0..cfg.rounds {
+        let mut order = Mode::ALL.to_vec();
+        let n = order.len();
+        order.rotate_left(round % n);
+        for scenario in Scenario::ALL {
+            for &mode in &order {
+                if !supported[&(scenario, mode)] {
+                    continue;
+                }
+                let s = topo.measure(mode, scenario, cfg, round)?;
+                eprintln!(
+                    "bench: round {round} {:<20} {:<16} {:>9.0} conn/s p50 {:>6.0} µs p99 {:>6.0} µs {:>6.2} Gbit/s failed {}",
+                    scenario.label(),
+                    mode.label(),
+                    s.rate,
+                    s.p50_us,
+                    s.p99_us,
+                    s.gbps,
+                    s.failed
+                );
+                if let Some(Some(v)) = results.get_mut(&scenario).and_then(|m| m.get_mut(&mode)) {
+                    v.push(s);
+                }
+                // Let TIME_WAIT sockets and worker threads settle between runs.
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+    Ok(results)
+}
