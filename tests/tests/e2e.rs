@@ -752,6 +752,9 @@ fn set(conf: &Value, at: &str, value: Value) -> Vec<u8> {
     conf.to_string().into_bytes()
 }
 
+/// A corpus row: case, environment, stdin, expected CNI code, text the message must hold.
+type Case<'a> = (&'a str, Vec<(String, String)>, Vec<u8>, u64, &'a str);
+
 #[test]
 fn bad_input_corpus_gets_the_right_code_and_changes_nothing() {
     let node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
@@ -785,8 +788,7 @@ fn bad_input_corpus_gets_the_right_code_and_changes_nothing() {
         e
     };
 
-    // (case, environment, stdin, expected CNI code, text the message must hold)
-    let corpus: Vec<(&str, Vec<(String, String)>, Vec<u8>, u64, &str)> = vec![
+    let corpus: Vec<Case> = vec![
         (
             "no CNI_COMMAND",
             with(&env, "CNI_COMMAND", None),
