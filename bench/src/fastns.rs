@@ -28,7 +28,9 @@ impl LightPod {
     /// Creates `count` pods under `cgroup_parent`, the namespaces on one worker thread.
     pub fn create_many(count: usize, cgroup_parent: &Path) -> anyhow::Result<Vec<LightPod>> {
         fs::create_dir_all(NETNS_DIR)?;
-        let names: Vec<String> = (0..count).map(|_| linkerd_cni_tests::names::unique_name()).collect();
+        let names: Vec<String> = (0..count)
+            .map(|_| linkerd_cni_tests::names::unique_name())
+            .collect();
         let mut pods = Vec::with_capacity(count);
         // Namespaces first, each pushed as soon as it exists so that a failure cleans up.
         let made: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
@@ -37,10 +39,19 @@ impl LightPod {
                     .iter()
                     .map(|name| -> anyhow::Result<()> {
                         let path = Path::new(NETNS_DIR).join(name);
-                        fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+                        fs::File::create(&path)
+                            .with_context(|| format!("creating {}", path.display()))?;
                         unshare(CloneFlags::CLONE_NEWNET).context("unshare(CLONE_NEWNET)")?;
-                        mount(Some("/proc/thread-self/ns/net"), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                            .with_context(|| format!("bind-mounting the netns on {}", path.display()))?;
+                        mount(
+                            Some("/proc/thread-self/ns/net"),
+                            &path,
+                            None::<&str>,
+                            MsFlags::MS_BIND,
+                            None::<&str>,
+                        )
+                        .with_context(|| {
+                            format!("bind-mounting the netns on {}", path.display())
+                        })?;
                         lo_up().context("bringing lo up")?;
                         Ok(())
                     })

@@ -120,7 +120,10 @@ fn exchange(target: SocketAddr) -> std::io::Result<()> {
     let mut resp = [0u8; REQ_LEN];
     s.read_exact(&mut resp)?;
     if resp[0] != b'r' {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "unexpected response"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "unexpected response",
+        ));
     }
     Ok(())
 }
@@ -138,7 +141,8 @@ fn rr_thread(args: &LoadArgs, start: Instant, measure: Instant, end: Instant) ->
             Ok(()) => {
                 if t0 >= measure && t1 <= end {
                     r.ok += 1;
-                    r.lat_us.push((t1 - t0).as_micros().min(u32::MAX as u128) as u32);
+                    r.lat_us
+                        .push((t1 - t0).as_micros().min(u32::MAX as u128) as u32);
                 }
                 r.bucket(args.series_ms, t1 - start, true);
             }
@@ -164,7 +168,10 @@ fn bulk_thread(args: &LoadArgs, measure: Instant, end: Instant) -> ThreadResult 
         loop {
             let n = s.read(&mut buf)?;
             if n == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "server closed"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "server closed",
+                ));
             }
             let now = Instant::now();
             if now >= end {
@@ -184,7 +191,10 @@ fn bulk_thread(args: &LoadArgs, measure: Instant, end: Instant) -> ThreadResult 
 
 /// Runs the load and returns what it saw.
 pub fn run(args: &LoadArgs) -> LoadResult {
-    let start_unix_us = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+    let start_unix_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
     let start = Instant::now();
     let measure = start + Duration::from_millis(args.warmup_ms);
     let end = measure + Duration::from_millis(args.duration_ms);
@@ -199,7 +209,11 @@ pub fn run(args: &LoadArgs) -> LoadResult {
             .collect();
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
-    let mut out = LoadResult { start_unix_us, secs: args.duration_ms as f64 / 1000.0, ..Default::default() };
+    let mut out = LoadResult {
+        start_unix_us,
+        secs: args.duration_ms as f64 / 1000.0,
+        ..Default::default()
+    };
     let mut lat = Vec::new();
     for r in results {
         out.ok += r.ok;

@@ -8,6 +8,7 @@
 //! Modules: [`traffic`] (scenarios 1-3), [`podsetup`] (4-5), [`restart`] (6), [`node`] (the
 //! agent, plugin, API server and placed processes), [`report`] (renderings).
 
+mod diag;
 mod fastns;
 mod load;
 mod node;
@@ -49,6 +50,12 @@ struct Cli {
 enum Cmd {
     /// Run every scenario and write the report.
     Run(RunArgs),
+    /// Re-render BENCHMARKS.md and bench/chart.svg from bench/results.json (after editing
+    /// bench/ANALYSIS.md).
+    Render {
+        #[arg(long, default_value = ".")]
+        out_dir: PathBuf,
+    },
     /// (internal) The load generator.
     Load(load::LoadArgs),
     /// (internal) The forwarding proxy.
@@ -76,15 +83,22 @@ struct RunArgs {
     /// The command line recorded in the report.
     #[arg(long)]
     command: Option<String>,
+    /// Skip scenarios 1-3 (to iterate on the others; the report then has no traffic rows).
+    #[arg(long, hide = true)]
+    skip_traffic: bool,
 }
 
 /// Removes bpffs pin roots that an earlier, killed benchmark left (named `l5dt-<pid>-<n>`
 /// with a dead owner).
 fn reap_stale_pins() {
-    let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") else { return };
+    let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") else {
+        return;
+    };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let owner = name.strip_prefix(linkerd_cni_tests::names::PREFIX).and_then(|r| r.split('-').next()?.parse::<u32>().ok());
+        let owner = name
+            .strip_prefix(linkerd_cni_tests::names::PREFIX)
+            .and_then(|r| r.split('-').next()?.parse::<u32>().ok());
         if let Some(pid) = owner
             && pid != std::process::id()
             && !Path::new(&format!("/proc/{pid}")).exists()
@@ -92,6 +106,13 @@ fn reap_stale_pins() {
             let _ = node::remove_bpffs_tree(&e.path());
         }
     }
+}
+
+/// The hand-written analysis kept in bench/ANALYSIS.md, if any.
+fn read_notes(root: &Path) -> Vec<String> {
+    std::fs::read_to_string(root.join("bench/ANALYSIS.md"))
+        .map(|n| vec![n.trim().to_string()])
+        .unwrap_or_default()
 }
 
 fn git_commit(root: &Path) -> String {
@@ -110,45 +131,88 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         bail!("the benchmark creates netns, cgroups and BPF programs: run it as root");
     }
     let started = Instant::now();
+    let loadavg_start = report::loadavg();
     reap_stale_pins();
     let quick = args.quick;
     let bins = node::Bins::find()?;
     let cfg = if quick {
-        traffic::TrafficConfig { rounds: 2, rr_ms: 1000, bulk_ms: 800, warmup_ms: 300, concurrency: 32, streams: 2 }
+        traffic::TrafficConfig {
+            rounds: 2,
+            rr_ms: 1000,
+            bulk_ms: 800,
+            warmup_ms: 300,
+            concurrency: 32,
+            streams: 2,
+        }
     } else {
-        traffic::TrafficConfig { rounds: 5, rr_ms: 3000, bulk_ms: 2000, warmup_ms: 500, concurrency: 32, streams: 2 }
+        traffic::TrafficConfig {
+            rounds: 5,
+            rr_ms: 3000,
+            bulk_ms: 2000,
+            warmup_ms: 500,
+            concurrency: 32,
+            streams: 2,
+        }
     };
-    let (checkpoints, samples, restarts, restart_ms) =
-        if quick { (vec![1, 100, 1000], 20, 1, 4000) } else { (vec![1, 100, 1000], 100, 3, 6000) };
+    let (checkpoints, samples, restarts, restart_ms) = if quick {
+        (vec![1, 100, 1000], 20, 1, 4000)
+    } else {
+        (vec![1, 100, 1000], 100, 3, 6000)
+    };
 
     let api = node::Api::start()?;
     let shared_cgroup = CgroupGuard::new()?;
     let mut agent = node::AgentProc::start(&bins.agent, &api.kubeconfig, shared_cgroup.path())?;
-    let cni = node::Cni { plugin: bins.plugin.clone(), socket: agent.socket.clone() };
+    eprintln!("bench: agent running, PID {}", agent.pid().unwrap_or(0));
+    let cni = node::Cni {
+        plugin: bins.plugin.clone(),
+        socket: agent.socket.clone(),
+    };
     let outcome = (|| -> anyhow::Result<_> {
-        let topo = traffic::Topology::build(&bins.me, &api, &cni).context("building the simulated node")?;
-        eprintln!("bench: node ready ({:.1} s)", started.elapsed().as_secs_f64());
-        let traffic = traffic::run(&topo, &cfg)?;
-        let restart = restart::run(&bins.me, &topo, &mut agent, restarts, restart_ms, restart_ms / 3, cfg.concurrency)?;
-        drop(topo);
+        let topo = traffic::Topology::build(&bins.me, &api, &cni)
+            .context("building the simulated node")?;
+        eprintln!(
+            "bench: node ready ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
+        let traffic = if args.skip_traffic {
+            Default::default()
+        } else {
+            traffic::run(&topo, &cfg)?
+        };
+        let restart = restart::run(
+            &bins.me,
+            &topo,
+            &mut agent,
+            restarts,
+            restart_ms,
+            restart_ms / 3,
+            cfg.concurrency,
+        )?;
+        topo.teardown(&cni)?;
         let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)?;
         Ok((traffic, restart, pods))
     })();
-    let outcome = outcome.map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()));
+    let outcome = outcome
+        .map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()));
     drop(agent);
     let (traffic, restart, pods) = outcome?;
 
     let rows = report::traffic_rows(&traffic);
     let goals = report::goals(&rows, &pods, &restart);
-    let notes_file = args.out_dir.join("bench/ANALYSIS.md");
-    let notes = std::fs::read_to_string(&notes_file).map(|n| vec![n.trim().to_string()]).unwrap_or_default();
+    let notes = read_notes(&args.out_dir);
     let results = report::Results {
-        command: args.command.unwrap_or_else(|| format!("cargo xtask bench{}", if quick { " --quick" } else { "" })),
+        command: args
+            .command
+            .unwrap_or_else(|| format!("cargo xtask bench{}", if quick { " --quick" } else { "" })),
         quick,
-        unix_time: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        unix_time: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         git_commit: git_commit(&args.out_dir),
         duration_secs: started.elapsed().as_secs_f64(),
-        machine: report::Machine::probe(),
+        machine: report::Machine::probe(loadavg_start),
         traffic_config: cfg,
         traffic: rows,
         pod_setup: pods,
@@ -180,6 +244,13 @@ fn main() -> anyhow::Result<()> {
             let r = load::run(&args);
             println!("{}", serde_json::to_string(&r)?);
             Ok(())
+        }
+        Cmd::Render { out_dir } => {
+            let text = std::fs::read_to_string(out_dir.join("bench/results.json"))
+                .context("reading bench/results.json")?;
+            let mut results: report::Results = serde_json::from_str(&text)?;
+            results.notes = read_notes(&out_dir);
+            report::write(&out_dir, &results)
         }
         Cmd::Proxy(args) => proxy::run(args),
         Cmd::Server { listen } => server::run(listen),

@@ -16,7 +16,9 @@ use std::{
 
 use anyhow::{Context, bail};
 use linkerd_cni_proto::wire::{self, Envelope, PROTOCOL_VERSION, Request, Response};
-use linkerd_cni_tests::{ChildGuard, NetnsGuard, Placement, fake_apiserver::FakeApiServer, names::TempDir};
+use linkerd_cni_tests::{
+    ChildGuard, NetnsGuard, Placement, fake_apiserver::FakeApiServer, names::TempDir,
+};
 use serde_json::json;
 
 use crate::{
@@ -50,17 +52,25 @@ impl Bins {
             if p.is_file() {
                 Ok(p)
             } else {
-                bail!("{} not found: build it (`cargo xtask bench` builds everything)", p.display())
+                bail!(
+                    "{} not found: build it (`cargo xtask bench` builds everything)",
+                    p.display()
+                )
             }
         };
-        Ok(Self { agent: find("linkerd-cni-agent")?, plugin: find("linkerd-cni")?, me })
+        Ok(Self {
+            agent: find("linkerd-cni-agent")?,
+            plugin: find("linkerd-cni")?,
+            me,
+        })
     }
 }
 
 /// Writes `value` to `/proc/sys/<key>` inside `ns` (per-netns sysctls).
 pub fn sysctl(ns: &NetnsGuard, key: &str, value: &str) -> anyhow::Result<()> {
     let path = format!("/proc/sys/{}", key.replace('.', "/"));
-    ns.run_in(|| std::fs::write(&path, value))?.with_context(|| format!("sysctl {key}={value}"))
+    ns.run_in(|| std::fs::write(&path, value))?
+        .with_context(|| format!("sysctl {key}={value}"))
 }
 
 /// The sysctls every benchmark netns gets, so that hundreds of thousands of short connections
@@ -84,8 +94,14 @@ impl Api {
         let dir = TempDir::new()?;
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig)?;
-        server.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": K8S_NAMESPACE}}))?;
-        Ok(Self { server, kubeconfig, _dir: dir })
+        server.apply(
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": K8S_NAMESPACE}}),
+        )?;
+        Ok(Self {
+            server,
+            kubeconfig,
+            _dir: dir,
+        })
     }
 
     /// Adds a meshed pod (it has a `linkerd-proxy` container) scheduled on the node.
@@ -113,7 +129,9 @@ pub struct AgentProc {
     bin: PathBuf,
     pub socket: PathBuf,
     pub pin_root: PathBuf,
-    state_dir: PathBuf,
+    pub state_dir: PathBuf,
+    /// The tmpfs holding the state dir and the socket.
+    run_dir: PathBuf,
     kubeconfig: PathBuf,
     shared_cgroup: PathBuf,
     log: PathBuf,
@@ -123,13 +141,29 @@ pub struct AgentProc {
 impl AgentProc {
     pub fn start(bin: &Path, kubeconfig: &Path, shared_cgroup: &Path) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
-        let pin_root = PathBuf::from(format!("/sys/fs/bpf/{}", linkerd_cni_tests::names::unique_name()));
+        let pin_root = PathBuf::from(format!(
+            "/sys/fs/bpf/{}",
+            linkerd_cni_tests::names::unique_name()
+        ));
+        // The agent keeps its registry and socket in /run, a tmpfs on Kubernetes nodes (not
+        // on this VM): give it one.
+        let run_dir = dir.path().join("run");
+        std::fs::create_dir(&run_dir)?;
+        nix::mount::mount(
+            Some("tmpfs"),
+            &run_dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("size=64m,mode=0700"),
+        )
+        .context("mounting a tmpfs for the agent's state")?;
         let mut me = Self {
             child: None,
             bin: bin.into(),
-            socket: dir.path().join("agent.sock"),
+            socket: run_dir.join("agent.sock"),
             pin_root,
-            state_dir: dir.path().join("pods"),
+            state_dir: run_dir.join("pods"),
+            run_dir,
             kubeconfig: kubeconfig.into(),
             shared_cgroup: shared_cgroup.into(),
             log: dir.path().join("agent.log"),
@@ -142,7 +176,10 @@ impl AgentProc {
     /// Starts the process and waits until it answers a status request.
     pub fn spawn(&mut self) -> anyhow::Result<Duration> {
         let t0 = Instant::now();
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
         let mut cmd = Command::new(&self.bin);
         cmd.arg("--pin-root")
             .arg(&self.pin_root)
@@ -152,7 +189,13 @@ impl AgentProc {
             .arg(&self.socket)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .args(["--node-name", NODE_NAME, "--health-addr", "127.0.0.1:0", "--shared-cgroup"])
+            .args([
+                "--node-name",
+                NODE_NAME,
+                "--health-addr",
+                "127.0.0.1:0",
+                "--shared-cgroup",
+            ])
             .arg(&self.shared_cgroup)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -161,6 +204,9 @@ impl AgentProc {
         let deadline = t0 + Duration::from_secs(30);
         loop {
             if self.status().is_ok() {
+                if std::env::var_os("LINKERD_CNI_BENCH_VERBOSE").is_some() {
+                    eprintln!("bench: agent ready, PID {}", self.pid().unwrap_or(0));
+                }
                 return Ok(t0.elapsed());
             }
             if let Some(c) = self.child.as_mut()
@@ -169,7 +215,10 @@ impl AgentProc {
                 bail!("the agent exited with {status}: {}", self.log_tail());
             }
             if Instant::now() > deadline {
-                bail!("the agent did not become ready in 30 s: {}", self.log_tail());
+                bail!(
+                    "the agent did not become ready in 30 s: {}",
+                    self.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -197,7 +246,10 @@ impl AgentProc {
     pub fn status(&self) -> anyhow::Result<usize> {
         let mut s = UnixStream::connect(&self.socket)?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(&wire::encode(&Envelope { version: PROTOCOL_VERSION, request: Request::Status })?)?;
+        s.write_all(&wire::encode(&Envelope {
+            version: PROTOCOL_VERSION,
+            request: Request::Status,
+        })?)?;
         let mut header = [0u8; 4];
         s.read_exact(&mut header)?;
         let mut body = vec![0u8; wire::frame_len(header)?];
@@ -208,8 +260,8 @@ impl AgentProc {
         }
     }
 
-    /// Resident set size of the process, from `/proc/<pid>/status` (KiB): (VmRSS, VmHWM).
-    pub fn rss_kib(&self) -> anyhow::Result<(u64, u64)> {
+    /// Memory of the process, from `/proc/<pid>/status`.
+    pub fn rss(&self) -> anyhow::Result<Rss> {
         let pid = self.pid().context("agent not running")?;
         let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
         let field = |name: &str| {
@@ -218,9 +270,13 @@ impl AgentProc {
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
                 .unwrap_or(0)
         };
-        Ok((field("VmRSS:"), field("VmHWM:")))
+        Ok(Rss {
+            rss: field("VmRSS:"),
+            hwm: field("VmHWM:"),
+            anon: field("RssAnon:"),
+            file: field("RssFile:"),
+        })
     }
-
 }
 
 impl Drop for AgentProc {
@@ -228,6 +284,7 @@ impl Drop for AgentProc {
         self.kill();
         // Unpinning links detaches them; unpinning maps and programs frees them.
         let _ = remove_bpffs_tree(&self.pin_root);
+        let _ = nix::mount::umount2(&self.run_dir, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
@@ -247,6 +304,19 @@ pub fn remove_bpffs_tree(dir: &Path) -> std::io::Result<()> {
         }
     }
     std::fs::remove_dir(dir)
+}
+
+/// A process's memory, KiB.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct Rss {
+    /// VmRSS.
+    pub rss: u64,
+    /// VmHWM (peak RSS).
+    pub hwm: u64,
+    /// RssAnon: heap, stacks.
+    pub anon: u64,
+    /// RssFile: mapped binary and libraries.
+    pub file: u64,
 }
 
 /// What a CNI invocation needs to know about a pod.
@@ -289,6 +359,28 @@ impl Cni {
             conf["runtimeConfig"] = json!({"cgroupPath": cg});
         }
         conf
+    }
+
+    /// Spawn-to-exit of the plugin answering `VERSION` (no agent involved): the floor of
+    /// every CNI call.
+    pub fn version(&self) -> anyhow::Result<Duration> {
+        let t0 = Instant::now();
+        let out = Command::new(&self.plugin)
+            .env_clear()
+            .env("CNI_COMMAND", "VERSION")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()?;
+        let took = t0.elapsed();
+        if !out.status.success() {
+            bail!(
+                "CNI VERSION failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(took)
     }
 
     /// Runs `command` (`ADD`, `DEL`) for `pod`; returns the wall time from spawning the plugin
@@ -343,7 +435,10 @@ impl Daemon {
     /// Starts `me <args>` placed as `placement` says and waits for its first stdout line.
     pub fn start(me: &Path, placement: &Placement, args: &[String]) -> anyhow::Result<Self> {
         let mut cmd = placement.command(me)?;
-        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         let mut child = ChildGuard::spawn(&mut cmd)?;
         let stdout = child.child_mut().stdout.take().context("no stdout pipe")?;
         let last_line = Arc::new(Mutex::new(String::new()));
@@ -360,14 +455,21 @@ impl Daemon {
         if rx.recv_timeout(Duration::from_secs(10)).is_err() {
             bail!("{args:?} did not get ready");
         }
-        Ok(Self { _child: child, last_line })
+        Ok(Self {
+            _child: child,
+            last_line,
+        })
     }
 
     /// The proxy's latest counters.
     pub fn counters(&self) -> ProxyCounters {
         // Give the proxy's 50 ms reporting tick time to catch up.
         std::thread::sleep(Duration::from_millis(120));
-        let line = self.last_line.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let line = self
+            .last_line
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         serde_json::from_str(&line).unwrap_or_default()
     }
 }
@@ -376,10 +478,13 @@ impl Daemon {
 pub fn run_load(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow::Result<LoadResult> {
     let mut cmd = placement.command(me)?;
     cmd.arg("load")
-        .args(["--kind", match args.kind {
-            crate::load::Kind::Rr => "rr",
-            crate::load::Kind::Bulk => "bulk",
-        }])
+        .args([
+            "--kind",
+            match args.kind {
+                crate::load::Kind::Rr => "rr",
+                crate::load::Kind::Bulk => "bulk",
+            },
+        ])
         .args(["--target", &args.target.to_string()])
         .args(["--concurrency", &args.concurrency.to_string()])
         .args(["--duration-ms", &args.duration_ms.to_string()])
@@ -387,11 +492,18 @@ pub fn run_load(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow::Re
     if let Some(s) = args.series_ms {
         cmd.args(["--series-ms", &s.to_string()]);
     }
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let timeout = Duration::from_millis(args.duration_ms + args.warmup_ms) + Duration::from_secs(30);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let timeout =
+        Duration::from_millis(args.duration_ms + args.warmup_ms) + Duration::from_secs(30);
     let out = ChildGuard::spawn(&mut cmd)?.wait_output(timeout)?;
     if !out.status.success() {
-        bail!("load generator failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "load generator failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.trim()).with_context(|| format!("parsing the load result {text:?}"))

@@ -35,16 +35,29 @@ pub struct Prober {
 impl Prober {
     pub fn start(me: &Path, home: &CgroupGuard) -> anyhow::Result<Self> {
         let mut cmd = Placement::new().cgroup(home).command(me)?;
-        cmd.arg("probe").arg("--home").arg(home.path()).stdin(Stdio::piped()).stdout(Stdio::piped());
+        cmd.arg("probe")
+            .arg("--home")
+            .arg(home.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
         let mut child = ChildGuard::spawn(&mut cmd)?;
         let stdin = child.child_mut().stdin.take().context("probe stdin")?;
         let stdout = BufReader::new(child.child_mut().stdout.take().context("probe stdout")?);
-        Ok(Self { _child: child, stdin, stdout })
+        Ok(Self {
+            _child: child,
+            stdin,
+            stdout,
+        })
     }
 
     /// `redirected`, `direct` or `other ...`.
     pub fn check(&mut self, pod: &LightPod) -> anyhow::Result<String> {
-        writeln!(self.stdin, "{} {}", pod.cgroup.display(), pod.netns.display())?;
+        writeln!(
+            self.stdin,
+            "{} {}",
+            pod.cgroup.display(),
+            pod.netns.display()
+        )?;
         self.stdin.flush()?;
         let mut line = String::new();
         self.stdout.read_line(&mut line)?;
@@ -64,6 +77,14 @@ pub struct Checkpoint {
     pub del_p99_ms: f64,
     /// Agent VmRSS at this point, KiB.
     pub agent_rss_kib: u64,
+    /// The map walks every ADD and DEL makes, timed here with the agent library.
+    pub scans: Vec<crate::diag::Scan>,
+    /// One `remove_pod` of an unknown pod (all those walks plus the deletes), ms.
+    pub remove_pod_ms: f64,
+    /// Reading every registry record (what each DEL does), ms.
+    pub registry_all_ms: f64,
+    /// The plugin answering VERSION, spawn to exit (no agent): the floor of a CNI call, p50 ms.
+    pub plugin_floor_p50_ms: f64,
 }
 
 /// One pinned map's kernel memory.
@@ -81,6 +102,11 @@ pub struct Footprint {
     pub registered: usize,
     pub agent_rss_kib: u64,
     pub agent_hwm_kib: u64,
+    /// Heap and stacks / mapped files (the 18 MB binary with its embedded eBPF object), KiB.
+    pub agent_anon_kib: u64,
+    pub agent_file_kib: u64,
+    /// RSS after the pods' API objects were deleted (the agent's pod cache emptied), KiB.
+    pub agent_rss_without_api_pods_kib: u64,
     pub agent_rss_1_pod_kib: u64,
     pub maps: Vec<MapMem>,
     pub maps_total_bytes: u64,
@@ -130,7 +156,10 @@ pub fn map_memory(dir: &Path) -> anyhow::Result<Vec<MapMem>> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = e?.path();
-        let o = std::process::Command::new("bpftool").args(["-j", "map", "show", "pinned"]).arg(&path).output()?;
+        let o = std::process::Command::new("bpftool")
+            .args(["-j", "map", "show", "pinned"])
+            .arg(&path)
+            .output()?;
         if !o.status.success() {
             continue;
         }
@@ -148,7 +177,11 @@ pub fn map_memory(dir: &Path) -> anyhow::Result<Vec<MapMem>> {
 
 fn count_links(dir: &Path) -> usize {
     std::fs::read_dir(dir)
-        .map(|d| d.flatten().map(|e| std::fs::read_dir(e.path()).map(|x| x.count()).unwrap_or(0)).sum())
+        .map(|d| {
+            d.flatten()
+                .map(|e| std::fs::read_dir(e.path()).map(|x| x.count()).unwrap_or(0))
+                .sum()
+        })
         .unwrap_or(0)
 }
 
@@ -172,8 +205,12 @@ pub fn run(
     let mut counter = 0usize;
     let result = (|| -> anyhow::Result<PodSetupResults> {
         for &target in checkpoints {
-            let base = agent.status()?;
-            if target > base {
+            // Re-read the count: the agent also drops registrations whose netns went away.
+            loop {
+                let base = agent.status()?;
+                if base >= target {
+                    break;
+                }
                 let t0 = Instant::now();
                 let new = make_pods(target - base, parent.path(), api)?;
                 for r in new {
@@ -195,19 +232,32 @@ pub fn run(
                 add_ms.push(cni.invoke("ADD", &pod)?.as_secs_f64() * 1e3);
                 let state = prober.check(&r.pod)?;
                 if state != "redirected" {
-                    bail!("after ADD of {}, its connects are not redirected: {state}", r.pod.name);
+                    bail!(
+                        "after ADD of {}, its connects are not redirected: {state}",
+                        r.pod.name
+                    );
                 }
                 del_ms.push(cni.invoke("DEL", &pod)?.as_secs_f64() * 1e3);
                 let state = prober.check(&r.pod)?;
                 if state != "direct" {
-                    bail!("after DEL of {}, its connects are still redirected: {state}", r.pod.name);
+                    bail!(
+                        "after DEL of {}, its connects are still redirected: {state}",
+                        r.pod.name
+                    );
                 }
             }
             for r in &measured {
                 let _ = api.delete_pod(&r.pod.name);
             }
             drop(measured);
-            let (rss, _) = agent.rss_kib()?;
+            let rss = agent.rss()?.rss;
+            let (scans, remove_pod_ms) =
+                crate::diag::scan_costs(&agent.pin_root.join(paths::PIN_MAPS))?;
+            let registry_all_ms = crate::diag::registry_cost(&agent.state_dir)?;
+            let mut floor = Vec::new();
+            for _ in 0..samples.min(50) {
+                floor.push(cni.version()?.as_secs_f64() * 1e3);
+            }
             if rss_1 == 0 {
                 rss_1 = rss;
             }
@@ -220,15 +270,35 @@ pub fn run(
                 add_ms,
                 del_ms,
                 agent_rss_kib: rss,
+                scans,
+                remove_pod_ms,
+                registry_all_ms,
+                plugin_floor_p50_ms: stats::percentile(&floor, 0.5),
             };
             eprintln!(
-                "bench: pod setup with {registered} registered: ADD p50 {:.2} ms p99 {:.2} ms, DEL p50 {:.2} ms p99 {:.2} ms, agent RSS {} KiB",
-                cp.add_p50_ms, cp.add_p99_ms, cp.del_p50_ms, cp.del_p99_ms, rss
+                "bench: pod setup with {registered} registered: ADD p50 {:.2} ms p99 {:.2} ms, DEL p50 {:.2} ms p99 {:.2} ms, agent RSS {} KiB, map walks {:.2} ms, registry read {:.2} ms, plugin floor {:.2} ms {:?}",
+                cp.add_p50_ms,
+                cp.add_p99_ms,
+                cp.del_p50_ms,
+                cp.del_p99_ms,
+                rss,
+                cp.remove_pod_ms,
+                cp.registry_all_ms,
+                cp.plugin_floor_p50_ms,
+                cp.scans
+                    .iter()
+                    .map(|s| format!("{} {} entries {:.2} ms", s.map, s.entries, s.ms))
+                    .collect::<Vec<_>>()
             );
             out.push(cp);
         }
         let registered = agent.status()?;
-        let (rss, hwm) = agent.rss_kib()?;
+        let mem = agent.rss()?;
+        for r in &filler {
+            let _ = api.delete_pod(&r.pod.name);
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let without_api_pods = agent.rss()?.rss;
         let maps = map_memory(&agent.pin_root.join(paths::PIN_MAPS))?;
         let links = count_links(&agent.pin_root.join(paths::PIN_PODS));
         agent.kill();
@@ -239,8 +309,11 @@ pub fn run(
         }
         let footprint = Footprint {
             registered,
-            agent_rss_kib: rss,
-            agent_hwm_kib: hwm,
+            agent_rss_kib: mem.rss,
+            agent_hwm_kib: mem.hwm,
+            agent_anon_kib: mem.anon,
+            agent_file_kib: mem.file,
+            agent_rss_without_api_pods_kib: without_api_pods,
             agent_rss_1_pod_kib: rss_1,
             maps_total_bytes: maps.iter().map(|m| m.bytes_memlock).sum(),
             maps,
@@ -253,7 +326,11 @@ pub fn run(
             footprint.maps_total_bytes / 1024,
             footprint.restart_ready_ms
         );
-        Ok(PodSetupResults { checkpoints: out, footprint, fill_secs })
+        Ok(PodSetupResults {
+            checkpoints: out,
+            footprint,
+            fill_secs,
+        })
     })();
     drop(prober);
     // The fillers stay registered until the agent goes (its pins are removed then); their

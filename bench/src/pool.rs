@@ -30,13 +30,22 @@ impl Default for Pool {
 impl Pool {
     pub fn new() -> Self {
         let (tx, rx) = channel();
-        Pool { tx: Mutex::new(tx), shared: Arc::new(Shared { rx: Mutex::new(rx), idle: AtomicUsize::new(0) }) }
+        Pool {
+            tx: Mutex::new(tx),
+            shared: Arc::new(Shared {
+                rx: Mutex::new(rx),
+                idle: AtomicUsize::new(0),
+            }),
+        }
     }
 
     /// Runs `job` on a free worker (reserving it) or on a new one.
     pub fn execute(&self, job: impl FnOnce() + Send + 'static) {
         let idle = &self.shared.idle;
-        if idle.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+        if idle
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
             // The reserved worker is in (or about to enter) recv and takes this job. A
             // poisoned lock only means another dispatcher panicked; the sender is still fine.
             let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());

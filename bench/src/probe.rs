@@ -49,7 +49,9 @@ pub fn run(home: &Path) -> anyhow::Result<()> {
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
         let line = line?;
-        let Some((cg, ns)) = line.split_once(' ') else { continue };
+        let Some((cg, ns)) = line.split_once(' ') else {
+            continue;
+        };
         let answer = check(Path::new(cg), Path::new(ns));
         join_cgroup(home)?;
         setns(&root_ns, CloneFlags::CLONE_NEWNET)?;

@@ -169,7 +169,13 @@ fn original_dst(fd: RawFd) -> io::Result<SocketAddr> {
     let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
     // SAFETY: sa is writable and len says its size.
     let rc = unsafe {
-        libc::getsockopt(fd, libc::SOL_IP, SO_ORIGINAL_DST, (&raw mut sa).cast(), &mut len)
+        libc::getsockopt(
+            fd,
+            libc::SOL_IP,
+            SO_ORIGINAL_DST,
+            (&raw mut sa).cast(),
+            &mut len,
+        )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());
@@ -194,7 +200,14 @@ fn splice(from: RawFd, to: RawFd, len: usize, flags: libc::c_uint) -> io::Result
     loop {
         // SAFETY: valid descriptors, null offsets (sockets and pipes have none).
         let n = unsafe {
-            libc::splice(from, std::ptr::null_mut(), to, std::ptr::null_mut(), len, flags)
+            libc::splice(
+                from,
+                std::ptr::null_mut(),
+                to,
+                std::ptr::null_mut(),
+                len,
+                flags,
+            )
         };
         if n >= 0 {
             return Ok(n as usize);
@@ -237,7 +250,12 @@ impl Half<'_> {
         };
         let mut left = n;
         while left > 0 {
-            left -= splice(self.pipe_r.as_raw_fd(), self.dst.as_raw_fd(), left, libc::SPLICE_F_MOVE)?;
+            left -= splice(
+                self.pipe_r.as_raw_fd(),
+                self.dst.as_raw_fd(),
+                left,
+                libc::SPLICE_F_MOVE,
+            )?;
         }
         Ok(true)
     }
@@ -247,8 +265,20 @@ fn relay(a: &TcpStream, b: &TcpStream) -> io::Result<()> {
     let (r1, w1) = pipe()?;
     let (r2, w2) = pipe()?;
     let mut halves = [
-        Half { src: a, dst: b, pipe_r: r1, pipe_w: w1, open: true },
-        Half { src: b, dst: a, pipe_r: r2, pipe_w: w2, open: true },
+        Half {
+            src: a,
+            dst: b,
+            pipe_r: r1,
+            pipe_w: w1,
+            open: true,
+        },
+        Half {
+            src: b,
+            dst: a,
+            pipe_r: r2,
+            pipe_w: w2,
+            open: true,
+        },
     ];
     let result = (|| {
         while halves.iter().any(|h| h.open) {

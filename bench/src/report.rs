@@ -20,10 +20,13 @@ pub struct Machine {
     pub cpu: String,
     pub cores: usize,
     pub memory_mib: u64,
+    /// `/proc/loadavg` at the start and at the end of the run: other work on the machine.
+    pub loadavg_start: String,
+    pub loadavg_end: String,
 }
 
 impl Machine {
-    pub fn probe() -> Self {
+    pub fn probe(loadavg_start: String) -> Self {
         let uname = std::process::Command::new("uname")
             .arg("-srvm")
             .output()
@@ -32,7 +35,11 @@ impl Machine {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
             .lines()
-            .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .and_then(|r| r.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
             .unwrap_or_default();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let memory_mib = meminfo
@@ -41,9 +48,25 @@ impl Machine {
             .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
             .unwrap_or(0)
             / 1024;
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        Self { uname, cpu, cores, memory_mib }
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        Self {
+            uname,
+            cpu,
+            cores,
+            memory_mib,
+            loadavg_start,
+            loadavg_end: loadavg(),
+        }
     }
+}
+
+/// The first three fields of `/proc/loadavg`.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 /// One scenario × mode row.
@@ -94,7 +117,11 @@ pub fn traffic_rows(results: &TrafficResults) -> Vec<TrafficRow> {
     for (&scenario, modes) in results {
         for (&mode, samples) in modes {
             let samples = samples.clone();
-            let status = if samples.is_some() { "measured" } else { "not yet implemented" };
+            let status = if samples.is_some() {
+                "measured"
+            } else {
+                "not yet implemented"
+            };
             let s = samples.unwrap_or_default();
             let col = |f: fn(&Sample) -> f64| Summary::of(&s.iter().map(f).collect::<Vec<_>>());
             rows.push(TrafficRow {
@@ -114,7 +141,8 @@ pub fn traffic_rows(results: &TrafficResults) -> Vec<TrafficRow> {
 }
 
 fn row(rows: &[TrafficRow], scenario: Scenario, mode: Mode) -> Option<&TrafficRow> {
-    rows.iter().find(|r| r.scenario == scenario && r.mode == mode && r.status == "measured")
+    rows.iter()
+        .find(|r| r.scenario == scenario && r.mode == mode && r.status == "measured")
 }
 
 /// Evaluates the issue's goals.
@@ -124,8 +152,13 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
         (Scenario::OutboundConnections, Scenario::OutboundThroughput),
         (Scenario::InboundConnections, Scenario::InboundThroughput),
     ] {
-        let dir = if conn == Scenario::OutboundConnections { "outbound" } else { "inbound" };
-        let (Some(d), Some(e)) = (row(rows, conn, Mode::Direct), row(rows, conn, Mode::Ebpf)) else {
+        let dir = if conn == Scenario::OutboundConnections {
+            "outbound"
+        } else {
+            "inbound"
+        };
+        let (Some(d), Some(e)) = (row(rows, conn, Mode::Direct), row(rows, conn, Mode::Ebpf))
+        else {
             out.push(Goal {
                 goal: format!("{dir}: ebpf ≥ 0.97 × direct, ahead of both iptables modes"),
                 observed: "ebpf not measured (not yet implemented)".into(),
@@ -136,13 +169,22 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
         let ratio = e.rate.median / d.rate.median;
         out.push(Goal {
             goal: format!("{dir} connection rate: ebpf ≥ 0.97 × direct"),
-            observed: format!("{ratio:.3} × direct ({:.0} vs {:.0} conn/s)", e.rate.median, d.rate.median),
+            observed: format!(
+                "{ratio:.3} × direct ({:.0} vs {:.0} conn/s)",
+                e.rate.median, d.rate.median
+            ),
             met: Some(ratio >= 0.97),
         });
         for m in [Mode::IptablesNft, Mode::IptablesLegacy] {
-            let Some(i) = row(rows, conn, m) else { continue };
+            let Some(i) = row(rows, conn, m) else {
+                continue;
+            };
             out.push(Goal {
-                goal: format!("{dir} connection rate: ebpf clearly ahead of {} (min of ebpf > max of {})", m.label(), m.label()),
+                goal: format!(
+                    "{dir} connection rate: ebpf clearly ahead of {} (min of ebpf > max of {})",
+                    m.label(),
+                    m.label()
+                ),
                 observed: format!(
                     "{:.3} × ({:.0}–{:.0} vs {:.0}–{:.0} conn/s)",
                     e.rate.median / i.rate.median,
@@ -154,7 +196,11 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
                 met: Some(e.rate.min > i.rate.max),
             });
             out.push(Goal {
-                goal: format!("{dir} p99: ebpf clearly below {} (max of ebpf < min of {})", m.label(), m.label()),
+                goal: format!(
+                    "{dir} p99: ebpf clearly below {} (max of ebpf < min of {})",
+                    m.label(),
+                    m.label()
+                ),
                 observed: format!(
                     "{:.0}–{:.0} µs vs {:.0}–{:.0} µs",
                     e.p99_us.min, e.p99_us.max, i.p99_us.min, i.p99_us.max
@@ -165,7 +211,8 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
         if let (Some(d), Some(e)) = (row(rows, thr, Mode::Direct), row(rows, thr, Mode::Ebpf)) {
             let ratio = e.gbps.median / d.gbps.median;
             // Within noise: within 3 %, or the two ranges overlap.
-            let met = (ratio - 1.0).abs() <= 0.03 || (e.gbps.min <= d.gbps.max && d.gbps.min <= e.gbps.max);
+            let met = (ratio - 1.0).abs() <= 0.03
+                || (e.gbps.min <= d.gbps.max && d.gbps.min <= e.gbps.max);
             out.push(Goal {
                 goal: format!("{dir} throughput: ebpf = direct within noise"),
                 observed: format!(
@@ -176,8 +223,16 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
             });
         }
     }
-    let worst_p50 = pods.checkpoints.iter().map(|c| c.add_p50_ms).fold(0.0, f64::max);
-    let worst_p99 = pods.checkpoints.iter().map(|c| c.add_p99_ms).fold(0.0, f64::max);
+    let worst_p50 = pods
+        .checkpoints
+        .iter()
+        .map(|c| c.add_p50_ms)
+        .fold(0.0, f64::max);
+    let worst_p99 = pods
+        .checkpoints
+        .iter()
+        .map(|c| c.add_p99_ms)
+        .fold(0.0, f64::max);
     out.push(Goal {
         goal: "CNI ADD p50 ≤ 2 ms (every checkpoint)".into(),
         observed: format!("worst p50 {worst_p50:.2} ms"),
@@ -191,8 +246,14 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
     if let (Some(first), Some(last)) = (pods.checkpoints.first(), pods.checkpoints.last()) {
         let ratio = last.add_p50_ms / first.add_p50_ms;
         out.push(Goal {
-            goal: format!("ADD p50 with {} pods / with {} pod(s) ≤ 1.2", last.registered, first.registered),
-            observed: format!("{ratio:.2} ({:.2} / {:.2} ms)", last.add_p50_ms, first.add_p50_ms),
+            goal: format!(
+                "ADD p50 with {} pods / with {} pod(s) ≤ 1.2",
+                last.registered, first.registered
+            ),
+            observed: format!(
+                "{ratio:.2} ({:.2} / {:.2} ms)",
+                last.add_p50_ms, first.add_p50_ms
+            ),
             met: Some(ratio <= 1.2),
         });
     }
@@ -223,7 +284,10 @@ fn range(s: &Summary, prec: usize) -> String {
 pub fn markdown(r: &Results) -> String {
     let mut md = String::new();
     let c = &r.traffic_config;
-    let _ = writeln!(md, "# Benchmarks: eBPF redirection vs Linkerd's iptables rules vs no interception\n");
+    let _ = writeln!(
+        md,
+        "# Benchmarks: eBPF redirection vs Linkerd's iptables rules vs no interception\n"
+    );
     let _ = writeln!(
         md,
         "Generated by `{}` ({}run, {:.0} s, commit `{}`). Numbers are medians over {} rounds \
@@ -236,7 +300,12 @@ pub fn markdown(r: &Results) -> String {
         c.rounds
     );
     let m = &r.machine;
-    let _ = writeln!(md, "**Machine**: `{}`; {} ({} cores), {} MiB RAM.\n", m.uname, m.cpu, m.cores, m.memory_mib);
+    let _ = writeln!(
+        md,
+        "**Machine**: `{}`; {} ({} cores), {} MiB RAM. Load average (1, 5, 15 min) at the start: {}, \
+         at the end: {} (the machine is shared: other work runs alongside).\n",
+        m.uname, m.cpu, m.cores, m.memory_mib, m.loadavg_start, m.loadavg_end
+    );
     let _ = writeln!(md, "![main comparisons](bench/chart.svg)\n");
 
     let _ = writeln!(md, "## Goals\n");
@@ -270,17 +339,29 @@ pub fn markdown(r: &Results) -> String {
         c.bulk_ms
     );
     for scenario in Scenario::ALL {
-        let rows: Vec<&TrafficRow> = r.traffic.iter().filter(|x| x.scenario == scenario).collect();
-        let direct = rows.iter().copied().find(|x| x.mode == Mode::Direct && x.status == "measured");
+        let rows: Vec<&TrafficRow> = r
+            .traffic
+            .iter()
+            .filter(|x| x.scenario == scenario)
+            .collect();
+        let direct = rows
+            .iter()
+            .copied()
+            .find(|x| x.mode == Mode::Direct && x.status == "measured");
         let _ = writeln!(md, "### {}\n", scenario.label());
         if scenario.kind() == crate::load::Kind::Rr {
-            let _ = writeln!(md, "| mode | conn/s | × direct | p50 µs | p99 µs | failed |\n|---|---|---|---|---|---|");
+            let _ = writeln!(
+                md,
+                "| mode | conn/s | × direct | p50 µs | p99 µs | failed |\n|---|---|---|---|---|---|"
+            );
             for x in &rows {
                 if x.status != "measured" {
                     let _ = writeln!(md, "| {} | {} | | | | |", x.mode.label(), x.status);
                     continue;
                 }
-                let ratio = direct.map(|d| format!("{:.3}", x.rate.median / d.rate.median)).unwrap_or_default();
+                let ratio = direct
+                    .map(|d| format!("{:.3}", x.rate.median / d.rate.median))
+                    .unwrap_or_default();
                 let _ = writeln!(
                     md,
                     "| {} | {} | {ratio} | {} | {} | {} |",
@@ -292,21 +373,35 @@ pub fn markdown(r: &Results) -> String {
                 );
             }
         } else {
-            let _ = writeln!(md, "| mode | Gbit/s | × direct | failed |\n|---|---|---|---|");
+            let _ = writeln!(
+                md,
+                "| mode | Gbit/s | × direct | failed |\n|---|---|---|---|"
+            );
             for x in &rows {
                 if x.status != "measured" {
                     let _ = writeln!(md, "| {} | {} | | |", x.mode.label(), x.status);
                     continue;
                 }
-                let ratio = direct.map(|d| format!("{:.3}", x.gbps.median / d.gbps.median)).unwrap_or_default();
-                let _ = writeln!(md, "| {} | {} | {ratio} | {} |", x.mode.label(), range(&x.gbps, 2), x.failed);
+                let ratio = direct
+                    .map(|d| format!("{:.3}", x.gbps.median / d.gbps.median))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {ratio} | {} |",
+                    x.mode.label(),
+                    range(&x.gbps, 2),
+                    x.failed
+                );
             }
         }
         let _ = writeln!(md);
     }
 
     let p = &r.pod_setup;
-    let _ = writeln!(md, "## 4. Pod setup: CNI ADD and DEL through the real plugin and agent\n");
+    let _ = writeln!(
+        md,
+        "## 4. Pod setup: CNI ADD and DEL through the real plugin and agent\n"
+    );
     let _ = writeln!(
         md,
         "Each sample spawns the `linkerd-cni` binary as a runtime does (spawn to exit; the agent \
@@ -316,18 +411,31 @@ pub fn markdown(r: &Results) -> String {
          server. Filling the node took {:.1} s.\n",
         p.fill_secs
     );
-    let _ = writeln!(md, "| pods registered | samples | ADD p50 ms | ADD p99 ms | DEL p50 ms | DEL p99 ms | agent RSS MiB |\n|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "The last three columns break the time down: the plugin answering `VERSION` (spawn to exit, \
+         no agent: the floor of any CNI call on this machine); one walk of the per-pod maps as \
+         `Maps::remove_pod` makes it on every ADD and DEL (timed with the agent library on the live \
+         pins); one read of the whole registry as every DEL makes it.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| pods registered | samples | ADD p50 ms | ADD p99 ms | DEL p50 ms | DEL p99 ms | agent RSS MiB | plugin floor ms | map walk ms | registry read ms |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
     for cp in &p.checkpoints {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} |",
             cp.registered,
             cp.add_ms.len(),
             cp.add_p50_ms,
             cp.add_p99_ms,
             cp.del_p50_ms,
             cp.del_p99_ms,
-            cp.agent_rss_kib as f64 / 1024.0
+            cp.agent_rss_kib as f64 / 1024.0,
+            cp.plugin_floor_p50_ms,
+            cp.remove_pod_ms,
+            cp.registry_all_ms
         );
     }
     if let (Some(a), Some(b)) = (p.checkpoints.first(), p.checkpoints.last()) {
@@ -344,22 +452,41 @@ pub fn markdown(r: &Results) -> String {
     }
 
     let f = &p.footprint;
-    let _ = writeln!(md, "## 5. Footprint with {} pods registered\n", f.registered);
     let _ = writeln!(
         md,
-        "Agent RSS {:.1} MiB (peak {:.1} MiB; {:.1} MiB with one pod). {} pinned bpf_links. \
+        "## 5. Footprint with {} pods registered\n",
+        f.registered
+    );
+    let _ = writeln!(
+        md,
+        "Agent RSS {:.1} MiB (peak {:.1} MiB; {:.1} MiB with one pod): {:.1} MiB anonymous (heap, \
+         stacks), {:.1} MiB file-backed (the binary). After the pods' API objects were deleted \
+         (the agent's pod cache emptied, registrations kept): {:.1} MiB. {} pinned bpf_links. \
          BPF maps {:.1} KiB in total (`bpftool map show` → `bytes_memlock`). An agent restart \
          (spawn to answering on its socket, adopting every pod) took {:.0} ms.\n",
         f.agent_rss_kib as f64 / 1024.0,
         f.agent_hwm_kib as f64 / 1024.0,
         f.agent_rss_1_pod_kib as f64 / 1024.0,
+        f.agent_anon_kib as f64 / 1024.0,
+        f.agent_file_kib as f64 / 1024.0,
+        f.agent_rss_without_api_pods_kib as f64 / 1024.0,
         f.links,
         f.maps_total_bytes as f64 / 1024.0,
         f.restart_ready_ms
     );
-    let _ = writeln!(md, "| map | type | max entries | memlock KiB |\n|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| map | type | max entries | memlock KiB |\n|---|---|---|---|"
+    );
     for m in &f.maps {
-        let _ = writeln!(md, "| {} | {} | {} | {:.1} |", m.name, m.kind, m.max_entries, m.bytes_memlock as f64 / 1024.0);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.1} |",
+            m.name,
+            m.kind,
+            m.max_entries,
+            m.bytes_memlock as f64 / 1024.0
+        );
     }
 
     let _ = writeln!(md, "\n## 6. Agent restart under load\n");
@@ -369,7 +496,10 @@ pub fn markdown(r: &Results) -> String {
          SIGKILLed and started again; a failure is any exchange that did not complete.\n",
         c.concurrency
     );
-    let _ = writeln!(md, "| restart | killed at ms | down ms (kill → answering) | connections ok | failed | failed kill→ready+1 s | through the proxy |\n|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| restart | killed at ms | down ms (kill → answering) | connections ok | failed | failed kill→ready+1 s | through the proxy |\n|---|---|---|---|---|---|---|"
+    );
     for (i, x) in r.restart.iter().enumerate() {
         let _ = writeln!(
             md,
@@ -408,16 +538,37 @@ pub fn markdown(r: &Results) -> String {
     md
 }
 
-const COLORS: [(&str, Mode); 4] =
-    [("#9e9e9e", Mode::Direct), ("#e6862e", Mode::IptablesNft), ("#c0392b", Mode::IptablesLegacy), ("#2e86de", Mode::Ebpf)];
+const COLORS: [(&str, Mode); 4] = [
+    ("#9e9e9e", Mode::Direct),
+    ("#e6862e", Mode::IptablesNft),
+    ("#c0392b", Mode::IptablesLegacy),
+    ("#2e86de", Mode::Ebpf),
+];
 
 fn color(mode: Mode) -> &'static str {
-    COLORS.iter().find(|(_, m)| *m == mode).map(|(c, _)| *c).unwrap_or("#000")
+    COLORS
+        .iter()
+        .find(|(_, m)| *m == mode)
+        .map(|(c, _)| *c)
+        .unwrap_or("#000")
 }
 
 /// A grouped bar panel with min–max whiskers. `groups`: (label, bars (label, colour, value)).
-fn panel(svg: &mut String, x: f64, y: f64, w: f64, h: f64, title: &str, groups: &[(String, Vec<(String, &str, Option<Summary>)>)]) {
-    let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" font-size="14" font-weight="bold">{title}</text>"#, x, y + 14.0);
+fn panel(
+    svg: &mut String,
+    x: f64,
+    y: f64,
+    w: f64,
+    h: f64,
+    title: &str,
+    groups: &[(String, Vec<(String, &str, Option<Summary>)>)],
+) {
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" font-size="14" font-weight="bold">{title}</text>"#,
+        x,
+        y + 14.0
+    );
     let (top, bottom) = (y + 28.0, y + h - 34.0);
     let max = groups
         .iter()
@@ -425,11 +576,22 @@ fn panel(svg: &mut String, x: f64, y: f64, w: f64, h: f64, title: &str, groups: 
         .fold(0.0f64, f64::max)
         .max(1e-9)
         * 1.1;
-    let _ = writeln!(svg, r##"<line x1="{x:.1}" y1="{bottom:.1}" x2="{:.1}" y2="{bottom:.1}" stroke="#333"/>"##, x + w);
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{x:.1}" y1="{bottom:.1}" x2="{:.1}" y2="{bottom:.1}" stroke="#333"/>"##,
+        x + w
+    );
     for t in 0..=4 {
         let v = max * f64::from(t) / 4.0;
         let ty = bottom - (bottom - top) * f64::from(t) / 4.0;
-        let _ = writeln!(svg, r##"<line x1="{x:.1}" y1="{ty:.1}" x2="{:.1}" y2="{ty:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#555">{}</text>"##, x + w, x + 2.0, ty - 2.0, fmt_num(v));
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{x:.1}" y1="{ty:.1}" x2="{:.1}" y2="{ty:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#555">{}</text>"##,
+            x + w,
+            x + 2.0,
+            ty - 2.0,
+            fmt_num(v)
+        );
     }
     let gw = w / groups.len().max(1) as f64;
     for (gi, (glabel, bars)) in groups.iter().enumerate() {
@@ -440,18 +602,54 @@ fn panel(svg: &mut String, x: f64, y: f64, w: f64, h: f64, title: &str, groups: 
             match s {
                 Some(s) => {
                     let bh = (bottom - top) * s.median / max;
-                    let _ = writeln!(svg, r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{bh:.1}" fill="{colour}"><title>{blabel}: {} ({}–{})</title></rect>"#, bx + 1.0, bottom - bh, bw - 2.0, fmt_num(s.median), fmt_num(s.min), fmt_num(s.max));
-                    let (ymin, ymax) = (bottom - (bottom - top) * s.min / max, bottom - (bottom - top) * s.max / max);
+                    let _ = writeln!(
+                        svg,
+                        r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{bh:.1}" fill="{colour}"><title>{blabel}: {} ({}–{})</title></rect>"#,
+                        bx + 1.0,
+                        bottom - bh,
+                        bw - 2.0,
+                        fmt_num(s.median),
+                        fmt_num(s.min),
+                        fmt_num(s.max)
+                    );
+                    let (ymin, ymax) = (
+                        bottom - (bottom - top) * s.min / max,
+                        bottom - (bottom - top) * s.max / max,
+                    );
                     let cx = bx + bw / 2.0;
-                    let _ = writeln!(svg, r##"<line x1="{cx:.1}" y1="{ymin:.1}" x2="{cx:.1}" y2="{ymax:.1}" stroke="#222"/><line x1="{:.1}" y1="{ymin:.1}" x2="{:.1}" y2="{ymin:.1}" stroke="#222"/><line x1="{:.1}" y1="{ymax:.1}" x2="{:.1}" y2="{ymax:.1}" stroke="#222"/>"##, cx - 3.0, cx + 3.0, cx - 3.0, cx + 3.0);
-                    let _ = writeln!(svg, r#"<text x="{cx:.1}" y="{:.1}" font-size="9" text-anchor="middle">{}</text>"#, ymax - 3.0, fmt_num(s.median));
+                    let _ = writeln!(
+                        svg,
+                        r##"<line x1="{cx:.1}" y1="{ymin:.1}" x2="{cx:.1}" y2="{ymax:.1}" stroke="#222"/><line x1="{:.1}" y1="{ymin:.1}" x2="{:.1}" y2="{ymin:.1}" stroke="#222"/><line x1="{:.1}" y1="{ymax:.1}" x2="{:.1}" y2="{ymax:.1}" stroke="#222"/>"##,
+                        cx - 3.0,
+                        cx + 3.0,
+                        cx - 3.0,
+                        cx + 3.0
+                    );
+                    let _ = writeln!(
+                        svg,
+                        r#"<text x="{cx:.1}" y="{:.1}" font-size="9" text-anchor="middle">{}</text>"#,
+                        ymax - 3.0,
+                        fmt_num(s.median)
+                    );
                 }
                 None => {
-                    let _ = writeln!(svg, r##"<text x="{:.1}" y="{:.1}" font-size="9" text-anchor="middle" fill="#888" transform="rotate(-90 {:.1} {:.1})">not yet implemented</text>"##, bx + bw / 2.0, bottom - 6.0, bx + bw / 2.0, bottom - 6.0);
+                    let _ = writeln!(
+                        svg,
+                        r##"<text x="{:.1}" y="{:.1}" font-size="9" text-anchor="middle" fill="#888" transform="rotate(-90 {:.1} {:.1})">not yet implemented</text>"##,
+                        bx + bw / 2.0,
+                        bottom - 6.0,
+                        bx + bw / 2.0,
+                        bottom - 6.0
+                    );
                 }
             }
         }
-        let _ = writeln!(svg, r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{glabel}</text>"#, gx + gw / 2.0, bottom + 14.0);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{glabel}</text>"#,
+            gx + gw / 2.0,
+            bottom + 14.0
+        );
     }
 }
 
@@ -469,35 +667,95 @@ fn fmt_num(v: f64) -> String {
 pub fn svg(r: &Results) -> String {
     let (w, h) = (1000.0, 760.0);
     let mut s = String::new();
-    let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif">"#);
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif">"#
+    );
     let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let traffic = |scenario: Scenario, f: fn(&TrafficRow) -> Summary| -> Vec<(String, &str, Option<Summary>)> {
+    let traffic = |scenario: Scenario,
+                   f: fn(&TrafficRow) -> Summary|
+     -> Vec<(String, &str, Option<Summary>)> {
         Mode::ALL
             .iter()
             .map(|&m| {
-                let row = r.traffic.iter().find(|x| x.scenario == scenario && x.mode == m);
-                (m.label().to_string(), color(m), row.filter(|x| x.status == "measured").map(f))
+                let row = r
+                    .traffic
+                    .iter()
+                    .find(|x| x.scenario == scenario && x.mode == m);
+                (
+                    m.label().to_string(),
+                    color(m),
+                    row.filter(|x| x.status == "measured").map(f),
+                )
             })
             .collect()
     };
-    panel(&mut s, 20.0, 40.0, 460.0, 330.0, "Connections per second (higher is better)", &[
-        ("outbound".into(), traffic(Scenario::OutboundConnections, |x| x.rate)),
-        ("inbound".into(), traffic(Scenario::InboundConnections, |x| x.rate)),
-    ]);
-    panel(&mut s, 520.0, 40.0, 460.0, 330.0, "p99 connection latency, µs (lower is better)", &[
-        ("outbound".into(), traffic(Scenario::OutboundConnections, |x| x.p99_us)),
-        ("inbound".into(), traffic(Scenario::InboundConnections, |x| x.p99_us)),
-    ]);
-    panel(&mut s, 20.0, 400.0, 460.0, 330.0, "Throughput, Gbit/s (higher is better)", &[
-        ("outbound".into(), traffic(Scenario::OutboundThroughput, |x| x.gbps)),
-        ("inbound".into(), traffic(Scenario::InboundThroughput, |x| x.gbps)),
-    ]);
+    panel(
+        &mut s,
+        20.0,
+        40.0,
+        460.0,
+        330.0,
+        "Connections per second (higher is better)",
+        &[
+            (
+                "outbound".into(),
+                traffic(Scenario::OutboundConnections, |x| x.rate),
+            ),
+            (
+                "inbound".into(),
+                traffic(Scenario::InboundConnections, |x| x.rate),
+            ),
+        ],
+    );
+    panel(
+        &mut s,
+        520.0,
+        40.0,
+        460.0,
+        330.0,
+        "p99 connection latency, µs (lower is better)",
+        &[
+            (
+                "outbound".into(),
+                traffic(Scenario::OutboundConnections, |x| x.p99_us),
+            ),
+            (
+                "inbound".into(),
+                traffic(Scenario::InboundConnections, |x| x.p99_us),
+            ),
+        ],
+    );
+    panel(
+        &mut s,
+        20.0,
+        400.0,
+        460.0,
+        330.0,
+        "Throughput, Gbit/s (higher is better)",
+        &[
+            (
+                "outbound".into(),
+                traffic(Scenario::OutboundThroughput, |x| x.gbps),
+            ),
+            (
+                "inbound".into(),
+                traffic(Scenario::InboundThroughput, |x| x.gbps),
+            ),
+        ],
+    );
     let pods: Vec<(String, Vec<(String, &str, Option<Summary>)>)> = r
         .pod_setup
         .checkpoints
         .iter()
         .map(|c| {
-            let one = |v: f64| Some(Summary { median: v, min: v, max: v });
+            let one = |v: f64| {
+                Some(Summary {
+                    median: v,
+                    min: v,
+                    max: v,
+                })
+            };
             (
                 format!("{} pods", c.registered),
                 vec![
@@ -509,17 +767,51 @@ pub fn svg(r: &Results) -> String {
             )
         })
         .collect();
-    panel(&mut s, 520.0, 400.0, 460.0, 330.0, "CNI ADD / DEL latency, ms (lower is better)", &pods);
+    panel(
+        &mut s,
+        520.0,
+        400.0,
+        460.0,
+        330.0,
+        "CNI ADD / DEL latency, ms (lower is better)",
+        &pods,
+    );
     // Legends.
     for (i, (c, m)) in COLORS.iter().enumerate() {
         let lx = 20.0 + 130.0 * i as f64;
-        let _ = writeln!(s, r#"<rect x="{lx}" y="8" width="12" height="12" fill="{c}"/><text x="{:.0}" y="18" font-size="12">{}</text>"#, lx + 16.0, m.label());
+        let _ = writeln!(
+            s,
+            r#"<rect x="{lx}" y="8" width="12" height="12" fill="{c}"/><text x="{:.0}" y="18" font-size="12">{}</text>"#,
+            lx + 16.0,
+            m.label()
+        );
     }
-    for (i, (c, l)) in [("#2e86de", "ADD p50"), ("#1b4f72", "ADD p99"), ("#58d68d", "DEL p50"), ("#1e8449", "DEL p99")].iter().enumerate() {
+    for (i, (c, l)) in [
+        ("#2e86de", "ADD p50"),
+        ("#1b4f72", "ADD p99"),
+        ("#58d68d", "DEL p50"),
+        ("#1e8449", "DEL p99"),
+    ]
+    .iter()
+    .enumerate()
+    {
         let lx = 560.0 + 105.0 * i as f64;
-        let _ = writeln!(s, r#"<rect x="{lx}" y="745" width="12" height="12" fill="{c}"/><text x="{:.0}" y="755" font-size="12">{l}</text>"#, lx + 16.0);
+        let _ = writeln!(
+            s,
+            r#"<rect x="{lx}" y="745" width="12" height="12" fill="{c}"/><text x="{:.0}" y="755" font-size="12">{l}</text>"#,
+            lx + 16.0
+        );
     }
-    let _ = writeln!(s, r##"<text x="20" y="755" font-size="11" fill="#555">bars: median of rounds; whiskers: min–max. {}</text>"##, r.machine.uname.split_whitespace().take(2).collect::<Vec<_>>().join(" "));
+    let _ = writeln!(
+        s,
+        r##"<text x="20" y="755" font-size="11" fill="#555">bars: median of rounds; whiskers: min–max. {}</text>"##,
+        r.machine
+            .uname
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let _ = writeln!(s, "</svg>");
     s
 }
@@ -527,7 +819,10 @@ pub fn svg(r: &Results) -> String {
 /// Writes BENCHMARKS.md, bench/results.json and bench/chart.svg under `root`.
 pub fn write(root: &Path, r: &Results) -> anyhow::Result<()> {
     std::fs::create_dir_all(root.join("bench"))?;
-    std::fs::write(root.join("bench/results.json"), serde_json::to_string_pretty(r)? + "\n")?;
+    std::fs::write(
+        root.join("bench/results.json"),
+        serde_json::to_string_pretty(r)? + "\n",
+    )?;
     std::fs::write(root.join("bench/chart.svg"), svg(r))?;
     std::fs::write(root.join("BENCHMARKS.md"), markdown(r))?;
     Ok(())

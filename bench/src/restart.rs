@@ -34,7 +34,10 @@ pub struct RestartRound {
 }
 
 fn now_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 /// Runs `rounds` kill/restart cycles, each under `duration_ms` of load with the kill at
@@ -69,7 +72,9 @@ pub fn run(
             agent.kill();
             let spawned = agent.spawn();
             let t_ready = now_us();
-            let result = load.join().map_err(|_| anyhow::anyhow!("load thread panicked"))?;
+            let result = load
+                .join()
+                .map_err(|_| anyhow::anyhow!("load thread panicked"))?;
             spawned?;
             Ok((result?, t_kill, t_ready))
         })?;
@@ -79,9 +84,17 @@ pub fn run(
             anyhow::bail!("the restarted agent knows {pods_after} pods, not {pods_before}");
         }
         let bucket = |t: u64| (t.saturating_sub(result.start_unix_us) / 1000 / BUCKET_MS) as usize;
-        let (from, to) = (bucket(t_kill), bucket(t_ready) + (1000 / BUCKET_MS) as usize);
-        let failed_in_window: u64 =
-            result.series.iter().enumerate().filter(|(i, _)| *i >= from && *i <= to).map(|(_, b)| b.1).sum();
+        let (from, to) = (
+            bucket(t_kill),
+            bucket(t_ready) + (1000 / BUCKET_MS) as usize,
+        );
+        let failed_in_window: u64 = result
+            .series
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i >= from && *i <= to)
+            .map(|(_, b)| b.1)
+            .sum();
         let r = RestartRound {
             kill_at_ms: t_kill.saturating_sub(result.start_unix_us) as f64 / 1e3,
             down_ms: (t_ready - t_kill) as f64 / 1e3,

@@ -26,7 +26,11 @@ impl Summary {
         }
         let mut s = v.to_vec();
         s.sort_by(f64::total_cmp);
-        Summary { median: s[(s.len() - 1) / 2], min: s[0], max: s[s.len() - 1] }
+        Summary {
+            median: s[(s.len() - 1) / 2],
+            min: s[0],
+            max: s[s.len() - 1],
+        }
     }
 }
 
@@ -40,12 +44,24 @@ mod tests {
             (&[], 0.5, 0.0),
             (&[3.0], 0.99, 3.0),
             (&[5.0, 1.0, 4.0, 2.0, 3.0], 0.5, 3.0),
-            (&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.99, 10.0),
+            (
+                &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0],
+                0.99,
+                10.0,
+            ),
         ];
         for (v, p, want) in cases {
             assert_eq!(percentile(v, p), want, "percentile {p} of {v:?}");
         }
         let s = Summary::of(&[4.0, 1.0, 3.0, 2.0]);
-        assert_eq!(s, Summary { median: 2.0, min: 1.0, max: 4.0 }, "summary of 4 samples");
+        assert_eq!(
+            s,
+            Summary {
+                median: 2.0,
+                min: 1.0,
+                max: 4.0
+            },
+            "summary of 4 samples"
+        );
     }
 }

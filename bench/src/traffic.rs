@@ -38,7 +38,12 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 4] = [Mode::Direct, Mode::IptablesNft, Mode::IptablesLegacy, Mode::Ebpf];
+    pub const ALL: [Mode; 4] = [
+        Mode::Direct,
+        Mode::IptablesNft,
+        Mode::IptablesLegacy,
+        Mode::Ebpf,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -78,7 +83,10 @@ impl Scenario {
     }
 
     pub fn inbound(self) -> bool {
-        matches!(self, Scenario::InboundConnections | Scenario::InboundThroughput)
+        matches!(
+            self,
+            Scenario::InboundConnections | Scenario::InboundThroughput
+        )
     }
 
     pub fn kind(self) -> Kind {
@@ -153,13 +161,22 @@ impl Topology {
             IfAddr::new(Ipv4Addr::new(10, 244, 0, 1), 24),
             IfAddr::new("fd00:244::1".parse::<std::net::Ipv6Addr>()?, 64),
         )?;
-        let server_args = |port: u16| vec!["server".to_string(), "--listen".into(), format!("0.0.0.0:{port}")];
+        let server_args = |port: u16| {
+            vec![
+                "server".to_string(),
+                "--listen".into(),
+                format!("0.0.0.0:{port}"),
+            ]
+        };
 
         let upstream = NetnsGuard::new()?;
         tune(&upstream)?;
         let upstream_port = bridge.attach(&upstream)?;
-        let upstream_server =
-            Daemon::start(me, &Placement::new().netns(&upstream).uid(APP_UID), &server_args(APP_PORT))?;
+        let upstream_server = Daemon::start(
+            me,
+            &Placement::new().netns(&upstream).uid(APP_UID),
+            &server_args(APP_PORT),
+        )?;
         let upstream_ip = upstream_port.v4();
 
         let peer = NetnsGuard::new()?;
@@ -174,10 +191,17 @@ impl Topology {
             let ip = port.v4();
             match mode {
                 Mode::IptablesNft | Mode::IptablesLegacy => {
-                    let binary = if mode == Mode::IptablesNft { "iptables-nft" } else { "iptables-legacy" };
-                    Rules { binary: binary.into(), ..Rules::default() }
-                        .install(&pod.netns)
-                        .with_context(|| format!("installing the {binary} rules"))?;
+                    let binary = if mode == Mode::IptablesNft {
+                        "iptables-nft"
+                    } else {
+                        "iptables-legacy"
+                    };
+                    Rules {
+                        binary: binary.into(),
+                        ..Rules::default()
+                    }
+                    .install(&pod.netns)
+                    .with_context(|| format!("installing the {binary} rules"))?;
                 }
                 Mode::Ebpf => {
                     let id = ebpf_pod_id();
@@ -208,7 +232,14 @@ impl Topology {
             }
             let proxy = Daemon::start(me, &pod.container(crate::PROXY_UID), &proxy_args)?;
             let server = Daemon::start(me, &pod.container(APP_UID), &server_args(APP_PORT))?;
-            pods.push(ModePod { mode, proxy, _server: server, _port: port, pod, ip });
+            pods.push(ModePod {
+                mode,
+                proxy,
+                _server: server,
+                _port: port,
+                pod,
+                ip,
+            });
         }
         Ok(Self {
             pods,
@@ -225,7 +256,10 @@ impl Topology {
     }
 
     fn pod(&self, mode: Mode) -> anyhow::Result<&ModePod> {
-        self.pods.iter().find(|p| p.mode == mode).context("no pod for this mode")
+        self.pods
+            .iter()
+            .find(|p| p.mode == mode)
+            .context("no pod for this mode")
     }
 
     /// The ebpf pod's netns and cgroup (for the restart scenario).
@@ -240,28 +274,56 @@ impl Topology {
     }
 
     /// Where and as whom the clients of `scenario` run, and what they dial, in `mode`.
-    fn client(&self, mode: Mode, scenario: Scenario) -> anyhow::Result<(Placement, std::net::SocketAddr)> {
+    fn client(
+        &self,
+        mode: Mode,
+        scenario: Scenario,
+    ) -> anyhow::Result<(Placement, std::net::SocketAddr)> {
         let p = self.pod(mode)?;
         Ok(if scenario.inbound() {
-            let port = if mode == Mode::Direct { crate::INBOUND_PORT } else { APP_PORT };
-            (Placement::new().netns(&self.peer).uid(APP_UID), v4(p.ip, port))
+            let port = if mode == Mode::Direct {
+                crate::INBOUND_PORT
+            } else {
+                APP_PORT
+            };
+            (
+                Placement::new().netns(&self.peer).uid(APP_UID),
+                v4(p.ip, port),
+            )
         } else {
-            let target =
-                if mode == Mode::Direct { v4(Ipv4Addr::LOCALHOST, crate::OUTBOUND_PORT) } else { self.upstream() };
+            let target = if mode == Mode::Direct {
+                v4(Ipv4Addr::LOCALHOST, crate::OUTBOUND_PORT)
+            } else {
+                self.upstream()
+            };
             (p.pod.container(APP_UID), target)
         })
     }
 
     /// Runs the load of `scenario` in `mode` and checks that every connection went through
     /// the proxy.
-    pub fn measure(&self, mode: Mode, scenario: Scenario, cfg: &TrafficConfig, round: usize) -> anyhow::Result<Sample> {
+    pub fn measure(
+        &self,
+        mode: Mode,
+        scenario: Scenario,
+        cfg: &TrafficConfig,
+        round: usize,
+    ) -> anyhow::Result<Sample> {
         let (placement, target) = self.client(mode, scenario)?;
         let kind = scenario.kind();
         let args = LoadArgs {
             kind,
             target,
-            concurrency: if kind == Kind::Rr { cfg.concurrency } else { cfg.streams },
-            duration_ms: if kind == Kind::Rr { cfg.rr_ms } else { cfg.bulk_ms },
+            concurrency: if kind == Kind::Rr {
+                cfg.concurrency
+            } else {
+                cfg.streams
+            },
+            duration_ms: if kind == Kind::Rr {
+                cfg.rr_ms
+            } else {
+                cfg.bulk_ms
+            },
             warmup_ms: cfg.warmup_ms,
             series_ms: None,
         };
@@ -269,8 +331,11 @@ impl Topology {
         let before = proxy.counters();
         let r: LoadResult = run_load(&self.me, &placement, &args)?;
         let after = proxy.counters();
-        let through_proxy =
-            if scenario.inbound() { after.inbound - before.inbound } else { after.outbound - before.outbound };
+        let through_proxy = if scenario.inbound() {
+            after.inbound - before.inbound
+        } else {
+            after.outbound - before.outbound
+        };
         if through_proxy < r.ok {
             bail!(
                 "{} / {}: {} connections succeeded but the proxy accepted only {through_proxy}: \
@@ -281,7 +346,12 @@ impl Topology {
             );
         }
         if r.ok == 0 {
-            bail!("{} / {}: no connection succeeded: {:?}", mode.label(), scenario.label(), r.errors);
+            bail!(
+                "{} / {}: no connection succeeded: {:?}",
+                mode.label(),
+                scenario.label(),
+                r.errors
+            );
         }
         Ok(Sample {
             round,
@@ -312,6 +382,25 @@ impl Topology {
         Ok(r.ok > 0 && after.inbound - before.inbound >= r.ok)
     }
 
+    /// Unregisters the ebpf pod (CNI DEL), before the pods go.
+    pub fn teardown(self, cni: &Cni) -> anyhow::Result<()> {
+        let p = self.pod(Mode::Ebpf)?;
+        let id = ebpf_pod_id();
+        let uid = format!("{id}-uid");
+        cni.invoke(
+            "DEL",
+            &CniPod {
+                id: &id,
+                name: &id,
+                uid: &uid,
+                netns: p.pod.netns.path(),
+                cgroup: Some(p.pod.cgroup.path()),
+                ip: p.ip,
+            },
+        )?;
+        Ok(())
+    }
+
     /// The proxy counters of `mode`'s pod.
     pub fn proxy_counters(&self, mode: Mode) -> anyhow::Result<crate::proxy::ProxyCounters> {
         Ok(self.pod(mode)?.proxy.counters())
@@ -330,10 +419,17 @@ pub fn run(topo: &Topology, cfg: &TrafficConfig) -> anyhow::Result<TrafficResult
         for mode in Mode::ALL {
             let ok = !scenario.inbound() || topo.inbound_redirected(mode)?;
             if !ok {
-                eprintln!("bench: {} in mode {}: not redirected (not yet implemented)", scenario.label(), mode.label());
+                eprintln!(
+                    "bench: {} in mode {}: not redirected (not yet implemented)",
+                    scenario.label(),
+                    mode.label()
+                );
             }
             supported.insert((scenario, mode), ok);
-            results.entry(scenario).or_default().insert(mode, ok.then(Vec::new));
+            results
+                .entry(scenario)
+                .or_default()
+                .insert(mode, ok.then(Vec::new));
         }
     }
     for round in 0..cfg.rounds {
