@@ -93,9 +93,14 @@ fn main() -> anyhow::Result<()> {
             run(cargo().args(["build", "--bins"]))?;
             // Unprivileged and self-contained tests, in parallel.
             // (The default members: the eBPF crate only builds for the BPF target.)
-            run(cargo().args(["test", "--workspace", "--exclude", "linkerd-cni-ebpf", "--exclude", "linkerd-cni-tests"]).args(&args))?;
+            run(cargo()
+                .args(["test", "--no-fail-fast", "--workspace", "--exclude", "linkerd-cni-ebpf", "--exclude", "linkerd-cni-tests"])
+                .args(&args))?;
             // Privileged tests: real kernel state, one at a time.
-            run(cargo().args(["test", "-p", "linkerd-cni-tests"]).args(&args).args(["--", "--test-threads=1"]))?;
+            run(cargo()
+                .args(["test", "--no-fail-fast", "-p", "linkerd-cni-tests"])
+                .args(&args)
+                .args(["--", "--test-threads=1"]))?;
             Ok(())
         }
     }
