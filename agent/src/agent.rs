@@ -146,9 +146,9 @@ impl Agent {
     pub fn register(&self, mut reg: Registration) -> Result<PodRecord, AgentError> {
         reg.netns = self.host_path(&reg.netns);
         let ns = Netns::open(&reg.netns)?;
-        let netns_cookie = ns.cookie()?;
+        let (netns_cookie, addresses) = ns.cookie_and_addresses()?;
         let mut pod_ips = reg.pod_ips.clone();
-        for ip in ns.addresses()? {
+        for ip in addresses {
             if !pod_ips.contains(&ip) {
                 pod_ips.push(ip);
             }
@@ -179,7 +179,7 @@ impl Agent {
             Ok(a) => a,
             Err(e) => {
                 let _ = dataplane::detach(&self.pod_link_dir(&reg.id));
-                let _ = maps.remove_pod(netns_cookie);
+                let _ = maps.remove_pod(netns_cookie, &entries);
                 return Err(e);
             }
         };
@@ -271,17 +271,15 @@ impl Agent {
         dataplane::detach(&self.pod_link_dir(&record.id)).map_err(|source| {
             DataplaneError::Pin { path: self.pod_link_dir(&record.id), source }
         })?;
-        let others = self.registry.all()?;
-        let cookie_shared = others.iter().any(|r| {
-            r.id != record.id && r.netns_cookie == record.netns_cookie && r.redirected()
+        let cookie_shared = self.registry.any_other(&record.id, |r| {
+            r.netns_cookie == record.netns_cookie && r.redirected()
         });
         if record.redirected() && !cookie_shared {
-            maps.remove_pod(record.netns_cookie)?;
+            let entries = PodEntries::new(record.netns_cookie, &record.config, &record.pod_ips);
+            maps.remove_pod(record.netns_cookie, &entries)?;
         }
         self.registry.remove(&record.id)?;
-        let shared_left = others
-            .iter()
-            .any(|r| r.id != record.id && matches!(r.attachment, Attachment::Shared { .. }));
+        let shared_left = self.registry.any_other(&record.id, |r| matches!(r.attachment, Attachment::Shared { .. }));
         if matches!(record.attachment, Attachment::Shared { .. }) && !shared_left {
             let _ = dataplane::detach(&self.shared_link_dir());
         }

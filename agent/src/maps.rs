@@ -45,7 +45,12 @@ pub struct Maps {
     pub pod_stats: PerCpuHashMap<MapData, u64, PodStats>,
     pub pod_by_ip: HashMap<MapData, [u32; 4], u64>,
     pub listeners: SockHash<MapData, ListenerKey>,
+    /// Possible CPUs: the length of every per-CPU value.
+    cpus: usize,
 }
+
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
 
 fn open(dir: &Path, name: &'static str) -> Result<Map, MapsError> {
     let path = dir.join(name);
@@ -181,16 +186,18 @@ impl Maps {
             pod_stats: typed!(dir, names::MAP_POD_STATS, PerCpuHashMap),
             pod_by_ip: typed!(dir, names::MAP_POD_BY_IP, HashMap),
             listeners: typed!(dir, names::MAP_LISTENERS, SockHash),
+            cpus: aya::util::nr_cpus().map_err(|(_, e)| MapsError::Update {
+                name: names::MAP_POD_STATS,
+                source: MapError::IoError(e),
+            })?,
         })
     }
 
     /// Writes a pod's entries, its config last: the programs act on a pod only once every
-    /// list it refers to is in place.
+    /// list it refers to is in place. A netns cookie is never reused, so a new pod has no
+    /// entries to clear.
     pub fn write_pod(&mut self, netns_cookie: u64, entries: &PodEntries) -> Result<(), MapsError> {
-        // Clear what a previous registration of the same netns may have left.
-        self.remove_pod(netns_cookie)?;
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| update(names::MAP_POD_STATS)(MapError::IoError(e)))?;
-        let zeros = PerCpuValues::try_from(vec![PodStats::default(); cpus])
+        let zeros = PerCpuValues::try_from(vec![PodStats::default(); self.cpus])
             .map_err(|e| update(names::MAP_POD_STATS)(MapError::IoError(e)))?;
         self.pod_stats.insert(netns_cookie, zeros, 0).map_err(update(names::MAP_POD_STATS))?;
         for (k, v) in &entries.port_blocks {
@@ -206,28 +213,29 @@ impl Maps {
     }
 
     /// Removes every entry of the pod, its config first (the programs stop acting on it at
-    /// once). Scans the maps rather than trusting a record, so nothing can be left behind.
-    pub fn remove_pod(&mut self, netns_cookie: u64) -> Result<bool, MapsError> {
+    /// once). `entries` are what [`Self::write_pod`] wrote (they derive from the pod's record),
+    /// so each is deleted by key; only the live-connection map is walked, since its keys come
+    /// from the traffic.
+    pub fn remove_pod(&mut self, netns_cookie: u64, entries: &PodEntries) -> Result<bool, MapsError> {
         let existed = self.pod_config.remove(&netns_cookie).is_ok();
-        let ports: Vec<_> = self.port_sets.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).collect();
-        for k in ports {
-            let _ = self.port_sets.remove(&k);
+        for k in entries.port_blocks.keys() {
+            let _ = self.port_sets.remove(k);
         }
-        let addrs: Vec<_> = self.addrs.keys().filter_map(Result::ok).filter(|k| k.data().netns_cookie == netns_cookie).collect();
-        for k in addrs {
-            let _ = self.addrs.remove(&k);
+        for (prefix, k) in &entries.addrs {
+            let _ = self.addrs.remove(&Key::new(*prefix, *k));
+        }
+        for ip in &entries.ips {
+            // Another pod may hold the address by now (IPs are reused, cookies are not).
+            if self.pod_by_ip.get(ip, 0).is_ok_and(|c| c == netns_cookie) {
+                let _ = self.pod_by_ip.remove(ip);
+            }
+        }
+        for family in [AF_INET, AF_INET6] {
+            let _ = self.listeners.remove(&ListenerKey { netns_cookie, family, _pad: 0 });
         }
         let conns: Vec<_> = self.conn_dst.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).collect();
         for k in conns {
             let _ = self.conn_dst.remove(&k);
-        }
-        let ips: Vec<_> = self.pod_by_ip.iter().filter_map(Result::ok).filter(|(_, c)| *c == netns_cookie).map(|(k, _)| k).collect();
-        for k in ips {
-            let _ = self.pod_by_ip.remove(&k);
-        }
-        let listeners: Vec<_> = self.listeners.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).collect();
-        for k in listeners {
-            let _ = self.listeners.remove(&k);
         }
         let _ = self.pod_stats.remove(&netns_cookie);
         Ok(existed)
@@ -277,7 +285,7 @@ impl Maps {
             addrs,
             stats: self.stats(netns_cookie),
             live_conns: self.conn_dst.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).count(),
-            listener: (self.has_listener(netns_cookie, 2), self.has_listener(netns_cookie, 10)),
+            listener: (self.has_listener(netns_cookie, AF_INET), self.has_listener(netns_cookie, AF_INET6)),
         }
     }
 

@@ -96,26 +96,29 @@ impl Netns {
         self.run(current_netns_cookie)
     }
 
-    /// The namespace's addresses, except loopback.
-    pub fn addresses(&self) -> Result<Vec<IpAddr>, NetnsError> {
-        self.run(|| {
-            let mut out = Vec::new();
-            for ifa in nix::ifaddrs::getifaddrs().map_err(io::Error::from)? {
-                let Some(addr) = ifa.address else { continue };
-                let ip = if let Some(v4) = addr.as_sockaddr_in() {
-                    IpAddr::V4(v4.ip())
-                } else if let Some(v6) = addr.as_sockaddr_in6() {
-                    IpAddr::V6(v6.ip())
-                } else {
-                    continue;
-                };
-                if !ip.is_loopback() && !out.contains(&ip) {
-                    out.push(ip);
-                }
-            }
-            Ok(out)
-        })
+    /// The namespace's cookie and addresses (except loopback), read on one thread.
+    pub fn cookie_and_addresses(&self) -> Result<(u64, Vec<IpAddr>), NetnsError> {
+        self.run(|| Ok((current_netns_cookie()?, current_addresses()?)))
     }
+}
+
+/// The addresses of the calling thread's network namespace, except loopback.
+pub fn current_addresses() -> io::Result<Vec<IpAddr>> {
+    let mut out = Vec::new();
+    for ifa in nix::ifaddrs::getifaddrs().map_err(io::Error::from)? {
+        let Some(addr) = ifa.address else { continue };
+        let ip = if let Some(v4) = addr.as_sockaddr_in() {
+            IpAddr::V4(v4.ip())
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        if !ip.is_loopback() && !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 /// The cookie of the calling thread's network namespace.

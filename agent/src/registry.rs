@@ -2,7 +2,9 @@
 //! written atomically, so a restarted agent knows every pod an earlier run registered.
 
 use std::{
+    collections::BTreeMap,
     fs, io,
+    sync::Mutex,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -61,10 +63,12 @@ impl PodRecord {
     }
 }
 
-/// The state directory.
-#[derive(Clone, Debug)]
+/// The state directory, with every record also held in memory: reads never touch the disk,
+/// writes go to the file first (atomically) and then to memory.
+#[derive(Debug)]
 pub struct Registry {
     dir: PathBuf,
+    records: Mutex<BTreeMap<String, PodRecord>>,
 }
 
 /// Container ids become file names: keep them to a safe alphabet.
@@ -76,9 +80,28 @@ fn valid_id(id: &str) -> bool {
 }
 
 impl Registry {
+    /// Opens the directory and loads every record; unreadable files are reported, not fatal.
     pub fn open(dir: &Path) -> io::Result<Self> {
         fs::create_dir_all(dir)?;
-        Ok(Self { dir: dir.into() })
+        let mut records = BTreeMap::new();
+        for entry in fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "json") {
+                match fs::read(&path).map(|b| serde_json::from_slice::<PodRecord>(&b)) {
+                    Ok(Ok(r)) => {
+                        records.insert(r.id.clone(), r);
+                    }
+                    Ok(Err(e)) => tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry"),
+                    Err(e) => tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry"),
+                }
+            }
+        }
+        Ok(Self { dir: dir.into(), records: Mutex::new(records) })
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, PodRecord>> {
+        // Every update leaves the map consistent before it can panic.
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn path(&self, id: &str) -> io::Result<PathBuf> {
@@ -89,49 +112,72 @@ impl Registry {
     }
 
     pub fn get(&self, id: &str) -> io::Result<Option<PodRecord>> {
-        match fs::read(self.path(id)?) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(io::Error::other),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.path(id)?;
+        Ok(self.records().get(id).cloned())
     }
 
     pub fn put(&self, record: &PodRecord) -> io::Result<()> {
         let path = self.path(&record.id)?;
         let tmp = path.with_extension("json.tmp");
         fs::write(&tmp, serde_json::to_vec_pretty(record).map_err(io::Error::other)?)?;
-        fs::rename(tmp, path)
+        fs::rename(tmp, path)?;
+        self.records().insert(record.id.clone(), record.clone());
+        Ok(())
     }
 
     pub fn remove(&self, id: &str) -> io::Result<bool> {
-        match fs::remove_file(self.path(id)?) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
+        let path = self.path(id)?;
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
+        Ok(self.records().remove(id).is_some())
     }
 
-    /// Every record; unreadable files are reported, not fatal.
+    /// Every record, by container id.
     pub fn all(&self) -> io::Result<Vec<PodRecord>> {
-        let mut out = Vec::new();
-        for entry in fs::read_dir(&self.dir)? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "json") {
-                match fs::read(&path).map(|b| serde_json::from_slice::<PodRecord>(&b)) {
-                    Ok(Ok(r)) => out.push(r),
-                    Ok(Err(e)) => tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry"),
-                    Err(e) => tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry"),
-                }
-            }
-        }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+        Ok(self.records().values().cloned().collect())
+    }
+
+    /// Whether any record other than `id` satisfies `f` (without cloning them all).
+    pub fn any_other(&self, id: &str, f: impl Fn(&PodRecord) -> bool) -> bool {
+        self.records().values().any(|r| r.id != id && f(r))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_persist_across_opens() {
+        let dir = std::env::temp_dir().join(format!("l5d-registry-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let record = PodRecord {
+            id: "abc".into(),
+            ifname: "eth0".into(),
+            netns: "/run/netns/x".into(),
+            netns_ino: 1,
+            netns_cookie: 2,
+            pod: None,
+            attachment: Attachment::None,
+            reason: "test".into(),
+            config: LinkerdConfig::default(),
+            pod_ips: vec![],
+        };
+        let reg = Registry::open(&dir).unwrap();
+        reg.put(&record).unwrap();
+        assert!(reg.any_other("zzz", |r| r.netns_cookie == 2));
+        assert!(!reg.any_other("abc", |_| true));
+        let reopened = Registry::open(&dir).unwrap();
+        assert_eq!(reopened.get("abc").unwrap(), Some(record));
+        assert!(reopened.remove("abc").unwrap());
+        assert!(!reopened.remove("abc").unwrap());
+        assert!(Registry::open(&dir).unwrap().all().unwrap().is_empty());
+        assert!(reopened.get("../etc").is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn ids_are_file_safe() {

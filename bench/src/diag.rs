@@ -1,7 +1,7 @@
-//! Where the agent's per-pod time goes: the cost of the full map scans the agent makes on
-//! every ADD and DEL (`Maps::remove_pod` walks every per-pod map to find the pod's entries),
-//! measured on the live pinned maps with the agent library itself, and of the registry read
-//! every DEL makes (`Registry::all`, one JSON file per pod).
+//! Where the agent's per-pod time goes, measured on the live pinned maps with the agent
+//! library itself: what a full walk of each map would cost, what a DEL's `Maps::remove_pod`
+//! costs (entries deleted by key, only the live-connection map walked), and what loading the
+//! registry costs (`Registry::open`, one JSON file per pod, done once at agent start).
 
 use std::{path::Path, time::Instant};
 
@@ -16,8 +16,8 @@ pub struct Scan {
     pub ms: f64,
 }
 
-/// Walks every map `remove_pod` walks and times each walk, then times a `remove_pod` of a
-/// netns cookie nobody has (cookie 0: the kernel starts counting at 1).
+/// Walks every per-pod map and times each walk, then times a `remove_pod` of a netns cookie
+/// nobody has (cookie 0: the kernel starts counting at 1).
 pub fn scan_costs(maps_dir: &Path) -> anyhow::Result<(Vec<Scan>, f64)> {
     let mut maps = Maps::open(maps_dir)?;
     let mut out = Vec::new();
@@ -36,14 +36,14 @@ pub fn scan_costs(maps_dir: &Path) -> anyhow::Result<(Vec<Scan>, f64)> {
     time("l5d_pod_by_ip", &mut || maps.pod_by_ip.iter().count());
     time("l5d_listeners", &mut || maps.listeners.keys().count());
     let t0 = Instant::now();
-    maps.remove_pod(0)?;
+    maps.remove_pod(0, &linkerd_cni_agent::maps::PodEntries::default())?;
     Ok((out, t0.elapsed().as_secs_f64() * 1e3))
 }
 
-/// Times `Registry::all` over the agent's state directory (what every DEL reads), ms.
+/// Times loading the registry from the agent's state directory (what an agent start reads), ms.
 pub fn registry_cost(state_dir: &Path) -> anyhow::Result<f64> {
-    let registry = linkerd_cni_agent::registry::Registry::open(state_dir)?;
     let t0 = Instant::now();
+    let registry = linkerd_cni_agent::registry::Registry::open(state_dir)?;
     let n = registry.all()?.len();
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     anyhow::ensure!(n > 0, "the registry at {} is empty", state_dir.display());

@@ -67,6 +67,9 @@ pub const MAX_PODS: u32 = 4096;
 pub const MAX_PORT_BLOCKS: u32 = 65536;
 /// Capacity of the subnet / own-address trie.
 pub const MAX_ADDRS: u32 = 65536;
-/// Capacity of the per-socket and per-connection original destination maps. They are cleaned
-/// on close and are LRU, so a leak can never fill them.
-pub const MAX_CONNS: u32 = 262144;
+/// Capacity of the per-socket and per-connection original destination maps: live redirected
+/// connections on the node. They are cleaned on close and are LRU, so a leak can never fill
+/// them; past this many live connections the oldest lose their `getpeername` rewrite (the
+/// proxy reads `SO_ORIGINAL_DST` right after accepting). LRU maps are preallocated: about
+/// 7 MiB each at this size.
+pub const MAX_CONNS: u32 = 65536;
