@@ -169,6 +169,8 @@ impl Agent {
         if let Some(old) = self.registry.get(&reg.id)? {
             self.unregister_locked(&mut maps, &old)?;
         }
+        // Links left by a crash between steps of an earlier registration of this id.
+        let _ = dataplane::detach(&self.pod_link_dir(&reg.id));
         maps.write_pod(netns_cookie, &entries)?;
         let attached = self.attach(&reg.id, cgroup).and_then(|a| {
             // Inbound: the netns link lives with the pod's links whatever the cgroup mode.

@@ -155,8 +155,7 @@ impl Dataplane {
                 };
                 DataplaneError::Attach { program: name, path: cgroup.into(), source, hint }
             })?;
-            let path = link_dir.join(name);
-            replace_pin(link.as_fd(), &path)?;
+            pin_new(link.as_fd(), &link_dir.join(name))?;
         }
         Ok(())
     }
@@ -175,8 +174,14 @@ impl Dataplane {
         let link = bpf_sys::link_create(self.prog_fd(name)?, netns, AttachType::SkLookup).map_err(|source| {
             DataplaneError::Attach { program: name, path: link_dir.into(), source, hint: "" }
         })?;
-        replace_pin(link.as_fd(), &link_dir.join(name))
+        pin_new(link.as_fd(), &link_dir.join(name))
     }
+}
+
+/// Pins a new link. A pod's link directory starts empty (re-registration detaches the old
+/// one first), so there is nothing to replace.
+fn pin_new(fd: BorrowedFd<'_>, path: &Path) -> Result<(), DataplaneError> {
+    bpf_sys::obj_pin(fd, path).map_err(|source| DataplaneError::Pin { path: path.into(), source })
 }
 
 /// Pins `fd` at `path`, replacing whatever was pinned there (atomically, by rename).
