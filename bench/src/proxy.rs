@@ -14,7 +14,7 @@
 
 use std::{
     io,
-    net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     sync::{
         Arc,
@@ -27,8 +27,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::pool::Pool;
 
-/// `SO_ORIGINAL_DST`.
-const SO_ORIGINAL_DST: libc::c_int = 80;
 
 /// Command line of `linkerd-cni-bench proxy`.
 #[derive(Debug, Clone, clap::Args)]
@@ -139,7 +137,8 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
 }
 
 fn handle(c: &Counters, client: TcpStream, listener: SocketAddr, fallback: Option<SocketAddr>) {
-    let upstream = match (original_dst(client.as_raw_fd()), fallback) {
+    // The same SO_ORIGINAL_DST call as the test proxy's, at the socket family's level.
+    let upstream = match (linkerd_cni_tests::proxy::original_dst(&client), fallback) {
         (Ok(dst), _) if dst != listener && dst.port() != listener.port() => {
             c.orig_dst.fetch_add(1, Ordering::Relaxed);
             dst
@@ -160,30 +159,6 @@ fn handle(c: &Counters, client: TcpStream, listener: SocketAddr, fallback: Optio
     let _ = client.set_nodelay(true);
     let _ = up.set_nodelay(true);
     let _ = relay(&client, &up);
-}
-
-/// `getsockopt(SOL_IP, SO_ORIGINAL_DST)`, as linkerd2-proxy calls it.
-fn original_dst(fd: RawFd) -> io::Result<SocketAddr> {
-    // SAFETY: an all-zero sockaddr_in is valid.
-    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: sa is writable and len says its size.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_IP,
-            SO_ORIGINAL_DST,
-            (&raw mut sa).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(SocketAddr::V4(SocketAddrV4::new(
-        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
-        u16::from_be(sa.sin_port),
-    )))
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {

@@ -60,6 +60,7 @@ impl PodSource {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
         let stream = watcher(Api::<Pod>::all(client.clone()), config)
             .default_backoff()
+            .modify(keep_what_decisions_read)
             .reflect(writer);
         let node = node_name.clone();
         let watch = tokio::spawn(async move {
@@ -213,5 +214,21 @@ impl PodSource {
 impl Drop for PodSource {
     fn drop(&mut self) {
         self.watch.abort();
+    }
+}
+
+/// Trims a cached pod to what a decision reads (metadata, and container names only: the
+/// contract checks names), so the agent's memory does not grow with every pod's full spec,
+/// status and managed fields.
+fn keep_what_decisions_read(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.status = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        let names_only = |c: &mut k8s_openapi::api::core::v1::Container| {
+            *c = k8s_openapi::api::core::v1::Container { name: std::mem::take(&mut c.name), ..Default::default() };
+        };
+        spec.containers.iter_mut().for_each(names_only);
+        spec.init_containers.iter_mut().flatten().for_each(names_only);
+        spec.volumes = None;
     }
 }
