@@ -210,10 +210,8 @@ impl Agent {
     /// the data plane.
     pub fn record_unredirected(&self, mut reg: Registration, reason: String) -> Result<PodRecord, AgentError> {
         reg.netns = self.host_path(&reg.netns);
-        let (netns_ino, netns_cookie) = match Netns::open(&reg.netns) {
-            Ok(ns) => (ns.ino, ns.cookie()?),
-            Err(e) => return Err(e.into()),
-        };
+        let ns = Netns::open(&reg.netns)?;
+        let (netns_ino, netns_cookie) = (ns.ino, ns.cookie()?);
         let mut maps = self.lock();
         if let Some(old) = self.registry.get(&reg.id)? {
             self.unregister_locked(&mut maps, &old)?;
