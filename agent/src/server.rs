@@ -20,6 +20,7 @@ use linkerd_cni_proto::wire::{
     self, AddRequest, AttachmentRef, Envelope, ErrorKind, FrameError, Request, Response,
     PROTOCOL_VERSION,
 };
+use tracing::Instrument;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
@@ -137,9 +138,20 @@ impl Server {
     }
 
     async fn add(&self, add: AddRequest) -> Response {
+        let span = tracing::info_span!(
+            "add",
+            container = %add.attachment.container_id,
+            namespace = %add.pod.namespace,
+            pod = %add.pod.name
+        );
+        // `instrument`, not `enter`: the future moves between runtime threads at each await,
+        // and an entered span guard held across one corrupts the span stack (a panic under
+        // concurrent ADDs).
+        self.add_in_span(add).instrument(span).await
+    }
+
+    async fn add_in_span(&self, add: AddRequest) -> Response {
         let AddRequest { attachment: AttachmentRef { container_id, ifname, netns }, pod, cgroup_path, pod_ips, config } = add;
-        let span = tracing::info_span!("add", container = %container_id, namespace = %pod.namespace, pod = %pod.name);
-        let _enter = span.enter();
         if pod.namespace.is_empty() || pod.name.is_empty() {
             return error(ErrorKind::BadRequest, "ADD without pod namespace and name".into());
         }
