@@ -115,10 +115,6 @@ impl Agent {
         Ok(agent)
     }
 
-    pub fn config(&self) -> &AgentConfig {
-        &self.config
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Maps> {
         // A panic while holding the lock cannot leave the maps inconsistent beyond what the
         // next operation repairs (writes are idempotent), so a poisoned lock is still usable.
@@ -355,10 +351,6 @@ impl Agent {
         links_of(&self.config.pin_root, record)
     }
 
-    /// The cgroup of the shared attachment.
-    pub fn shared_cgroup(&self) -> &Path {
-        &self.shared_cgroup
-    }
 }
 
 /// The directory of a registration's own links under `pin_root`.

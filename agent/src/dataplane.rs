@@ -119,10 +119,6 @@ impl Dataplane {
         Ok(this)
     }
 
-    pub fn pin_root(&self) -> &Path {
-        &self.pin_root
-    }
-
     fn prog_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, DataplaneError> {
         let program = self.ebpf.program(name).ok_or(DataplaneError::MissingProgram(name))?;
         let fd = program.fd().map_err(|source| DataplaneError::Program { program: name, source })?;

@@ -49,17 +49,6 @@ pub const MAP_POD_BY_IP: &str = "l5d_pod_by_ip";
 /// when the proxy calls `listen()`, gone when it closes.
 pub const MAP_LISTENERS: &str = "l5d_listeners";
 
-/// Every map, as pinned under `paths::PIN_MAPS`.
-pub const MAPS: [&str; 8] = [
-    MAP_POD_CONFIG,
-    MAP_PORT_SETS,
-    MAP_ADDRS,
-    MAP_SOCK_DST,
-    MAP_CONN_DST,
-    MAP_POD_STATS,
-    MAP_POD_BY_IP,
-    MAP_LISTENERS,
-];
 
 /// Capacity of the pod config map: the most pods one node agent can mesh.
 pub const MAX_PODS: u32 = 4096;
