@@ -5,7 +5,9 @@ use std::path::Path;
 
 fn main() {
     let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
-    let workspace = Path::new(&manifest).parent().expect("agent/ lives in the workspace root");
+    let workspace = Path::new(&manifest)
+        .parent()
+        .expect("agent/ lives in the workspace root");
     for path in linkerd_cni_ebpf_build::source_paths(workspace) {
         println!("cargo:rerun-if-changed={}", path.display());
     }
@@ -22,5 +24,8 @@ fn main() {
         },
     };
     println!("cargo:rerun-if-changed={}", object.display());
-    println!("cargo:rustc-env=LINKERD_CNI_EBPF_OBJECT={}", object.display());
+    println!(
+        "cargo:rustc-env=LINKERD_CNI_EBPF_OBJECT={}",
+        object.display()
+    );
 }

@@ -108,8 +108,18 @@ impl Agent {
         let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;
         let registry = Registry::open(&config.state_dir)?;
         let cgroup_root = kernel::cgroup2_mount(config.host_root.as_deref())?;
-        let shared_cgroup = config.shared_cgroup.clone().unwrap_or_else(|| cgroup_root.clone());
-        let agent = Self { config, dataplane, registry, maps: Mutex::new(maps), cgroup_root, shared_cgroup };
+        let shared_cgroup = config
+            .shared_cgroup
+            .clone()
+            .unwrap_or_else(|| cgroup_root.clone());
+        let agent = Self {
+            config,
+            dataplane,
+            registry,
+            maps: Mutex::new(maps),
+            cgroup_root,
+            shared_cgroup,
+        };
         let adopted = agent.registry.all()?;
         tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
         Ok(agent)
@@ -150,10 +160,15 @@ impl Agent {
             }
         }
         // An absolute hint is a host path; a relative one is relative to the cgroup2 root.
-        let hint = reg.cgroup_hint.as_deref().map(|h| match Path::new(h).is_absolute() {
-            true if !Path::new(h).starts_with(&self.cgroup_root) => self.host_path(Path::new(h)).display().to_string(),
-            _ => h.to_string(),
-        });
+        let hint = reg
+            .cgroup_hint
+            .as_deref()
+            .map(|h| match Path::new(h).is_absolute() {
+                true if !Path::new(h).starts_with(&self.cgroup_root) => {
+                    self.host_path(Path::new(h)).display().to_string()
+                }
+                _ => h.to_string(),
+            });
         let cgroup = cgroup::resolve(
             &self.cgroup_root,
             hint.as_deref(),
@@ -170,7 +185,8 @@ impl Agent {
         maps.write_pod(netns_cookie, &entries)?;
         let attached = self.attach(&reg.id, cgroup).and_then(|a| {
             // Inbound: the netns link lives with the pod's links whatever the cgroup mode.
-            self.dataplane.attach_netns(ns.file(), &self.pod_link_dir(&reg.id))?;
+            self.dataplane
+                .attach_netns(ns.file(), &self.pod_link_dir(&reg.id))?;
             Ok(a)
         });
         let attachment = match attached {
@@ -204,7 +220,11 @@ impl Agent {
 
     /// Records a pod that is not redirected (so DEL and CHECK know about it) without touching
     /// the data plane.
-    pub fn record_unredirected(&self, mut reg: Registration, reason: String) -> Result<PodRecord, AgentError> {
+    pub fn record_unredirected(
+        &self,
+        mut reg: Registration,
+        reason: String,
+    ) -> Result<PodRecord, AgentError> {
         reg.netns = self.host_path(&reg.netns);
         let ns = Netns::open(&reg.netns)?;
         let (netns_ino, netns_cookie) = (ns.ino, ns.cookie()?);
@@ -240,7 +260,9 @@ impl Agent {
                     let _ = dataplane::detach(&dir);
                     self.dataplane.attach(&self.shared_cgroup, &dir)?;
                 }
-                Ok(Attachment::Shared { cgroup: self.shared_cgroup.clone() })
+                Ok(Attachment::Shared {
+                    cgroup: self.shared_cgroup.clone(),
+                })
             }
         }
     }
@@ -265,7 +287,10 @@ impl Agent {
 
     fn unregister_locked(&self, maps: &mut Maps, record: &PodRecord) -> Result<(), AgentError> {
         dataplane::detach(&self.pod_link_dir(&record.id)).map_err(|source| {
-            DataplaneError::Pin { path: self.pod_link_dir(&record.id), source }
+            DataplaneError::Pin {
+                path: self.pod_link_dir(&record.id),
+                source,
+            }
         })?;
         let cookie_shared = self.registry.any_other(&record.id, |r| {
             r.netns_cookie == record.netns_cookie && r.redirected()
@@ -275,7 +300,9 @@ impl Agent {
             maps.remove_pod(record.netns_cookie, &entries)?;
         }
         self.registry.remove(&record.id)?;
-        let shared_left = self.registry.any_other(&record.id, |r| matches!(r.attachment, Attachment::Shared { .. }));
+        let shared_left = self.registry.any_other(&record.id, |r| {
+            matches!(r.attachment, Attachment::Shared { .. })
+        });
         if matches!(record.attachment, Attachment::Shared { .. }) && !shared_left {
             let _ = dataplane::detach(&self.shared_link_dir());
         }
@@ -285,19 +312,31 @@ impl Agent {
     /// CNI CHECK: the registration exists and, if it was redirected, its map entries and live
     /// links are in place and its netns still exists.
     pub fn check(&self, id: &str) -> Result<PodRecord, AgentError> {
-        let record = self.registry.get(id)?.ok_or_else(|| AgentError::UnknownContainer(id.into()))?;
+        let record = self
+            .registry
+            .get(id)?
+            .ok_or_else(|| AgentError::UnknownContainer(id.into()))?;
         let not_in_force = |why: String| AgentError::NotInForce { id: id.into(), why };
         if !netns::still_exists(&record.netns, record.netns_ino) {
-            return Err(not_in_force(format!("network namespace {} is gone", record.netns.display())));
+            return Err(not_in_force(format!(
+                "network namespace {} is gone",
+                record.netns.display()
+            )));
         }
         if !record.redirected() {
             return Ok(record);
         }
         let expected = PodEntries::new(record.netns_cookie, &record.config, &record.pod_ips).config;
         match self.lock().pod_config(record.netns_cookie) {
-            None => return Err(not_in_force("its pod config entry is missing from the maps".into())),
+            None => {
+                return Err(not_in_force(
+                    "its pod config entry is missing from the maps".into(),
+                ));
+            }
             Some(found) if found != expected => {
-                return Err(not_in_force(format!("its pod config entry differs: {found:?}")));
+                return Err(not_in_force(format!(
+                    "its pod config entry differs: {found:?}"
+                )));
             }
             Some(_) => {}
         }
@@ -322,7 +361,9 @@ impl Agent {
     pub fn reap_dead(&self) -> Result<Vec<String>, AgentError> {
         let mut removed = Vec::new();
         for record in self.registry.all()? {
-            if !netns::still_exists(&record.netns, record.netns_ino) && self.unregister(&record.id)? {
+            if !netns::still_exists(&record.netns, record.netns_ino)
+                && self.unregister(&record.id)?
+            {
                 tracing::info!(id = %record.id, netns = %record.netns.display(), "netns gone: registration dropped");
                 removed.push(record.id);
             }
@@ -350,7 +391,6 @@ impl Agent {
     pub fn links_of(&self, record: &PodRecord) -> Vec<(PathBuf, &'static [&'static str])> {
         links_of(&self.config.pin_root, record)
     }
-
 }
 
 /// The directory of a registration's own links under `pin_root`.
@@ -367,7 +407,10 @@ pub fn links_of(pin_root: &Path, record: &PodRecord) -> Vec<(PathBuf, &'static [
     match record.attachment {
         Attachment::PerPod { .. } => vec![(own, &dataplane::ALL_PROGRAMS)],
         Attachment::Shared { .. } => {
-            vec![(own, NETNS_PROGRAMS), (pin_root.join(paths::PIN_SHARED), &names::CGROUP_PROGRAMS)]
+            vec![
+                (own, NETNS_PROGRAMS),
+                (pin_root.join(paths::PIN_SHARED), &names::CGROUP_PROGRAMS),
+            ]
         }
         Attachment::None => vec![],
     }

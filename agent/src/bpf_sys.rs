@@ -58,9 +58,18 @@ impl Attr {
 fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a valid, zero-initialised `bpf_attr` of the size we pass.
     let ret = unsafe {
-        libc::syscall(libc::SYS_bpf, cmd, attr.0.as_mut_ptr(), std::mem::size_of::<Attr>())
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.0.as_mut_ptr(),
+            std::mem::size_of::<Attr>(),
+        )
     };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 fn owned(fd: libc::c_long) -> OwnedFd {
@@ -86,7 +95,8 @@ fn path_cstring(path: &Path) -> io::Result<CString> {
 pub fn obj_pin(fd: impl AsFd, path: &Path) -> io::Result<()> {
     let c = path_cstring(path)?;
     let mut attr = Attr::new();
-    attr.put_u64(0, c.as_ptr() as u64).put_u32(8, fd.as_fd().as_raw_fd() as u32);
+    attr.put_u64(0, c.as_ptr() as u64)
+        .put_u32(8, fd.as_fd().as_raw_fd() as u32);
     bpf(BPF_OBJ_PIN, &mut attr).map(drop)
 }
 
@@ -127,7 +137,8 @@ pub fn link_info(link: impl AsFd) -> io::Result<LinkInfo> {
         .put_u32(4, 64)
         .put_u64(8, raw.0.as_mut_ptr() as u64);
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    let u32_at = |o: usize| u32::from_ne_bytes([raw.0[o], raw.0[o + 1], raw.0[o + 2], raw.0[o + 3]]);
+    let u32_at =
+        |o: usize| u32::from_ne_bytes([raw.0[o], raw.0[o + 1], raw.0[o + 2], raw.0[o + 3]]);
     let link_type = u32_at(0);
     // BPF_LINK_TYPE_CGROUP = 3: { u64 cgroup_id; u32 attach_type }
     // BPF_LINK_TYPE_NETNS = 5: { u32 netns_ino; u32 attach_type }
@@ -138,5 +149,11 @@ pub fn link_info(link: impl AsFd) -> io::Result<LinkInfo> {
         b.copy_from_slice(&raw.0[16..24]);
         (u64::from_ne_bytes(b), u32_at(24))
     };
-    Ok(LinkInfo { link_type, id: u32_at(4), prog_id: u32_at(8), target, attach_type })
+    Ok(LinkInfo {
+        link_type,
+        id: u32_at(4),
+        prog_id: u32_at(8),
+        target,
+        attach_type,
+    })
 }

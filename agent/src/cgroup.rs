@@ -83,7 +83,9 @@ mod tests {
     fn slices_expand() {
         assert_eq!(
             expand_slice("kubepods-burstable-pod12_34.slice"),
-            Some(PathBuf::from("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_34.slice"))
+            Some(PathBuf::from(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_34.slice"
+            ))
         );
         assert_eq!(expand_slice("nope"), None);
     }
@@ -93,14 +95,30 @@ mod tests {
         let root = std::env::temp_dir().join(format!("l5d-cgroup-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let fs_layout = root.join("kubepods/besteffort/podaaaa-1");
-        let sd_layout = root.join("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podbbbb_2.slice");
+        let sd_layout =
+            root.join("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podbbbb_2.slice");
         std::fs::create_dir_all(&fs_layout).unwrap();
         std::fs::create_dir_all(&sd_layout).unwrap();
-        assert_eq!(resolve(&root, None, Some("aaaa-1")), Some(fs_layout.clone()));
-        assert_eq!(resolve(&root, None, Some("bbbb-2")), Some(sd_layout.clone()));
-        assert_eq!(resolve(&root, Some("/kubepods/besteffort/podaaaa-1"), None), Some(fs_layout.clone()));
-        assert_eq!(resolve(&root, Some("kubepods-burstable-podbbbb_2.slice"), None), Some(sd_layout.clone()));
-        assert_eq!(resolve(&root, Some(fs_layout.to_str().unwrap()), None), Some(fs_layout));
+        assert_eq!(
+            resolve(&root, None, Some("aaaa-1")),
+            Some(fs_layout.clone())
+        );
+        assert_eq!(
+            resolve(&root, None, Some("bbbb-2")),
+            Some(sd_layout.clone())
+        );
+        assert_eq!(
+            resolve(&root, Some("/kubepods/besteffort/podaaaa-1"), None),
+            Some(fs_layout.clone())
+        );
+        assert_eq!(
+            resolve(&root, Some("kubepods-burstable-podbbbb_2.slice"), None),
+            Some(sd_layout.clone())
+        );
+        assert_eq!(
+            resolve(&root, Some(fs_layout.to_str().unwrap()), None),
+            Some(fs_layout)
+        );
         assert_eq!(resolve(&root, Some("/missing"), Some("cccc")), None);
         assert_eq!(resolve(&root, None, Some("../x")), None);
         std::fs::remove_dir_all(&root).unwrap();

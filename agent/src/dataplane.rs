@@ -7,15 +7,14 @@
 //! until they are unpinned.
 
 use std::{
-    fs,
-    io,
+    fs, io,
     os::fd::{AsFd, BorrowedFd},
     path::{Path, PathBuf},
 };
 
 use aya::{
-    programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
     Ebpf, EbpfLoader,
+    programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
 };
 use linkerd_cni_common::{names, paths};
 
@@ -41,7 +40,10 @@ pub enum DataplaneError {
     Load(#[from] aya::EbpfError),
     /// A program failed to load; the verifier log says why.
     #[error("loading program {program}: {source}")]
-    Program { program: &'static str, source: aya::programs::ProgramError },
+    Program {
+        program: &'static str,
+        source: aya::programs::ProgramError,
+    },
     /// The object has no program of that name (build mismatch).
     #[error("the eBPF object has no program {0}")]
     MissingProgram(&'static str),
@@ -53,7 +55,12 @@ pub enum DataplaneError {
     Cgroup { path: PathBuf, source: io::Error },
     /// Attaching failed; `hint` explains the usual cause.
     #[error("attaching {program} to {path}: {source}{hint}")]
-    Attach { program: &'static str, path: PathBuf, source: io::Error, hint: &'static str },
+    Attach {
+        program: &'static str,
+        path: PathBuf,
+        source: io::Error,
+        hint: &'static str,
+    },
 }
 
 /// The kernel attach type of each program.
@@ -94,7 +101,12 @@ impl Dataplane {
         kernel::check_kernel()?;
         let pin_dir = |path: PathBuf| move |source| DataplaneError::PinDir { path, source };
         kernel::ensure_bpffs(pin_root).map_err(pin_dir(pin_root.into()))?;
-        for sub in [paths::PIN_MAPS, paths::PIN_PROGS, paths::PIN_PODS, paths::PIN_SHARED] {
+        for sub in [
+            paths::PIN_MAPS,
+            paths::PIN_PROGS,
+            paths::PIN_PODS,
+            paths::PIN_SHARED,
+        ] {
             let dir = pin_root.join(sub);
             fs::create_dir_all(&dir).map_err(pin_dir(dir))?;
         }
@@ -102,16 +114,26 @@ impl Dataplane {
             .default_map_pin_directory(pin_root.join(paths::PIN_MAPS))
             .load(OBJECT)?;
         for name in ALL_PROGRAMS {
-            let program = ebpf.program_mut(name).ok_or(DataplaneError::MissingProgram(name))?;
+            let program = ebpf
+                .program_mut(name)
+                .ok_or(DataplaneError::MissingProgram(name))?;
             let loaded = match name {
                 names::PROG_SOCKOPS => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
-                names::PROG_GETSOCKOPT => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
+                names::PROG_GETSOCKOPT => {
+                    <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load())
+                }
                 names::PROG_SK_LOOKUP => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
                 _ => <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load()),
             };
-            loaded.map_err(|source| DataplaneError::Program { program: name, source })?;
+            loaded.map_err(|source| DataplaneError::Program {
+                program: name,
+                source,
+            })?;
         }
-        let this = Self { pin_root: pin_root.into(), ebpf };
+        let this = Self {
+            pin_root: pin_root.into(),
+            ebpf,
+        };
         for name in ALL_PROGRAMS {
             let path = this.pin_root.join(paths::PIN_PROGS).join(name);
             replace_pin(this.prog_fd(name)?, &path)?;
@@ -120,8 +142,14 @@ impl Dataplane {
     }
 
     fn prog_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, DataplaneError> {
-        let program = self.ebpf.program(name).ok_or(DataplaneError::MissingProgram(name))?;
-        let fd = program.fd().map_err(|source| DataplaneError::Program { program: name, source })?;
+        let program = self
+            .ebpf
+            .program(name)
+            .ok_or(DataplaneError::MissingProgram(name))?;
+        let fd = program.fd().map_err(|source| DataplaneError::Program {
+            program: name,
+            source,
+        })?;
         Ok(fd.as_fd())
     }
 
@@ -136,10 +164,14 @@ impl Dataplane {
     }
 
     fn try_attach(&self, cgroup: &Path, link_dir: &Path) -> Result<(), DataplaneError> {
-        let cg = fs::File::open(cgroup)
-            .map_err(|source| DataplaneError::Cgroup { path: cgroup.into(), source })?;
-        fs::create_dir_all(link_dir)
-            .map_err(|source| DataplaneError::Pin { path: link_dir.into(), source })?;
+        let cg = fs::File::open(cgroup).map_err(|source| DataplaneError::Cgroup {
+            path: cgroup.into(),
+            source,
+        })?;
+        fs::create_dir_all(link_dir).map_err(|source| DataplaneError::Pin {
+            path: link_dir.into(),
+            source,
+        })?;
         for name in names::CGROUP_PROGRAMS {
             let attach = attach_type(name).ok_or(DataplaneError::MissingProgram(name))?;
             let link = bpf_sys::link_create(self.prog_fd(name)?, &cg, attach).map_err(|source| {
@@ -165,11 +197,18 @@ impl Dataplane {
     /// 5.9.
     pub fn attach_netns(&self, netns: impl AsFd, link_dir: &Path) -> Result<(), DataplaneError> {
         let name = names::PROG_SK_LOOKUP;
-        fs::create_dir_all(link_dir)
-            .map_err(|source| DataplaneError::Pin { path: link_dir.into(), source })?;
-        let link = bpf_sys::link_create(self.prog_fd(name)?, netns, AttachType::SkLookup).map_err(|source| {
-            DataplaneError::Attach { program: name, path: link_dir.into(), source, hint: "" }
+        fs::create_dir_all(link_dir).map_err(|source| DataplaneError::Pin {
+            path: link_dir.into(),
+            source,
         })?;
+        let link = bpf_sys::link_create(self.prog_fd(name)?, netns, AttachType::SkLookup).map_err(
+            |source| DataplaneError::Attach {
+                program: name,
+                path: link_dir.into(),
+                source,
+                hint: "",
+            },
+        )?;
         pin_new(link.as_fd(), &link_dir.join(name))
     }
 }
@@ -177,7 +216,10 @@ impl Dataplane {
 /// Pins a new link. A pod's link directory starts empty (re-registration detaches the old
 /// one first), so there is nothing to replace.
 fn pin_new(fd: BorrowedFd<'_>, path: &Path) -> Result<(), DataplaneError> {
-    bpf_sys::obj_pin(fd, path).map_err(|source| DataplaneError::Pin { path: path.into(), source })
+    bpf_sys::obj_pin(fd, path).map_err(|source| DataplaneError::Pin {
+        path: path.into(),
+        source,
+    })
 }
 
 /// Pins `fd` at `path`, replacing whatever was pinned there (atomically, by rename).
@@ -187,7 +229,10 @@ fn replace_pin(fd: BorrowedFd<'_>, path: &Path) -> Result<(), DataplaneError> {
     tmp.push("_new");
     let tmp = PathBuf::from(tmp);
     let _ = fs::remove_file(&tmp);
-    let err = |source| DataplaneError::Pin { path: path.into(), source };
+    let err = |source| DataplaneError::Pin {
+        path: path.into(),
+        source,
+    };
     bpf_sys::obj_pin(fd, &tmp).map_err(err)?;
     fs::rename(&tmp, path).map_err(err)
 }
@@ -220,8 +265,10 @@ pub fn detach(link_dir: &Path) -> io::Result<()> {
 pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<(), String> {
     for name in programs {
         let path = link_dir.join(name);
-        let link = bpf_sys::obj_get(&path).map_err(|e| format!("link {} is gone: {e}", path.display()))?;
-        let info = bpf_sys::link_info(&link).map_err(|e| format!("link {}: {e}", path.display()))?;
+        let link =
+            bpf_sys::obj_get(&path).map_err(|e| format!("link {} is gone: {e}", path.display()))?;
+        let info =
+            bpf_sys::link_info(&link).map_err(|e| format!("link {}: {e}", path.display()))?;
         if info.target == 0 {
             return Err(format!("link {} is detached", path.display()));
         }

@@ -5,7 +5,7 @@
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, sync::atomic::Ordering};
 
 use http_body_util::Full;
-use hyper::{body::Bytes, server::conn::http1, service::service_fn, Request, Response, StatusCode};
+use hyper::{Request, Response, StatusCode, body::Bytes, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use linkerd_cni_installer::Installer;
 
@@ -33,12 +33,30 @@ impl Health {
         let s = &self.server.stats;
         let mut out = String::new();
         let mut counter = |name: &str, help: &str, v: u64| {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
+            ));
         };
-        counter("linkerd_cni_agent_add_total", "CNI ADD requests served.", s.adds.load(Ordering::Relaxed));
-        counter("linkerd_cni_agent_del_total", "CNI DEL requests served.", s.dels.load(Ordering::Relaxed));
-        counter("linkerd_cni_agent_check_total", "CNI CHECK requests served.", s.checks.load(Ordering::Relaxed));
-        counter("linkerd_cni_agent_errors_total", "Requests answered with an error.", s.errors.load(Ordering::Relaxed));
+        counter(
+            "linkerd_cni_agent_add_total",
+            "CNI ADD requests served.",
+            s.adds.load(Ordering::Relaxed),
+        );
+        counter(
+            "linkerd_cni_agent_del_total",
+            "CNI DEL requests served.",
+            s.dels.load(Ordering::Relaxed),
+        );
+        counter(
+            "linkerd_cni_agent_check_total",
+            "CNI CHECK requests served.",
+            s.checks.load(Ordering::Relaxed),
+        );
+        counter(
+            "linkerd_cni_agent_errors_total",
+            "Requests answered with an error.",
+            s.errors.load(Ordering::Relaxed),
+        );
         let (pods, redirected, answered) = self.server.agent.pods().map_or((0, 0, 0), |records| {
             self.server.agent.with_maps(|maps| {
                 let mut redirected = 0;
@@ -51,8 +69,16 @@ impl Health {
                 (records.len() as u64, redirected, answered)
             })
         });
-        counter("linkerd_cni_outbound_redirected_total", "Outbound connections sent to a proxy (live pods).", redirected);
-        counter("linkerd_cni_orig_dst_answered_total", "SO_ORIGINAL_DST answers given (live pods).", answered);
+        counter(
+            "linkerd_cni_outbound_redirected_total",
+            "Outbound connections sent to a proxy (live pods).",
+            redirected,
+        );
+        counter(
+            "linkerd_cni_orig_dst_answered_total",
+            "SO_ORIGINAL_DST answers given (live pods).",
+            answered,
+        );
         out.push_str(&format!(
             "# HELP linkerd_cni_agent_pods Registered CNI attachments.\n# TYPE linkerd_cni_agent_pods gauge\nlinkerd_cni_agent_pods {pods}\n"
         ));
@@ -86,7 +112,9 @@ impl Health {
                     let response = this.respond(req.uri().path());
                     async move { Ok::<_, Infallible>(response) }
                 });
-                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
             });
         }
     }

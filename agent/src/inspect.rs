@@ -3,7 +3,7 @@
 
 use std::{fmt::Write, path::Path};
 
-use linkerd_cni_common::{paths, FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6};
+use linkerd_cni_common::{FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6, paths};
 
 use crate::{
     agent, dataplane,
@@ -14,14 +14,34 @@ use crate::{
 /// Renders the state under `pin_root` and `state_dir` for humans.
 pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
     let maps = Maps::open(&pin_root.join(paths::PIN_MAPS))?;
-    let records = Registry::open(state_dir).and_then(|r| r.all()).unwrap_or_default();
+    let records = Registry::open(state_dir)
+        .and_then(|r| r.all())
+        .unwrap_or_default();
     let mut out = String::new();
     let (sock, conn) = maps.orig_dst_entries();
-    let _ = writeln!(out, "pin root: {}   registry: {}", pin_root.display(), state_dir.display());
-    let _ = writeln!(out, "registered attachments: {}   original-destination entries: {sock} sockets, {conn} connections", records.len());
+    let _ = writeln!(
+        out,
+        "pin root: {}   registry: {}",
+        pin_root.display(),
+        state_dir.display()
+    );
+    let _ = writeln!(
+        out,
+        "registered attachments: {}   original-destination entries: {sock} sockets, {conn} connections",
+        records.len()
+    );
     for r in &records {
-        let pod = r.pod.as_ref().map_or_else(|| "-".into(), |p| format!("{}/{}", p.namespace, p.name));
-        let _ = writeln!(out, "\npod {pod}  container {}  netns {} (cookie {})", r.id, r.netns.display(), r.netns_cookie);
+        let pod = r
+            .pod
+            .as_ref()
+            .map_or_else(|| "-".into(), |p| format!("{}/{}", p.namespace, p.name));
+        let _ = writeln!(
+            out,
+            "\npod {pod}  container {}  netns {} (cookie {})",
+            r.id,
+            r.netns.display(),
+            r.netns_cookie
+        );
         let _ = writeln!(out, "  {}", r.reason);
         for (dir, programs) in agent::links_of(pin_root, r) {
             let state = match dataplane::links_in_force(&dir, programs) {
@@ -33,12 +53,24 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
         let view = maps.view(r.netns_cookie);
         match view.config {
             None if r.redirected() => {
-                let _ = writeln!(out, "  config: MISSING from {}", linkerd_cni_common::names::MAP_POD_CONFIG);
+                let _ = writeln!(
+                    out,
+                    "  config: MISSING from {}",
+                    linkerd_cni_common::names::MAP_POD_CONFIG
+                );
             }
             None => {}
             Some(c) => {
-                let uid = if c.flags & FLAG_EXEMPT_UID != 0 { c.proxy_uid.to_string() } else { "-".into() };
-                let gid = if c.flags & FLAG_EXEMPT_GID != 0 { c.proxy_gid.to_string() } else { "-".into() };
+                let uid = if c.flags & FLAG_EXEMPT_UID != 0 {
+                    c.proxy_uid.to_string()
+                } else {
+                    "-".into()
+                };
+                let gid = if c.flags & FLAG_EXEMPT_GID != 0 {
+                    c.proxy_gid.to_string()
+                } else {
+                    "-".into()
+                };
                 let _ = writeln!(
                     out,
                     "  config: outbound port {}  inbound port {}  proxy uid {uid}  gid {gid}  ipv6 {}",
@@ -46,16 +78,38 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
                     c.inbound_port,
                     c.flags & FLAG_IPV6 != 0
                 );
-                let ports: Vec<String> = r.config.outbound_ports_to_ignore.iter().map(ToString::to_string).collect();
-                let _ = writeln!(out, "  outbound ports ignored: [{}]  ({} bitmap blocks)", ports.join(","), view.port_blocks);
+                let ports: Vec<String> = r
+                    .config
+                    .outbound_ports_to_ignore
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "  outbound ports ignored: [{}]  ({} bitmap blocks)",
+                    ports.join(","),
+                    view.port_blocks
+                );
                 let ips: Vec<String> = view.ips.iter().map(ToString::to_string).collect();
                 let addrs: Vec<String> = view.addrs.iter().map(ToString::to_string).collect();
-                let _ = writeln!(out, "  pod addresses: [{}]  ignored subnets: [{}]", ips.join(", "), addrs.join(", "));
+                let _ = writeln!(
+                    out,
+                    "  pod addresses: [{}]  ignored subnets: [{}]",
+                    ips.join(", "),
+                    addrs.join(", ")
+                );
                 let listener = match view.listener {
-                    (false, false) => "MISSING (inbound connections are refused until the proxy listens)".to_string(),
+                    (false, false) => {
+                        "MISSING (inbound connections are refused until the proxy listens)"
+                            .to_string()
+                    }
                     (v4, v6) => format!("registered (IPv4 {v4}, IPv6 {v6})"),
                 };
-                let _ = writeln!(out, "  inbound: proxy listener on port {} {listener}", c.inbound_port);
+                let _ = writeln!(
+                    out,
+                    "  inbound: proxy listener on port {} {listener}",
+                    c.inbound_port
+                );
                 let s = view.stats;
                 let _ = writeln!(
                     out,
@@ -75,9 +129,16 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
             }
         }
     }
-    let orphans: Vec<u64> = maps.pods().into_iter().filter(|c| !records.iter().any(|r| r.netns_cookie == *c)).collect();
+    let orphans: Vec<u64> = maps
+        .pods()
+        .into_iter()
+        .filter(|c| !records.iter().any(|r| r.netns_cookie == *c))
+        .collect();
     if !orphans.is_empty() {
-        let _ = writeln!(out, "\nmap entries with no registration (netns cookies): {orphans:?}");
+        let _ = writeln!(
+            out,
+            "\nmap entries with no registration (netns cookies): {orphans:?}"
+        );
     }
     Ok(out)
 }

@@ -18,12 +18,30 @@ pub struct Feature {
 /// Every feature, oldest first. The real proof is loading and attaching the programs; this
 /// check exists to name what is missing in words an operator can act on.
 pub const FEATURES: &[Feature] = &[
-    Feature { name: "cgroup sock_addr hooks (connect4/connect6)", since: (4, 17) },
-    Feature { name: "cgroup getsockopt hook", since: (5, 3) },
-    Feature { name: "bpf_link for cgroups and bpf_get_netns_cookie in sock_addr", since: (5, 7) },
-    Feature { name: "cgroup getpeername hooks", since: (5, 8) },
-    Feature { name: "sk_lookup programs", since: (5, 9) },
-    Feature { name: "SO_NETNS_COOKIE", since: (5, 14) },
+    Feature {
+        name: "cgroup sock_addr hooks (connect4/connect6)",
+        since: (4, 17),
+    },
+    Feature {
+        name: "cgroup getsockopt hook",
+        since: (5, 3),
+    },
+    Feature {
+        name: "bpf_link for cgroups and bpf_get_netns_cookie in sock_addr",
+        since: (5, 7),
+    },
+    Feature {
+        name: "cgroup getpeername hooks",
+        since: (5, 8),
+    },
+    Feature {
+        name: "sk_lookup programs",
+        since: (5, 9),
+    },
+    Feature {
+        name: "SO_NETNS_COOKIE",
+        since: (5, 14),
+    },
 ];
 
 /// The kernel is too old for the data plane.
@@ -61,7 +79,10 @@ pub fn check_kernel() -> Result<String, KernelTooOld> {
     } else {
         Err(KernelTooOld {
             release,
-            missing: missing.iter().map(|f| format!("{} ({}.{}+)", f.name, f.since.0, f.since.1)).collect(),
+            missing: missing
+                .iter()
+                .map(|f| format!("{} ({}.{}+)", f.name, f.since.0, f.since.1))
+                .collect(),
         })
     }
 }
@@ -71,9 +92,8 @@ pub fn check_kernel() -> Result<String, KernelTooOld> {
 /// a container with the host's filesystems under `/host`), the host's cgroup2 mount under it.
 pub fn cgroup2_mount(host_root: Option<&Path>) -> io::Result<PathBuf> {
     let info = fs::read_to_string("/proc/self/mountinfo")?;
-    find_mount(&info, "cgroup2", host_root.unwrap_or(Path::new("/"))).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, "no cgroup2 filesystem is mounted")
-    })
+    find_mount(&info, "cgroup2", host_root.unwrap_or(Path::new("/")))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no cgroup2 filesystem is mounted"))
 }
 
 /// The mount point of the first mount of filesystem type `fstype` under `within` in mountinfo
@@ -110,9 +130,14 @@ fn unescape(s: &str) -> String {
 fn on_bpffs(path: &Path) -> io::Result<bool> {
     let info = fs::read_to_string("/proc/self/mountinfo")?;
     Ok(info.lines().any(|line| {
-        let Some((pre, post)) = line.split_once(" - ") else { return false };
+        let Some((pre, post)) = line.split_once(" - ") else {
+            return false;
+        };
         post.split_whitespace().next() == Some("bpf")
-            && pre.split_whitespace().nth(4).is_some_and(|m| path.starts_with(unescape(m)))
+            && pre
+                .split_whitespace()
+                .nth(4)
+                .is_some_and(|m| path.starts_with(unescape(m)))
     }))
 }
 
@@ -122,8 +147,14 @@ pub fn ensure_bpffs_at(mount_point: &Path) -> io::Result<()> {
         return Ok(());
     }
     fs::create_dir_all(mount_point)?;
-    nix::mount::mount(Some("bpf"), mount_point, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
-        .map_err(|e| io::Error::other(format!("mounting bpffs at {}: {e}", mount_point.display())))
+    nix::mount::mount(
+        Some("bpf"),
+        mount_point,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| io::Error::other(format!("mounting bpffs at {}: {e}", mount_point.display())))
 }
 
 /// Makes sure a bpffs is mounted at or above `pin_root` (mounting one at `/sys/fs/bpf` if
@@ -163,11 +194,20 @@ mod tests {
                     40 25 0:35 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n\
                     50 30 0:40 / /my\\040bpf rw - bpf bpf rw\n";
         let root = Path::new("/");
-        assert_eq!(find_mount(info, "cgroup2", root), Some(PathBuf::from("/sys/fs/cgroup/unified")));
-        assert_eq!(find_mount(info, "bpf", root), Some(PathBuf::from("/my bpf")));
+        assert_eq!(
+            find_mount(info, "cgroup2", root),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        assert_eq!(
+            find_mount(info, "bpf", root),
+            Some(PathBuf::from("/my bpf"))
+        );
         assert_eq!(find_mount(info, "nfs", root), None);
         let host = "60 30 0:35 / /host/sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
         let both = format!("{info}{host}");
-        assert_eq!(find_mount(&both, "cgroup2", Path::new("/host")), Some(PathBuf::from("/host/sys/fs/cgroup")));
+        assert_eq!(
+            find_mount(&both, "cgroup2", Path::new("/host")),
+            Some(PathBuf::from("/host/sys/fs/cgroup"))
+        );
     }
 }

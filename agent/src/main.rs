@@ -5,15 +5,18 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use linkerd_cni_agent::{
+    Agent, AgentConfig,
     health::Health,
     inspect,
     server::{self, Server},
-    Agent, AgentConfig,
 };
 use linkerd_cni_common::paths;
 
 #[derive(Parser)]
-#[command(version, about = "linkerd-cni node agent: eBPF traffic redirection for meshed pods")]
+#[command(
+    version,
+    about = "linkerd-cni node agent: eBPF traffic redirection for meshed pods"
+)]
 struct Cli {
     /// bpffs directory holding the pinned maps, programs and links.
     #[arg(long, env = "LINKERD_CNI_AGENT_PIN_ROOT", default_value = paths::PIN_ROOT, global = true)]
@@ -22,7 +25,12 @@ struct Cli {
     #[arg(long, env = "LINKERD_CNI_AGENT_STATE_DIR", default_value = paths::STATE_DIR, global = true)]
     state_dir: PathBuf,
     /// Log filter (tracing syntax: info, debug, linkerd_cni_agent=debug, ...).
-    #[arg(long = "log-level", env = "LINKERD_CNI_AGENT_LOG_LEVEL", default_value = "info", global = true)]
+    #[arg(
+        long = "log-level",
+        env = "LINKERD_CNI_AGENT_LOG_LEVEL",
+        default_value = "info",
+        global = true
+    )]
     log: String,
     /// Where bpffs is (or is to be) mounted.
     #[arg(long, env = "LINKERD_CNI_AGENT_BPFFS", default_value = paths::BPFFS, global = true)]
@@ -63,7 +71,11 @@ struct RunArgs {
     #[arg(long, env = "LINKERD_CNI_AGENT_HOST_ROOT")]
     host_root: Option<PathBuf>,
     /// Address of the /live, /ready and /metrics endpoint.
-    #[arg(long, env = "LINKERD_CNI_AGENT_HEALTH_ADDR", default_value = "0.0.0.0:9990")]
+    #[arg(
+        long,
+        env = "LINKERD_CNI_AGENT_HEALTH_ADDR",
+        default_value = "0.0.0.0:9990"
+    )]
     health_addr: SocketAddr,
     /// Also run the node installer (plugin binary, kubeconfig, conflist patching), configured
     /// by Linkerd's installer environment variables.
@@ -103,7 +115,11 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)
         .init();
-    let config = AgentConfig { pin_root: cli.pin_root.clone(), state_dir: cli.state_dir.clone(), ..AgentConfig::default() };
+    let config = AgentConfig {
+        pin_root: cli.pin_root.clone(),
+        state_dir: cli.state_dir.clone(),
+        ..AgentConfig::default()
+    };
     match cli.command {
         Command::Inspect => {
             print!("{}", inspect::render(&cli.pin_root, &cli.state_dir)?);
@@ -116,12 +132,22 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Load => {
             Agent::start(config)?;
-            println!("programs loaded and pinned under {}", cli.pin_root.display());
+            println!(
+                "programs loaded and pinned under {}",
+                cli.pin_root.display()
+            );
             Ok(())
         }
         Command::Run(args) => {
-            let config = AgentConfig { shared_cgroup: args.shared_cgroup.clone(), host_root: args.host_root.clone(), ..config };
-            tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(config, args))
+            let config = AgentConfig {
+                shared_cgroup: args.shared_cgroup.clone(),
+                host_root: args.host_root.clone(),
+                ..config
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(run(config, args))
         }
     }
 }
@@ -134,8 +160,13 @@ async fn run(config: AgentConfig, args: RunArgs) -> anyhow::Result<()> {
     };
     let client = linkerd_cni_k8s::client::client(args.kubeconfig.as_deref()).await?;
     let pods = linkerd_cni_k8s::PodSource::new(client, node.clone());
-    let server = Arc::new(Server { agent: agent.clone(), pods, stats: Default::default() });
-    let listener = server::bind(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
+    let server = Arc::new(Server {
+        agent: agent.clone(),
+        pods,
+        stats: Default::default(),
+    });
+    let listener =
+        server::bind(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
     tracing::info!(socket = %args.socket.display(), %node, "registration service listening");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -156,7 +187,10 @@ async fn run(config: AgentConfig, args: RunArgs) -> anyhow::Result<()> {
             }
         })
     });
-    let health = Arc::new(Health { server: server.clone(), installer });
+    let health = Arc::new(Health {
+        server: server.clone(),
+        installer,
+    });
     tokio::spawn(async move {
         if let Err(e) = health.serve(args.health_addr).await {
             tracing::error!(error = %e, "health endpoint failed");

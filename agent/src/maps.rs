@@ -8,15 +8,15 @@ use std::{
 };
 
 use aya::maps::{
-    lpm_trie::{Key, LpmTrie},
     HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues, SockHash,
+    lpm_trie::{Key, LpmTrie},
 };
 use linkerd_cni_common::{
-    names, AddrKey, ConnKey, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
-    ADDR_KEY_FIXED_BITS, ADDR_INBOUND_SKIP_SOURCE, ADDR_OUTBOUND_SKIP_SUBNET,
+    ADDR_INBOUND_SKIP_SOURCE, ADDR_KEY_FIXED_BITS, ADDR_OUTBOUND_SKIP_SUBNET, AddrKey, ConnKey,
     FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY, FLAG_IN_SKIP_SOURCES,
-    FLAG_IPV6, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS,
-    PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP,
+    FLAG_IPV6, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS, ListenerKey, OrigDst, PORT_SET_INBOUND_REDIRECT,
+    PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP, PodConfig, PodStats, PortBlock, PortSetKey,
+    names,
 };
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
 
@@ -25,10 +25,17 @@ use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
 pub enum MapsError {
     /// A map is missing from the pin directory or is not the expected type.
     #[error("map {name} at {path}: {source}")]
-    Open { name: &'static str, path: PathBuf, source: MapError },
+    Open {
+        name: &'static str,
+        path: PathBuf,
+        source: MapError,
+    },
     /// Reading or writing an entry failed (e.g. the map is full).
     #[error("map {name}: {source}")]
-    Update { name: &'static str, source: MapError },
+    Update {
+        name: &'static str,
+        source: MapError,
+    },
 }
 
 fn update(name: &'static str) -> impl Fn(MapError) -> MapsError {
@@ -54,14 +61,22 @@ const AF_INET6: u32 = 10;
 
 fn open(dir: &Path, name: &'static str) -> Result<Map, MapsError> {
     let path = dir.join(name);
-    let err = |source| MapsError::Open { name, path: path.clone(), source };
+    let err = |source| MapsError::Open {
+        name,
+        path: path.clone(),
+        source,
+    };
     Map::from_map_data(MapData::from_pin(&path).map_err(err)?).map_err(err)
 }
 
 macro_rules! typed {
     ($dir:expr, $name:expr, $ty:ident) => {{
         let path = $dir.join($name);
-        $ty::try_from(open($dir, $name)?).map_err(|source| MapsError::Open { name: $name, path, source })?
+        $ty::try_from(open($dir, $name)?).map_err(|source| MapsError::Open {
+            name: $name,
+            path,
+            source,
+        })?
     }};
 }
 
@@ -130,7 +145,12 @@ impl PodEntries {
             addrs.push(addr_key(netns_cookie, ADDR_INBOUND_SKIP_SOURCE, c));
         }
         let ips = pod_ips.iter().map(|ip| ip_words(*ip)).collect();
-        Self { config, port_blocks, addrs, ips }
+        Self {
+            config,
+            port_blocks,
+            addrs,
+            ips,
+        }
     }
 }
 
@@ -142,7 +162,12 @@ pub fn ip_words(ip: IpAddr) -> [u32; 4] {
     };
     let mut words = [0u32; 4];
     for (i, w) in words.iter_mut().enumerate() {
-        *w = u32::from_ne_bytes([octets[i * 4], octets[i * 4 + 1], octets[i * 4 + 2], octets[i * 4 + 3]]);
+        *w = u32::from_ne_bytes([
+            octets[i * 4],
+            octets[i * 4 + 1],
+            octets[i * 4 + 2],
+            octets[i * 4 + 3],
+        ]);
     }
     words
 }
@@ -155,7 +180,12 @@ pub fn addr_key(netns_cookie: u64, set: u32, cidr: &Cidr) -> (u32, AddrKey) {
     };
     (
         ADDR_KEY_FIXED_BITS + prefix,
-        AddrKey { netns_cookie, set_be: set.to_be(), addr, _pad: 0 },
+        AddrKey {
+            netns_cookie,
+            set_be: set.to_be(),
+            addr,
+            _pad: 0,
+        },
     )
 }
 
@@ -199,24 +229,38 @@ impl Maps {
     pub fn write_pod(&mut self, netns_cookie: u64, entries: &PodEntries) -> Result<(), MapsError> {
         let zeros = PerCpuValues::try_from(vec![PodStats::default(); self.cpus])
             .map_err(|e| update(names::MAP_POD_STATS)(MapError::IoError(e)))?;
-        self.pod_stats.insert(netns_cookie, zeros, 0).map_err(update(names::MAP_POD_STATS))?;
+        self.pod_stats
+            .insert(netns_cookie, zeros, 0)
+            .map_err(update(names::MAP_POD_STATS))?;
         for (k, v) in &entries.port_blocks {
-            self.port_sets.insert(k, v, 0).map_err(update(names::MAP_PORT_SETS))?;
+            self.port_sets
+                .insert(k, v, 0)
+                .map_err(update(names::MAP_PORT_SETS))?;
         }
         for (prefix, k) in &entries.addrs {
-            self.addrs.insert(&Key::new(*prefix, *k), 1, 0).map_err(update(names::MAP_ADDRS))?;
+            self.addrs
+                .insert(&Key::new(*prefix, *k), 1, 0)
+                .map_err(update(names::MAP_ADDRS))?;
         }
         for ip in &entries.ips {
-            self.pod_by_ip.insert(ip, netns_cookie, 0).map_err(update(names::MAP_POD_BY_IP))?;
+            self.pod_by_ip
+                .insert(ip, netns_cookie, 0)
+                .map_err(update(names::MAP_POD_BY_IP))?;
         }
-        self.pod_config.insert(netns_cookie, entries.config, 0).map_err(update(names::MAP_POD_CONFIG))
+        self.pod_config
+            .insert(netns_cookie, entries.config, 0)
+            .map_err(update(names::MAP_POD_CONFIG))
     }
 
     /// Removes every entry of the pod, its config first (the programs stop acting on it at
     /// once). `entries` are what [`Self::write_pod`] wrote (they derive from the pod's record),
     /// so each is deleted by key; only the live-connection map is walked, since its keys come
     /// from the traffic.
-    pub fn remove_pod(&mut self, netns_cookie: u64, entries: &PodEntries) -> Result<bool, MapsError> {
+    pub fn remove_pod(
+        &mut self,
+        netns_cookie: u64,
+        entries: &PodEntries,
+    ) -> Result<bool, MapsError> {
         let existed = self.pod_config.remove(&netns_cookie).is_ok();
         for k in entries.port_blocks.keys() {
             let _ = self.port_sets.remove(k);
@@ -231,9 +275,18 @@ impl Maps {
             }
         }
         for family in [AF_INET, AF_INET6] {
-            let _ = self.listeners.remove(&ListenerKey { netns_cookie, family, _pad: 0 });
+            let _ = self.listeners.remove(&ListenerKey {
+                netns_cookie,
+                family,
+                _pad: 0,
+            });
         }
-        let conns: Vec<_> = self.conn_dst.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).collect();
+        let conns: Vec<_> = self
+            .conn_dst
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.netns_cookie == netns_cookie)
+            .collect();
         for k in conns {
             let _ = self.conn_dst.remove(&k);
         }
@@ -281,17 +334,33 @@ impl Maps {
         PodView {
             config: self.pod_config(netns_cookie),
             ips,
-            port_blocks: self.port_sets.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).count(),
+            port_blocks: self
+                .port_sets
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| k.netns_cookie == netns_cookie)
+                .count(),
             addrs,
             stats: self.stats(netns_cookie),
-            live_conns: self.conn_dst.keys().filter_map(Result::ok).filter(|k| k.netns_cookie == netns_cookie).count(),
-            listener: (self.has_listener(netns_cookie, AF_INET), self.has_listener(netns_cookie, AF_INET6)),
+            live_conns: self
+                .conn_dst
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| k.netns_cookie == netns_cookie)
+                .count(),
+            listener: (
+                self.has_listener(netns_cookie, AF_INET),
+                self.has_listener(netns_cookie, AF_INET6),
+            ),
         }
     }
 
     /// Whether the pod's inbound proxy listener of `family` (2, 10) is registered.
     pub fn has_listener(&self, netns_cookie: u64, family: u32) -> bool {
-        self.listeners.keys().filter_map(Result::ok).any(|k| k.netns_cookie == netns_cookie && k.family == family)
+        self.listeners
+            .keys()
+            .filter_map(Result::ok)
+            .any(|k| k.netns_cookie == netns_cookie && k.family == family)
     }
 
     /// Number of entries in the original-destination maps (socket-keyed, connection-keyed).
@@ -316,8 +385,14 @@ pub fn cidr_of(key: &Key<AddrKey>) -> Cidr {
     let v6 = std::net::Ipv6Addr::from(data.addr);
     let bits = key.prefix_len().saturating_sub(ADDR_KEY_FIXED_BITS);
     match v6.to_ipv4_mapped() {
-        Some(v4) if bits >= 96 => Cidr { addr: IpAddr::V4(v4), prefix: (bits - 96) as u8 },
-        _ => Cidr { addr: IpAddr::V6(v6), prefix: bits as u8 },
+        Some(v4) if bits >= 96 => Cidr {
+            addr: IpAddr::V4(v4),
+            prefix: (bits - 96) as u8,
+        },
+        _ => Cidr {
+            addr: IpAddr::V6(v6),
+            prefix: bits as u8,
+        },
     }
 }
 
@@ -336,19 +411,42 @@ mod tests {
         // Default inbound ignores (4190, 4191) and an ignored source subnet set the inbound flags.
         assert_eq!(
             e.config.flags,
-            FLAG_EXEMPT_UID | FLAG_EXEMPT_GID | FLAG_OUT_PORTS | FLAG_OUT_SUBNETS | FLAG_IN_PORTS | FLAG_IN_SKIP_SOURCES
+            FLAG_EXEMPT_UID
+                | FLAG_EXEMPT_GID
+                | FLAG_OUT_PORTS
+                | FLAG_OUT_SUBNETS
+                | FLAG_IN_PORTS
+                | FLAG_IN_SKIP_SOURCES
         );
         assert_eq!((e.config.proxy_uid, e.config.proxy_gid), (2102, 5));
         // 25 → block 0; 9000-9300 → blocks 35, 36; default inbound skips 4190/4191 → block 16.
-        let out: Vec<u16> = e.port_blocks.keys().filter(|k| k.set == PORT_SET_OUTBOUND_SKIP).map(|k| k.block).collect();
+        let out: Vec<u16> = e
+            .port_blocks
+            .keys()
+            .filter(|k| k.set == PORT_SET_OUTBOUND_SKIP)
+            .map(|k| k.block)
+            .collect();
         assert_eq!(out, vec![0, 35, 36]);
         let b35 = e.port_blocks[&PortSetKey::new(7, PORT_SET_OUTBOUND_SKIP, 9000)];
         assert!(b35.contains(9000) && b35.contains(9215) && !b35.contains(8999));
         assert!(e.port_blocks[&PortSetKey::new(7, PORT_SET_INBOUND_SKIP, 4190)].contains(4191));
-        let cidrs: Vec<Cidr> = e.addrs.iter().map(|(p, k)| cidr_of(&Key::new(*p, *k))).collect();
-        assert_eq!(cidrs, vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()]);
+        let cidrs: Vec<Cidr> = e
+            .addrs
+            .iter()
+            .map(|(p, k)| cidr_of(&Key::new(*p, *k)))
+            .collect();
+        assert_eq!(
+            cidrs,
+            vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()]
+        );
         let ip: IpAddr = "10.1.2.3".parse().unwrap();
-        assert_eq!(e.ips.iter().map(|w| ip_of(*w)).collect::<Vec<_>>(), vec![ip]);
-        assert_eq!(ip_of(ip_words("fd00::5".parse().unwrap())), "fd00::5".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            e.ips.iter().map(|w| ip_of(*w)).collect::<Vec<_>>(),
+            vec![ip]
+        );
+        assert_eq!(
+            ip_of(ip_words("fd00::5".parse().unwrap())),
+            "fd00::5".parse::<IpAddr>().unwrap()
+        );
     }
 }

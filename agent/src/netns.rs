@@ -15,7 +15,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use nix::sched::{setns, CloneFlags};
+use nix::sched::{CloneFlags, setns};
 
 /// `SO_NETNS_COOKIE` (not in every libc release yet).
 const SO_NETNS_COOKIE: libc::c_int = 71;
@@ -52,7 +52,10 @@ impl Netns {
             if source.kind() == io::ErrorKind::NotFound {
                 NetnsError::NotFound { path: path.into() }
             } else {
-                NetnsError::Io { path: path.into(), source }
+                NetnsError::Io {
+                    path: path.into(),
+                    source,
+                }
             }
         };
         let file = File::open(path).map_err(io_err)?;
@@ -61,7 +64,11 @@ impl Netns {
             return Err(NetnsError::NotNetns { path: path.into() });
         }
         let ino = file.metadata().map_err(io_err)?.ino();
-        Ok(Self { path: path.into(), file, ino })
+        Ok(Self {
+            path: path.into(),
+            file,
+            ino,
+        })
     }
 
     /// The open namespace file (for attaching programs to the namespace).
@@ -74,12 +81,19 @@ impl Netns {
         &self,
         f: impl FnOnce() -> io::Result<T> + Send + 'static,
     ) -> Result<T, NetnsError> {
-        let fd = self.file.as_fd().try_clone_to_owned().map_err(|e| self.io(e))?;
+        let fd = self
+            .file
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| self.io(e))?;
         let path = self.path.clone();
         let joined = std::thread::spawn(move || {
             setns(&fd, CloneFlags::CLONE_NEWNET).map_err(|e| match e {
                 nix::errno::Errno::EINVAL => NetnsError::NotNetns { path: path.clone() },
-                e => NetnsError::Io { path: path.clone(), source: e.into() },
+                e => NetnsError::Io {
+                    path: path.clone(),
+                    source: e.into(),
+                },
             })?;
             f().map_err(|source| NetnsError::Io { path, source })
         })
@@ -88,7 +102,10 @@ impl Netns {
     }
 
     fn io(&self, source: io::Error) -> NetnsError {
-        NetnsError::Io { path: self.path.clone(), source }
+        NetnsError::Io {
+            path: self.path.clone(),
+            source,
+        }
     }
 
     /// The namespace's cookie, as `bpf_get_netns_cookie` reports it to the programs.

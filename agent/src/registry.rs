@@ -4,9 +4,9 @@
 use std::{
     collections::BTreeMap,
     fs, io,
-    sync::Mutex,
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::Mutex,
 };
 
 use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
@@ -29,7 +29,9 @@ impl Attachment {
     /// Why the pod is redirected, in words.
     pub fn describe(&self) -> String {
         match self {
-            Self::PerPod { cgroup } => format!("redirected (programs attached to {})", cgroup.display()),
+            Self::PerPod { cgroup } => {
+                format!("redirected (programs attached to {})", cgroup.display())
+            }
             Self::Shared { cgroup } => format!(
                 "redirected (no pod cgroup v2 found; shared attachment on {}, selected by netns cookie)",
                 cgroup.display()
@@ -75,7 +77,9 @@ pub struct Registry {
 fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 256
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
         && !id.starts_with('.')
 }
 
@@ -91,12 +95,19 @@ impl Registry {
                     Ok(Ok(r)) => {
                         records.insert(r.id.clone(), r);
                     }
-                    Ok(Err(e)) => tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry"),
-                    Err(e) => tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry")
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry")
+                    }
                 }
             }
         }
-        Ok(Self { dir: dir.into(), records: Mutex::new(records) })
+        Ok(Self {
+            dir: dir.into(),
+            records: Mutex::new(records),
+        })
     }
 
     fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, PodRecord>> {
@@ -106,7 +117,10 @@ impl Registry {
 
     fn path(&self, id: &str) -> io::Result<PathBuf> {
         if !valid_id(id) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("invalid container id {id:?}")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("invalid container id {id:?}"),
+            ));
         }
         Ok(self.dir.join(format!("{id}.json")))
     }
@@ -119,7 +133,10 @@ impl Registry {
     pub fn put(&self, record: &PodRecord) -> io::Result<()> {
         let path = self.path(&record.id)?;
         let tmp = path.with_extension("json.tmp");
-        fs::write(&tmp, serde_json::to_vec_pretty(record).map_err(io::Error::other)?)?;
+        fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(record).map_err(io::Error::other)?,
+        )?;
         fs::rename(tmp, path)?;
         self.records().insert(record.id.clone(), record.clone());
         Ok(())

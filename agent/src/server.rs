@@ -9,22 +9,22 @@ use std::{
     os::unix::fs::PermissionsExt,
     path::Path,
     sync::{
-        atomic::{AtomicU64, Ordering},
         Arc,
+        atomic::{AtomicU64, Ordering},
     },
     time::Duration,
 };
 
 use linkerd_cni_k8s::PodSource;
 use linkerd_cni_proto::wire::{
-    self, AddRequest, AttachmentRef, Envelope, ErrorKind, FrameError, Request, Response,
-    PROTOCOL_VERSION,
+    self, AddRequest, AttachmentRef, Envelope, ErrorKind, FrameError, PROTOCOL_VERSION, Request,
+    Response,
 };
-use tracing::Instrument;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
 };
+use tracing::Instrument;
 
 use crate::{
     agent::{Agent, AgentError, Registration},
@@ -73,7 +73,8 @@ impl Server {
             let (conn, _) = listener.accept().await?;
             let this = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = tokio::time::timeout(REQUEST_DEADLINE, this.connection(conn)).await {
+                if let Err(e) = tokio::time::timeout(REQUEST_DEADLINE, this.connection(conn)).await
+                {
                     tracing::warn!(error = %e, "request exceeded its deadline");
                 }
             });
@@ -84,7 +85,10 @@ impl Server {
         let response = match read_request(&mut conn).await {
             Ok(env) if env.version != PROTOCOL_VERSION => error(
                 ErrorKind::VersionMismatch,
-                format!("agent speaks protocol {PROTOCOL_VERSION}, request uses {}", env.version),
+                format!(
+                    "agent speaks protocol {PROTOCOL_VERSION}, request uses {}",
+                    env.version
+                ),
             ),
             Ok(env) => self.handle(env.request).await,
             Err(e) => error(ErrorKind::BadRequest, e.to_string()),
@@ -119,7 +123,9 @@ impl Server {
                 self.stats.checks.fetch_add(1, Ordering::Relaxed);
                 let id = att.container_id.clone();
                 match self.blocking(move |a| a.check(&id)).await {
-                    Ok(record) => Response::Checked { redirected: record.redirected() },
+                    Ok(record) => Response::Checked {
+                        redirected: record.redirected(),
+                    },
                     Err(e) => agent_error(e),
                 }
             }
@@ -131,7 +137,10 @@ impl Server {
                 }
             }
             Request::Status => match self.blocking(|a| a.pods()).await {
-                Ok(pods) => Response::Status { programs_loaded: true, pods: pods.len() },
+                Ok(pods) => Response::Status {
+                    programs_loaded: true,
+                    pods: pods.len(),
+                },
                 Err(e) => agent_error(e),
             },
         }
@@ -151,11 +160,29 @@ impl Server {
     }
 
     async fn add_in_span(&self, add: AddRequest) -> Response {
-        let AddRequest { attachment: AttachmentRef { container_id, ifname, netns }, pod, cgroup_path, pod_ips, config } = add;
+        let AddRequest {
+            attachment:
+                AttachmentRef {
+                    container_id,
+                    ifname,
+                    netns,
+                },
+            pod,
+            cgroup_path,
+            pod_ips,
+            config,
+        } = add;
         if pod.namespace.is_empty() || pod.name.is_empty() {
-            return error(ErrorKind::BadRequest, "ADD without pod namespace and name".into());
+            return error(
+                ErrorKind::BadRequest,
+                "ADD without pod namespace and name".into(),
+            );
         }
-        let decision = match self.pods.decide(&pod.namespace, &pod.name, pod.uid.as_deref(), &config).await {
+        let decision = match self
+            .pods
+            .decide(&pod.namespace, &pod.name, pod.uid.as_deref(), &config)
+            .await
+        {
             Ok(d) => d,
             Err(e) if e.is_transient() => return error(ErrorKind::KubernetesApi, e.to_string()),
             Err(e) => return error(ErrorKind::BadRequest, e.to_string()),
@@ -170,22 +197,32 @@ impl Server {
             pod_ips,
         };
         if config.simulate {
-            return Response::Added { redirected: false, reason: format!("simulate: would have {}", decision.reason) };
+            return Response::Added {
+                redirected: false,
+                reason: format!("simulate: would have {}", decision.reason),
+            };
         }
         let reason = decision.reason;
         let result = if decision.redirect {
             self.blocking(move |a| a.register(reg)).await
         } else {
             let why = reason.clone();
-            self.blocking(move |a| a.record_unredirected(reg, why)).await
+            self.blocking(move |a| a.record_unredirected(reg, why))
+                .await
         };
         match result {
             Ok(record) => {
                 tracing::info!(redirected = record.redirected(), reason = %reason, "pod added");
                 // An unredirected record's reason is the decision's: say it once.
-                let reason =
-                    if record.reason == reason { reason } else { format!("{reason}; {}", record.reason) };
-                Response::Added { redirected: record.redirected(), reason }
+                let reason = if record.reason == reason {
+                    reason
+                } else {
+                    format!("{reason}; {}", record.reason)
+                };
+                Response::Added {
+                    redirected: record.redirected(),
+                    reason,
+                }
             }
             Err(e) => agent_error(e),
         }
@@ -198,7 +235,11 @@ impl Server {
         let agent = self.agent.clone();
         tokio::task::spawn_blocking(move || f(&agent))
             .await
-            .unwrap_or_else(|e| Err(AgentError::Registry(io::Error::other(format!("worker failed: {e}")))))
+            .unwrap_or_else(|e| {
+                Err(AgentError::Registry(io::Error::other(format!(
+                    "worker failed: {e}"
+                ))))
+            })
     }
 }
 
@@ -217,7 +258,9 @@ fn error(kind: ErrorKind, message: String) -> Response {
 /// The one place agent errors become protocol error kinds.
 fn agent_error(e: AgentError) -> Response {
     let kind = match &e {
-        AgentError::Netns(NetnsError::NotFound { .. } | NetnsError::NotNetns { .. }) => ErrorKind::UnknownContainer,
+        AgentError::Netns(NetnsError::NotFound { .. } | NetnsError::NotNetns { .. }) => {
+            ErrorKind::UnknownContainer
+        }
         AgentError::UnknownContainer(_) => ErrorKind::UnknownContainer,
         AgentError::NotInForce { .. } => ErrorKind::NotInForce,
         _ => ErrorKind::Internal,

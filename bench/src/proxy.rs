@@ -27,7 +27,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::pool::Pool;
 
-
 /// Command line of `linkerd-cni-bench proxy`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {

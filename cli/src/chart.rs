@@ -23,11 +23,26 @@ pub const CHART_YAML: &str = include_str!("../../deploy/charts/linkerd2-cni/Char
 /// The templates, in the order their objects must be applied (Helm's install order by kind:
 /// Namespace, ServiceAccount, ClusterRole(Binding), ConfigMap, DaemonSet).
 pub const TEMPLATES: &[(&str, &str)] = &[
-    ("namespace.yaml", include_str!("../../deploy/charts/linkerd2-cni/templates/namespace.yaml")),
-    ("serviceaccount.yaml", include_str!("../../deploy/charts/linkerd2-cni/templates/serviceaccount.yaml")),
-    ("rbac.yaml", include_str!("../../deploy/charts/linkerd2-cni/templates/rbac.yaml")),
-    ("configmap.yaml", include_str!("../../deploy/charts/linkerd2-cni/templates/configmap.yaml")),
-    ("daemonset.yaml", include_str!("../../deploy/charts/linkerd2-cni/templates/daemonset.yaml")),
+    (
+        "namespace.yaml",
+        include_str!("../../deploy/charts/linkerd2-cni/templates/namespace.yaml"),
+    ),
+    (
+        "serviceaccount.yaml",
+        include_str!("../../deploy/charts/linkerd2-cni/templates/serviceaccount.yaml"),
+    ),
+    (
+        "rbac.yaml",
+        include_str!("../../deploy/charts/linkerd2-cni/templates/rbac.yaml"),
+    ),
+    (
+        "configmap.yaml",
+        include_str!("../../deploy/charts/linkerd2-cni/templates/configmap.yaml"),
+    ),
+    (
+        "daemonset.yaml",
+        include_str!("../../deploy/charts/linkerd2-cni/templates/daemonset.yaml"),
+    ),
 ];
 
 /// Why the chart could not be rendered.
@@ -78,9 +93,11 @@ pub fn to_value(json: &Json) -> Value {
         },
         Json::String(s) => Value::String(Arc::from(s.as_str())),
         Json::Array(items) => Value::List(items.iter().map(to_value).collect()),
-        Json::Object(map) => {
-            Value::Map(Arc::new(map.iter().map(|(k, v)| (Arc::from(k.as_str()), to_value(v))).collect::<BTreeMap<_, _>>()))
-        }
+        Json::Object(map) => Value::Map(Arc::new(
+            map.iter()
+                .map(|(k, v)| (Arc::from(k.as_str()), to_value(v)))
+                .collect::<BTreeMap<_, _>>(),
+        )),
     }
 }
 
@@ -94,7 +111,11 @@ pub fn to_json(value: &Value) -> Json {
         Value::Float(f) => serde_json::Number::from_f64(*f).map_or(Json::Null, Json::Number),
         Value::String(s) => Json::String(s.to_string()),
         Value::List(items) => Json::Array(items.iter().map(to_json).collect()),
-        Value::Map(map) => Json::Object(map.iter().map(|(k, v)| (k.to_string(), to_json(v))).collect::<Map<_, _>>()),
+        Value::Map(map) => Json::Object(
+            map.iter()
+                .map(|(k, v)| (k.to_string(), to_json(v)))
+                .collect::<Map<_, _>>(),
+        ),
     }
 }
 
@@ -127,15 +148,25 @@ fn is_empty(v: &Value) -> bool {
 
 fn arg<'a>(name: &str, args: &'a [Value], i: usize, n: usize) -> Result<&'a Value, TemplateError> {
     if args.len() != n {
-        return Err(TemplateError::ArgCount { name: name.into(), expected: n, got: args.len() });
+        return Err(TemplateError::ArgCount {
+            name: name.into(),
+            expected: n,
+            got: args.len(),
+        });
     }
-    args.get(i).ok_or(TemplateError::ArgCount { name: name.into(), expected: n, got: args.len() })
+    args.get(i).ok_or(TemplateError::ArgCount {
+        name: name.into(),
+        expected: n,
+        got: args.len(),
+    })
 }
 
 fn int_arg(name: &str, v: &Value) -> Result<usize, TemplateError> {
     v.as_int()
         .and_then(|i| usize::try_from(i).ok())
-        .ok_or_else(|| TemplateError::Exec(format!("{name}: expected a non-negative integer, got {v}")))
+        .ok_or_else(|| {
+            TemplateError::Exec(format!("{name}: expected a non-negative integer, got {v}"))
+        })
 }
 
 fn indent(n: usize, s: &str) -> String {
@@ -156,14 +187,19 @@ fn dir(p: &str) -> String {
 fn with_funcs(t: Template) -> Template {
     t.func("toYaml", |a| {
         let json = to_json(arg("toYaml", a, 0, 1)?);
-        let yaml = serde_yaml_ng::to_string(&json).map_err(|e| TemplateError::Exec(format!("toYaml: {e}")))?;
+        let yaml = serde_yaml_ng::to_string(&json)
+            .map_err(|e| TemplateError::Exec(format!("toYaml: {e}")))?;
         Ok(string(yaml.trim_end_matches('\n')))
     })
     .func("toJson", |a| {
         let json = to_json(arg("toJson", a, 0, 1)?);
-        serde_json::to_string(&json).map(string).map_err(|e| TemplateError::Exec(format!("toJson: {e}")))
+        serde_json::to_string(&json)
+            .map(string)
+            .map_err(|e| TemplateError::Exec(format!("toJson: {e}")))
     })
-    .func("toString", |a| Ok(string(strval(arg("toString", a, 0, 1)?))))
+    .func("toString", |a| {
+        Ok(string(strval(arg("toString", a, 0, 1)?)))
+    })
     .func("quote", |a| {
         let quoted: Vec<String> = a
             .iter()
@@ -174,7 +210,11 @@ fn with_funcs(t: Template) -> Template {
     })
     .func("default", |a| {
         // `x | default d` calls `default d x`; a missing x is an empty value.
-        let fallback = a.first().ok_or(TemplateError::ArgCount { name: "default".into(), expected: 2, got: 0 })?;
+        let fallback = a.first().ok_or(TemplateError::ArgCount {
+            name: "default".into(),
+            expected: 2,
+            got: 0,
+        })?;
         match a.get(1) {
             Some(v) if !is_empty(v) => Ok(v.clone()),
             _ => Ok(fallback.clone()),
@@ -186,8 +226,12 @@ fn with_funcs(t: Template) -> Template {
         Ok(Value::List(s.split(sep.as_str()).map(string).collect()))
     })
     .func("compact", |a| match arg("compact", a, 0, 1)? {
-        Value::List(l) => Ok(Value::List(l.iter().filter(|v| !is_empty(v)).cloned().collect())),
-        other => Err(TemplateError::Exec(format!("compact: expected a list, got {other}"))),
+        Value::List(l) => Ok(Value::List(
+            l.iter().filter(|v| !is_empty(v)).cloned().collect(),
+        )),
+        other => Err(TemplateError::Exec(format!(
+            "compact: expected a list, got {other}"
+        ))),
     })
     .func("trim", |a| Ok(string(strval(arg("trim", a, 0, 1)?).trim())))
     .func("dir", |a| Ok(string(dir(&strval(arg("dir", a, 0, 1)?)))))
@@ -197,9 +241,14 @@ fn with_funcs(t: Template) -> Template {
     })
     .func("nindent", |a| {
         let n = int_arg("nindent", arg("nindent", a, 0, 2)?)?;
-        Ok(string(format!("\n{}", indent(n, &strval(arg("nindent", a, 1, 2)?)))))
+        Ok(string(format!(
+            "\n{}",
+            indent(n, &strval(arg("nindent", a, 1, 2)?))
+        )))
     })
-    .func("fail", |a| Err(TemplateError::Exec(strval(arg("fail", a, 0, 1)?))))
+    .func("fail", |a| {
+        Err(TemplateError::Exec(strval(arg("fail", a, 0, 1)?)))
+    })
 }
 
 /// The template name Helm gives a chart file.
@@ -223,10 +272,17 @@ pub fn render(values: &Json) -> Result<String, RenderError> {
         let template = with_funcs(Template::new(&name))
             .missing_key(MissingKey::Error)
             .parse(source)
-            .map_err(|source| RenderError::Parse { template: name.clone(), source })?;
-        let rendered = template
-            .execute_to_string(&data)
-            .map_err(|source| RenderError::Execute { template: name.clone(), source })?;
+            .map_err(|source| RenderError::Parse {
+                template: name.clone(),
+                source,
+            })?;
+        let rendered =
+            template
+                .execute_to_string(&data)
+                .map_err(|source| RenderError::Execute {
+                    template: name.clone(),
+                    source,
+                })?;
         let rendered = rendered.trim();
         if !rendered.is_empty() {
             out.push_str(&format!("---\n# Source: {name}\n{rendered}\n"));
@@ -254,20 +310,60 @@ mod tests {
     #[test]
     fn functions_behave_like_sprig() {
         let cases: &[(&str, Json, &str)] = &[
-            (r#"{{ .a | toJson }}"#, json!({"a": {"b": [1, "x"]}}), r#"{"b":[1,"x"]}"#),
-            (r#"{{ .a | toYaml }}"#, json!({"a": [{"operator": "Exists"}]}), "- operator: Exists"),
-            (r#"{{ .a | toString | quote }}"#, json!({"a": 9990}), r#""9990""#),
-            (r#"{{ quote .a .b }}"#, json!({"a": "x", "b": 1}), r#""x" "1""#),
-            (r#"{{ .a | default "d" }}|{{ .b | default "d" }}"#, json!({"a": "", "b": "v"}), "d|v"),
+            (
+                r#"{{ .a | toJson }}"#,
+                json!({"a": {"b": [1, "x"]}}),
+                r#"{"b":[1,"x"]}"#,
+            ),
+            (
+                r#"{{ .a | toYaml }}"#,
+                json!({"a": [{"operator": "Exists"}]}),
+                "- operator: Exists",
+            ),
+            (
+                r#"{{ .a | toString | quote }}"#,
+                json!({"a": 9990}),
+                r#""9990""#,
+            ),
+            (
+                r#"{{ quote .a .b }}"#,
+                json!({"a": "x", "b": 1}),
+                r#""x" "1""#,
+            ),
+            (
+                r#"{{ .a | default "d" }}|{{ .b | default "d" }}"#,
+                json!({"a": "", "b": "v"}),
+                "d|v",
+            ),
             (r#"{{ .a | default 5 }}"#, json!({"a": 0}), "5"),
-            (r#"{{ range .a | splitList "," | compact }}[{{ trim . }}]{{ end }}"#, json!({"a": "1, 2,,3"}), "[1][2][3]"),
+            (
+                r#"{{ range .a | splitList "," | compact }}[{{ trim . }}]{{ end }}"#,
+                json!({"a": "1, 2,,3"}),
+                "[1][2][3]",
+            ),
             (r#"{{ len (splitList "," "") }}"#, json!({}), "1"),
-            (r#"{{ dir .a }}|{{ dir "/x" }}|{{ dir "x" }}"#, json!({"a": "/run/l/agent.sock"}), "/run/l|/|."),
-            (r#"a:{{ "x: 1\ny: 2" | nindent 2 }}"#, json!({}), "a:\n  x: 1\n  y: 2"),
+            (
+                r#"{{ dir .a }}|{{ dir "/x" }}|{{ dir "x" }}"#,
+                json!({"a": "/run/l/agent.sock"}),
+                "/run/l|/|.",
+            ),
+            (
+                r#"a:{{ "x: 1\ny: 2" | nindent 2 }}"#,
+                json!({}),
+                "a:\n  x: 1\n  y: 2",
+            ),
             (r#"{{ "x\ny" | indent 3 }}"#, json!({}), "   x\n   y"),
             (r#"{{ not .a | toJson }}"#, json!({"a": true}), "false"),
-            (r#"{{ printf "0.0.0.0:%v" .a }}"#, json!({"a": 9990}), "0.0.0.0:9990"),
-            (r#"{{ index .a "e-s" "r" }}"#, json!({"a": {"e-s": {"r": "1Gi"}}}), "1Gi"),
+            (
+                r#"{{ printf "0.0.0.0:%v" .a }}"#,
+                json!({"a": 9990}),
+                "0.0.0.0:9990",
+            ),
+            (
+                r#"{{ index .a "e-s" "r" }}"#,
+                json!({"a": {"e-s": {"r": "1Gi"}}}),
+                "1Gi",
+            ),
         ];
         for (src, data, want) in cases {
             assert_eq!(run(src, data.clone()), *want, "template {src}");

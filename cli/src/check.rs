@@ -52,10 +52,16 @@ pub struct CheckResult {
 
 impl CheckResult {
     pub fn ok(name: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { name: name.into(), outcome: Ok(detail.into()) }
+        Self {
+            name: name.into(),
+            outcome: Ok(detail.into()),
+        }
     }
     pub fn fail(name: impl Into<String>, why: impl Into<String>) -> Self {
-        Self { name: name.into(), outcome: Err(why.into()) }
+        Self {
+            name: name.into(),
+            outcome: Err(why.into()),
+        }
     }
     pub fn passed(&self) -> bool {
         self.outcome.is_ok()
@@ -63,7 +69,11 @@ impl CheckResult {
 }
 
 /// Prints one category of results, Linkerd style.
-pub fn print_category(out: &mut impl Write, title: &str, results: &[CheckResult]) -> std::io::Result<()> {
+pub fn print_category(
+    out: &mut impl Write,
+    title: &str,
+    results: &[CheckResult],
+) -> std::io::Result<()> {
     writeln!(out, "{title}")?;
     writeln!(out, "{}", "-".repeat(title.chars().count()))?;
     for r in results {
@@ -92,12 +102,22 @@ pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> any
     }
     let mut all = true;
     if post_install {
-        all &= crate::check_install::run(kube, &args.linkerd_namespace, &args.cni_namespace, args.proxy, out).await?;
+        all &= crate::check_install::run(
+            kube,
+            &args.linkerd_namespace,
+            &args.cni_namespace,
+            args.proxy,
+            out,
+        )
+        .await?;
     }
     if args.linkerd_cni_enabled {
         let results = match kube.client().await {
             Ok(client) => cluster::run(&client, &args.cni_namespace).await,
-            Err(e) => vec![CheckResult::fail("can initialize the client", e.to_string())],
+            Err(e) => vec![CheckResult::fail(
+                "can initialize the client",
+                e.to_string(),
+            )],
         };
         all &= results.iter().all(CheckResult::passed);
         print_category(out, "linkerd-cni-plugin", &results)?;
@@ -107,6 +127,10 @@ pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> any
         all &= results.iter().all(CheckResult::passed);
         print_category(out, "linkerd-cni-node", &results)?;
     }
-    writeln!(out, "Status check results are {}", if all { "√" } else { "×" })?;
+    writeln!(
+        out,
+        "Status check results are {}",
+        if all { "√" } else { "×" }
+    )?;
     Ok(all)
 }

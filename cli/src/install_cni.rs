@@ -36,7 +36,9 @@ fn port(s: &str) -> Result<u16, String> {
 }
 
 fn port_range(s: &str) -> Result<String, String> {
-    s.parse::<PortRange>().map(|r| r.to_string()).map_err(|e| e.to_string())
+    s.parse::<PortRange>()
+        .map(|r| r.to_string())
+        .map_err(|e| e.to_string())
 }
 
 fn mode(s: &str) -> Result<String, String> {
@@ -81,22 +83,42 @@ pub struct InstallCniArgs {
     #[arg(long, env = "LINKERD_INSTALL_CNI_REDIRECT_PORTS", value_delimiter = ',', value_parser = port)]
     pub redirect_ports: Vec<u16>,
     /// Image of the node agent and plugin.
-    #[arg(long, env = "LINKERD_INSTALL_CNI_CNI_IMAGE", default_value = "ghcr.io/linkerd/linkerd-cni-ebpf")]
+    #[arg(
+        long,
+        env = "LINKERD_INSTALL_CNI_CNI_IMAGE",
+        default_value = "ghcr.io/linkerd/linkerd-cni-ebpf"
+    )]
     pub cni_image: String,
     /// Tag of that image [default: the chart's appVersion].
     #[arg(long, env = "LINKERD_INSTALL_CNI_CNI_IMAGE_VERSION")]
     pub cni_image_version: Option<String>,
     /// Log level of the CNI plugin (debug, info; anything else means warn).
-    #[arg(long, env = "LINKERD_INSTALL_CNI_CNI_LOG_LEVEL", default_value = "info")]
+    #[arg(
+        long,
+        env = "LINKERD_INSTALL_CNI_CNI_LOG_LEVEL",
+        default_value = "info"
+    )]
     pub cni_log_level: String,
     /// Host directory of CNI network configs.
-    #[arg(long, env = "LINKERD_INSTALL_CNI_DEST_CNI_NET_DIR", default_value = "/etc/cni/net.d")]
+    #[arg(
+        long,
+        env = "LINKERD_INSTALL_CNI_DEST_CNI_NET_DIR",
+        default_value = "/etc/cni/net.d"
+    )]
     pub dest_cni_net_dir: String,
     /// Host directory of CNI plugin binaries.
-    #[arg(long, env = "LINKERD_INSTALL_CNI_DEST_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    #[arg(
+        long,
+        env = "LINKERD_INSTALL_CNI_DEST_CNI_BIN_DIR",
+        default_value = "/opt/cni/bin"
+    )]
     pub dest_cni_bin_dir: String,
     /// PriorityClass of the DaemonSet's pods.
-    #[arg(long, env = "LINKERD_INSTALL_CNI_PRIORITY_CLASS_NAME", default_value = "")]
+    #[arg(
+        long,
+        env = "LINKERD_INSTALL_CNI_PRIORITY_CLASS_NAME",
+        default_value = ""
+    )]
     pub priority_class_name: String,
     /// iptables mode only (accepted and ignored in eBPF mode).
     #[arg(long, env = "LINKERD_INSTALL_CNI_USE_WAIT_FLAG", default_value_t = false, num_args = 0..=1,
@@ -149,7 +171,11 @@ pub const FLAG_VALUES: &[(&str, &str, FlagKind)] = &[
 pub fn flag_json(kind: FlagKind, raw: &[String]) -> Json {
     let one = raw.last().cloned().unwrap_or_default();
     match kind {
-        FlagKind::Int => one.trim().parse::<i64>().map(Json::from).unwrap_or(Json::String(one)),
+        FlagKind::Int => one
+            .trim()
+            .parse::<i64>()
+            .map(Json::from)
+            .unwrap_or(Json::String(one)),
         FlagKind::Bool => Json::Bool(one == "true"),
         FlagKind::Str => Json::String(one),
         FlagKind::List => Json::String(raw.iter().map(|s| s.trim()).collect::<Vec<_>>().join(",")),
@@ -161,7 +187,10 @@ fn path(dotted: &str) -> Vec<String> {
 }
 
 fn explicit(matches: &ArgMatches, id: &str) -> bool {
-    matches!(matches.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable))
+    matches!(
+        matches.value_source(id),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    )
 }
 
 fn raw(matches: &ArgMatches, id: &str) -> Vec<String> {
@@ -189,8 +218,16 @@ pub fn merged_values(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Json
         }
     }
     if let Some(registry) = &args.registry {
-        let image = v.pointer("/image/name").and_then(Json::as_str).unwrap_or_default().to_string();
-        values::set_path(&mut v, &path("image.name"), Json::String(with_registry(&image, registry)));
+        let image = v
+            .pointer("/image/name")
+            .and_then(Json::as_str)
+            .unwrap_or_default()
+            .to_string();
+        values::set_path(
+            &mut v,
+            &path("image.name"),
+            Json::String(with_registry(&image, registry)),
+        );
     }
     for expr in &args.set {
         for (key, value) in values::parse_set(expr)? {
@@ -229,11 +266,25 @@ mod tests {
                 .get_arguments()
                 .find(|a| a.get_id() == *id)
                 .unwrap_or_else(|| panic!("FLAG_VALUES names {id}, which is not a flag"));
-            let raw: Vec<String> =
-                arg.get_default_values().iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            let want = defaults.pointer(&format!("/{}", key.replace('.', "/"))).unwrap_or_else(|| panic!("no value {key}"));
-            let got = if raw.is_empty() { Json::String(String::new()) } else { flag_json(*kind, &raw) };
-            assert_eq!(&got, want, "--{} default vs values {key}", arg.get_long().unwrap_or(id));
+            let raw: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect();
+            let want = defaults
+                .pointer(&format!("/{}", key.replace('.', "/")))
+                .unwrap_or_else(|| panic!("no value {key}"));
+            let got = if raw.is_empty() {
+                Json::String(String::new())
+            } else {
+                flag_json(*kind, &raw)
+            };
+            assert_eq!(
+                &got,
+                want,
+                "--{} default vs values {key}",
+                arg.get_long().unwrap_or(id)
+            );
         }
     }
 
@@ -245,15 +296,26 @@ mod tests {
             if ["values", "set"].contains(&id) {
                 continue;
             }
-            let env = arg.get_env().unwrap_or_else(|| panic!("--{id} has no env var")).to_string_lossy();
-            assert_eq!(env, format!("{ENV_PREFIX}{}", id.to_uppercase()), "env var of --{id}");
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("--{id} has no env var"))
+                .to_string_lossy();
+            assert_eq!(
+                env,
+                format!("{ENV_PREFIX}{}", id.to_uppercase()),
+                "env var of --{id}"
+            );
         }
     }
 
     #[test]
     fn registry_replaces_the_registry_part() {
         for (image, reg, want) in [
-            ("ghcr.io/linkerd/linkerd-cni-ebpf", "my.reg/x", "my.reg/x/linkerd-cni-ebpf"),
+            (
+                "ghcr.io/linkerd/linkerd-cni-ebpf",
+                "my.reg/x",
+                "my.reg/x/linkerd-cni-ebpf",
+            ),
             ("plain", "r/", "r/plain"),
         ] {
             assert_eq!(with_registry(image, reg), want);

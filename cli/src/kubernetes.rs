@@ -17,7 +17,13 @@ pub struct KubeArgs {
     #[arg(long, global = true, env = "LINKERD_CONTEXT", value_name = "NAME")]
     pub context: Option<String>,
     /// Timeout of each API request, in seconds.
-    #[arg(long = "api-timeout", global = true, env = "LINKERD_API_TIMEOUT", default_value_t = 10, value_name = "SECONDS")]
+    #[arg(
+        long = "api-timeout",
+        global = true,
+        env = "LINKERD_API_TIMEOUT",
+        default_value_t = 10,
+        value_name = "SECONDS"
+    )]
     pub api_timeout_secs: u64,
 }
 
@@ -38,9 +44,14 @@ pub enum ClientError {
 impl KubeArgs {
     /// The client these flags describe.
     pub async fn client(&self) -> Result<kube::Client, ClientError> {
-        let options = KubeConfigOptions { context: self.context.clone(), ..KubeConfigOptions::default() };
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..KubeConfigOptions::default()
+        };
         let mut config = match (&self.kubeconfig, &self.context) {
-            (Some(path), _) => Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?,
+            (Some(path), _) => {
+                Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?
+            }
             (None, Some(_)) => Config::from_kubeconfig(&options).await?,
             (None, None) => Config::infer().await?,
         };

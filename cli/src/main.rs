@@ -52,9 +52,14 @@ fn main() -> ExitCode {
 fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
     match &cli.command {
         Command::InstallCni(args) => {
-            let sub = matches.subcommand_matches("install-cni").context("install-cni arguments")?;
+            let sub = matches
+                .subcommand_matches("install-cni")
+                .context("install-cni arguments")?;
             let yaml = install_cni::render(args, sub)?;
-            std::io::stdout().lock().write_all(yaml.as_bytes()).context("writing the manifests")?;
+            std::io::stdout()
+                .lock()
+                .write_all(yaml.as_bytes())
+                .context("writing the manifests")?;
             Ok(true)
         }
         Command::Check(args) => {
@@ -66,7 +71,10 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
         }
         Command::Install(args) => {
             let yaml = install::render(args)?;
-            std::io::stdout().lock().write_all(yaml.as_bytes()).context("writing the manifests")?;
+            std::io::stdout()
+                .lock()
+                .write_all(yaml.as_bytes())
+                .context("writing the manifests")?;
             Ok(true)
         }
         Command::Inject(args) => {
@@ -74,12 +82,26 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            let (mut stdin, mut stdout, mut stderr) = (std::io::stdin().lock(), std::io::stdout().lock(), std::io::stderr().lock());
-            runtime.block_on(inject::inject(args, &cli.kube, &mut stdin, &mut stdout, &mut stderr))?;
+            let (mut stdin, mut stdout, mut stderr) = (
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+                std::io::stderr().lock(),
+            );
+            runtime.block_on(inject::inject(
+                args,
+                &cli.kube,
+                &mut stdin,
+                &mut stdout,
+                &mut stderr,
+            ))?;
             Ok(true)
         }
         Command::Uninject(args) => {
-            let (mut stdin, mut stdout, mut stderr) = (std::io::stdin().lock(), std::io::stdout().lock(), std::io::stderr().lock());
+            let (mut stdin, mut stdout, mut stderr) = (
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+                std::io::stderr().lock(),
+            );
             inject::uninject(args, &mut stdin, &mut stdout, &mut stderr)?;
             Ok(true)
         }

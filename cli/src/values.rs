@@ -50,7 +50,10 @@ pub enum ValuesError {
 
 /// Parses YAML into a JSON tree whose top level is a map (an empty document is an empty map).
 pub fn parse_yaml(text: &str, origin: &str) -> Result<Json, ValuesError> {
-    let parse_err = |message: String| ValuesError::Parse { origin: origin.to_string(), message };
+    let parse_err = |message: String| ValuesError::Parse {
+        origin: origin.to_string(),
+        message,
+    };
     let value: Json = serde_yaml_ng::from_str(text).map_err(|e| parse_err(e.to_string()))?;
     match value {
         Json::Null => Ok(Json::Object(Map::new())),
@@ -66,8 +69,10 @@ pub fn chart_defaults() -> Result<Json, ValuesError> {
 
 /// Reads a `-f` values file.
 pub fn read_values_file(path: &Path) -> Result<Json, ValuesError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ValuesError::Read { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ValuesError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     parse_yaml(&text, &path.display().to_string())
 }
 
@@ -82,7 +87,9 @@ pub fn coalesce(dst: &mut Json, src: Json) {
                     continue;
                 }
                 match d.get_mut(&k) {
-                    Some(existing) if existing.is_object() && v.is_object() => coalesce(existing, v),
+                    Some(existing) if existing.is_object() && v.is_object() => {
+                        coalesce(existing, v)
+                    }
                     _ => {
                         d.insert(k, v);
                     }
@@ -162,15 +169,22 @@ fn set_scalar(s: &str) -> Json {
 /// Parses one `--set` argument: `key.sub=value[,key2=value2...]`, where a value `{a,b}` is a
 /// list and `\,` / `\.` escape separators. Index syntax (`key[0]`) is not supported.
 pub fn parse_set(expr: &str) -> Result<Vec<(Vec<String>, Json)>, ValuesError> {
-    let err = |reason| ValuesError::Set { expr: expr.to_string(), reason };
+    let err = |reason| ValuesError::Set {
+        expr: expr.to_string(),
+        reason,
+    };
     let mut out = Vec::new();
     for item in split_unescaped(expr, ',') {
         if item.is_empty() {
             continue;
         }
-        let (key, raw) = item.split_once('=').ok_or_else(|| err("expected key=value"))?;
+        let (key, raw) = item
+            .split_once('=')
+            .ok_or_else(|| err("expected key=value"))?;
         if key.contains('[') {
-            return Err(err("list indexes (key[0]) are not supported; use -f with a values file"));
+            return Err(err(
+                "list indexes (key[0]) are not supported; use -f with a values file",
+            ));
         }
         let path = split_unescaped(key, '.');
         if path.iter().any(String::is_empty) {
@@ -178,7 +192,12 @@ pub fn parse_set(expr: &str) -> Result<Vec<(Vec<String>, Json)>, ValuesError> {
         }
         let value = match raw.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
             Some("") => Json::Array(Vec::new()),
-            Some(inner) => Json::Array(split_unescaped(inner, ',').iter().map(|s| set_scalar(s)).collect()),
+            Some(inner) => Json::Array(
+                split_unescaped(inner, ',')
+                    .iter()
+                    .map(|s| set_scalar(s))
+                    .collect(),
+            ),
             None => set_scalar(raw),
         };
         out.push((path, value));
@@ -191,7 +210,9 @@ fn de_stringish<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     match Json::deserialize(d)? {
         Json::String(s) => Ok(s),
         Json::Number(n) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
-        other => Err(serde::de::Error::custom(format!("expected a string, got {other}"))),
+        other => Err(serde::de::Error::custom(format!(
+            "expected a string, got {other}"
+        ))),
     }
 }
 
@@ -275,11 +296,18 @@ pub struct Agent {
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ValuesError {
-    ValuesError::Invalid { key, reason: reason.into() }
+    ValuesError::Invalid {
+        key,
+        reason: reason.into(),
+    }
 }
 
 fn check_port(key: &'static str, port: u16) -> Result<(), ValuesError> {
-    if port == 0 { Err(invalid(key, "port 0")) } else { Ok(()) }
+    if port == 0 {
+        Err(invalid(key, "port 0"))
+    } else {
+        Ok(())
+    }
 }
 
 fn check_ports(key: &'static str, list: &str) -> Result<Vec<PortRange>, ValuesError> {
@@ -296,7 +324,8 @@ fn check_abs(key: &'static str, path: &str) -> Result<(), ValuesError> {
 
 /// Checks merged values: their shape, then what the templates cannot check.
 pub fn validate(values: &Json) -> Result<Values, ValuesError> {
-    let v: Values = serde_json::from_value(values.clone()).map_err(|e| ValuesError::Shape(e.to_string()))?;
+    let v: Values =
+        serde_json::from_value(values.clone()).map_err(|e| ValuesError::Shape(e.to_string()))?;
     if v.mode != MODE_EBPF {
         return Err(ValuesError::Mode(v.mode));
     }
@@ -311,8 +340,14 @@ pub fn validate(values: &Json) -> Result<Values, ValuesError> {
     }
     check_ports("ignoreInboundPorts", &v.ignore_inbound_ports)?;
     check_ports("ignoreOutboundPorts", &v.ignore_outbound_ports)?;
-    if let Some(range) = check_ports("portsToRedirect", &v.ports_to_redirect)?.iter().find(|r| r.first != r.last) {
-        return Err(invalid("portsToRedirect", format!("{range} is a range; list single ports")));
+    if let Some(range) = check_ports("portsToRedirect", &v.ports_to_redirect)?
+        .iter()
+        .find(|r| r.first != r.last)
+    {
+        return Err(invalid(
+            "portsToRedirect",
+            format!("{range} is a range; list single ports"),
+        ));
     }
     if v.proxy_uid < 0 || v.proxy_uid > i64::from(u32::MAX) {
         return Err(invalid("proxyUID", format!("{} is not a UID", v.proxy_uid)));
@@ -333,13 +368,22 @@ pub fn validate(values: &Json) -> Result<Values, ValuesError> {
     }
     let bpffs = v.agent.bpffs_path.trim_end_matches('/');
     if !v.agent.pin_root.starts_with(&format!("{bpffs}/")) {
-        return Err(invalid("agent.pinRoot", format!("must be inside agent.bpffsPath ({bpffs})")));
+        return Err(invalid(
+            "agent.pinRoot",
+            format!("must be inside agent.bpffsPath ({bpffs})"),
+        ));
     }
     if v.image.name.is_empty() || v.image.name.contains(char::is_whitespace) {
-        return Err(invalid("image.name", format!("{:?} is not an image name", v.image.name)));
+        return Err(invalid(
+            "image.name",
+            format!("{:?} is not an image name", v.image.name),
+        ));
     }
     if !["Always", "IfNotPresent", "Never"].contains(&v.image.pull_policy.as_str()) {
-        return Err(invalid("image.pullPolicy", "expected Always, IfNotPresent or Never"));
+        return Err(invalid(
+            "image.pullPolicy",
+            "expected Always, IfNotPresent or Never",
+        ));
     }
     if !["legacy", "nft"].contains(&v.iptables_mode.as_str()) {
         return Err(invalid("iptablesMode", "expected legacy or nft"));
@@ -361,7 +405,10 @@ mod tests {
         assert_eq!((v.inbound_proxy_port, v.outbound_proxy_port), (4143, 4140));
         assert_eq!((v.proxy_admin_port, v.proxy_control_port), (4191, 4190));
         assert_eq!((v.proxy_uid, v.proxy_gid), (2102, -1));
-        assert_eq!((v.dest_cni_net_dir.as_str(), v.dest_cni_bin_dir.as_str()), ("/etc/cni/net.d", "/opt/cni/bin"));
+        assert_eq!(
+            (v.dest_cni_net_dir.as_str(), v.dest_cni_bin_dir.as_str()),
+            ("/etc/cni/net.d", "/opt/cni/bin")
+        );
         assert_eq!(v.log_level, "info");
         assert_eq!(v.agent.socket_path, linkerd_cni_common::paths::AGENT_SOCKET);
         assert_eq!(v.agent.bpffs_path, linkerd_cni_common::paths::BPFFS);
@@ -373,21 +420,35 @@ mod tests {
         type Case<'a> = (&'a str, Vec<(Vec<&'a str>, Json)>);
         let cases: &[Case] = &[
             ("a=1", vec![(vec!["a"], json!(1))]),
-            ("a.b=x,c=true", vec![(vec!["a", "b"], json!("x")), (vec!["c"], json!(true))]),
+            (
+                "a.b=x,c=true",
+                vec![(vec!["a", "b"], json!("x")), (vec!["c"], json!(true))],
+            ),
             ("a=-1", vec![(vec!["a"], json!(-1))]),
             ("a=0123", vec![(vec!["a"], json!("0123"))]),
             ("a=1.2", vec![(vec!["a"], json!("1.2"))]),
             ("a=null", vec![(vec!["a"], Json::Null)]),
             (r"a=8080\,9090", vec![(vec!["a"], json!("8080,9090"))]),
-            ("a={x,2},b=", vec![(vec!["a"], json!(["x", 2])), (vec!["b"], json!(""))]),
+            (
+                "a={x,2},b=",
+                vec![(vec!["a"], json!(["x", 2])), (vec!["b"], json!(""))],
+            ),
             ("a={}", vec![(vec!["a"], json!([]))]),
             (r"a\.b.c=v", vec![(vec!["a.b", "c"], json!("v"))]),
-            ("resources.ephemeral-storage.limit=1Gi", vec![(vec!["resources", "ephemeral-storage", "limit"], json!("1Gi"))]),
+            (
+                "resources.ephemeral-storage.limit=1Gi",
+                vec![(
+                    vec!["resources", "ephemeral-storage", "limit"],
+                    json!("1Gi"),
+                )],
+            ),
         ];
         for (expr, want) in cases {
             let got = parse_set(expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
-            let want: Vec<(Vec<String>, Json)> =
-                want.iter().map(|(p, v)| (p.iter().map(|s| s.to_string()).collect(), v.clone())).collect();
+            let want: Vec<(Vec<String>, Json)> = want
+                .iter()
+                .map(|(p, v)| (p.iter().map(|s| s.to_string()).collect(), v.clone()))
+                .collect();
             assert_eq!(got, want, "--set {expr}");
         }
         for bad in ["a", "a[0]=1", ".a=1", "a..b=1"] {
@@ -398,8 +459,14 @@ mod tests {
     #[test]
     fn coalesce_merges_maps_and_replaces_the_rest() {
         let mut v = json!({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": 1});
-        coalesce(&mut v, json!({"a": {"c": [3], "n": true}, "d": {"m": 1}, "e": null}));
-        assert_eq!(v, json!({"a": {"b": 1, "c": [3], "n": true}, "d": {"m": 1}}));
+        coalesce(
+            &mut v,
+            json!({"a": {"c": [3], "n": true}, "d": {"m": 1}, "e": null}),
+        );
+        assert_eq!(
+            v,
+            json!({"a": {"b": 1, "c": [3], "n": true}, "d": {"m": 1}})
+        );
         set_path(&mut v, &["a".into(), "b".into()], json!(2));
         assert_eq!(v["a"]["b"], json!(2));
         assert_eq!(v["a"]["c"], json!([3]), "set_path keeps siblings");
@@ -423,12 +490,24 @@ mod tests {
         for (key, value, want) in cases {
             let mut v = chart_defaults().expect("defaults");
             coalesce(&mut v, json!({ *key: value }));
-            let err = validate(&v).map(|_| ()).expect_err(&format!("{key}={value} should be rejected"));
-            assert!(err.to_string().contains(want), "{key}={value}: error {err:?} should mention {want:?}");
+            let err = validate(&v)
+                .map(|_| ())
+                .expect_err(&format!("{key}={value} should be rejected"));
+            assert!(
+                err.to_string().contains(want),
+                "{key}={value}: error {err:?} should mention {want:?}"
+            );
         }
         let mut v = chart_defaults().expect("defaults");
-        coalesce(&mut v, json!({"ignoreInboundPorts": 8080, "image": {"version": 2}}));
-        let ok = validate(&v).expect("integers where the chart wants strings, as --set types them, are accepted");
-        assert_eq!((ok.ignore_inbound_ports.as_str(), ok.image.version.as_str()), ("8080", "2"));
+        coalesce(
+            &mut v,
+            json!({"ignoreInboundPorts": 8080, "image": {"version": 2}}),
+        );
+        let ok = validate(&v)
+            .expect("integers where the chart wants strings, as --set types them, are accepted");
+        assert_eq!(
+            (ok.ignore_inbound_ports.as_str(), ok.image.version.as_str()),
+            ("8080", "2")
+        );
     }
 }

@@ -9,13 +9,23 @@ use support::*;
 
 fn compare(what: &str, cli: &str, go: &str) {
     let (c, g) = (objects(cli), objects(go));
-    assert_eq!(c.keys().collect::<Vec<_>>(), g.keys().collect::<Vec<_>>(), "{what}: the same objects");
+    assert_eq!(
+        c.keys().collect::<Vec<_>>(),
+        g.keys().collect::<Vec<_>>(),
+        "{what}: the same objects"
+    );
     for (k, obj) in &c {
-        assert_eq!(obj, &g[k], "{what}: {k} differs between the CLI and the Go/sprig render");
+        assert_eq!(
+            obj, &g[k],
+            "{what}: {k} differs between the CLI and the Go/sprig render"
+        );
     }
     // The ConfigMap's JSON is compared as text too: it is one string in the cluster.
     let raw = |y: &str| {
-        docs(y).into_iter().find(|d| d["kind"] == "ConfigMap").map(|d| d["data"]["cni_network_config"].clone())
+        docs(y)
+            .into_iter()
+            .find(|d| d["kind"] == "ConfigMap")
+            .map(|d| d["data"]["cni_network_config"].clone())
     };
     assert_eq!(raw(cli), raw(go), "{what}: cni_network_config text");
 }
@@ -25,19 +35,41 @@ fn compare(what: &str, cli: &str, go: &str) {
 fn cli_and_chart_render_the_same_objects() {
     let sets: &[(&str, &str)] = &[
         ("default", ""),
-        ("ports", "inboundProxyPort: 1\noutboundProxyPort: 2\nproxyAdminPort: 3\nproxyControlPort: 4\nignoreInboundPorts: \" 25, 9000-9100\"\nignoreOutboundPorts: \"3306\"\nportsToRedirect: \"80,8080\"\n"),
-        ("ids", "proxyUID: 0\nproxyGID: 7\nuseWaitFlag: true\nlogLevel: debug\ndisableIPv6: false\niptablesMode: legacy\n"),
-        ("integers where strings go", "ignoreInboundPorts: 8080\nportsToRedirect: 80\nimage:\n  version: 2\n"),
+        (
+            "ports",
+            "inboundProxyPort: 1\noutboundProxyPort: 2\nproxyAdminPort: 3\nproxyControlPort: 4\nignoreInboundPorts: \" 25, 9000-9100\"\nignoreOutboundPorts: \"3306\"\nportsToRedirect: \"80,8080\"\n",
+        ),
+        (
+            "ids",
+            "proxyUID: 0\nproxyGID: 7\nuseWaitFlag: true\nlogLevel: debug\ndisableIPv6: false\niptablesMode: legacy\n",
+        ),
+        (
+            "integers where strings go",
+            "ignoreInboundPorts: 8080\nportsToRedirect: 80\nimage:\n  version: 2\n",
+        ),
         ("dirs", "destCNINetDir: /a/net\ndestCNIBinDir: /a/bin\n"),
-        ("image", "image:\n  name: r.io/x\n  version: v1\n  pullPolicy: Never\npriorityClassName: system-node-critical\n"),
-        ("no namespace, no tolerations", "installNamespace: false\ntolerations: []\n"),
-        ("some resources", "resources:\n  ephemeral-storage:\n    request: 1Gi\n"),
-        ("agent", "agent:\n  logLevel: trace\n  socketPath: /x/y/z.sock\n  pinRoot: /sys/fs/bpf/a/b\n  healthPort: 1234\n  hostCgroupRoot: /c\n  hostNetnsDir: /n\n"),
+        (
+            "image",
+            "image:\n  name: r.io/x\n  version: v1\n  pullPolicy: Never\npriorityClassName: system-node-critical\n",
+        ),
+        (
+            "no namespace, no tolerations",
+            "installNamespace: false\ntolerations: []\n",
+        ),
+        (
+            "some resources",
+            "resources:\n  ephemeral-storage:\n    request: 1Gi\n",
+        ),
+        (
+            "agent",
+            "agent:\n  logLevel: trace\n  socketPath: /x/y/z.sock\n  pinRoot: /sys/fs/bpf/a/b\n  healthPort: 1234\n  hostCgroupRoot: /c\n  hostNetnsDir: /n\n",
+        ),
     ];
     for (what, values) in sets {
         let file = temp_file(&format!("set-{}.yaml", what.replace(' ', "-")), values);
         let cli = install_cni(&["-f", &file.display().to_string()], &[]);
-        let go = chart_render(&[&file]).unwrap_or_else(|e| panic!("{what}: the Go render failed: {e}"));
+        let go =
+            chart_render(&[&file]).unwrap_or_else(|e| panic!("{what}: the Go render failed: {e}"));
         compare(what, &cli, &go);
     }
 }
@@ -48,18 +80,32 @@ fn full_flags_equal_their_values_in_the_chart() {
     let values = fixture("full-values.yaml");
     let cli = install_cni(
         &[
-            "--proxy-uid=2103", "--proxy-gid=2104", "--inbound-port=5143", "--outbound-port=5140",
-            "--control-port=5190", "--admin-port=5191", "--skip-inbound-ports=25,9000-9100",
-            "--skip-outbound-ports=3306", "--skip-outbound-ports=6379", "--redirect-ports=80,8080",
-            "--cni-image=example.com/linkerd/agent", "--cni-image-version=v9.9.9", "--cni-log-level=debug",
-            "--dest-cni-net-dir=/var/lib/cni/net.d", "--dest-cni-bin-dir=/var/lib/cni/bin",
-            "--priority-class-name=system-node-critical", "--use-wait-flag",
-            "--registry=registry.example.com/mirror", "--set=agent.healthPort=9992",
-            "-f", &values.display().to_string(),
+            "--proxy-uid=2103",
+            "--proxy-gid=2104",
+            "--inbound-port=5143",
+            "--outbound-port=5140",
+            "--control-port=5190",
+            "--admin-port=5191",
+            "--skip-inbound-ports=25,9000-9100",
+            "--skip-outbound-ports=3306",
+            "--skip-outbound-ports=6379",
+            "--redirect-ports=80,8080",
+            "--cni-image=example.com/linkerd/agent",
+            "--cni-image-version=v9.9.9",
+            "--cni-log-level=debug",
+            "--dest-cni-net-dir=/var/lib/cni/net.d",
+            "--dest-cni-bin-dir=/var/lib/cni/bin",
+            "--priority-class-name=system-node-critical",
+            "--use-wait-flag",
+            "--registry=registry.example.com/mirror",
+            "--set=agent.healthPort=9992",
+            "-f",
+            &values.display().to_string(),
         ],
         &[],
     );
-    let go = chart_render(&[&values, &fixture("full-flags-as-values.yaml")]).unwrap_or_else(|e| panic!("Go render: {e}"));
+    let go = chart_render(&[&values, &fixture("full-flags-as-values.yaml")])
+        .unwrap_or_else(|e| panic!("Go render: {e}"));
     compare("full", &cli, &go);
 }
 
@@ -84,6 +130,9 @@ fn chart_version_is_the_cli_version() {
     let objs = objects(&install_cni(&[], &[]));
     assert_eq!(
         objs["DaemonSet/linkerd-cni"].pointer("/spec/template/spec/containers/0/image"),
-        Some(&json!(format!("ghcr.io/linkerd/linkerd-cni-ebpf:v{}", env!("CARGO_PKG_VERSION"))))
+        Some(&json!(format!(
+            "ghcr.io/linkerd/linkerd-cni-ebpf:v{}",
+            env!("CARGO_PKG_VERSION")
+        )))
     );
 }

@@ -84,17 +84,40 @@ fn cluster_checks_against_a_fake_api_server() {
     };
     let with_ds = |desired, ready| {
         let mut r = healthy();
-        r.insert("/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni".into(), daemonset(desired, ready));
+        r.insert(
+            "/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni".into(),
+            daemonset(desired, ready),
+        );
         r
     };
     // (case, routes, the checks expected to fail)
     let cases: Vec<(&str, BTreeMap<String, Json>, Vec<&str>)> = vec![
         ("healthy", healthy(), vec![]),
-        ("no ConfigMap", without(&format!("{NS}/configmaps/linkerd-cni-config")), vec![CHECKS[0]]),
-        ("no ClusterRole", without("/apis/rbac.authorization.k8s.io/v1/clusterroles/linkerd-cni"), vec![CHECKS[1]]),
-        ("no ClusterRoleBinding", without("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/linkerd-cni"), vec![CHECKS[2]]),
-        ("no ServiceAccount", without(&format!("{NS}/serviceaccounts/linkerd-cni")), vec![CHECKS[3]]),
-        ("no DaemonSet", without("/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni"), vec![CHECKS[4], CHECKS[5]]),
+        (
+            "no ConfigMap",
+            without(&format!("{NS}/configmaps/linkerd-cni-config")),
+            vec![CHECKS[0]],
+        ),
+        (
+            "no ClusterRole",
+            without("/apis/rbac.authorization.k8s.io/v1/clusterroles/linkerd-cni"),
+            vec![CHECKS[1]],
+        ),
+        (
+            "no ClusterRoleBinding",
+            without("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/linkerd-cni"),
+            vec![CHECKS[2]],
+        ),
+        (
+            "no ServiceAccount",
+            without(&format!("{NS}/serviceaccounts/linkerd-cni")),
+            vec![CHECKS[3]],
+        ),
+        (
+            "no DaemonSet",
+            without("/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni"),
+            vec![CHECKS[4], CHECKS[5]],
+        ),
         ("one pod not ready", with_ds(3, 2), vec![CHECKS[5]]),
         ("not scheduled anywhere", with_ds(0, 0), vec![CHECKS[5]]),
         ("nothing installed", BTreeMap::new(), CHECKS.to_vec()),
@@ -102,19 +125,47 @@ fn cluster_checks_against_a_fake_api_server() {
     for (case, routes, failing) in cases {
         let api = FakeApi::start(routes);
         let kubeconfig = api.kubeconfig(&format!("kubeconfig-{}", case.replace(' ', "-")));
-        let out = linkerd(&["check", "--pre", "--linkerd-cni-enabled", "--kubeconfig", &kubeconfig.display().to_string()], &[]);
+        let out = linkerd(
+            &[
+                "check",
+                "--pre",
+                "--linkerd-cni-enabled",
+                "--kubeconfig",
+                &kubeconfig.display().to_string(),
+            ],
+            &[],
+        );
         let stdout = String::from_utf8_lossy(&out.stdout);
         let got = marks(&stdout);
-        let want: BTreeMap<String, char> =
-            CHECKS.iter().map(|c| (c.to_string(), if failing.contains(c) { '×' } else { '√' })).collect();
-        assert_eq!(got, want, "{case}: output\n{stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(out.status.success(), failing.is_empty(), "{case}: exit status {:?}", out.status);
-        let summary = if failing.is_empty() { "Status check results are √" } else { "Status check results are ×" };
+        let want: BTreeMap<String, char> = CHECKS
+            .iter()
+            .map(|c| (c.to_string(), if failing.contains(c) { '×' } else { '√' }))
+            .collect();
+        assert_eq!(
+            got,
+            want,
+            "{case}: output\n{stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            out.status.success(),
+            failing.is_empty(),
+            "{case}: exit status {:?}",
+            out.status
+        );
+        let summary = if failing.is_empty() {
+            "Status check results are √"
+        } else {
+            "Status check results are ×"
+        };
         assert!(stdout.contains(summary), "{case}: {stdout}");
         // The client really asked the server for each object.
         let asked = api.requested();
         for path in healthy().keys() {
-            assert!(asked.contains(path), "{case}: never requested {path}; asked {asked:?}");
+            assert!(
+                asked.contains(path),
+                "{case}: never requested {path}; asked {asked:?}"
+            );
         }
     }
 }
@@ -122,21 +173,37 @@ fn cluster_checks_against_a_fake_api_server() {
 #[test]
 fn readiness_detail_and_kubeconfig_env() {
     let mut routes = healthy();
-    routes.insert("/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni".into(), daemonset(3, 1));
+    routes.insert(
+        "/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni".into(),
+        daemonset(3, 1),
+    );
     let api = FakeApi::start(routes);
     let kubeconfig = api.kubeconfig("kubeconfig-env");
     // KUBECONFIG from the environment, as kubectl reads it.
-    let out = linkerd(&["check", "--pre", "--linkerd-cni-enabled"], &[("KUBECONFIG", &kubeconfig.display().to_string())]);
+    let out = linkerd(
+        &["check", "--pre", "--linkerd-cni-enabled"],
+        &[("KUBECONFIG", &kubeconfig.display().to_string())],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("× cni plugin pod is running on all nodes"), "{stdout}");
-    assert!(stdout.contains("1 of 3 linkerd-cni pods are ready"), "{stdout}");
+    assert!(
+        stdout.contains("× cni plugin pod is running on all nodes"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("1 of 3 linkerd-cni pods are ready"),
+        "{stdout}"
+    );
     assert!(!out.status.success());
 }
 
 #[test]
 fn unreachable_api_fails_every_check() {
     // A port nobody listens on: take one and close it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
     let kubeconfig = temp_file(
         "kubeconfig-dead",
         &format!(
@@ -144,9 +211,21 @@ fn unreachable_api_fails_every_check() {
              contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
         ),
     );
-    let out = linkerd(&["check", "--linkerd-cni-enabled", "--api-timeout=2", "--kubeconfig", &kubeconfig.display().to_string()], &[]);
+    let out = linkerd(
+        &[
+            "check",
+            "--linkerd-cni-enabled",
+            "--api-timeout=2",
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ],
+        &[],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(marks(&stdout).values().all(|m| *m == '×') && marks(&stdout).len() == CHECKS.len(), "{stdout}");
+    assert!(
+        marks(&stdout).values().all(|m| *m == '×') && marks(&stdout).len() == CHECKS.len(),
+        "{stdout}"
+    );
     assert!(!out.status.success());
 }
 
@@ -180,22 +259,50 @@ fn node_checks_on_this_machine() {
     // SAFETY: uname fills the zeroed struct; its fields are NUL-terminated strings.
     let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::uname(&mut uts) }, 0);
-    let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }.to_string_lossy().into_owned();
-    let version = linkerd_cli::check::node::KernelVersion::parse(&release).expect("uname release parses");
-    assert!(stdout.contains(&format!("(kernel {version})")), "kernel {version} not reported:\n{stdout}");
+    let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let version =
+        linkerd_cli::check::node::KernelVersion::parse(&release).expect("uname release parses");
+    assert!(
+        stdout.contains(&format!("(kernel {version})")),
+        "kernel {version} not reported:\n{stdout}"
+    );
 
-    let cgroup_line = stdout.lines().find(|l| l.contains("cgroup v2 is mounted")).expect("a cgroup v2 line");
-    assert!(cgroup_line.starts_with('√'), "this machine has cgroup v2 (testing guide): {cgroup_line}");
-    let at = cgroup_line.rsplit_once("(at ").and_then(|(_, r)| r.strip_suffix(')')).expect("the mount point");
-    assert_eq!(statfs_type(at), CGROUP2_SUPER_MAGIC, "{at} is not a cgroup2 filesystem");
+    let cgroup_line = stdout
+        .lines()
+        .find(|l| l.contains("cgroup v2 is mounted"))
+        .expect("a cgroup v2 line");
+    assert!(
+        cgroup_line.starts_with('√'),
+        "this machine has cgroup v2 (testing guide): {cgroup_line}"
+    );
+    let at = cgroup_line
+        .rsplit_once("(at ")
+        .and_then(|(_, r)| r.strip_suffix(')'))
+        .expect("the mount point");
+    assert_eq!(
+        statfs_type(at),
+        CGROUP2_SUPER_MAGIC,
+        "{at} is not a cgroup2 filesystem"
+    );
 
-    let bpf_line = stdout.lines().find(|l| l.contains("bpffs is mounted or mountable")).expect("a bpffs line");
-    assert!(bpf_line.starts_with('√'), "this kernel supports bpffs: {bpf_line}");
+    let bpf_line = stdout
+        .lines()
+        .find(|l| l.contains("bpffs is mounted or mountable"))
+        .expect("a bpffs line");
+    assert!(
+        bpf_line.starts_with('√'),
+        "this kernel supports bpffs: {bpf_line}"
+    );
     if let Some((_, r)) = bpf_line.rsplit_once("(mounted at ") {
         let at = r.strip_suffix(')').expect("closing paren");
         assert_eq!(statfs_type(at), BPF_FS_MAGIC, "{at} is not bpffs");
     }
     // This machine's kernel (6.18) is above every floor, so the whole check passes.
-    assert!(version >= linkerd_cli::check::node::KernelVersion(5, 9, 0), "kernel {version} older than the test machines'");
+    assert!(
+        version >= linkerd_cli::check::node::KernelVersion(5, 9, 0),
+        "kernel {version} older than the test machines'"
+    );
     assert!(out.status.success(), "{stdout}");
 }

@@ -48,10 +48,16 @@ fn full_render() -> String {
 fn golden(name: &str, rendered: &str) {
     let path = workspace().join("deploy/golden").join(name);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, rendered).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        std::fs::write(&path, rendered)
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
         return;
     }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reading {}: {e} (UPDATE_GOLDEN=1 creates it)",
+            path.display()
+        )
+    });
     assert!(
         want == rendered,
         "{name} differs from the golden file; review the change and rerun with UPDATE_GOLDEN=1\n--- golden\n{want}\n--- rendered\n{rendered}"
@@ -92,20 +98,51 @@ fn objects_and_labels() {
                 "{what}: {} lacks linkerd.io/cni-resource: \"true\"",
                 key(&obj)
             );
-            if obj["kind"] != "Namespace" && obj["kind"] != "ClusterRole" && obj["kind"] != "ClusterRoleBinding" {
-                assert_eq!(obj["metadata"]["namespace"], "linkerd-cni", "{what}: {}", key(&obj));
+            if obj["kind"] != "Namespace"
+                && obj["kind"] != "ClusterRole"
+                && obj["kind"] != "ClusterRoleBinding"
+            {
+                assert_eq!(
+                    obj["metadata"]["namespace"],
+                    "linkerd-cni",
+                    "{what}: {}",
+                    key(&obj)
+                );
             }
         }
         let objs = objects(&yaml);
         let ds = &objs["DaemonSet/linkerd-cni"];
-        assert_eq!(ds.pointer("/spec/template/metadata/labels/linkerd.io~1cni-resource"), Some(&json!("true")), "{what}: pod label");
-        assert_eq!(ds.pointer("/spec/template/metadata/annotations/linkerd.io~1inject"), Some(&json!("disabled")), "{what}");
-        assert_eq!(ds.pointer("/spec/template/spec/nodeSelector/kubernetes.io~1os"), Some(&json!("linux")), "{what}");
+        assert_eq!(
+            ds.pointer("/spec/template/metadata/labels/linkerd.io~1cni-resource"),
+            Some(&json!("true")),
+            "{what}: pod label"
+        );
+        assert_eq!(
+            ds.pointer("/spec/template/metadata/annotations/linkerd.io~1inject"),
+            Some(&json!("disabled")),
+            "{what}"
+        );
+        assert_eq!(
+            ds.pointer("/spec/template/spec/nodeSelector/kubernetes.io~1os"),
+            Some(&json!("linux")),
+            "{what}"
+        );
         let ns = &objs["Namespace/linkerd-cni"];
-        assert_eq!(ns.pointer("/metadata/labels/config.linkerd.io~1admission-webhooks"), Some(&json!("disabled")), "{what}");
-        assert_eq!(ns.pointer("/metadata/labels/pod-security.kubernetes.io~1enforce"), Some(&json!("privileged")), "{what}");
+        assert_eq!(
+            ns.pointer("/metadata/labels/config.linkerd.io~1admission-webhooks"),
+            Some(&json!("disabled")),
+            "{what}"
+        );
+        assert_eq!(
+            ns.pointer("/metadata/labels/pod-security.kubernetes.io~1enforce"),
+            Some(&json!("privileged")),
+            "{what}"
+        );
         let role = &objs["ClusterRole/linkerd-cni"];
-        assert_eq!(role["rules"], json!([{"apiGroups": [""], "resources": ["pods", "nodes", "namespaces", "services"], "verbs": ["get", "list", "watch"]}]));
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": [""], "resources": ["pods", "nodes", "namespaces", "services"], "verbs": ["get", "list", "watch"]}])
+        );
     }
 }
 
@@ -131,12 +168,16 @@ fn default_render_content() {
     );
     // The plugin's parser accepts the entry, with Linkerd's defaults.
     let parsed: linkerd_cni_proto::config::LinkerdConfig =
-        serde_json::from_value(cm["cni_network_config"]["linkerd"].clone()).expect("the plugin parses the linkerd section");
+        serde_json::from_value(cm["cni_network_config"]["linkerd"].clone())
+            .expect("the plugin parses the linkerd section");
     let want = linkerd_cni_proto::config::LinkerdConfig {
         iptables_mode: Some("nft".into()),
         ..linkerd_cni_proto::config::LinkerdConfig::default()
     };
-    assert_eq!(parsed, want, "the rendered entry means Linkerd's defaults to the plugin");
+    assert_eq!(
+        parsed, want,
+        "the rendered entry means Linkerd's defaults to the plugin"
+    );
 
     let pod = &objs["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"];
     assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
@@ -144,12 +185,20 @@ fn default_render_content() {
     assert_eq!(c["command"], json!(["linkerd-cni-agent", "run"]));
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready");
-    assert_eq!(c["securityContext"]["privileged"], false, "the long-running container is not privileged");
+    assert_eq!(
+        c["securityContext"]["privileged"], false,
+        "the long-running container is not privileged"
+    );
     let mounts: BTreeMap<&str, &str> = c["volumeMounts"]
         .as_array()
         .expect("mounts")
         .iter()
-        .map(|m| (m["name"].as_str().expect("name"), m["mountPath"].as_str().expect("path")))
+        .map(|m| {
+            (
+                m["name"].as_str().expect("name"),
+                m["mountPath"].as_str().expect("path"),
+            )
+        })
         .collect();
     for (name, path) in [
         ("cni-bin-dir", "/host/opt/cni/bin"),
@@ -163,7 +212,10 @@ fn default_render_content() {
     }
     let init = &pod["initContainers"][0];
     assert_eq!(init["volumeMounts"][0]["mountPropagation"], "Bidirectional");
-    assert_eq!(init["securityContext"]["privileged"], true, "Bidirectional propagation requires privileged");
+    assert_eq!(
+        init["securityContext"]["privileged"], true,
+        "Bidirectional propagation requires privileged"
+    );
 }
 
 /// Each flag (or env var, values file, --set) changes exactly the fields it should.
@@ -173,7 +225,10 @@ fn flags_change_what_they_should() {
     let linkerd = |k: &str| format!("{conf}/linkerd/{k}");
     let ds = "DaemonSet/linkerd-cni/spec/template";
     let images = |img: &str| {
-        vec![(format!("{ds}/spec/initContainers/0/image"), json!(img)), (format!("{ds}/spec/containers/0/image"), json!(img))]
+        vec![
+            (format!("{ds}/spec/initContainers/0/image"), json!(img)),
+            (format!("{ds}/spec/containers/0/image"), json!(img)),
+        ]
     };
     let file_6000 = temp_file("inbound-6000.yaml", "inboundProxyPort: 6000\n");
     let file_6000 = file_6000.display().to_string();
@@ -181,80 +236,208 @@ fn flags_change_what_they_should() {
     type Row<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, Vec<(String, Json)>);
     let rows: Vec<Row> = vec![
         (vec!["--mode=ebpf"], vec![], vec![]),
-        (vec!["--proxy-uid=3000"], vec![], vec![(linkerd("proxy-uid"), json!(3000))]),
-        (vec!["--proxy-gid", "3001"], vec![], vec![(linkerd("proxy-gid"), json!(3001))]),
-        (vec!["--inbound-port=5143"], vec![], vec![(linkerd("incoming-proxy-port"), json!(5143))]),
-        (vec!["--outbound-port=5140"], vec![], vec![(linkerd("outgoing-proxy-port"), json!(5140))]),
-        (vec!["--admin-port=5191"], vec![], vec![(linkerd("inbound-ports-to-ignore/0"), json!("5191"))]),
-        (vec!["--control-port=5190"], vec![], vec![(linkerd("inbound-ports-to-ignore/1"), json!("5190"))]),
+        (
+            vec!["--proxy-uid=3000"],
+            vec![],
+            vec![(linkerd("proxy-uid"), json!(3000))],
+        ),
+        (
+            vec!["--proxy-gid", "3001"],
+            vec![],
+            vec![(linkerd("proxy-gid"), json!(3001))],
+        ),
+        (
+            vec!["--inbound-port=5143"],
+            vec![],
+            vec![(linkerd("incoming-proxy-port"), json!(5143))],
+        ),
+        (
+            vec!["--outbound-port=5140"],
+            vec![],
+            vec![(linkerd("outgoing-proxy-port"), json!(5140))],
+        ),
+        (
+            vec!["--admin-port=5191"],
+            vec![],
+            vec![(linkerd("inbound-ports-to-ignore/0"), json!("5191"))],
+        ),
+        (
+            vec!["--control-port=5190"],
+            vec![],
+            vec![(linkerd("inbound-ports-to-ignore/1"), json!("5190"))],
+        ),
         (
             vec!["--skip-inbound-ports=25,9000-9100"],
             vec![],
-            vec![(linkerd("inbound-ports-to-ignore/2"), json!("25")), (linkerd("inbound-ports-to-ignore/3"), json!("9000-9100"))],
+            vec![
+                (linkerd("inbound-ports-to-ignore/2"), json!("25")),
+                (linkerd("inbound-ports-to-ignore/3"), json!("9000-9100")),
+            ],
         ),
         (
             vec!["--skip-outbound-ports=3306", "--skip-outbound-ports=6379"],
             vec![],
-            vec![(linkerd("outbound-ports-to-ignore/0"), json!("3306")), (linkerd("outbound-ports-to-ignore/1"), json!("6379"))],
+            vec![
+                (linkerd("outbound-ports-to-ignore/0"), json!("3306")),
+                (linkerd("outbound-ports-to-ignore/1"), json!("6379")),
+            ],
         ),
         (
             vec!["--redirect-ports=80,8080"],
             vec![],
-            vec![(linkerd("ports-to-redirect/0"), json!(80)), (linkerd("ports-to-redirect/1"), json!(8080))],
+            vec![
+                (linkerd("ports-to-redirect/0"), json!(80)),
+                (linkerd("ports-to-redirect/1"), json!(8080)),
+            ],
         ),
-        (vec!["--cni-image=example.com/agent"], vec![], images("example.com/agent:v0.1.0")),
-        (vec!["--cni-image-version=v9"], vec![], images("ghcr.io/linkerd/linkerd-cni-ebpf:v9")),
-        (vec!["--registry=r.example.com"], vec![], images("r.example.com/linkerd-cni-ebpf:v0.1.0")),
-        (vec!["--cni-image=a/b/c", "--registry=r.io"], vec![], images("r.io/c:v0.1.0")),
-        (vec!["--cni-log-level=debug"], vec![], vec![(format!("{conf}/log_level"), json!("debug"))]),
+        (
+            vec!["--cni-image=example.com/agent"],
+            vec![],
+            images("example.com/agent:v0.1.0"),
+        ),
+        (
+            vec!["--cni-image-version=v9"],
+            vec![],
+            images("ghcr.io/linkerd/linkerd-cni-ebpf:v9"),
+        ),
+        (
+            vec!["--registry=r.example.com"],
+            vec![],
+            images("r.example.com/linkerd-cni-ebpf:v0.1.0"),
+        ),
+        (
+            vec!["--cni-image=a/b/c", "--registry=r.io"],
+            vec![],
+            images("r.io/c:v0.1.0"),
+        ),
+        (
+            vec!["--cni-log-level=debug"],
+            vec![],
+            vec![(format!("{conf}/log_level"), json!("debug"))],
+        ),
         (
             vec!["--dest-cni-net-dir=/x/net"],
             vec![],
             vec![
-                ("ConfigMap/linkerd-cni-config/data/dest_cni_net_dir".into(), json!("/x/net")),
-                (format!("{ds}/spec/containers/0/volumeMounts/1/mountPath"), json!("/host/x/net")),
-                (format!("{ds}/spec/volumes/1/hostPath/path"), json!("/x/net")),
+                (
+                    "ConfigMap/linkerd-cni-config/data/dest_cni_net_dir".into(),
+                    json!("/x/net"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/volumeMounts/1/mountPath"),
+                    json!("/host/x/net"),
+                ),
+                (
+                    format!("{ds}/spec/volumes/1/hostPath/path"),
+                    json!("/x/net"),
+                ),
             ],
         ),
         (
             vec!["--dest-cni-bin-dir=/x/bin"],
             vec![],
             vec![
-                ("ConfigMap/linkerd-cni-config/data/dest_cni_bin_dir".into(), json!("/x/bin")),
-                (format!("{ds}/spec/containers/0/volumeMounts/0/mountPath"), json!("/host/x/bin")),
-                (format!("{ds}/spec/volumes/0/hostPath/path"), json!("/x/bin")),
+                (
+                    "ConfigMap/linkerd-cni-config/data/dest_cni_bin_dir".into(),
+                    json!("/x/bin"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/volumeMounts/0/mountPath"),
+                    json!("/host/x/bin"),
+                ),
+                (
+                    format!("{ds}/spec/volumes/0/hostPath/path"),
+                    json!("/x/bin"),
+                ),
             ],
         ),
-        (vec!["--priority-class-name=critical"], vec![], vec![(format!("{ds}/spec/priorityClassName"), json!("critical"))]),
-        (vec!["--use-wait-flag"], vec![], vec![(linkerd("use-wait-flag"), json!(true))]),
+        (
+            vec!["--priority-class-name=critical"],
+            vec![],
+            vec![(format!("{ds}/spec/priorityClassName"), json!("critical"))],
+        ),
+        (
+            vec!["--use-wait-flag"],
+            vec![],
+            vec![(linkerd("use-wait-flag"), json!(true))],
+        ),
         (vec!["--use-wait-flag=false"], vec![], vec![]),
         // Environment variables stand for flags.
-        (vec![], vec![("LINKERD_INSTALL_CNI_PROXY_UID", "3000")], vec![(linkerd("proxy-uid"), json!(3000))]),
+        (
+            vec![],
+            vec![("LINKERD_INSTALL_CNI_PROXY_UID", "3000")],
+            vec![(linkerd("proxy-uid"), json!(3000))],
+        ),
         (
             vec![],
             vec![("LINKERD_INSTALL_CNI_SKIP_OUTBOUND_PORTS", "1,2")],
-            vec![(linkerd("outbound-ports-to-ignore/0"), json!("1")), (linkerd("outbound-ports-to-ignore/1"), json!("2"))],
+            vec![
+                (linkerd("outbound-ports-to-ignore/0"), json!("1")),
+                (linkerd("outbound-ports-to-ignore/1"), json!("2")),
+            ],
         ),
         // Values files, flags over files, --set over flags.
-        (vec!["-f", &file_6000], vec![], vec![(linkerd("incoming-proxy-port"), json!(6000))]),
-        (vec!["-f", &file_6000, "--inbound-port=7000"], vec![], vec![(linkerd("incoming-proxy-port"), json!(7000))]),
-        (vec!["--inbound-port=7000", "--set", "inboundProxyPort=8000"], vec![], vec![(linkerd("incoming-proxy-port"), json!(8000))]),
-        (vec!["--set", r"ignoreOutboundPorts=1\,2"], vec![], vec![(linkerd("outbound-ports-to-ignore/0"), json!("1")), (linkerd("outbound-ports-to-ignore/1"), json!("2"))]),
+        (
+            vec!["-f", &file_6000],
+            vec![],
+            vec![(linkerd("incoming-proxy-port"), json!(6000))],
+        ),
+        (
+            vec!["-f", &file_6000, "--inbound-port=7000"],
+            vec![],
+            vec![(linkerd("incoming-proxy-port"), json!(7000))],
+        ),
+        (
+            vec!["--inbound-port=7000", "--set", "inboundProxyPort=8000"],
+            vec![],
+            vec![(linkerd("incoming-proxy-port"), json!(8000))],
+        ),
+        (
+            vec!["--set", r"ignoreOutboundPorts=1\,2"],
+            vec![],
+            vec![
+                (linkerd("outbound-ports-to-ignore/0"), json!("1")),
+                (linkerd("outbound-ports-to-ignore/1"), json!("2")),
+            ],
+        ),
         (
             vec!["--set", "agent.healthPort=9999"],
             vec![],
             vec![
-                (format!("{ds}/metadata/annotations/prometheus.io~1port").replace("~1", "/"), json!("9999")),
-                (format!("{ds}/spec/containers/0/env/11/value"), json!("0.0.0.0:9999")),
-                (format!("{ds}/spec/containers/0/ports/0/containerPort"), json!(9999)),
+                (
+                    format!("{ds}/metadata/annotations/prometheus.io~1port").replace("~1", "/"),
+                    json!("9999"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/env/11/value"),
+                    json!("0.0.0.0:9999"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/ports/0/containerPort"),
+                    json!(9999),
+                ),
             ],
         ),
-        (vec!["--set", "agent.logLevel=debug"], vec![], vec![(format!("{ds}/spec/containers/0/env/6/value"), json!("debug"))]),
-        (vec!["--set", "disableIPv6=false"], vec![], vec![(linkerd("ipv6"), json!(true))]),
+        (
+            vec!["--set", "agent.logLevel=debug"],
+            vec![],
+            vec![(
+                format!("{ds}/spec/containers/0/env/6/value"),
+                json!("debug"),
+            )],
+        ),
+        (
+            vec!["--set", "disableIPv6=false"],
+            vec![],
+            vec![(linkerd("ipv6"), json!(true))],
+        ),
         (
             vec!["--set", "resources.memory.limit=128Mi"],
             vec![],
-            vec![(format!("{ds}/spec/containers/0/resources/limits/memory"), json!("128Mi"))],
+            vec![(
+                format!("{ds}/spec/containers/0/resources/limits/memory"),
+                json!("128Mi"),
+            )],
         ),
     ];
 
@@ -269,18 +452,43 @@ fn flags_change_what_they_should() {
 /// Values the agent container reads, by env var name (so row indexes above stay honest).
 #[test]
 fn agent_env_vars() {
-    let objs = objects(&install_cni(&["--set", "agent.logLevel=debug,agent.healthPort=9999"], &[]));
-    let env = objs["DaemonSet/linkerd-cni"].pointer("/spec/template/spec/containers/0/env").cloned().expect("env");
-    let by_name: BTreeMap<String, Json> =
-        env.as_array().expect("list").iter().map(|e| (e["name"].as_str().expect("name").to_string(), e.clone())).collect();
+    let objs = objects(&install_cni(
+        &["--set", "agent.logLevel=debug,agent.healthPort=9999"],
+        &[],
+    ));
+    let env = objs["DaemonSet/linkerd-cni"]
+        .pointer("/spec/template/spec/containers/0/env")
+        .cloned()
+        .expect("env");
+    let by_name: BTreeMap<String, Json> = env
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|e| (e["name"].as_str().expect("name").to_string(), e.clone()))
+        .collect();
     assert_eq!(by_name["LINKERD_CNI_AGENT_LOG_LEVEL"]["value"], "debug");
-    assert_eq!(by_name["LINKERD_CNI_AGENT_HEALTH_ADDR"]["value"], "0.0.0.0:9999");
-    assert_eq!(by_name["LINKERD_CNI_AGENT_SOCKET"]["value"], linkerd_cni_common::paths::AGENT_SOCKET);
-    assert_eq!(by_name["CONTAINER_MOUNT_PREFIX"]["value"], linkerd_cni_common::paths::CONTAINER_MOUNT_PREFIX);
-    assert_eq!(by_name["CNI_NETWORK_CONFIG"]["valueFrom"]["configMapKeyRef"]["key"], "cni_network_config");
+    assert_eq!(
+        by_name["LINKERD_CNI_AGENT_HEALTH_ADDR"]["value"],
+        "0.0.0.0:9999"
+    );
+    assert_eq!(
+        by_name["LINKERD_CNI_AGENT_SOCKET"]["value"],
+        linkerd_cni_common::paths::AGENT_SOCKET
+    );
+    assert_eq!(
+        by_name["CONTAINER_MOUNT_PREFIX"]["value"],
+        linkerd_cni_common::paths::CONTAINER_MOUNT_PREFIX
+    );
+    assert_eq!(
+        by_name["CNI_NETWORK_CONFIG"]["valueFrom"]["configMapKeyRef"]["key"],
+        "cni_network_config"
+    );
     assert_eq!(by_name["LINKERD_CNI_AGENT_INSTALL"]["value"], "true");
     assert_eq!(by_name["LINKERD_CNI_AGENT_HOST_ROOT"]["value"], "/host");
-    assert_eq!(by_name["LINKERD_CNI_AGENT_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+    assert_eq!(
+        by_name["LINKERD_CNI_AGENT_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
 }
 
 /// Bad input is refused with a message naming the problem, and nothing is printed.
@@ -302,7 +510,10 @@ fn errors() {
         (&["--set", "a[0]=1"], "not supported"),
         (&["--set", "agent.pinRoot=/tmp/x"], "agent.pinRoot"),
         (&["--dest-cni-net-dir=relative"], "absolute"),
-        (&["-f", "/nonexistent/values.yaml"], "/nonexistent/values.yaml"),
+        (
+            &["-f", "/nonexistent/values.yaml"],
+            "/nonexistent/values.yaml",
+        ),
     ];
     for (args, want) in cases {
         let mut all = vec!["install-cni"];
@@ -310,8 +521,14 @@ fn errors() {
         let out = linkerd(&all, &[]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} should fail");
-        assert!(out.stdout.is_empty(), "{args:?} printed manifests on failure");
-        assert!(stderr.contains(want), "{args:?}: stderr should mention {want:?}:\n{stderr}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?} printed manifests on failure"
+        );
+        assert!(
+            stderr.contains(want),
+            "{args:?}: stderr should mention {want:?}:\n{stderr}"
+        );
     }
 }
 
@@ -321,7 +538,10 @@ fn kubernetes_validate_strict() {
     let renders = [
         ("default", install_cni(&[], &[])),
         ("full", full_render()),
-        ("no-namespace", install_cni(&["--set", "installNamespace=false"], &[])),
+        (
+            "no-namespace",
+            install_cni(&["--set", "installNamespace=false"], &[]),
+        ),
     ];
     for (name, yaml) in &renders {
         let file = temp_file(&format!("validate-{name}.yaml"), yaml);
@@ -336,8 +556,17 @@ fn kubernetes_validate_strict() {
         }
     }
     // The validator does reject what it should (so a pass above means something).
-    let broken = renders[0].1.replace("      serviceAccountName: linkerd-cni", "      serviceAccountNme: linkerd-cni");
-    assert_ne!(broken, renders[0].1, "the negative control must change the render");
+    let broken = renders[0].1.replace(
+        "      serviceAccountName: linkerd-cni",
+        "      serviceAccountNme: linkerd-cni",
+    );
+    assert_ne!(
+        broken, renders[0].1,
+        "the negative control must change the render"
+    );
     let file = temp_file("validate-broken.yaml", &broken);
-    assert!(!kubernetes_validate("1.34.0", &file).status.success(), "kubernetes-validate --strict accepted an unknown field");
+    assert!(
+        !kubernetes_validate("1.34.0", &file).status.success(),
+        "kubernetes-validate --strict accepted an unknown field"
+    );
 }

@@ -49,7 +49,6 @@ pub const MAP_POD_BY_IP: &str = "l5d_pod_by_ip";
 /// when the proxy calls `listen()`, gone when it closes.
 pub const MAP_LISTENERS: &str = "l5d_listeners";
 
-
 /// Capacity of the pod config map: the most pods one node agent can mesh.
 pub const MAX_PODS: u32 = 4096;
 /// Capacity of the port-set map (a pod with every port ignored uses 256 blocks).

@@ -60,7 +60,12 @@ const _: () = assert!(core::mem::size_of::<PortSetKey>() == 16);
 
 impl PortSetKey {
     pub const fn new(netns_cookie: u64, set: u16, port: u16) -> Self {
-        Self { netns_cookie, set, block: port >> 8, _pad: 0 }
+        Self {
+            netns_cookie,
+            set,
+            block: port >> 8,
+            _pad: 0,
+        }
     }
 }
 

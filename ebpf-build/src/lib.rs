@@ -8,8 +8,7 @@
 //! `libstd-rust-web-dev-bpf`) and linked by `bpf-linker` built against the same LLVM.
 
 use std::{
-    env,
-    fmt,
+    env, fmt,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -38,19 +37,30 @@ pub enum BuildError {
     /// The compiler ran and failed (its output went to stderr).
     CompileFailed { status: String },
     /// The compiler could not be started.
-    Spawn { program: String, error: std::io::Error },
+    Spawn {
+        program: String,
+        error: std::io::Error,
+    },
 }
 
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::ToolchainMissing { what } => {
-                write!(f, "eBPF toolchain incomplete: {what} is missing; {SETUP_HINT}")
+                write!(
+                    f,
+                    "eBPF toolchain incomplete: {what} is missing; {SETUP_HINT}"
+                )
             }
             Self::CompileFailed { status } => {
-                write!(f, "building the eBPF object failed ({status}); see the compiler output above")
+                write!(
+                    f,
+                    "building the eBPF object failed ({status}); see the compiler output above"
+                )
             }
-            Self::Spawn { program, error } => write!(f, "cannot run {program}: {error}; {SETUP_HINT}"),
+            Self::Spawn { program, error } => {
+                write!(f, "cannot run {program}: {error}; {SETUP_HINT}")
+            }
         }
     }
 }
@@ -59,7 +69,10 @@ impl std::error::Error for BuildError {}
 
 /// Where the object lands for a workspace rooted at `workspace`.
 pub fn object_path(workspace: &Path) -> PathBuf {
-    target_dir(workspace).join(TARGET).join(PROFILE).join(EBPF_PACKAGE)
+    target_dir(workspace)
+        .join(TARGET)
+        .join(PROFILE)
+        .join(EBPF_PACKAGE)
 }
 
 /// A target directory of its own, so this build never waits on the lock of the build that
@@ -70,14 +83,18 @@ fn target_dir(workspace: &Path) -> PathBuf {
 
 /// Finds `bpf-linker` on `PATH` or in cargo's bin directory.
 pub fn find_bpf_linker() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = env::var_os("PATH").map(|p| env::split_paths(&p).collect()).unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = env::var_os("PATH")
+        .map(|p| env::split_paths(&p).collect())
+        .unwrap_or_default();
     if let Some(home) = env::var_os("CARGO_HOME") {
         dirs.push(PathBuf::from(home).join("bin"));
     }
     if let Some(home) = env::var_os("HOME") {
         dirs.push(PathBuf::from(home).join(".cargo/bin"));
     }
-    dirs.into_iter().map(|d| d.join("bpf-linker")).find(|p| p.is_file())
+    dirs.into_iter()
+        .map(|d| d.join("bpf-linker"))
+        .find(|p| p.is_file())
 }
 
 /// Checks every piece of the toolchain, naming the first one missing.
@@ -85,13 +102,18 @@ pub fn check_toolchain() -> Result<PathBuf, BuildError> {
     for (path, what) in [
         (BPF_RUSTC, "Debian's rustc-web (/usr/bin/rustc)"),
         (BPF_CARGO, "Debian's cargo-web (/usr/bin/cargo)"),
-        (BPF_SYSROOT_LIB, "Debian's libstd-rust-web-dev-bpf (core for bpfel-unknown-none)"),
+        (
+            BPF_SYSROOT_LIB,
+            "Debian's libstd-rust-web-dev-bpf (core for bpfel-unknown-none)",
+        ),
     ] {
         if !Path::new(path).exists() {
             return Err(BuildError::ToolchainMissing { what: what.into() });
         }
     }
-    find_bpf_linker().ok_or_else(|| BuildError::ToolchainMissing { what: "bpf-linker".into() })
+    find_bpf_linker().ok_or_else(|| BuildError::ToolchainMissing {
+        what: "bpf-linker".into(),
+    })
 }
 
 /// Builds the object (incrementally: a no-op when nothing changed) and returns its path.
@@ -113,22 +135,39 @@ pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
         // BTF in the object: verifier logs with source lines, typed `bpftool` dumps.
         .env("CARGO_ENCODED_RUSTFLAGS", "-Clink-arg=--btf")
         .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", &linker)
-        .args(["build", "--package", EBPF_PACKAGE, "--target", TARGET, "--profile", PROFILE])
+        .args([
+            "build",
+            "--package",
+            EBPF_PACKAGE,
+            "--target",
+            TARGET,
+            "--profile",
+            PROFILE,
+        ])
         .arg("--target-dir")
         .arg(target_dir(workspace));
-    let status = cmd
-        .status()
-        .map_err(|error| BuildError::Spawn { program: BPF_CARGO.into(), error })?;
+    let status = cmd.status().map_err(|error| BuildError::Spawn {
+        program: BPF_CARGO.into(),
+        error,
+    })?;
     if !status.success() {
-        return Err(BuildError::CompileFailed { status: status.to_string() });
+        return Err(BuildError::CompileFailed {
+            status: status.to_string(),
+        });
     }
     Ok(object_path(workspace))
 }
 
 /// The sources whose change must rebuild the object (for `cargo:rerun-if-changed`).
 pub fn source_paths(workspace: &Path) -> Vec<PathBuf> {
-    ["ebpf/src", "ebpf/Cargo.toml", "common/src", "common/Cargo.toml", "Cargo.lock"]
-        .iter()
-        .map(|p| workspace.join(p))
-        .collect()
+    [
+        "ebpf/src",
+        "ebpf/Cargo.toml",
+        "common/src",
+        "common/Cargo.toml",
+        "Cargo.lock",
+    ]
+    .iter()
+    .map(|p| workspace.join(p))
+    .collect()
 }

@@ -2,8 +2,8 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use linkerd_cni_common::{
-    AddrKey, PodConfig, PortSetKey, ADDR_KEY_FULL_BITS, FLAG_OUT_PORTS,
-    FLAG_OUT_SUBNETS, ADDR_OUTBOUND_SKIP_SUBNET, PORT_SET_OUTBOUND_SKIP,
+    ADDR_KEY_FULL_BITS, ADDR_OUTBOUND_SKIP_SUBNET, AddrKey, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS,
+    PORT_SET_OUTBOUND_SKIP, PodConfig, PortSetKey,
 };
 
 use crate::maps::{ADDRS, POD_BY_IP, PORT_SETS};
@@ -38,7 +38,12 @@ pub fn addr_in_set(netns_cookie: u64, set: u32, words: &[u32; 4]) -> bool {
     }
     let key = Key::new(
         ADDR_KEY_FULL_BITS,
-        AddrKey { netns_cookie, set_be: set.to_be(), addr, _pad: 0 },
+        AddrKey {
+            netns_cookie,
+            set_be: set.to_be(),
+            addr,
+            _pad: 0,
+        },
     );
     ADDRS.get(&key).is_some()
 }
@@ -46,7 +51,12 @@ pub fn addr_in_set(netns_cookie: u64, set: u32, words: &[u32; 4]) -> bool {
 /// Whether an outbound connection of this pod to `words:port` must go to the proxy, for a
 /// destination that is neither loopback nor unspecified (the caller checks those per family).
 #[inline(always)]
-pub fn outbound_redirected(cfg: &PodConfig, netns_cookie: u64, words: &[u32; 4], port: u16) -> bool {
+pub fn outbound_redirected(
+    cfg: &PodConfig,
+    netns_cookie: u64,
+    words: &[u32; 4],
+    port: u16,
+) -> bool {
     if cfg.flags & FLAG_OUT_PORTS != 0 && port_in_set(netns_cookie, PORT_SET_OUTBOUND_SKIP, port) {
         return false;
     }

@@ -10,20 +10,20 @@
 use core::ptr::read_volatile;
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::bpf_sock_addr,
     helpers::generated::{bpf_get_current_uid_gid, bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
-    EbpfContext,
 };
 use linkerd_cni_common::{
-    is_v4_mapped, v4_mapped_words, OrigDst, PodConfig, FAMILY_V4, FAMILY_V6, FLAG_EXEMPT_GID,
-    FLAG_EXEMPT_UID, FLAG_IPV6,
+    FAMILY_V4, FAMILY_V6, FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6, OrigDst, PodConfig,
+    is_v4_mapped, v4_mapped_words,
 };
 
 use crate::{
-    addr::{outbound_redirected, LOOPBACK4_BE},
-    maps::{count, POD_CONFIG, SOCK_DST},
+    addr::{LOOPBACK4_BE, outbound_redirected},
+    maps::{POD_CONFIG, SOCK_DST, count},
 };
 
 const ALLOW: i32 = 1;
@@ -71,7 +71,9 @@ unsafe fn save(ctx: &SockAddrContext, dst: &OrigDst) -> bool {
 }
 
 unsafe fn connect4(ctx: &SockAddrContext) {
-    let Some((netns, cfg)) = (unsafe { meshed_caller(ctx) }) else { return };
+    let Some((netns, cfg)) = (unsafe { meshed_caller(ctx) }) else {
+        return;
+    };
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
     let ip = unsafe { (*sa).user_ip4 };
     let port_be = unsafe { (*sa).user_port } as u16;
@@ -80,7 +82,11 @@ unsafe fn connect4(ctx: &SockAddrContext) {
         count(netns, |s| &mut s.out_skipped);
         return;
     }
-    let dst = OrigDst { addr: words, port_be, family: FAMILY_V4 };
+    let dst = OrigDst {
+        addr: words,
+        port_be,
+        family: FAMILY_V4,
+    };
     if !unsafe { save(ctx, &dst) } {
         // Without a saved destination the proxy could not forward: leave the connect alone.
         return;
@@ -93,7 +99,9 @@ unsafe fn connect4(ctx: &SockAddrContext) {
 }
 
 unsafe fn connect6(ctx: &SockAddrContext) {
-    let Some((netns, cfg)) = (unsafe { meshed_caller(ctx) }) else { return };
+    let Some((netns, cfg)) = (unsafe { meshed_caller(ctx) }) else {
+        return;
+    };
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
     // Read the words one by one: the context only allows 4-byte loads of `user_ip6`.
     let words = unsafe {
@@ -118,11 +126,19 @@ unsafe fn connect6(ctx: &SockAddrContext) {
         return;
     }
     let family = if mapped { FAMILY_V4 } else { FAMILY_V6 };
-    let dst = OrigDst { addr: words, port_be, family };
+    let dst = OrigDst {
+        addr: words,
+        port_be,
+        family,
+    };
     if !unsafe { save(ctx, &dst) } {
         return;
     }
-    let proxy = if mapped { v4_mapped_words(LOOPBACK4_BE) } else { [0, 0, 0, 1u32.to_be()] };
+    let proxy = if mapped {
+        v4_mapped_words(LOOPBACK4_BE)
+    } else {
+        [0, 0, 0, 1u32.to_be()]
+    };
     unsafe {
         (*sa).user_ip6[0] = proxy[0];
         (*sa).user_ip6[1] = proxy[1];

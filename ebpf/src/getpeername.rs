@@ -8,8 +8,8 @@
 //! 5.8.
 
 use aya_ebpf::{
-    bindings::bpf_sock_addr, helpers::generated::bpf_get_socket_cookie, macros::cgroup_sock_addr,
-    programs::SockAddrContext, EbpfContext,
+    EbpfContext, bindings::bpf_sock_addr, helpers::generated::bpf_get_socket_cookie,
+    macros::cgroup_sock_addr, programs::SockAddrContext,
 };
 use linkerd_cni_common::FAMILY_V4;
 

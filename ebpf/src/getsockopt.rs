@@ -12,15 +12,15 @@
 use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::{bpf_sock, bpf_sockopt},
     helpers::generated::bpf_get_netns_cookie,
     macros::cgroup_sockopt,
     programs::SockoptContext,
-    EbpfContext,
 };
-use linkerd_cni_common::{v4_mapped_words, ConnKey, OrigDst, FAMILY_V4};
+use linkerd_cni_common::{ConnKey, FAMILY_V4, OrigDst, v4_mapped_words};
 
-use crate::maps::{count, CONN_DST};
+use crate::maps::{CONN_DST, count};
 
 const SOL_IP: i32 = 0;
 const SOL_IPV6: i32 = 41;
@@ -89,7 +89,11 @@ unsafe fn getsockopt(ctx: &SockoptContext) {
         );
         ConnKey {
             netns_cookie: netns,
-            addr: if family == AF_INET { v4_mapped_words(ip4) } else { ip6 },
+            addr: if family == AF_INET {
+                v4_mapped_words(ip4)
+            } else {
+                ip6
+            },
             port: u32::from(u16::from_be(read_volatile(&raw const (*sk).dst_port))),
             proxy_port: read_volatile(&raw const (*sk).src_port),
         }

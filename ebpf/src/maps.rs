@@ -6,8 +6,8 @@ use aya_ebpf::{
     maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
 };
 use linkerd_cni_common::{
-    names::{MAX_ADDRS, MAX_CONNS, MAX_PODS, MAX_PORT_BLOCKS},
     AddrKey, ConnKey, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
+    names::{MAX_ADDRS, MAX_CONNS, MAX_PODS, MAX_PORT_BLOCKS},
 };
 
 #[map(name = "l5d_pod_config")]

@@ -21,14 +21,14 @@ use aya_ebpf::{
     programs::SkLookupContext,
 };
 use linkerd_cni_common::{
-    v4_mapped_words, ConnKey, ListenerKey, OrigDst, ADDR_INBOUND_SKIP_SOURCE, FAMILY_V4, FAMILY_V6,
-    FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY, FLAG_IN_SKIP_SOURCES, FLAG_IPV6,
-    PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP,
+    ADDR_INBOUND_SKIP_SOURCE, ConnKey, FAMILY_V4, FAMILY_V6, FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY,
+    FLAG_IN_SKIP_SOURCES, FLAG_IPV6, ListenerKey, OrigDst, PORT_SET_INBOUND_REDIRECT,
+    PORT_SET_INBOUND_SKIP, v4_mapped_words,
 };
 
 use crate::{
     addr::{addr_in_set, port_in_set},
-    maps::{count, CONN_DST, LISTENERS, POD_BY_IP, POD_CONFIG},
+    maps::{CONN_DST, LISTENERS, POD_BY_IP, POD_CONFIG, count},
 };
 
 const AF_INET: u32 = 2;
@@ -77,15 +77,24 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
         return SK_PASS;
     }
     let v4 = family == AF_INET;
-    let (local, remote) = if v4 { (v4_mapped_words(lip4), v4_mapped_words(rip4)) } else { (lip6, rip6) };
+    let (local, remote) = if v4 {
+        (v4_mapped_words(lip4), v4_mapped_words(rip4))
+    } else {
+        (lip6, rip6)
+    };
     // SAFETY: values are copied out at once.
-    let Some(netns_cookie) = (unsafe { POD_BY_IP.get(&local) }).copied() else { return SK_PASS };
-    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }).copied() else { return SK_PASS };
+    let Some(netns_cookie) = (unsafe { POD_BY_IP.get(&local) }).copied() else {
+        return SK_PASS;
+    };
+    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }).copied() else {
+        return SK_PASS;
+    };
     let port = local_port as u16;
     let passed = !v4 && cfg.flags & FLAG_IPV6 == 0
         || remote == local
         || port == cfg.inbound_port
-        || (cfg.flags & FLAG_IN_PORTS != 0 && port_in_set(netns_cookie, PORT_SET_INBOUND_SKIP, port))
+        || (cfg.flags & FLAG_IN_PORTS != 0
+            && port_in_set(netns_cookie, PORT_SET_INBOUND_SKIP, port))
         || (cfg.flags & FLAG_IN_REDIRECT_ONLY != 0
             && !port_in_set(netns_cookie, PORT_SET_INBOUND_REDIRECT, port))
         || (cfg.flags & FLAG_IN_SKIP_SOURCES != 0
@@ -95,13 +104,38 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
         return SK_PASS;
     }
     // Record the connection before handing it over: the proxy may ask as soon as it accepts.
-    let key = ConnKey { netns_cookie, addr: remote, port: u32::from(remote_port), proxy_port: local_port };
-    let dst = OrigDst { addr: local, port_be: port.to_be(), family: if v4 { FAMILY_V4 } else { FAMILY_V6 } };
+    let key = ConnKey {
+        netns_cookie,
+        addr: remote,
+        port: u32::from(remote_port),
+        proxy_port: local_port,
+    };
+    let dst = OrigDst {
+        addr: local,
+        port_be: port.to_be(),
+        family: if v4 { FAMILY_V4 } else { FAMILY_V6 },
+    };
     let _ = CONN_DST.insert(&key, &dst, 0);
-    let mut assigned = LISTENERS.redirect_sk_lookup(ctx, ListenerKey { netns_cookie, family, _pad: 0 }, 0);
+    let mut assigned = LISTENERS.redirect_sk_lookup(
+        ctx,
+        ListenerKey {
+            netns_cookie,
+            family,
+            _pad: 0,
+        },
+        0,
+    );
     if assigned.is_err() && v4 {
         // A dual-stack IPv6 listener serves IPv4 too.
-        assigned = LISTENERS.redirect_sk_lookup(ctx, ListenerKey { netns_cookie, family: AF_INET6, _pad: 0 }, 0);
+        assigned = LISTENERS.redirect_sk_lookup(
+            ctx,
+            ListenerKey {
+                netns_cookie,
+                family: AF_INET6,
+                _pad: 0,
+            },
+            0,
+        );
     }
     match assigned {
         Ok(()) => {

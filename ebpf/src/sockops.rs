@@ -18,6 +18,7 @@
 use core::ptr::read_volatile;
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::{
         BPF_ANY, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
@@ -26,9 +27,8 @@ use aya_ebpf::{
     helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::sock_ops,
     programs::SockOpsContext,
-    EbpfContext,
 };
-use linkerd_cni_common::{v4_mapped_words, ConnKey, ListenerKey};
+use linkerd_cni_common::{ConnKey, ListenerKey, v4_mapped_words};
 
 use crate::maps::{CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST};
 
@@ -54,7 +54,9 @@ unsafe fn sockops(ctx: &SockOpsContext) {
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
             // SAFETY: the value is copied out at once.
-            let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied() else { return };
+            let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied() else {
+                return;
+            };
             let tuple = unsafe { Tuple::read(ctx) };
             let _ = CONN_DST.insert(&tuple.app_side_key(), &dst, 0);
         }
@@ -91,17 +93,27 @@ fn watch_state(ctx: &SockOpsContext) {
 unsafe fn listening(ctx: &SockOpsContext) {
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     // SAFETY: the value is copied out at once.
-    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }).copied() else { return };
+    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }).copied() else {
+        return;
+    };
     if ctx.local_port() != u32::from(cfg.inbound_port) {
         return;
     }
     let family = ctx.family();
-    let mut key = ListenerKey { netns_cookie, family, _pad: 0 };
+    let mut key = ListenerKey {
+        netns_cookie,
+        family,
+        _pad: 0,
+    };
     // SAFETY: `ops` is the program's context.
     let ops = unsafe { &mut *ctx.ops };
     let _ = LISTENERS.update(&mut key, &mut *ops, u64::from(BPF_ANY));
     if family == AF_INET6 {
-        let mut v4 = ListenerKey { netns_cookie, family: AF_INET, _pad: 0 };
+        let mut v4 = ListenerKey {
+            netns_cookie,
+            family: AF_INET,
+            _pad: 0,
+        };
         let _ = LISTENERS.update(&mut v4, ops, u64::from(BPF_NOEXIST));
     }
 }

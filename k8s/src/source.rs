@@ -225,10 +225,16 @@ fn keep_what_decisions_read(pod: &mut Pod) {
     pod.status = None;
     if let Some(spec) = pod.spec.as_mut() {
         let names_only = |c: &mut k8s_openapi::api::core::v1::Container| {
-            *c = k8s_openapi::api::core::v1::Container { name: std::mem::take(&mut c.name), ..Default::default() };
+            *c = k8s_openapi::api::core::v1::Container {
+                name: std::mem::take(&mut c.name),
+                ..Default::default()
+            };
         };
         spec.containers.iter_mut().for_each(names_only);
-        spec.init_containers.iter_mut().flatten().for_each(names_only);
+        spec.init_containers
+            .iter_mut()
+            .flatten()
+            .for_each(names_only);
         spec.volumes = None;
     }
 }

@@ -21,7 +21,9 @@ pub enum ParseError {
     #[error("invalid port {0:?}: expected 1-65535")]
     Port(String),
     /// A range whose bounds are not ports or are reversed.
-    #[error("invalid port range {0:?}: expected \"N\" or \"LOW-HIGH\" with 1 <= LOW <= HIGH <= 65535")]
+    #[error(
+        "invalid port range {0:?}: expected \"N\" or \"LOW-HIGH\" with 1 <= LOW <= HIGH <= 65535"
+    )]
     Range(String),
     /// Not `ADDR/PREFIX` with a prefix that fits the address family.
     #[error("invalid CIDR {0:?}: expected ADDR/PREFIX")]
@@ -37,7 +39,10 @@ pub struct PortRange {
 
 impl PortRange {
     pub const fn single(port: u16) -> Self {
-        Self { first: port, last: port }
+        Self {
+            first: port,
+            last: port,
+        }
     }
 
     pub fn contains(&self, port: u16) -> bool {
@@ -57,7 +62,9 @@ impl FromStr for PortRange {
     type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, ParseError> {
         match s.split_once('-') {
-            None => parse_port(s).map(Self::single).ok_or_else(|| ParseError::Port(s.into())),
+            None => parse_port(s)
+                .map(Self::single)
+                .ok_or_else(|| ParseError::Port(s.into())),
             Some((a, b)) => match (parse_port(a), parse_port(b)) {
                 (Some(first), Some(last)) if first <= last => Ok(Self { first, last }),
                 _ => Err(ParseError::Range(s.into())),
@@ -105,7 +112,11 @@ impl<'de> Deserialize<'de> for PortRange {
 /// Parses a comma-separated list of ports and ranges, as in `config.linkerd.io/skip-*-ports`.
 /// Empty items are ignored.
 pub fn parse_port_list(s: &str) -> Result<Vec<PortRange>, ParseError> {
-    s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect()
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::parse)
+        .collect()
 }
 
 /// An IPv4 or IPv6 network, `ADDR/PREFIX` (a bare address is a host route).
@@ -125,11 +136,15 @@ impl Cidr {
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u128::from(net) & mask == u128::from(ip) & mask
             }
             _ => false,
@@ -168,13 +183,19 @@ impl Serialize for Cidr {
 
 impl<'de> Deserialize<'de> for Cidr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
 /// Parses a comma-separated list of CIDRs, as in `config.linkerd.io/skip-subnets`.
 pub fn parse_cidr_list(s: &str) -> Result<Vec<Cidr>, ParseError> {
-    s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect()
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::parse)
+        .collect()
 }
 
 /// The `linkerd` section of the `linkerd-cni` conflist entry. Every key is optional; unknown
@@ -253,14 +274,27 @@ mod tests {
     #[test]
     fn port_ranges() {
         assert_eq!("8080".parse(), Ok(PortRange::single(8080)));
-        assert_eq!("9000-9100".parse(), Ok(PortRange { first: 9000, last: 9100 }));
+        assert_eq!(
+            "9000-9100".parse(),
+            Ok(PortRange {
+                first: 9000,
+                last: 9100
+            })
+        );
         assert!("0".parse::<PortRange>().is_err());
         assert!("70000".parse::<PortRange>().is_err());
         assert!("9100-9000".parse::<PortRange>().is_err());
         assert!("a-b".parse::<PortRange>().is_err());
         assert_eq!(
             parse_port_list("25, 587,,9000-9001").unwrap(),
-            vec![PortRange::single(25), PortRange::single(587), PortRange { first: 9000, last: 9001 }]
+            vec![
+                PortRange::single(25),
+                PortRange::single(587),
+                PortRange {
+                    first: 9000,
+                    last: 9001
+                }
+            ]
         );
     }
 
@@ -293,7 +327,13 @@ mod tests {
         .unwrap();
         assert_eq!(c.proxy_uid(), None);
         assert_eq!(c.proxy_gid(), Some(7));
-        assert_eq!(c.outbound_ports_to_ignore[1], PortRange { first: 9000, last: 9100 });
+        assert_eq!(
+            c.outbound_ports_to_ignore[1],
+            PortRange {
+                first: 9000,
+                last: 9100
+            }
+        );
         assert!(serde_json::from_str::<LinkerdConfig>(r#"{"proxy-uid":"x"}"#).is_err());
     }
 }

@@ -28,7 +28,10 @@ pub struct Envelope {
 
 impl Envelope {
     pub fn new(request: Request) -> Self {
-        Self { version: PROTOCOL_VERSION, request }
+        Self {
+            version: PROTOCOL_VERSION,
+            request,
+        }
     }
 }
 
@@ -200,7 +203,11 @@ mod tests {
                 ifname: "eth0".into(),
                 netns: "/var/run/netns/cni-1".into(),
             },
-            pod: PodRef { namespace: "ns".into(), name: "p".into(), uid: Some("u".into()) },
+            pod: PodRef {
+                namespace: "ns".into(),
+                name: "p".into(),
+                uid: Some("u".into()),
+            },
             cgroup_path: None,
             pod_ips: vec!["10.0.0.5".parse().unwrap()],
             config: LinkerdConfig::default(),
@@ -216,6 +223,9 @@ mod tests {
         assert!(matches!(frame_len(header), Err(FrameError::TooLarge(_))));
         let mut bytes = header.to_vec();
         bytes.extend_from_slice(b"{}");
-        assert!(matches!(read_frame::<Response>(&mut &bytes[..]), Err(FrameError::TooLarge(_))));
+        assert!(matches!(
+            read_frame::<Response>(&mut &bytes[..]),
+            Err(FrameError::TooLarge(_))
+        ));
     }
 }

@@ -8,9 +8,7 @@ use std::{
 };
 
 use linkerd_cni_agent::{
-    Agent, AgentConfig, Registration, dataplane,
-    maps::Maps,
-    registry::PodRecord,
+    Agent, AgentConfig, Registration, dataplane, maps::Maps, registry::PodRecord,
 };
 use linkerd_cni_common::paths;
 use linkerd_cni_proto::config::LinkerdConfig;
@@ -31,7 +29,11 @@ impl AgentHarness {
     /// When the programs cannot be loaded: every test using this needs them.
     pub fn new(shared_cgroup: Option<&Path>) -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
-        let tag = format!("l5dt-agent-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let tag = format!(
+            "l5dt-agent-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         let config = AgentConfig {
             pin_root: Path::new(paths::BPFFS).join(&tag),
             state_dir: std::env::temp_dir().join(&tag),
@@ -39,7 +41,10 @@ impl AgentHarness {
             ..AgentConfig::default()
         };
         let agent = Agent::start(config.clone()).expect("start the agent (load and pin programs)");
-        AgentHarness { agent: Some(agent), config }
+        AgentHarness {
+            agent: Some(agent),
+            config,
+        }
     }
 
     /// The running agent.

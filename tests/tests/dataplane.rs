@@ -38,14 +38,20 @@ struct World {
 impl World {
     fn new() -> Self {
         let net = PodAndPeer::new().expect("create pod, peer netns and veth");
-        let server =
-            EchoServer::bind_in(&net.peer, sock(net.peer_v4(), SERVER_PORT), "server").expect("start server");
+        let server = EchoServer::bind_in(&net.peer, sock(net.peer_v4(), SERVER_PORT), "server")
+            .expect("start server");
         World { net, server }
     }
 
     fn proxy(&self, ipv6: bool) -> TestProxy {
-        let opts = proxy::Options { ipv6, ..proxy::Options::new() };
-        self.net.pod.start_proxy(&opts).expect("start the forwarding proxy as UID 2102")
+        let opts = proxy::Options {
+            ipv6,
+            ..proxy::Options::new()
+        };
+        self.net
+            .pod
+            .start_proxy(&opts)
+            .expect("start the forwarding proxy as UID 2102")
     }
 
     fn connect(&self, uid: u32, target: SocketAddr) -> Report {
@@ -58,14 +64,21 @@ fn connect_as(pod: &Pod, uid: u32, gid: Option<u32>, target: SocketAddr) -> Repo
     if let Some(gid) = gid {
         placement = placement.gid(gid);
     }
-    run_client(&placement, &ClientOptions::new(target).send("hello\n"), TIMEOUT).expect("run the test client")
+    run_client(
+        &placement,
+        &ClientOptions::new(target).send("hello\n"),
+        TIMEOUT,
+    )
+    .expect("run the test client")
 }
 
 fn accepted(events: &[Event]) -> Vec<(SocketAddr, SocketAddr)> {
     events
         .iter()
         .filter_map(|e| match e {
-            Event::Accepted { listener, orig_dst, .. } => Some((*listener, *orig_dst)),
+            Event::Accepted {
+                listener, orig_dst, ..
+            } => Some((*listener, *orig_dst)),
             _ => None,
         })
         .collect()
@@ -73,17 +86,33 @@ fn accepted(events: &[Event]) -> Vec<(SocketAddr, SocketAddr)> {
 
 /// Waits until the proxy has accepted `n` connections and returns them.
 fn proxied(proxy: &TestProxy, n: usize) -> Vec<(SocketAddr, SocketAddr)> {
-    let events = proxy.log().wait_for(TIMEOUT, |e| accepted(e).len() >= n).expect("proxy accepted");
+    let events = proxy
+        .log()
+        .wait_for(TIMEOUT, |e| accepted(e).len() >= n)
+        .expect("proxy accepted");
     accepted(&events)
 }
 
 /// A connection went straight to `server`, not through the proxy: the server saw the pod's
 /// own address, the client saw the server as its peer, and the proxy saw nothing new.
-fn assert_direct(world: &World, proxy: &TestProxy, report: &Report, seen_before: usize, proxied_before: usize) {
+fn assert_direct(
+    world: &World,
+    proxy: &TestProxy,
+    report: &Report,
+    seen_before: usize,
+    proxied_before: usize,
+) {
     assert!(report.succeeded == 1, "connection failed: {report:?}");
     assert_eq!(report.peer, Some(world.server.addr()), "client's peer");
-    let got = world.server.wait_for(seen_before + 1, TIMEOUT).expect("server saw the connection");
-    assert_eq!(got[seen_before].peer.ip(), IpAddr::V4(world.net.pod_v4()), "server saw the pod itself");
+    let got = world
+        .server
+        .wait_for(seen_before + 1, TIMEOUT)
+        .expect("server saw the connection");
+    assert_eq!(
+        got[seen_before].peer.ip(),
+        IpAddr::V4(world.net.pod_v4()),
+        "server saw the pod itself"
+    );
     let seen = accepted(&proxy.events().expect("proxy log")).len();
     assert_eq!(seen, proxied_before, "the proxy must not see it");
 }
@@ -93,16 +122,29 @@ fn outbound_goes_through_the_proxy_with_the_original_destination() {
     let h = AgentHarness::new(None);
     let world = World::new();
     let record = h.register(&world.net.pod, LinkerdConfig::default(), true);
-    assert!(matches!(record.attachment, Attachment::PerPod { .. }), "{record:?}");
+    assert!(
+        matches!(record.attachment, Attachment::PerPod { .. }),
+        "{record:?}"
+    );
     let proxy = world.proxy(false);
 
     let report = world.connect(APP_UID, world.server.addr());
     assert_eq!(report.succeeded, 1, "request through the proxy: {report:?}");
-    assert!(report.received_matches(&world.server.expected_reply(b"hello\n")), "response: {report:?}");
+    assert!(
+        report.received_matches(&world.server.expected_reply(b"hello\n")),
+        "response: {report:?}"
+    );
     // The app believes it talks to the server.
-    assert_eq!(report.peer, Some(world.server.addr()), "getpeername on the app socket");
+    assert_eq!(
+        report.peer,
+        Some(world.server.addr()),
+        "getpeername on the app socket"
+    );
     // The connection landed on the outbound listener, and SO_ORIGINAL_DST named the server.
-    assert_eq!(proxied(&proxy, 1), vec![(sock(Ipv4Addr::LOCALHOST, 4140), world.server.addr())]);
+    assert_eq!(
+        proxied(&proxy, 1),
+        vec![(sock(Ipv4Addr::LOCALHOST, 4140), world.server.addr())]
+    );
     // The server was reached by the proxy (from the pod's address).
     let got = world.server.wait_for(1, TIMEOUT).expect("server reached");
     assert_eq!(got[0].peer.ip(), IpAddr::V4(world.net.pod_v4()));
@@ -118,7 +160,10 @@ fn outbound_goes_through_the_proxy_with_the_original_destination() {
         .expect("run bpftool");
     let tree = String::from_utf8_lossy(&tree.stdout);
     for prog in names::CGROUP_PROGRAMS {
-        assert!(tree.contains(prog), "bpftool cgroup show lacks {prog}: {tree}");
+        assert!(
+            tree.contains(prog),
+            "bpftool cgroup show lacks {prog}: {tree}"
+        );
     }
 }
 
@@ -126,7 +171,10 @@ fn outbound_goes_through_the_proxy_with_the_original_destination() {
 fn proxy_uid_and_gid_are_exempt() {
     let h = AgentHarness::new(None);
     let world = World::new();
-    let config = LinkerdConfig { proxy_gid: 3000, ..LinkerdConfig::default() };
+    let config = LinkerdConfig {
+        proxy_gid: 3000,
+        ..LinkerdConfig::default()
+    };
     h.register(&world.net.pod, config, true);
     let proxy = world.proxy(false);
 
@@ -146,7 +194,10 @@ fn ignored_ports_subnets_loopback_own_ip_and_udp_are_not_redirected() {
     let world = World::new();
     let peer = world.net.peer_v4();
     let config = LinkerdConfig {
-        outbound_ports_to_ignore: vec!["9000".parse().expect("port"), "9100-9200".parse().expect("range")],
+        outbound_ports_to_ignore: vec![
+            "9000".parse().expect("port"),
+            "9100-9200".parse().expect("range"),
+        ],
         ..LinkerdConfig::default()
     };
     let record = h.register(&world.net.pod, config, true);
@@ -156,8 +207,15 @@ fn ignored_ports_subnets_loopback_own_ip_and_udp_are_not_redirected() {
     for port in [9000, 9150] {
         let s = EchoServer::bind_in(&world.net.peer, sock(peer, port), "ignored").expect("server");
         let r = world.connect(APP_UID, s.addr());
-        assert_eq!((r.succeeded, r.peer), (1, Some(s.addr())), "port {port}: {r:?}");
-        assert_eq!(s.wait_for(1, TIMEOUT).expect("reached")[0].peer.ip(), IpAddr::V4(world.net.pod_v4()));
+        assert_eq!(
+            (r.succeeded, r.peer),
+            (1, Some(s.addr())),
+            "port {port}: {r:?}"
+        );
+        assert_eq!(
+            s.wait_for(1, TIMEOUT).expect("reached")[0].peer.ip(),
+            IpAddr::V4(world.net.pod_v4())
+        );
     }
     // Just outside the range: redirected.
     let s = EchoServer::bind_in(&world.net.peer, sock(peer, 9201), "edge").expect("server");
@@ -165,22 +223,39 @@ fn ignored_ports_subnets_loopback_own_ip_and_udp_are_not_redirected() {
     assert_eq!(proxied(&proxy, 1)[0].1, s.addr());
 
     // Loopback and the pod's own address stay in the pod.
-    let local = EchoServer::bind_in(&world.net.pod.netns, sock(Ipv4Addr::LOCALHOST, 7000), "lo").expect("server");
+    let local = EchoServer::bind_in(&world.net.pod.netns, sock(Ipv4Addr::LOCALHOST, 7000), "lo")
+        .expect("server");
     let r = world.connect(APP_UID, local.addr());
     assert_eq!((r.succeeded, r.peer), (1, Some(local.addr())), "{r:?}");
-    let own = EchoServer::bind_in(&world.net.pod.netns, sock(world.net.pod_v4(), 7001), "own").expect("server");
+    let own = EchoServer::bind_in(&world.net.pod.netns, sock(world.net.pod_v4(), 7001), "own")
+        .expect("server");
     let r = world.connect(APP_UID, own.addr());
     assert_eq!((r.succeeded, r.peer), (1, Some(own.addr())), "{r:?}");
-    assert!(record.pod_ips.contains(&IpAddr::V4(world.net.pod_v4())), "own IP discovered: {record:?}");
+    assert!(
+        record.pod_ips.contains(&IpAddr::V4(world.net.pod_v4())),
+        "own IP discovered: {record:?}"
+    );
 
     // UDP is untouched.
-    let udp = UdpEcho::bind_in(&world.net.peer, sock(peer, SERVER_PORT), "udp").expect("udp server");
-    let r = run_client(&world.net.pod.container(APP_UID), &ClientOptions::new(udp.addr()).udp().send("ping"), TIMEOUT)
-        .expect("udp client");
+    let udp =
+        UdpEcho::bind_in(&world.net.peer, sock(peer, SERVER_PORT), "udp").expect("udp server");
+    let r = run_client(
+        &world.net.pod.container(APP_UID),
+        &ClientOptions::new(udp.addr()).udp().send("ping"),
+        TIMEOUT,
+    )
+    .expect("udp client");
     assert_eq!((r.succeeded, r.peer), (1, Some(udp.addr())), "{r:?}");
-    assert_eq!(udp.wait_for(1, TIMEOUT).expect("datagram")[0].peer.ip(), IpAddr::V4(world.net.pod_v4()));
+    assert_eq!(
+        udp.wait_for(1, TIMEOUT).expect("datagram")[0].peer.ip(),
+        IpAddr::V4(world.net.pod_v4())
+    );
 
-    assert_eq!(proxied(&proxy, 1).len(), 1, "only the one redirected connection reached the proxy");
+    assert_eq!(
+        proxied(&proxy, 1).len(),
+        1,
+        "only the one redirected connection reached the proxy"
+    );
     let stats = h.maps().stats(record.netns_cookie);
     assert_eq!(stats.out_redirected, 1, "{stats:?}");
     assert!(stats.out_skipped >= 4, "{stats:?}");
@@ -193,7 +268,10 @@ fn ignored_outbound_subnets_are_not_redirected() {
     let subnet = format!("{}/24", world.net.peer_v4()).parse().expect("cidr");
     h.register(
         &world.net.pod,
-        LinkerdConfig { outbound_subnets_to_ignore: vec![subnet], ..LinkerdConfig::default() },
+        LinkerdConfig {
+            outbound_subnets_to_ignore: vec![subnet],
+            ..LinkerdConfig::default()
+        },
         true,
     );
     let proxy = world.proxy(false);
@@ -205,15 +283,29 @@ fn ignored_outbound_subnets_are_not_redirected() {
 fn ipv6_and_v4_mapped_destinations_are_redirected() {
     let h = AgentHarness::new(None);
     let world = World::new();
-    let server6 = EchoServer::bind_in(&world.net.peer, sock(world.net.peer_v6(), SERVER_PORT), "server6")
-        .expect("v6 server");
-    h.register(&world.net.pod, LinkerdConfig { ipv6: true, ..LinkerdConfig::default() }, true);
+    let server6 = EchoServer::bind_in(
+        &world.net.peer,
+        sock(world.net.peer_v6(), SERVER_PORT),
+        "server6",
+    )
+    .expect("v6 server");
+    h.register(
+        &world.net.pod,
+        LinkerdConfig {
+            ipv6: true,
+            ..LinkerdConfig::default()
+        },
+        true,
+    );
     let proxy = world.proxy(true);
 
     let r = world.connect(APP_UID, server6.addr());
     assert_eq!((r.succeeded, r.peer), (1, Some(server6.addr())), "{r:?}");
     assert!(r.received_matches(&server6.expected_reply(b"hello\n")));
-    let mapped = SocketAddr::new(IpAddr::V6(world.net.peer_v4().to_ipv6_mapped()), SERVER_PORT);
+    let mapped = SocketAddr::new(
+        IpAddr::V6(world.net.peer_v4().to_ipv6_mapped()),
+        SERVER_PORT,
+    );
     let r = world.connect(APP_UID, mapped);
     assert_eq!((r.succeeded, r.peer), (1, Some(mapped)), "{r:?}");
     assert_eq!(
@@ -229,13 +321,20 @@ fn ipv6_and_v4_mapped_destinations_are_redirected() {
 fn ipv6_is_left_alone_when_disabled() {
     let h = AgentHarness::new(None);
     let world = World::new();
-    let server6 = EchoServer::bind_in(&world.net.peer, sock(world.net.peer_v6(), SERVER_PORT), "server6")
-        .expect("v6 server");
+    let server6 = EchoServer::bind_in(
+        &world.net.peer,
+        sock(world.net.peer_v6(), SERVER_PORT),
+        "server6",
+    )
+    .expect("v6 server");
     h.register(&world.net.pod, LinkerdConfig::default(), true);
     let proxy = world.proxy(true);
     let r = world.connect(APP_UID, server6.addr());
     assert_eq!((r.succeeded, r.peer), (1, Some(server6.addr())), "{r:?}");
-    assert_eq!(server6.wait_for(1, TIMEOUT).expect("reached")[0].peer.ip(), IpAddr::V6(world.net.pod_v6()));
+    assert_eq!(
+        server6.wait_for(1, TIMEOUT).expect("reached")[0].peer.ip(),
+        IpAddr::V6(world.net.pod_v6())
+    );
     assert!(accepted(&proxy.events().expect("log")).is_empty());
 }
 
@@ -250,21 +349,34 @@ fn unregistered_pods_and_the_host_are_untouched_with_a_shared_attachment() {
     let meshed_pod_cg = CgroupGuard::new_under(parent.path()).expect("pod cgroup");
     let other_pod_cg = CgroupGuard::new_under(parent.path()).expect("pod cgroup");
     let record = h.register(&meshed.net.pod, LinkerdConfig::default(), false);
-    assert!(matches!(record.attachment, Attachment::Shared { .. }), "{record:?}");
+    assert!(
+        matches!(record.attachment, Attachment::Shared { .. }),
+        "{record:?}"
+    );
 
     let placed = |w: &World, cg: &CgroupGuard, uid| {
         let p = w.net.pod.container(uid).cgroup(cg);
-        run_client(&p, &ClientOptions::new(w.server.addr()).send("hello\n"), TIMEOUT).expect("client")
+        run_client(
+            &p,
+            &ClientOptions::new(w.server.addr()).send("hello\n"),
+            TIMEOUT,
+        )
+        .expect("client")
     };
-    let proxy = TestProxy::start(&meshed.net.pod.container(PROXY_UID).cgroup(&meshed_pod_cg), &proxy::Options::new())
-        .expect("proxy");
+    let proxy = TestProxy::start(
+        &meshed.net.pod.container(PROXY_UID).cgroup(&meshed_pod_cg),
+        &proxy::Options::new(),
+    )
+    .expect("proxy");
     let r = placed(&meshed, &meshed_pod_cg, APP_UID);
     assert_eq!(r.succeeded, 1, "{r:?}");
     assert_eq!(proxied(&proxy, 1)[0].1, meshed.server.addr());
 
-    let other_proxy =
-        TestProxy::start(&other.net.pod.container(PROXY_UID).cgroup(&other_pod_cg), &proxy::Options::new())
-            .expect("proxy");
+    let other_proxy = TestProxy::start(
+        &other.net.pod.container(PROXY_UID).cgroup(&other_pod_cg),
+        &proxy::Options::new(),
+    )
+    .expect("proxy");
     let r = placed(&other, &other_pod_cg, APP_UID);
     assert_direct(&other, &other_proxy, &r, 0, 0);
 
@@ -289,7 +401,10 @@ fn validator_reaches_itself() {
     let mut opts = ClientOptions::new(sock(Ipv4Addr::new(192, 0, 2, 2), 1404));
     opts.listen = Some(sock(Ipv4Addr::UNSPECIFIED, 4140));
     let r = run_client(&world.net.pod.container(65534), &opts, TIMEOUT).expect("validator");
-    let accepted = r.accepted.clone().unwrap_or_else(|| panic!("validator accepted nothing: {r:?}"));
+    let accepted = r
+        .accepted
+        .clone()
+        .unwrap_or_else(|| panic!("validator accepted nothing: {r:?}"));
     assert!(accepted.reached_self, "{r:?}");
 }
 
@@ -306,23 +421,38 @@ fn redirection_survives_the_agent_and_unregister_leaves_nothing() {
     assert_eq!(proxied(&proxy, 1)[0].1, world.server.addr());
     // A new agent adopts the pod: CHECK passes, unregister removes every trace.
     h.start_again();
-    h.agent().check(&record.id).expect("adopted registration is in force");
+    h.agent()
+        .check(&record.id)
+        .expect("adopted registration is in force");
     let link_dir = h.agent().link_dir(&record).expect("per-pod link dir");
     assert!(h.agent().unregister(&record.id).expect("unregister"));
-    assert!(!link_dir.exists(), "links still pinned at {}", link_dir.display());
+    assert!(
+        !link_dir.exists(),
+        "links still pinned at {}",
+        link_dir.display()
+    );
     let tree = std::process::Command::new("bpftool")
         .args(["cgroup", "show"])
         .arg(world.net.pod.cgroup.path())
         .output()
         .expect("bpftool");
-    assert!(String::from_utf8_lossy(&tree.stdout).trim().is_empty(), "programs still attached");
+    assert!(
+        String::from_utf8_lossy(&tree.stdout).trim().is_empty(),
+        "programs still attached"
+    );
     let maps = h.maps();
     let view = maps.view(record.netns_cookie);
     assert!(
-        view.config.is_none() && view.port_blocks == 0 && view.addrs.is_empty() && view.ips.is_empty(),
+        view.config.is_none()
+            && view.port_blocks == 0
+            && view.addrs.is_empty()
+            && view.ips.is_empty(),
         "{view:?}"
     );
-    assert!(maps.pod_stats.get(&record.netns_cookie, 0).is_err(), "stats entry left");
+    assert!(
+        maps.pod_stats.get(&record.netns_cookie, 0).is_err(),
+        "stats entry left"
+    );
     assert!(h.agent().pods().expect("registry").is_empty());
     // And the pod is no longer redirected.
     let r = world.connect(APP_UID, world.server.addr());
@@ -337,9 +467,22 @@ fn original_destination_maps_are_cleaned_after_many_connections() {
     let proxy = world.proxy(false);
     let mut opts = ClientOptions::new(world.server.addr()).send("x\n");
     opts.count = 10_000;
-    let r = run_client(&world.net.pod.container(APP_UID), &opts, Duration::from_secs(300)).expect("client");
-    assert_eq!((r.succeeded, r.failed), (10_000, 0), "{:?}", r.first_failure);
-    proxy.log().wait_for_finished(10_000, Duration::from_secs(60)).expect("proxy finished every connection");
+    let r = run_client(
+        &world.net.pod.container(APP_UID),
+        &opts,
+        Duration::from_secs(300),
+    )
+    .expect("client");
+    assert_eq!(
+        (r.succeeded, r.failed),
+        (10_000, 0),
+        "{:?}",
+        r.first_failure
+    );
+    proxy
+        .log()
+        .wait_for_finished(10_000, Duration::from_secs(60))
+        .expect("proxy finished every connection");
     // Every connection is closed now: the maps must hold no entry for them.
     let deadline = Instant::now() + Duration::from_secs(10);
     let maps = h.maps();
@@ -348,7 +491,10 @@ fn original_destination_maps_are_cleaned_after_many_connections() {
         if (socks, conns) == (0, 0) {
             break;
         }
-        assert!(Instant::now() < deadline, "entries left after all connections closed: {socks} socket, {conns} connection");
+        assert!(
+            Instant::now() < deadline,
+            "entries left after all connections closed: {socks} socket, {conns} connection"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(maps.stats(record.netns_cookie).out_redirected, 10_000);

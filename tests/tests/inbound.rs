@@ -27,7 +27,11 @@ fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
 }
 
 fn proxy_in(pod: &Pod, ipv6: bool) -> TestProxy {
-    pod.start_proxy(&proxy::Options { ipv6, ..proxy::Options::new() }).expect("start the proxy as UID 2102")
+    pod.start_proxy(&proxy::Options {
+        ipv6,
+        ..proxy::Options::new()
+    })
+    .expect("start the proxy as UID 2102")
 }
 
 fn accepted(proxy: &TestProxy) -> Vec<(SocketAddr, SocketAddr)> {
@@ -36,7 +40,9 @@ fn accepted(proxy: &TestProxy) -> Vec<(SocketAddr, SocketAddr)> {
         .expect("proxy log")
         .into_iter()
         .filter_map(|e| match e {
-            Event::Accepted { listener, orig_dst, .. } => Some((listener, orig_dst)),
+            Event::Accepted {
+                listener, orig_dst, ..
+            } => Some((listener, orig_dst)),
             _ => None,
         })
         .collect()
@@ -45,14 +51,25 @@ fn accepted(proxy: &TestProxy) -> Vec<(SocketAddr, SocketAddr)> {
 fn wait_accepted(proxy: &TestProxy, n: usize) -> Vec<(SocketAddr, SocketAddr)> {
     proxy
         .log()
-        .wait_for(TIMEOUT, |events| events.iter().filter(|e| matches!(e, Event::Accepted { .. })).count() >= n)
+        .wait_for(TIMEOUT, |events| {
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::Accepted { .. }))
+                .count()
+                >= n
+        })
         .expect("proxy accepted");
     accepted(proxy)
 }
 
 fn request(from: &NetnsGuard, target: SocketAddr) -> Report {
     let placement = linkerd_cni_tests::Placement::new().netns(from).uid(APP_UID);
-    run_client(&placement, &ClientOptions::new(target).send("hello\n"), TIMEOUT).expect("run the client")
+    run_client(
+        &placement,
+        &ClientOptions::new(target).send("hello\n"),
+        TIMEOUT,
+    )
+    .expect("run the client")
 }
 
 /// A pod with its app listening on `ports` (on the pod's IPv4 address) and a peer netns.
@@ -66,13 +83,19 @@ impl World {
         let net = PodAndPeer::new().expect("pod, peer and veth");
         let apps = ports
             .iter()
-            .map(|p| EchoServer::bind_in(&net.pod.netns, sock(Ipv4Addr::UNSPECIFIED, *p), "app").expect("app"))
+            .map(|p| {
+                EchoServer::bind_in(&net.pod.netns, sock(Ipv4Addr::UNSPECIFIED, *p), "app")
+                    .expect("app")
+            })
             .collect();
         World { net, apps }
     }
 
     fn app(&self, port: u16) -> &EchoServer {
-        self.apps.iter().find(|a| a.addr().port() == port).expect("app on that port")
+        self.apps
+            .iter()
+            .find(|a| a.addr().port() == port)
+            .expect("app on that port")
     }
 
     /// Connects from the peer to the pod's `port`, expecting success.
@@ -86,7 +109,12 @@ impl World {
     /// pod's own address; a direct connection comes from the peer).
     fn app_saw(&self, port: u16, n: usize, expected: IpAddr) {
         let got = self.app(port).wait_for(n, TIMEOUT).expect("app reached");
-        assert_eq!(got[n - 1].peer.ip(), expected, "app on {port} saw {:?}", got[n - 1]);
+        assert_eq!(
+            got[n - 1].peer.ip(),
+            expected,
+            "app on {port} saw {:?}",
+            got[n - 1]
+        );
     }
 }
 
@@ -97,14 +125,27 @@ fn inbound_goes_through_the_proxy_with_the_original_destination() {
     let record = h.register(&w.net.pod, LinkerdConfig::default(), true);
     let proxy = proxy_in(&w.net.pod, false);
     let r = w.call(8080);
-    assert!(r.received_matches(&w.app(8080).expected_reply(b"hello\n")), "{r:?}");
-    assert_eq!(wait_accepted(&proxy, 1), vec![(sock(Ipv4Addr::UNSPECIFIED, 4143), sock(w.net.pod_v4(), 8080))]);
+    assert!(
+        r.received_matches(&w.app(8080).expected_reply(b"hello\n")),
+        "{r:?}"
+    );
+    assert_eq!(
+        wait_accepted(&proxy, 1),
+        vec![(
+            sock(Ipv4Addr::UNSPECIFIED, 4143),
+            sock(w.net.pod_v4(), 8080)
+        )]
+    );
     // The proxy forwarded as UID 2102 to the pod IP: the app saw the pod itself, and that hop
     // was not captured again (one accepted connection only).
     w.app_saw(8080, 1, IpAddr::V4(w.net.pod_v4()));
     assert_eq!(accepted(&proxy).len(), 1);
     let stats = h.maps().stats(record.netns_cookie);
-    assert_eq!((stats.in_redirected, stats.orig_dst_answered), (1, 1), "{stats:?}");
+    assert_eq!(
+        (stats.in_redirected, stats.orig_dst_answered),
+        (1, 1),
+        "{stats:?}"
+    );
     assert_eq!(h.maps().view(record.netns_cookie).listener, (true, false));
 }
 
@@ -129,24 +170,48 @@ fn ignored_ports_and_redirect_list_and_ignored_sources() {
     w.app_saw(9050, 1, peer);
     w.call(8081);
     w.app_saw(8081, 1, IpAddr::V4(w.net.pod_v4()));
-    assert_eq!(wait_accepted(&proxy, 1).len(), 1, "only 8081 went through the proxy");
+    assert_eq!(
+        wait_accepted(&proxy, 1).len(),
+        1,
+        "only 8081 went through the proxy"
+    );
 
     // ports-to-redirect: only the listed ports go to the proxy.
     let h2 = AgentHarness::new(None);
     let w2 = World::new(&[8080, 8081]);
-    h2.register(&w2.net.pod, LinkerdConfig { ports_to_redirect: vec![PortRange::single(8080)], ..Default::default() }, true);
+    h2.register(
+        &w2.net.pod,
+        LinkerdConfig {
+            ports_to_redirect: vec![PortRange::single(8080)],
+            ..Default::default()
+        },
+        true,
+    );
     let proxy2 = proxy_in(&w2.net.pod, false);
     w2.call(8081);
     w2.app_saw(8081, 1, IpAddr::V4(w2.net.peer_v4()));
     w2.call(8080);
     w2.app_saw(8080, 1, IpAddr::V4(w2.net.pod_v4()));
-    assert_eq!(wait_accepted(&proxy2, 1), vec![(sock(Ipv4Addr::UNSPECIFIED, 4143), sock(w2.net.pod_v4(), 8080))]);
+    assert_eq!(
+        wait_accepted(&proxy2, 1),
+        vec![(
+            sock(Ipv4Addr::UNSPECIFIED, 4143),
+            sock(w2.net.pod_v4(), 8080)
+        )]
+    );
 
     // subnets-to-ignore: connections from those sources go straight to the app.
     let h3 = AgentHarness::new(None);
     let w3 = World::new(&[8080]);
     let subnet = format!("{}/32", w3.net.peer_v4()).parse().expect("cidr");
-    h3.register(&w3.net.pod, LinkerdConfig { subnets_to_ignore: vec![subnet], ..Default::default() }, true);
+    h3.register(
+        &w3.net.pod,
+        LinkerdConfig {
+            subnets_to_ignore: vec![subnet],
+            ..Default::default()
+        },
+        true,
+    );
     let proxy3 = proxy_in(&w3.net.pod, false);
     w3.call(8080);
     w3.app_saw(8080, 1, IpAddr::V4(w3.net.peer_v4()));
@@ -181,8 +246,12 @@ fn proxy_to_app_over_pod_ip_and_localhost_is_not_captured() {
     h.register(&w.net.pod, LinkerdConfig::default(), true);
     let proxy = proxy_in(&w.net.pod, false);
     for target in [sock(w.net.pod_v4(), 8080), sock(Ipv4Addr::LOCALHOST, 8080)] {
-        let r = run_client(&w.net.pod.container(PROXY_UID), &ClientOptions::new(target).send("hi\n"), TIMEOUT)
-            .expect("client as the proxy");
+        let r = run_client(
+            &w.net.pod.container(PROXY_UID),
+            &ClientOptions::new(target).send("hi\n"),
+            TIMEOUT,
+        )
+        .expect("client as the proxy");
         assert_eq!((r.succeeded, r.peer), (1, Some(target)), "{r:?}");
     }
     w.app(8080).wait_for(2, TIMEOUT).expect("the app got both");
@@ -193,16 +262,33 @@ fn proxy_to_app_over_pod_ip_and_localhost_is_not_captured() {
 fn ipv6_inbound_and_outbound() {
     let h = AgentHarness::new(None);
     let net = PodAndPeer::new().expect("pod and peer");
-    let app = EchoServer::bind_in(&net.pod.netns, sock(Ipv6Addr::UNSPECIFIED, 8080), "app6").expect("app");
-    let remote = EchoServer::bind_in(&net.peer, sock(net.peer_v6(), 9090), "remote6").expect("remote");
-    h.register(&net.pod, LinkerdConfig { ipv6: true, ..Default::default() }, true);
+    let app = EchoServer::bind_in(&net.pod.netns, sock(Ipv6Addr::UNSPECIFIED, 8080), "app6")
+        .expect("app");
+    let remote =
+        EchoServer::bind_in(&net.peer, sock(net.peer_v6(), 9090), "remote6").expect("remote");
+    h.register(
+        &net.pod,
+        LinkerdConfig {
+            ipv6: true,
+            ..Default::default()
+        },
+        true,
+    );
     let proxy = proxy_in(&net.pod, true);
     let r = request(&net.peer, sock(net.pod_v6(), 8080));
     assert_eq!(r.succeeded, 1, "{r:?}");
     let got = app.wait_for(1, TIMEOUT).expect("app reached");
-    assert_eq!(got[0].peer.ip(), IpAddr::V6(net.pod_v6()), "forwarded by the proxy");
-    let r = run_client(&net.pod.container(APP_UID), &ClientOptions::new(remote.addr()).send("x\n"), TIMEOUT)
-        .expect("outbound");
+    assert_eq!(
+        got[0].peer.ip(),
+        IpAddr::V6(net.pod_v6()),
+        "forwarded by the proxy"
+    );
+    let r = run_client(
+        &net.pod.container(APP_UID),
+        &ClientOptions::new(remote.addr()).send("x\n"),
+        TIMEOUT,
+    )
+    .expect("outbound");
     assert_eq!((r.succeeded, r.peer), (1, Some(remote.addr())), "{r:?}");
     assert_eq!(
         wait_accepted(&proxy, 2),
@@ -217,25 +303,56 @@ fn ipv6_inbound_and_outbound() {
 fn meshed_pods_on_one_node_traverse_both_proxies() {
     let h = AgentHarness::new(None);
     let node = NetnsGuard::new().expect("node netns");
-    let mut bridge =
-        Bridge::create(&node, "10.245.0.1/24".parse().expect("literal"), "fd00:245::1/64".parse().expect("literal"))
-            .expect("bridge");
+    let mut bridge = Bridge::create(
+        &node,
+        "10.245.0.1/24".parse().expect("literal"),
+        "fd00:245::1/64".parse().expect("literal"),
+    )
+    .expect("bridge");
     let client = Pod::new().expect("client pod");
     let server = Pod::new().expect("server pod");
     let _client_port = bridge.attach(&client.netns).expect("attach client");
     let server_port = bridge.attach(&server.netns).expect("attach server");
     h.register(&client, LinkerdConfig::default(), true);
     h.register(&server, LinkerdConfig::default(), true);
-    let app = EchoServer::bind_in(&server.netns, sock(Ipv4Addr::UNSPECIFIED, 8080), "server-app").expect("app");
+    let app = EchoServer::bind_in(
+        &server.netns,
+        sock(Ipv4Addr::UNSPECIFIED, 8080),
+        "server-app",
+    )
+    .expect("app");
     let client_proxy = proxy_in(&client, false);
     let server_proxy = proxy_in(&server, false);
     let target = sock(server_port.v4(), 8080);
-    let r = run_client(&client.container(APP_UID), &ClientOptions::new(target).send("hello\n"), TIMEOUT)
-        .expect("client");
-    let detail = || format!("{r:?}\nclient proxy: {:?}\nserver proxy: {:?}", client_proxy.events(), server_proxy.events());
+    let r = run_client(
+        &client.container(APP_UID),
+        &ClientOptions::new(target).send("hello\n"),
+        TIMEOUT,
+    )
+    .expect("client");
+    let detail = || {
+        format!(
+            "{r:?}\nclient proxy: {:?}\nserver proxy: {:?}",
+            client_proxy.events(),
+            server_proxy.events()
+        )
+    };
     assert_eq!((r.succeeded, r.peer), (1, Some(target)), "{}", detail());
-    assert!(r.received_matches(&app.expected_reply(b"hello\n")), "{}", detail());
-    assert_eq!(wait_accepted(&client_proxy, 1), vec![(sock(Ipv4Addr::LOCALHOST, 4140), target)]);
-    assert_eq!(wait_accepted(&server_proxy, 1), vec![(sock(Ipv4Addr::UNSPECIFIED, 4143), target)]);
-    assert_eq!(app.wait_for(1, TIMEOUT).expect("app")[0].peer.ip(), IpAddr::V4(server_port.v4()));
+    assert!(
+        r.received_matches(&app.expected_reply(b"hello\n")),
+        "{}",
+        detail()
+    );
+    assert_eq!(
+        wait_accepted(&client_proxy, 1),
+        vec![(sock(Ipv4Addr::LOCALHOST, 4140), target)]
+    );
+    assert_eq!(
+        wait_accepted(&server_proxy, 1),
+        vec![(sock(Ipv4Addr::UNSPECIFIED, 4143), target)]
+    );
+    assert_eq!(
+        app.wait_for(1, TIMEOUT).expect("app")[0].peer.ip(),
+        IpAddr::V4(server_port.v4())
+    );
 }

@@ -24,13 +24,27 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
         "linkerd-cni-bench",
         "--bins",
     ]))?;
-    let command = if quick { "cargo xtask bench --quick" } else { "cargo xtask bench" };
+    let command = if quick {
+        "cargo xtask bench --quick"
+    } else {
+        "cargo xtask bench"
+    };
     let mut cmd = cargo();
-    cmd.args(["run", "--release", "-q", "-p", "linkerd-cni-bench", "--", "run", "--command", command, "--out-dir"])
-        .arg(workspace());
+    cmd.args([
+        "run",
+        "--release",
+        "-q",
+        "-p",
+        "linkerd-cni-bench",
+        "--",
+        "run",
+        "--command",
+        command,
+        "--out-dir",
+    ])
+    .arg(workspace());
     if quick {
         cmd.arg("--quick");
     }
     run(&mut cmd)
 }
-

@@ -8,11 +8,17 @@ use crate::{build_ebpf, cargo, nix_is_root, run, setup};
 
 /// The packages whose binaries the demo runs: the plugin, the agent, and the test-support
 /// binaries (fake API server, forwarding proxy, client, the demo itself).
-const PACKAGES: [&str; 3] = ["linkerd-cni-plugin", "linkerd-cni-agent", "linkerd-cni-tests"];
+const PACKAGES: [&str; 3] = [
+    "linkerd-cni-plugin",
+    "linkerd-cni-agent",
+    "linkerd-cni-tests",
+];
 
 pub fn demo() -> anyhow::Result<()> {
     if !nix_is_root() {
-        bail!("the demo installs packages, loads BPF programs and creates network namespaces and cgroups: run it as root");
+        bail!(
+            "the demo installs packages, loads BPF programs and creates network namespaces and cgroups: run it as root"
+        );
     }
     setup::setup()?;
     build_ebpf()?;
@@ -22,5 +28,12 @@ pub fn demo() -> anyhow::Result<()> {
         build.args(["-p", p]);
     }
     run(&mut build)?;
-    run(cargo().args(["run", "--quiet", "-p", "linkerd-cni-tests", "--bin", "linkerd-cni-demo"]))
+    run(cargo().args([
+        "run",
+        "--quiet",
+        "-p",
+        "linkerd-cni-tests",
+        "--bin",
+        "linkerd-cni-demo",
+    ]))
 }

@@ -13,7 +13,7 @@ mod setup;
 
 use std::{path::PathBuf, process::Command};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -87,14 +87,24 @@ fn main() -> anyhow::Result<()> {
             setup::setup()?;
             build_ebpf()?;
             if !nix_is_root() {
-                bail!("the test suite exercises BPF, network namespaces and cgroups: run it as root");
+                bail!(
+                    "the test suite exercises BPF, network namespaces and cgroups: run it as root"
+                );
             }
             // Binaries the integration tests execute.
             run(cargo().args(["build", "--bins"]))?;
             // Unprivileged and self-contained tests, in parallel.
             // (The default members: the eBPF crate only builds for the BPF target.)
             run(cargo()
-                .args(["test", "--no-fail-fast", "--workspace", "--exclude", "linkerd-cni-ebpf", "--exclude", "linkerd-cni-tests"])
+                .args([
+                    "test",
+                    "--no-fail-fast",
+                    "--workspace",
+                    "--exclude",
+                    "linkerd-cni-ebpf",
+                    "--exclude",
+                    "linkerd-cni-tests",
+                ])
                 .args(&args))?;
             // Privileged tests: real kernel state, one at a time.
             run(cargo()

@@ -3,28 +3,55 @@
 
 use std::{path::Path, process::Command};
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 
 use crate::run;
 
 /// Debian packages, and why each is needed.
 const PACKAGES: &[(&str, &str)] = &[
-    ("rustc-web", "rustc 1.96 on LLVM 22, the compiler of the eBPF object"),
+    (
+        "rustc-web",
+        "rustc 1.96 on LLVM 22, the compiler of the eBPF object",
+    ),
     ("cargo-web", "the cargo that goes with it"),
-    ("libstd-rust-web-dev-bpf", "prebuilt core for bpfel-unknown-none"),
+    (
+        "libstd-rust-web-dev-bpf",
+        "prebuilt core for bpfel-unknown-none",
+    ),
     ("llvm-22-dev", "bpf-linker links against LLVM 22"),
-    ("libpolly-22-dev", "needed by llvm-22-dev's cmake config for bpf-linker"),
+    (
+        "libpolly-22-dev",
+        "needed by llvm-22-dev's cmake config for bpf-linker",
+    ),
     ("clang-22", "LLVM 22 tools"),
     ("zlib1g-dev", "bpf-linker build"),
     ("libzstd-dev", "bpf-linker build"),
-    ("bpftool", "inspection of programs and maps (tests and demo)"),
+    (
+        "bpftool",
+        "inspection of programs and maps (tests and demo)",
+    ),
     ("iproute2", "network namespaces and veth pairs"),
     ("iptables", "the iptables baseline in tests and benchmarks"),
-    ("containernetworking-plugins", "bridge, host-local, loopback CNI plugins for the end-to-end chain"),
-    ("golang-go", "builds the libcni runtime and the chart reference renderer"),
-    ("golang-github-appc-cni-dev", "libcni sources for the CNI runtime used end to end"),
-    ("golang-github-masterminds-sprig-dev", "template functions for the chart reference renderer"),
-    ("golang-gopkg-yaml.v3-dev", "YAML for the chart reference renderer"),
+    (
+        "containernetworking-plugins",
+        "bridge, host-local, loopback CNI plugins for the end-to-end chain",
+    ),
+    (
+        "golang-go",
+        "builds the libcni runtime and the chart reference renderer",
+    ),
+    (
+        "golang-github-appc-cni-dev",
+        "libcni sources for the CNI runtime used end to end",
+    ),
+    (
+        "golang-github-masterminds-sprig-dev",
+        "template functions for the chart reference renderer",
+    ),
+    (
+        "golang-gopkg-yaml.v3-dev",
+        "YAML for the chart reference renderer",
+    ),
     ("python3-pip", "installs kubernetes-validate"),
 ];
 
@@ -32,7 +59,10 @@ const PACKAGES: &[(&str, &str)] = &[
 const PIP: &[(&str, &str)] = &[("kubernetes-validate", "kubernetes-validate")];
 
 fn have_cmd(name: &str) -> bool {
-    Command::new("sh").args(["-c", &format!("command -v {name} >/dev/null 2>&1")]).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .args(["-c", &format!("command -v {name} >/dev/null 2>&1")])
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn installed(pkg: &str) -> bool {
@@ -44,14 +74,21 @@ fn installed(pkg: &str) -> bool {
 
 pub fn setup() -> anyhow::Result<()> {
     if !have_cmd("dpkg-query") || !have_cmd("apt-get") {
-        let list: Vec<String> = PACKAGES.iter().map(|(p, why)| format!("  {p}: {why}")).collect();
+        let list: Vec<String> = PACKAGES
+            .iter()
+            .map(|(p, why)| format!("  {p}: {why}"))
+            .collect();
         bail!(
             "automatic setup supports Debian/Ubuntu (apt). Install the equivalents of:\n{}\nthen bpf-linker \
              (cargo install bpf-linker --no-default-features --features llvm-22) and pip's kubernetes-validate.",
             list.join("\n")
         );
     }
-    let missing: Vec<&str> = PACKAGES.iter().map(|(p, _)| *p).filter(|p| !installed(p)).collect();
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| !installed(p))
+        .collect();
     if missing.is_empty() {
         eprintln!("setup: Debian packages present");
     } else {
@@ -64,10 +101,18 @@ pub fn setup() -> anyhow::Result<()> {
     }
     if linkerd_cni_ebpf_build::find_bpf_linker().is_none() {
         eprintln!("setup: building bpf-linker against LLVM 22 (about two minutes)");
-        let path = format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default());
-        run(Command::new("cargo")
-            .env("PATH", path)
-            .args(["install", "bpf-linker", "--locked", "--no-default-features", "--features", "llvm-22"]))
+        let path = format!(
+            "/usr/lib/llvm-22/bin:{}",
+            std::env::var("PATH").unwrap_or_default()
+        );
+        run(Command::new("cargo").env("PATH", path).args([
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ]))
         .context("installing bpf-linker")?;
     } else {
         eprintln!("setup: bpf-linker present");
@@ -81,7 +126,9 @@ pub fn setup() -> anyhow::Result<()> {
             let mut c = Command::new(pip);
             c.args(["install", "-q", req]);
             // Debian's system Python refuses pip installs without this flag.
-            if Path::new("/usr/lib/python3.11/EXTERNALLY-MANAGED").exists() && !pip_is_user_python(pip) {
+            if Path::new("/usr/lib/python3.11/EXTERNALLY-MANAGED").exists()
+                && !pip_is_user_python(pip)
+            {
                 c.arg("--break-system-packages");
             }
             run(&mut c)?;

@@ -26,14 +26,23 @@ where
     let check = format!("cni plugin {what} exists");
     match api.get_opt(name).await {
         Ok(Some(obj)) => (CheckResult::ok(check, ""), Some(obj)),
-        Ok(None) => (CheckResult::fail(check, format!("{what} {name:?} not found{where_}")), None),
-        Err(e) => (CheckResult::fail(check, format!("getting {what} {name:?}{where_}: {e}")), None),
+        Ok(None) => (
+            CheckResult::fail(check, format!("{what} {name:?} not found{where_}")),
+            None,
+        ),
+        Err(e) => (
+            CheckResult::fail(check, format!("getting {what} {name:?}{where_}: {e}")),
+            None,
+        ),
     }
 }
 
 /// Whether the DaemonSet runs a ready pod on every node it should run on.
 pub fn daemonset_ready(ds: &DaemonSet) -> Result<String, String> {
-    let status = ds.status.as_ref().ok_or("the DaemonSet has no status yet")?;
+    let status = ds
+        .status
+        .as_ref()
+        .ok_or("the DaemonSet has no status yet")?;
     let (desired, ready) = (status.desired_number_scheduled, status.number_ready);
     if desired == 0 {
         return Err("the DaemonSet is not scheduled on any node".into());
@@ -52,16 +61,53 @@ pub fn daemonset_ready(ds: &DaemonSet) -> Result<String, String> {
 pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
     let in_ns = format!(" in namespace {namespace}");
     let mut results = vec![
-        exists(Api::<ConfigMap>::namespaced(client.clone(), namespace), "ConfigMap", CONFIG_MAP, &in_ns).await.0,
-        exists(Api::<ClusterRole>::all(client.clone()), "ClusterRole", NAME, "").await.0,
-        exists(Api::<ClusterRoleBinding>::all(client.clone()), "ClusterRoleBinding", NAME, "").await.0,
-        exists(Api::<ServiceAccount>::namespaced(client.clone(), namespace), "ServiceAccount", NAME, &in_ns).await.0,
+        exists(
+            Api::<ConfigMap>::namespaced(client.clone(), namespace),
+            "ConfigMap",
+            CONFIG_MAP,
+            &in_ns,
+        )
+        .await
+        .0,
+        exists(
+            Api::<ClusterRole>::all(client.clone()),
+            "ClusterRole",
+            NAME,
+            "",
+        )
+        .await
+        .0,
+        exists(
+            Api::<ClusterRoleBinding>::all(client.clone()),
+            "ClusterRoleBinding",
+            NAME,
+            "",
+        )
+        .await
+        .0,
+        exists(
+            Api::<ServiceAccount>::namespaced(client.clone(), namespace),
+            "ServiceAccount",
+            NAME,
+            &in_ns,
+        )
+        .await
+        .0,
     ];
-    let (ds_check, ds) = exists(Api::<DaemonSet>::namespaced(client.clone(), namespace), "DaemonSet", NAME, &in_ns).await;
+    let (ds_check, ds) = exists(
+        Api::<DaemonSet>::namespaced(client.clone(), namespace),
+        "DaemonSet",
+        NAME,
+        &in_ns,
+    )
+    .await;
     results.push(ds_check);
     let ready = "cni plugin pod is running on all nodes";
     results.push(match ds {
-        Some(ds) => CheckResult { name: ready.into(), outcome: daemonset_ready(&ds) },
+        Some(ds) => CheckResult {
+            name: ready.into(),
+            outcome: daemonset_ready(&ds),
+        },
         None => CheckResult::fail(ready, "no DaemonSet to check"),
     });
     results

@@ -32,8 +32,14 @@ impl fmt::Display for KernelVersion {
 
 /// Each kernel feature the eBPF mode uses, with the first kernel that has it.
 pub const KERNEL_FEATURES: &[(&str, KernelVersion)] = &[
-    ("cgroup sock_addr programs (connect redirection)", KernelVersion(4, 17, 0)),
-    ("cgroup getsockopt programs (SO_ORIGINAL_DST)", KernelVersion(5, 3, 0)),
+    (
+        "cgroup sock_addr programs (connect redirection)",
+        KernelVersion(4, 17, 0),
+    ),
+    (
+        "cgroup getsockopt programs (SO_ORIGINAL_DST)",
+        KernelVersion(5, 3, 0),
+    ),
     ("cgroup bpf_link attachments", KernelVersion(5, 7, 0)),
     ("cgroup getpeername programs", KernelVersion(5, 8, 0)),
     ("sk_lookup programs", KernelVersion(5, 9, 0)),
@@ -68,7 +74,10 @@ fn unescape(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| u8::from_str_radix(d, 8).ok());
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| u8::from_str_radix(d, 8).ok());
         match (bytes[i], octal) {
             (b'\\', Some(b)) => {
                 out.push(b);
@@ -98,30 +107,49 @@ pub fn mounts_of_type(mountinfo: &str, fstype: &str) -> Vec<String> {
 
 /// Whether `/proc/filesystems` lists `fstype`.
 pub fn filesystem_supported(filesystems: &str, fstype: &str) -> bool {
-    filesystems.lines().any(|l| l.split_whitespace().last() == Some(fstype))
+    filesystems
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some(fstype))
 }
 
 /// Runs the node checks on `facts`.
 pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
     let mut results = Vec::new();
-    let version = facts.kernel_release.as_deref().map(|r| (r.trim(), KernelVersion::parse(r)));
+    let version = facts
+        .kernel_release
+        .as_deref()
+        .map(|r| (r.trim(), KernelVersion::parse(r)));
     for (feature, min) in KERNEL_FEATURES {
         let name = format!("kernel supports {feature} (>= {}.{})", min.0, min.1);
         results.push(match version {
             Some((_, Some(v))) if v >= *min => CheckResult::ok(name, format!("kernel {v}")),
-            Some((_, Some(v))) => CheckResult::fail(name, format!("kernel {v} is older than {}.{}", min.0, min.1)),
-            Some((release, None)) => CheckResult::fail(name, format!("cannot parse kernel release {release:?}")),
+            Some((_, Some(v))) => CheckResult::fail(
+                name,
+                format!("kernel {v} is older than {}.{}", min.0, min.1),
+            ),
+            Some((release, None)) => {
+                CheckResult::fail(name, format!("cannot parse kernel release {release:?}"))
+            }
             None => CheckResult::fail(name, "cannot read /proc/sys/kernel/osrelease"),
         });
     }
 
     let Some(mountinfo) = facts.mountinfo.as_deref() else {
-        results.push(CheckResult::fail("bpffs is mounted or mountable", "cannot read /proc/self/mountinfo"));
-        results.push(CheckResult::fail("cgroup v2 is mounted", "cannot read /proc/self/mountinfo"));
+        results.push(CheckResult::fail(
+            "bpffs is mounted or mountable",
+            "cannot read /proc/self/mountinfo",
+        ));
+        results.push(CheckResult::fail(
+            "cgroup v2 is mounted",
+            "cannot read /proc/self/mountinfo",
+        ));
         return results;
     };
     let bpffs = mounts_of_type(mountinfo, "bpf");
-    let bpf_supported = facts.filesystems.as_deref().is_some_and(|f| filesystem_supported(f, "bpf"));
+    let bpf_supported = facts
+        .filesystems
+        .as_deref()
+        .is_some_and(|f| filesystem_supported(f, "bpf"));
     results.push(match (bpffs.first(), bpf_supported) {
         (Some(at), _) => CheckResult::ok("bpffs is mounted or mountable", format!("mounted at {at}")),
         (None, true) => CheckResult::ok(
@@ -171,7 +199,10 @@ mod tests {
 
     #[test]
     fn mountinfo_parsing() {
-        assert_eq!(mounts_of_type(MOUNTINFO, "cgroup2"), ["/sys/fs/cgroup/unified", "/mnt/with space"]);
+        assert_eq!(
+            mounts_of_type(MOUNTINFO, "cgroup2"),
+            ["/sys/fs/cgroup/unified", "/mnt/with space"]
+        );
         assert_eq!(mounts_of_type(MOUNTINFO, "bpf"), ["/sys/fs/bpf"]);
         assert!(mounts_of_type(MOUNTINFO, "ext4").is_empty());
         assert!(filesystem_supported("nodev\tsysfs\nnodev\tbpf\n", "bpf"));
@@ -181,12 +212,32 @@ mod tests {
     /// Each kernel floor: one version below fails exactly the features that need more.
     #[test]
     fn kernel_floors() {
-        let cases: &[(&str, usize)] = &[("6.1.0", 0), ("5.9.0", 0), ("5.8.18", 1), ("5.7.0", 2), ("5.4.0", 3), ("4.19.0", 4), ("4.14.0", 5)];
+        let cases: &[(&str, usize)] = &[
+            ("6.1.0", 0),
+            ("5.9.0", 0),
+            ("5.8.18", 1),
+            ("5.7.0", 2),
+            ("5.4.0", 3),
+            ("4.19.0", 4),
+            ("4.14.0", 5),
+        ];
         for (release, failing) in cases {
-            let facts = NodeFacts { kernel_release: Some(release.to_string()), mountinfo: Some(MOUNTINFO.into()), filesystems: None };
+            let facts = NodeFacts {
+                kernel_release: Some(release.to_string()),
+                mountinfo: Some(MOUNTINFO.into()),
+                filesystems: None,
+            };
             let results = run(&facts);
-            let failed: Vec<_> = results.iter().filter(|r| !r.passed()).map(|r| r.name.clone()).collect();
-            assert_eq!(failed.len(), *failing, "kernel {release}: failed {failed:?}");
+            let failed: Vec<_> = results
+                .iter()
+                .filter(|r| !r.passed())
+                .map(|r| r.name.clone())
+                .collect();
+            assert_eq!(
+                failed.len(),
+                *failing,
+                "kernel {release}: failed {failed:?}"
+            );
         }
     }
 
@@ -205,8 +256,18 @@ mod tests {
                 filesystems: filesystems.map(str::to_string),
             };
             let results = run(&facts);
-            let by_name = |n: &str| results.iter().find(|r| r.name == n).unwrap_or_else(|| panic!("no check {n}")).passed();
-            assert_eq!(by_name("bpffs is mounted or mountable"), *bpf_ok, "{mountinfo}");
+            let by_name = |n: &str| {
+                results
+                    .iter()
+                    .find(|r| r.name == n)
+                    .unwrap_or_else(|| panic!("no check {n}"))
+                    .passed()
+            };
+            assert_eq!(
+                by_name("bpffs is mounted or mountable"),
+                *bpf_ok,
+                "{mountinfo}"
+            );
             assert_eq!(by_name("cgroup v2 is mounted"), *cgroup_ok, "{mountinfo}");
         }
     }

@@ -32,7 +32,11 @@ fn not_found(path: &str) -> Json {
     })
 }
 
-fn serve(stream: TcpStream, routes: &BTreeMap<String, Json>, requests: &Mutex<Vec<String>>) -> std::io::Result<()> {
+fn serve(
+    stream: TcpStream,
+    routes: &BTreeMap<String, Json>,
+    requests: &Mutex<Vec<String>>,
+) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
     loop {
@@ -49,7 +53,10 @@ fn serve(stream: TcpStream, routes: &BTreeMap<String, Json>, requests: &Mutex<Ve
         }
         let target = request_line.split_whitespace().nth(1).unwrap_or("/");
         let path = target.split('?').next().unwrap_or(target).to_string();
-        requests.lock().unwrap_or_else(|e| e.into_inner()).push(path.clone());
+        requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(path.clone());
         let (status, body) = match routes.get(&path) {
             Some(obj) => ("200 OK", obj.to_string()),
             None => ("404 Not Found", not_found(&path).to_string()),
@@ -66,7 +73,8 @@ fn serve(stream: TcpStream, routes: &BTreeMap<String, Json>, requests: &Mutex<Ve
 impl FakeApi {
     /// Starts a server answering `routes` (URL path -> JSON body).
     pub fn start(routes: BTreeMap<String, Json>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("binding the fake API server on loopback");
+        let listener =
+            TcpListener::bind("127.0.0.1:0").expect("binding the fake API server on loopback");
         let addr = listener.local_addr().expect("local addr");
         let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -84,7 +92,11 @@ impl FakeApi {
                 });
             }
         });
-        Self { addr, requests, stop }
+        Self {
+            addr,
+            requests,
+            stop,
+        }
     }
 
     /// A kubeconfig pointing at this server, written to a temp file.
@@ -99,7 +111,10 @@ impl FakeApi {
     }
 
     pub fn requested(&self) -> Vec<String> {
-        self.requests.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

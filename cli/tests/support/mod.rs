@@ -18,7 +18,10 @@ pub const SETUP: &str = "run `cargo xtask setup` to install the test dependencie
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("cli/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("cli/ has a parent")
+        .to_path_buf()
 }
 
 pub fn chart_dir() -> PathBuf {
@@ -26,7 +29,9 @@ pub fn chart_dir() -> PathBuf {
 }
 
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// Runs `linkerd` with `args` and `env` (on top of a clean environment for our prefixes).
@@ -39,7 +44,8 @@ pub fn linkerd(args: &[&str], env: &[(&str, &str)]) -> Output {
         }
     }
     cmd.envs(env.iter().copied());
-    cmd.output().unwrap_or_else(|e| panic!("running linkerd {args:?}: {e}"))
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running linkerd {args:?}: {e}"))
 }
 
 /// Runs `linkerd install-cni` with `args`; panics with its stderr unless it succeeds.
@@ -47,7 +53,11 @@ pub fn install_cni(args: &[&str], env: &[(&str, &str)]) -> String {
     let mut all = vec!["install-cni"];
     all.extend_from_slice(args);
     let out = linkerd(&all, env);
-    assert!(out.status.success(), "linkerd {all:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "linkerd {all:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).expect("manifests are UTF-8")
 }
 
@@ -62,7 +72,11 @@ pub fn docs(yaml: &str) -> Vec<Json> {
 
 /// `Kind/name` of an object.
 pub fn key(obj: &Json) -> String {
-    format!("{}/{}", obj["kind"].as_str().unwrap_or("?"), obj["metadata"]["name"].as_str().unwrap_or("?"))
+    format!(
+        "{}/{}",
+        obj["kind"].as_str().unwrap_or("?"),
+        obj["metadata"]["name"].as_str().unwrap_or("?")
+    )
 }
 
 /// Objects by `Kind/name`, with the ConfigMap's `cni_network_config` parsed as JSON so that
@@ -72,8 +86,11 @@ pub fn objects(yaml: &str) -> std::collections::BTreeMap<String, Json> {
         .into_iter()
         .map(|mut obj| {
             if let Some(conf) = obj.pointer_mut("/data/cni_network_config") {
-                let text = conf.as_str().unwrap_or_else(|| panic!("cni_network_config is not a string: {conf}"));
-                *conf = serde_json::from_str(text).unwrap_or_else(|e| panic!("cni_network_config is not JSON: {e}\n{text}"));
+                let text = conf
+                    .as_str()
+                    .unwrap_or_else(|| panic!("cni_network_config is not a string: {conf}"));
+                *conf = serde_json::from_str(text)
+                    .unwrap_or_else(|e| panic!("cni_network_config is not JSON: {e}\n{text}"));
             }
             (key(&obj), obj)
         })
@@ -83,8 +100,13 @@ pub fn objects(yaml: &str) -> std::collections::BTreeMap<String, Json> {
 /// Every leaf of `v` as (path, value); object keys and list indexes joined with `/`.
 pub fn leaves(prefix: &str, v: &Json, out: &mut std::collections::BTreeMap<String, Json>) {
     match v {
-        Json::Object(m) => m.iter().for_each(|(k, v)| leaves(&format!("{prefix}/{k}"), v, out)),
-        Json::Array(a) => a.iter().enumerate().for_each(|(i, v)| leaves(&format!("{prefix}/{i}"), v, out)),
+        Json::Object(m) => m
+            .iter()
+            .for_each(|(k, v)| leaves(&format!("{prefix}/{k}"), v, out)),
+        Json::Array(a) => a
+            .iter()
+            .enumerate()
+            .for_each(|(i, v)| leaves(&format!("{prefix}/{i}"), v, out)),
         leaf => {
             out.insert(prefix.to_string(), leaf.clone());
         }
@@ -153,7 +175,9 @@ pub fn chart_render(values_files: &[&Path]) -> Result<String, String> {
     for f in values_files {
         cmd.arg("-f").arg(f);
     }
-    let out = cmd.output().unwrap_or_else(|e| panic!("running chart-render: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running chart-render: {e}"));
     if out.status.success() {
         Ok(String::from_utf8(out.stdout).expect("UTF-8"))
     } else {
@@ -176,5 +200,7 @@ pub fn kubernetes_validate(version: &str, file: &Path) -> Output {
         .args(["-k", version, "--strict", "--quiet"])
         .arg(file)
         .output()
-        .unwrap_or_else(|e| tool_missing("kubernetes-validate (pip install kubernetes-validate)", e))
+        .unwrap_or_else(|e| {
+            tool_missing("kubernetes-validate (pip install kubernetes-validate)", e)
+        })
 }
