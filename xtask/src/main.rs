@@ -4,7 +4,8 @@
 //! - `build-ebpf`: builds the eBPF object.
 //! - `demo`: setup, build, then the demo on a simulated node (root; see `demo.rs`).
 //! - `bench [--quick]`: the benchmarks (see `bench.rs`).
-//! - `test` (alias `ci`): setup, build, then every test (unit in parallel, privileged one at a
+//! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
+//! - `test` (alias `ci`): setup, build, lint, then every test (unit in parallel, privileged one at a
 //!   time). This is the README's test command and what `.ci/run` runs.
 
 mod bench;
@@ -31,7 +32,9 @@ enum Task {
     BuildEbpf,
     /// Set up, build, and run the demo on a simulated node (root).
     Demo,
-    /// Set up, build, and run the whole test suite.
+    /// Check formatting and lints (rustfmt, clippy with warnings denied, the eBPF crate too).
+    Lint,
+    /// Set up, build, and run the whole test suite (lints first).
     #[command(alias = "ci")]
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -83,9 +86,14 @@ fn main() -> anyhow::Result<()> {
             println!("{}", object.display());
             Ok(())
         }
+        Task::Lint => {
+            build_ebpf()?;
+            lint()
+        }
         Task::Test { args } => {
             setup::setup()?;
             build_ebpf()?;
+            lint()?;
             if !nix_is_root() {
                 bail!(
                     "the test suite exercises BPF, network namespaces and cgroups: run it as root"
@@ -114,6 +122,23 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// One formatting style and no lint warnings, checked before any test runs.
+fn lint() -> anyhow::Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    // Every host crate; the eBPF crate only builds for the BPF target (below).
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "linkerd-cni-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    Ok(())
 }
 
 fn nix_is_root() -> bool {
