@@ -171,7 +171,7 @@ pub fn map_memory(dir: &Path) -> anyhow::Result<Vec<MapMem>> {
             bytes_memlock: v["bytes_memlock"].as_u64().unwrap_or(0),
         });
     }
-    out.sort_by(|a, b| b.bytes_memlock.cmp(&a.bytes_memlock));
+    out.sort_by_key(|m| std::cmp::Reverse(m.bytes_memlock));
     Ok(out)
 }
 

@@ -216,8 +216,9 @@ mod tests {
 
     #[test]
     fn execute_permission_follows_owner_then_group_then_others() {
-        // (mode, owner, group, uid, gid, groups, allowed)
-        let cases: [(u32, u32, u32, u32, u32, &[u32], bool); 8] = [
+        /// (mode, owner, group, uid, gid, supplementary groups, allowed)
+        type Case = (u32, u32, u32, u32, u32, &'static [u32], bool);
+        let cases: [Case; 8] = [
             (0o700, 0, 0, 2102, 2102, &[], false),
             (0o755, 0, 0, 2102, 2102, &[], true),
             (0o711, 0, 0, 1000, 1000, &[], true),
