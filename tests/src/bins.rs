@@ -62,14 +62,16 @@ pub const SHARED_DIR: &str = "/run/linkerd-cni-tests";
 /// process, removed at exit; those of dead processes are removed by the next one).
 pub fn runnable_as(program: &Path, uid: u32, gid: u32, groups: &[u32]) -> Result<PathBuf> {
     let real = fs::canonicalize(program).ctx(|| format!("resolving {}", program.display()))?;
-    if uid == 0 || reachable(&real, uid, gid, groups) {
+    // The kernel walks the path as given (symlinked directories included), then the target.
+    let given = std::path::absolute(program).ctx(|| format!("resolving {}", program.display()))?;
+    if uid == 0 || (reachable(&given, uid, gid, groups) && reachable(&real, uid, gid, groups)) {
         return Ok(program.to_path_buf());
     }
     shared_copy(&real)
 }
 
 /// Whether `uid`/`gid`/`groups` may search every ancestor of `path` and execute `path` (mode
-/// bits only; `path` is canonical).
+/// bits only, symlinks followed).
 fn reachable(path: &Path, uid: u32, gid: u32, groups: &[u32]) -> bool {
     path.ancestors().all(|p| {
         fs::metadata(p).is_ok_and(|m| {

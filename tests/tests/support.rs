@@ -980,6 +980,19 @@ fn binaries_under_a_0700_directory_still_run_as_other_uids() {
         inside,
         "root runs it where it is"
     );
+    let system = Path::new("/usr/bin/true");
+    assert_eq!(
+        bins::runnable_as(system, PROXY_UID, PROXY_UID, &[]).expect("system binary"),
+        system,
+        "a binary everyone reaches runs where it is"
+    );
+    let link = home.path().join("usr-bin");
+    std::os::unix::fs::symlink("/usr/bin", &link).expect("symlink");
+    assert_ne!(
+        bins::runnable_as(&link.join("true"), PROXY_UID, PROXY_UID, &[]).expect("via a symlink"),
+        link.join("true"),
+        "a symlink below the 0700 directory is still below it"
+    );
 
     // Placed as UID 2102 (with the checkout as its working directory, as under `cargo test`),
     // the client runs and reports its identity.
