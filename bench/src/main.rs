@@ -88,26 +88,6 @@ struct RunArgs {
     skip_traffic: bool,
 }
 
-/// Removes bpffs pin roots that an earlier, killed benchmark left (named `l5dt-<pid>-<n>`
-/// with a dead owner).
-fn reap_stale_pins() {
-    let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let owner = name
-            .strip_prefix(linkerd_cni_tests::names::PREFIX)
-            .and_then(|r| r.split('-').next()?.parse::<u32>().ok());
-        if let Some(pid) = owner
-            && pid != std::process::id()
-            && !Path::new(&format!("/proc/{pid}")).exists()
-        {
-            let _ = node::remove_bpffs_tree(&e.path());
-        }
-    }
-}
-
 /// The hand-written analysis kept in bench/ANALYSIS.md, if any.
 fn read_notes(root: &Path) -> Vec<String> {
     std::fs::read_to_string(root.join("bench/ANALYSIS.md"))
@@ -132,7 +112,6 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let loadavg_start = report::loadavg();
-    reap_stale_pins();
     let quick = args.quick;
     let bins = node::Bins::find()?;
     let cfg = if quick {
@@ -166,7 +145,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     eprintln!("bench: agent running, PID {}", agent.pid().unwrap_or(0));
     let cni = node::Cni {
         plugin: bins.plugin.clone(),
-        socket: agent.socket.clone(),
+        socket: agent.socket().to_path_buf(),
     };
     let outcome = (|| -> anyhow::Result<_> {
         let topo = traffic::Topology::build(&bins.me, &api, &cni)

@@ -17,7 +17,10 @@ use std::{
 use anyhow::{Context, bail};
 use linkerd_cni_proto::wire::{self, Envelope, PROTOCOL_VERSION, Request, Response};
 use linkerd_cni_tests::{
-    ChildGuard, NetnsGuard, Placement, fake_apiserver::FakeApiServer, names::TempDir,
+    ChildGuard, NetnsGuard, Placement,
+    fake_apiserver::FakeApiServer,
+    names::TempDir,
+    node::{AgentCommand, AgentProcess, PinRoot},
 };
 use serde_json::json;
 
@@ -123,28 +126,21 @@ impl Api {
     }
 }
 
-/// The real agent process, with its own pin root, state dir and socket.
+/// The real agent process (the support library's [`AgentProcess`]), with its own pin root,
+/// state dir and socket, restarted at will.
 pub struct AgentProc {
-    child: Option<ChildGuard>,
-    bin: PathBuf,
-    pub socket: PathBuf,
-    pub pin_root: PathBuf,
-    pub state_dir: PathBuf,
+    agent: Option<AgentProcess>,
+    command: AgentCommand,
     /// The tmpfs holding the state dir and the socket.
     run_dir: PathBuf,
-    kubeconfig: PathBuf,
-    shared_cgroup: PathBuf,
-    log: PathBuf,
+    _pins: PinRoot,
     _dir: TempDir,
 }
 
 impl AgentProc {
     pub fn start(bin: &Path, kubeconfig: &Path, shared_cgroup: &Path) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
-        let pin_root = PathBuf::from(format!(
-            "/sys/fs/bpf/{}",
-            linkerd_cni_tests::names::unique_name()
-        ));
+        let pins = PinRoot::new();
         // The agent keeps its registry and socket in /run, a tmpfs on Kubernetes nodes (not
         // on this VM): give it one.
         let run_dir = dir.path().join("run");
@@ -157,107 +153,81 @@ impl AgentProc {
             Some("size=64m,mode=0700"),
         )
         .context("mounting a tmpfs for the agent's state")?;
-        let mut me = Self {
-            child: None,
+        let command = AgentCommand {
             bin: bin.into(),
-            socket: run_dir.join("agent.sock"),
-            pin_root,
+            pin_root: pins.path().into(),
             state_dir: run_dir.join("pods"),
-            run_dir,
+            socket: run_dir.join("agent.sock"),
             kubeconfig: kubeconfig.into(),
-            shared_cgroup: shared_cgroup.into(),
+            node_name: NODE_NAME.into(),
+            log_level: "warn".into(),
+            reap_interval: None,
+            health: SocketAddr::from(([127, 0, 0, 1], 0)),
+            shared_cgroup: Some(shared_cgroup.into()),
             log: dir.path().join("agent.log"),
+        };
+        let mut me = Self {
+            agent: None,
+            command,
+            run_dir,
+            _pins: pins,
             _dir: dir,
         };
         me.spawn()?;
         Ok(me)
     }
 
+    /// Its registration socket.
+    pub fn socket(&self) -> &Path {
+        &self.command.socket
+    }
+
+    /// Its pin root.
+    pub fn pin_root(&self) -> &Path {
+        &self.command.pin_root
+    }
+
+    /// Its registry.
+    pub fn state_dir(&self) -> &Path {
+        &self.command.state_dir
+    }
+
     /// Starts the process and waits until it answers a status request.
     pub fn spawn(&mut self) -> anyhow::Result<Duration> {
         let t0 = Instant::now();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        let mut cmd = Command::new(&self.bin);
-        cmd.arg("--pin-root")
-            .arg(&self.pin_root)
-            .arg("--state-dir")
-            .arg(&self.state_dir)
-            .args(["--log-level", "warn", "run", "--socket"])
-            .arg(&self.socket)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args([
-                "--node-name",
-                NODE_NAME,
-                "--health-addr",
-                "127.0.0.1:0",
-                "--shared-cgroup",
-            ])
-            .arg(&self.shared_cgroup)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        self.child = Some(ChildGuard::spawn(&mut cmd)?);
-        let deadline = t0 + Duration::from_secs(30);
-        loop {
-            if self.status().is_ok() {
-                if std::env::var_os("LINKERD_CNI_BENCH_VERBOSE").is_some() {
-                    eprintln!("bench: agent ready, PID {}", self.pid().unwrap_or(0));
-                }
-                return Ok(t0.elapsed());
-            }
-            if let Some(c) = self.child.as_mut()
-                && let Some(status) = c.try_wait()?
-            {
-                bail!("the agent exited with {status}: {}", self.log_tail());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the agent did not become ready in 30 s: {}",
-                    self.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        let mut agent = AgentProcess::spawn(&self.command)?;
+        // Its error carries the agent's log.
+        agent.wait_ready(Duration::from_secs(30), Duration::from_millis(2), |_| {
+            status(&self.command.socket).is_ok()
+        })?;
+        if std::env::var_os("LINKERD_CNI_BENCH_VERBOSE").is_some() {
+            eprintln!("bench: agent ready, PID {}", agent.pid());
         }
+        self.agent = Some(agent);
+        Ok(t0.elapsed())
     }
 
     /// The last lines of the agent's log.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let text = std::fs::read_to_string(&self.command.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(ChildGuard::pid)
+        self.agent.as_ref().map(AgentProcess::pid)
     }
 
     /// SIGKILL, by PID.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill();
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
         }
     }
 
     /// A status request over the registration socket: the number of registered pods.
     pub fn status(&self) -> anyhow::Result<usize> {
-        let mut s = UnixStream::connect(&self.socket)?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(&wire::encode(&Envelope {
-            version: PROTOCOL_VERSION,
-            request: Request::Status,
-        })?)?;
-        let mut header = [0u8; 4];
-        s.read_exact(&mut header)?;
-        let mut body = vec![0u8; wire::frame_len(header)?];
-        s.read_exact(&mut body)?;
-        match serde_json::from_slice(&body)? {
-            Response::Status { pods, .. } => Ok(pods),
-            other => bail!("unexpected answer to a status request: {other:?}"),
-        }
+        status(&self.command.socket)
     }
 
     /// Memory of the process, from `/proc/<pid>/status`.
@@ -282,28 +252,29 @@ impl AgentProc {
 impl Drop for AgentProc {
     fn drop(&mut self) {
         self.kill();
-        // Unpinning links detaches them; unpinning maps and programs frees them.
-        let _ = remove_bpffs_tree(&self.pin_root);
         let _ = nix::mount::umount2(&self.run_dir, nix::mount::MntFlags::MNT_DETACH);
+        // Then the pin root goes (unpinning links detaches them; unpinning maps and programs
+        // frees them), then the scratch directory.
     }
 }
 
-/// Removes a bpffs directory tree (pins, then directories).
-pub fn remove_bpffs_tree(dir: &Path) -> std::io::Result<()> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_bpffs_tree(&p)?;
-        } else {
-            std::fs::remove_file(&p)?;
-        }
+/// A status request over the agent's registration socket `socket`: the number of registered
+/// pods.
+fn status(socket: &Path) -> anyhow::Result<usize> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(&wire::encode(&Envelope {
+        version: PROTOCOL_VERSION,
+        request: Request::Status,
+    })?)?;
+    let mut header = [0u8; 4];
+    s.read_exact(&mut header)?;
+    let mut body = vec![0u8; wire::frame_len(header)?];
+    s.read_exact(&mut body)?;
+    match serde_json::from_slice(&body)? {
+        Response::Status { pods, .. } => Ok(pods),
+        other => bail!("unexpected answer to a status request: {other:?}"),
     }
-    std::fs::remove_dir(dir)
 }
 
 /// A process's memory, KiB.

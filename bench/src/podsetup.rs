@@ -171,7 +171,7 @@ pub fn map_memory(dir: &Path) -> anyhow::Result<Vec<MapMem>> {
             bytes_memlock: v["bytes_memlock"].as_u64().unwrap_or(0),
         });
     }
-    out.sort_by(|a, b| b.bytes_memlock.cmp(&a.bytes_memlock));
+    out.sort_by_key(|m| std::cmp::Reverse(m.bytes_memlock));
     Ok(out)
 }
 
@@ -252,8 +252,8 @@ pub fn run(
             drop(measured);
             let rss = agent.rss()?.rss;
             let (scans, remove_pod_ms) =
-                crate::diag::scan_costs(&agent.pin_root.join(paths::PIN_MAPS))?;
-            let registry_all_ms = crate::diag::registry_cost(&agent.state_dir)?;
+                crate::diag::scan_costs(&agent.pin_root().join(paths::PIN_MAPS))?;
+            let registry_all_ms = crate::diag::registry_cost(agent.state_dir())?;
             let mut floor = Vec::new();
             for _ in 0..samples.min(50) {
                 floor.push(cni.version()?.as_secs_f64() * 1e3);
@@ -299,8 +299,8 @@ pub fn run(
         }
         std::thread::sleep(Duration::from_secs(2));
         let without_api_pods = agent.rss()?.rss;
-        let maps = map_memory(&agent.pin_root.join(paths::PIN_MAPS))?;
-        let links = count_links(&agent.pin_root.join(paths::PIN_PODS));
+        let maps = map_memory(&agent.pin_root().join(paths::PIN_MAPS))?;
+        let links = count_links(&agent.pin_root().join(paths::PIN_PODS));
         agent.kill();
         let restart = agent.spawn()?;
         let adopted = agent.status()?;

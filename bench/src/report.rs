@@ -553,16 +553,11 @@ fn color(mode: Mode) -> &'static str {
         .unwrap_or("#000")
 }
 
+/// A group of bars in a panel: its label, and its bars (label, colour, value).
+type BarGroup<'a> = (String, Vec<(String, &'a str, Option<Summary>)>);
+
 /// A grouped bar panel with min–max whiskers. `groups`: (label, bars (label, colour, value)).
-fn panel(
-    svg: &mut String,
-    x: f64,
-    y: f64,
-    w: f64,
-    h: f64,
-    title: &str,
-    groups: &[(String, Vec<(String, &str, Option<Summary>)>)],
-) {
+fn panel(svg: &mut String, x: f64, y: f64, w: f64, h: f64, title: &str, groups: &[BarGroup<'_>]) {
     let _ = writeln!(
         svg,
         r#"<text x="{:.1}" y="{:.1}" font-size="14" font-weight="bold">{title}</text>"#,
@@ -744,7 +739,7 @@ pub fn svg(r: &Results) -> String {
             ),
         ],
     );
-    let pods: Vec<(String, Vec<(String, &str, Option<Summary>)>)> = r
+    let pods: Vec<BarGroup<'_>> = r
         .pod_setup
         .checkpoints
         .iter()

@@ -11,7 +11,7 @@ use std::{
     io::Read,
     os::{
         fd::{AsRawFd, OwnedFd},
-        unix::process::CommandExt,
+        unix::{ffi::OsStrExt, process::CommandExt},
     },
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Output},
@@ -101,9 +101,22 @@ impl Placement {
         self.cgroup.as_deref()
     }
 
-    /// A `Command` for `program` with this placement applied.
+    /// A `Command` for `program` with this placement applied. When the child runs as another
+    /// UID and `program` is a path that UID cannot reach (a checkout under a 0700 home), the
+    /// command runs a copy it can ([`crate::bins::runnable_as`]).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Result<Command> {
-        let mut cmd = Command::new(program);
+        let program = program.as_ref();
+        let mut cmd = match self.uid {
+            Some(uid) if program.as_bytes().contains(&b'/') => {
+                Command::new(crate::bins::runnable_as(
+                    Path::new(program),
+                    uid,
+                    self.get_gid().unwrap_or(uid),
+                    &self.groups,
+                )?)
+            }
+            _ => Command::new(program),
+        };
         self.configure(&mut cmd)?;
         Ok(cmd)
     }
@@ -168,7 +181,8 @@ impl Placement {
         Ok(())
     }
 
-    /// Spawns `cmd` with this placement.
+    /// Spawns `cmd` with this placement (`cmd`'s program must be reachable by the UID given:
+    /// [`Placement::command`] sees to that for paths that may lie under a checkout).
     pub fn spawn(&self, cmd: &mut Command) -> Result<ChildGuard> {
         self.configure(cmd)?;
         ChildGuard::spawn(cmd)

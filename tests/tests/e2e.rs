@@ -752,8 +752,111 @@ fn set(conf: &Value, at: &str, value: Value) -> Vec<u8> {
     conf.to_string().into_bytes()
 }
 
-/// A corpus row: case, environment, stdin, expected CNI code, text the message must hold.
-type Case<'a> = (&'a str, Vec<(String, String)>, Vec<u8>, u64, &'a str);
+/// What a bad-input row gives the plugin as its environment: the good ADD environment of the
+/// target pod, changed.
+#[derive(Clone, Copy, Debug)]
+enum Env {
+    /// Unchanged.
+    Good,
+    /// Without this variable.
+    Unset(&'static str),
+    /// With this variable set to this value.
+    Set(&'static str, &'static str),
+    /// `CNI_NETNS` naming a regular file (the conflist).
+    NetnsIsAFile,
+    /// `K8S_POD_UID` not the target's.
+    OtherPodUid,
+    /// The ADD environment of another pod.
+    Of(Other),
+}
+
+/// What a bad-input row gives the plugin on stdin.
+#[derive(Clone, Copy, Debug)]
+enum Stdin {
+    /// The good config of the target pod.
+    Good,
+    /// These bytes.
+    Raw(&'static [u8]),
+    /// One byte more than the plugin reads (1 MiB of spaces, and one).
+    Oversized,
+    /// The good config with the JSON pointer set to this JSON text.
+    Json(&'static str, &'static str),
+    /// The good config with this `cniVersion`.
+    Version(&'static str),
+    /// The config of another pod (no `prevResult`).
+    Of(Other),
+}
+
+/// Pods other than the target a row speaks for.
+#[derive(Clone, Copy, Debug)]
+enum Other {
+    /// A pod the API server does not know.
+    Ghost,
+    /// A pod whose skip-outbound-ports annotation is not a port list.
+    Malformed,
+}
+
+/// A bad-input row: case, environment, stdin, expected CNI code, text the message must hold.
+struct Row(&'static str, Env, Stdin, u64, &'static str);
+
+/// Every bad input, each rejected with its CNI code and a message naming what was wrong, none
+/// changing the agent's state. One row a line: case, environment, stdin, code, message holds.
+#[rustfmt::skip]
+const BAD_INPUT: &[Row] = {
+    use Env::{NetnsIsAFile, Of, OtherPodUid, Set, Unset};
+    use Other::{Ghost, Malformed};
+    use Stdin::{Json, Oversized, Raw, Version, Of as OfPod};
+    const GOOD: Stdin = Stdin::Good;
+    const ENV: Env = Env::Good;
+    &[
+        Row("no CNI_COMMAND", Unset("CNI_COMMAND"), GOOD, 4, "CNI_COMMAND"),
+        Row("unknown command", Set("CNI_COMMAND", "ATTACH"), GOOD, 4, "ATTACH"),
+        Row("no CNI_CONTAINERID", Unset("CNI_CONTAINERID"), GOOD, 4, "CNI_CONTAINERID"),
+        Row("no CNI_NETNS on ADD", Unset("CNI_NETNS"), GOOD, 4, "CNI_NETNS"),
+        Row("no CNI_IFNAME", Unset("CNI_IFNAME"), GOOD, 4, "CNI_IFNAME"),
+        Row("container id with a path",
+            Set("CNI_CONTAINERID", "../../etc/passwd"), GOOD, 4, "CNI_CONTAINERID"),
+        Row("interface name with a slash", Set("CNI_IFNAME", "eth/0"), GOOD, 4, "CNI_IFNAME"),
+        Row("unknown CNI_ARGS key",
+            Set("CNI_ARGS", "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=target;FOO=1"), GOOD, 4, "FOO"),
+        Row("CNI_ARGS item without =",
+            Set("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME"), GOOD, 4, "CNI_ARGS"),
+        Row("broken JSON", ENV, Raw(br#"{"cniVersion":"1.0.0","linkerd":{"#), 6, "decode"),
+        Row("empty stdin", ENV, Raw(b""), 6, "decode"),
+        Row("oversized stdin", ENV, Oversized, 6, "exceeds"),
+        Row("not an object", ENV, Raw(b"[1,2,3]"), 7, "object"),
+        Row("proxy-uid as a word",
+            ENV, Json("/linkerd/proxy-uid", r#""root""#), 7, "linkerd.proxy-uid"),
+        Row("ports list as a string",
+            ENV, Json("/linkerd/outbound-ports-to-ignore", r#""8080""#),
+            7, "linkerd.outbound-ports-to-ignore"),
+        Row("reversed port range",
+            ENV, Json("/linkerd/inbound-ports-to-ignore", r#"["9100-9000"]"#),
+            7, "linkerd.inbound-ports-to-ignore"),
+        Row("ipv6 as a string", ENV, Json("/linkerd/ipv6", r#""yes""#), 7, "linkerd.ipv6"),
+        Row("cgroupPath as a number",
+            ENV, Json("/runtimeConfig/cgroupPath", "5"), 7, "runtimeConfig.cgroupPath"),
+        Row("empty agent socket",
+            ENV, Json("/linkerd/agent-socket", r#""""#), 7, "linkerd.agent-socket"),
+        Row("version 0.2.0", ENV, Version("0.2.0"), 1, "0.2.0"),
+        Row("version 2.0.0", ENV, Version("2.0.0"), 1, "2.0.0"),
+        Row("version not a string", ENV, Json("/cniVersion", "1.0"), 7, "cniVersion"),
+        Row("CHECK in 0.3.1", Set("CNI_COMMAND", "CHECK"), Version("0.3.1"), 1, "CHECK"),
+        Row("GC in 1.0.0", Set("CNI_COMMAND", "GC"), Version("1.0.0"), 1, "GC"),
+        Row("STATUS in 0.4.0", Set("CNI_COMMAND", "STATUS"), Version("0.4.0"), 1, "STATUS"),
+        Row("nonexistent netns",
+            Set("CNI_NETNS", "/run/netns/l5dt-no-such-netns"), GOOD, 3, "not found"),
+        Row("a regular file as netns", NetnsIsAFile, GOOD, 3, "regular file"),
+        Row("a directory as netns", Set("CNI_NETNS", "/run/netns"), GOOD, 3, "directory"),
+        Row("a mount namespace as netns",
+            Set("CNI_NETNS", "/proc/self/ns/mnt"), GOOD, 3, "mount namespace"),
+        // Refused by the agent after it looked the pod up.
+        Row("pod unknown to the API", Of(Ghost), OfPod(Ghost), 11, "not found"),
+        Row("pod UID of another pod", OtherPodUid, GOOD, 11, "uid"),
+        Row("malformed skip-outbound-ports", Of(Malformed), OfPod(Malformed), 7, SKIP_OUTBOUND),
+        Row("CHECK of a pod never added", Set("CNI_COMMAND", "CHECK"), GOOD, 3, "no registration"),
+    ]
+};
 
 #[test]
 fn bad_input_corpus_gets_the_right_code_and_changes_nothing() {
@@ -775,243 +878,45 @@ fn bad_input_corpus_gets_the_right_code_and_changes_nothing() {
         .plugin_stdin(&target, Some(fake_prev_result(&target, 0)))
         .expect("stdin");
     let good = conf.to_string().into_bytes();
-    let not_a_netns = node.conflist().display().to_string();
-    let oversized = vec![b' '; 1024 * 1024 + 1];
-    let v = |version: &str| set(&conf, "/cniVersion", serde_json::json!(version));
-    let other_uid = {
-        let mut e = env.clone();
-        for (k, val) in e.iter_mut() {
-            if k == "CNI_ARGS" {
-                *val = val.replace(&target.spec.uid, "00000000-dead-4000-8000-000000000000");
+    let other = |o: Other| match o {
+        Other::Ghost => &ghost,
+        Other::Malformed => &malformed,
+    };
+    let env_of = |e: Env| match e {
+        Env::Good => env.clone(),
+        Env::Unset(var) => with(&env, var, None),
+        Env::Set(var, value) => with(&env, var, Some(value)),
+        Env::NetnsIsAFile => with(
+            &env,
+            "CNI_NETNS",
+            Some(&node.conflist().display().to_string()),
+        ),
+        Env::OtherPodUid => {
+            let mut e = env.clone();
+            for (k, val) in e.iter_mut() {
+                if k == "CNI_ARGS" {
+                    *val = val.replace(&target.spec.uid, "00000000-dead-4000-8000-000000000000");
+                }
             }
+            e
         }
-        e
+        Env::Of(o) => node.plugin_env("ADD", other(o)),
+    };
+    let stdin_of = |s: Stdin| match s {
+        Stdin::Good => good.clone(),
+        Stdin::Raw(bytes) => bytes.to_vec(),
+        Stdin::Oversized => vec![b' '; 1024 * 1024 + 1],
+        Stdin::Json(at, json) => set(&conf, at, serde_json::from_str(json).expect("row JSON")),
+        Stdin::Version(v) => set(&conf, "/cniVersion", serde_json::json!(v)),
+        Stdin::Of(o) => node
+            .plugin_stdin(other(o), None)
+            .expect("stdin")
+            .to_string()
+            .into_bytes(),
     };
 
-    let corpus: Vec<Case> = vec![
-        (
-            "no CNI_COMMAND",
-            with(&env, "CNI_COMMAND", None),
-            good.clone(),
-            4,
-            "CNI_COMMAND",
-        ),
-        (
-            "unknown command",
-            with(&env, "CNI_COMMAND", Some("ATTACH")),
-            good.clone(),
-            4,
-            "ATTACH",
-        ),
-        (
-            "no CNI_CONTAINERID",
-            with(&env, "CNI_CONTAINERID", None),
-            good.clone(),
-            4,
-            "CNI_CONTAINERID",
-        ),
-        (
-            "no CNI_NETNS on ADD",
-            with(&env, "CNI_NETNS", None),
-            good.clone(),
-            4,
-            "CNI_NETNS",
-        ),
-        (
-            "no CNI_IFNAME",
-            with(&env, "CNI_IFNAME", None),
-            good.clone(),
-            4,
-            "CNI_IFNAME",
-        ),
-        (
-            "container id with a path",
-            with(&env, "CNI_CONTAINERID", Some("../../etc/passwd")),
-            good.clone(),
-            4,
-            "CNI_CONTAINERID",
-        ),
-        (
-            "interface name with a slash",
-            with(&env, "CNI_IFNAME", Some("eth/0")),
-            good.clone(),
-            4,
-            "CNI_IFNAME",
-        ),
-        (
-            "unknown CNI_ARGS key",
-            with(
-                &env,
-                "CNI_ARGS",
-                Some("K8S_POD_NAMESPACE=shop;K8S_POD_NAME=target;FOO=1"),
-            ),
-            good.clone(),
-            4,
-            "FOO",
-        ),
-        (
-            "CNI_ARGS item without =",
-            with(&env, "CNI_ARGS", Some("IgnoreUnknown=1;K8S_POD_NAME")),
-            good.clone(),
-            4,
-            "CNI_ARGS",
-        ),
-        (
-            "broken JSON",
-            env.clone(),
-            br#"{"cniVersion":"1.0.0","linkerd":{"#.to_vec(),
-            6,
-            "decode",
-        ),
-        ("empty stdin", env.clone(), Vec::new(), 6, "decode"),
-        ("oversized stdin", env.clone(), oversized, 6, "exceeds"),
-        (
-            "not an object",
-            env.clone(),
-            b"[1,2,3]".to_vec(),
-            7,
-            "object",
-        ),
-        (
-            "proxy-uid as a word",
-            env.clone(),
-            set(&conf, "/linkerd/proxy-uid", serde_json::json!("root")),
-            7,
-            "linkerd.proxy-uid",
-        ),
-        (
-            "ports list as a string",
-            env.clone(),
-            set(
-                &conf,
-                "/linkerd/outbound-ports-to-ignore",
-                serde_json::json!("8080"),
-            ),
-            7,
-            "linkerd.outbound-ports-to-ignore",
-        ),
-        (
-            "reversed port range",
-            env.clone(),
-            set(
-                &conf,
-                "/linkerd/inbound-ports-to-ignore",
-                serde_json::json!(["9100-9000"]),
-            ),
-            7,
-            "linkerd.inbound-ports-to-ignore",
-        ),
-        (
-            "ipv6 as a string",
-            env.clone(),
-            set(&conf, "/linkerd/ipv6", serde_json::json!("yes")),
-            7,
-            "linkerd.ipv6",
-        ),
-        (
-            "cgroupPath as a number",
-            env.clone(),
-            set(&conf, "/runtimeConfig/cgroupPath", serde_json::json!(5)),
-            7,
-            "runtimeConfig.cgroupPath",
-        ),
-        (
-            "empty agent socket",
-            env.clone(),
-            set(&conf, "/linkerd/agent-socket", serde_json::json!("")),
-            7,
-            "linkerd.agent-socket",
-        ),
-        ("version 0.2.0", env.clone(), v("0.2.0"), 1, "0.2.0"),
-        ("version 2.0.0", env.clone(), v("2.0.0"), 1, "2.0.0"),
-        (
-            "version not a string",
-            env.clone(),
-            set(&conf, "/cniVersion", serde_json::json!(1.0)),
-            7,
-            "cniVersion",
-        ),
-        (
-            "CHECK in 0.3.1",
-            with(&env, "CNI_COMMAND", Some("CHECK")),
-            v("0.3.1"),
-            1,
-            "CHECK",
-        ),
-        (
-            "GC in 1.0.0",
-            with(&env, "CNI_COMMAND", Some("GC")),
-            v("1.0.0"),
-            1,
-            "GC",
-        ),
-        (
-            "STATUS in 0.4.0",
-            with(&env, "CNI_COMMAND", Some("STATUS")),
-            v("0.4.0"),
-            1,
-            "STATUS",
-        ),
-        (
-            "nonexistent netns",
-            with(&env, "CNI_NETNS", Some("/run/netns/l5dt-no-such-netns")),
-            good.clone(),
-            3,
-            "not found",
-        ),
-        (
-            "a regular file as netns",
-            with(&env, "CNI_NETNS", Some(&not_a_netns)),
-            good.clone(),
-            3,
-            "regular file",
-        ),
-        (
-            "a directory as netns",
-            with(&env, "CNI_NETNS", Some("/run/netns")),
-            good.clone(),
-            3,
-            "directory",
-        ),
-        (
-            "a mount namespace as netns",
-            with(&env, "CNI_NETNS", Some("/proc/self/ns/mnt")),
-            good.clone(),
-            3,
-            "mount namespace",
-        ),
-        // Refused by the agent after it looked the pod up.
-        (
-            "pod unknown to the API",
-            node.plugin_env("ADD", &ghost),
-            node.plugin_stdin(&ghost, None)
-                .expect("stdin")
-                .to_string()
-                .into_bytes(),
-            11,
-            "not found",
-        ),
-        ("pod UID of another pod", other_uid, good.clone(), 11, "uid"),
-        (
-            "malformed skip-outbound-ports",
-            node.plugin_env("ADD", &malformed),
-            node.plugin_stdin(&malformed, None)
-                .expect("stdin")
-                .to_string()
-                .into_bytes(),
-            7,
-            SKIP_OUTBOUND,
-        ),
-        (
-            "CHECK of a pod never added",
-            with(&env, "CNI_COMMAND", Some("CHECK")),
-            good.clone(),
-            3,
-            "no registration",
-        ),
-    ];
-
-    for (case, env, stdin, code, needle) in corpus {
+    for &Row(case, env, stdin, code, needle) in BAD_INPUT {
+        let (env, stdin) = (env_of(env), stdin_of(stdin));
         let out = node
             .run_plugin(&env, &stdin)
             .unwrap_or_else(|e| panic!("{case}: running the plugin: {e}"));

@@ -906,3 +906,144 @@ fn client_counts_many_connections() {
     );
     assert_eq!((refused.succeeded, refused.failed), (0, 1), "{refused:?}");
 }
+
+/// A checkout in a home directory (mode 0700, as `/root` is) cannot be traversed by the UIDs
+/// the tests drop to: the support code runs copies of such binaries from its shared directory.
+#[test]
+fn binaries_under_a_0700_directory_still_run_as_other_uids() {
+    use std::os::unix::{
+        fs::{MetadataExt, PermissionsExt},
+        process::CommandExt,
+    };
+
+    use linkerd_cni_tests::{bins, names::TempDir};
+
+    // A stand-in for `/root/<checkout>/target/debug/linkerd-cni-test-client`.
+    let home = TempDir::new().expect("scratch dir");
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let checkout = home.path().join("repo");
+    let target = checkout.join("target").join("debug");
+    std::fs::create_dir_all(&target).expect("target dir");
+    let inside = target.join(bins::CLIENT);
+    std::fs::copy(
+        bins::bin_path(bins::CLIENT).expect("client binary"),
+        &inside,
+    )
+    .expect("copy the client into the checkout");
+
+    // Straight from there, UID 2102 gets EACCES: what the suite hit from such a checkout.
+    let err = Command::new(&inside)
+        .arg("--help")
+        .uid(PROXY_UID)
+        .gid(PROXY_UID)
+        .stdout(Stdio::null())
+        .status()
+        .expect_err("UID 2102 cannot reach a binary below a 0700 directory");
+    assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+
+    // The support code resolves a copy that is runnable: root-owned, nobody else may write it
+    // or its directories, once per process.
+    let runnable = bins::runnable_as(&inside, PROXY_UID, PROXY_UID, &[]).expect("runnable copy");
+    assert!(
+        runnable.starts_with(bins::SHARED_DIR),
+        "{} under {}",
+        runnable.display(),
+        bins::SHARED_DIR
+    );
+    for p in [
+        runnable.as_path(),
+        runnable.parent().expect("dir"),
+        Path::new(bins::SHARED_DIR),
+    ] {
+        let m = std::fs::symlink_metadata(p).expect("stat");
+        assert_eq!(m.uid(), 0, "{} is root's", p.display());
+        assert_eq!(
+            m.mode() & 0o022,
+            0,
+            "{} is writable by root only",
+            p.display()
+        );
+        assert_eq!(
+            m.mode() & 0o005,
+            0o005,
+            "{} is readable and executable by all",
+            p.display()
+        );
+    }
+    assert_eq!(
+        bins::runnable_as(&inside, PROXY_UID, PROXY_UID, &[]).expect("again"),
+        runnable,
+        "one copy per program and process"
+    );
+    assert_eq!(
+        bins::runnable_as(&inside, 0, 0, &[]).expect("as root"),
+        inside,
+        "root runs it where it is"
+    );
+    let system = Path::new("/usr/bin/true");
+    assert_eq!(
+        bins::runnable_as(system, PROXY_UID, PROXY_UID, &[]).expect("system binary"),
+        system,
+        "a binary everyone reaches runs where it is"
+    );
+    let link = home.path().join("usr-bin");
+    std::os::unix::fs::symlink("/usr/bin", &link).expect("symlink");
+    assert_ne!(
+        bins::runnable_as(&link.join("true"), PROXY_UID, PROXY_UID, &[]).expect("via a symlink"),
+        link.join("true"),
+        "a symlink below the 0700 directory is still below it"
+    );
+
+    // Placed as UID 2102 (with the checkout as its working directory, as under `cargo test`),
+    // the client runs and reports its identity.
+    let closed = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = closed.local_addr().expect("addr");
+    drop(closed);
+    let mut cmd = Placement::new()
+        .uid(PROXY_UID)
+        .command(&inside)
+        .expect("command");
+    cmd.args(ClientOptions::new(addr).to_args())
+        .current_dir(&checkout)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = ChildGuard::spawn(&mut cmd)
+        .expect("spawn the client as UID 2102")
+        .wait_output(TIMEOUT)
+        .expect("client exits");
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Report = serde_json::from_slice(&out.stdout).expect("client report");
+    assert_eq!((report.uid, report.gid), (PROXY_UID, PROXY_UID));
+}
+
+/// Copies made for processes that died are removed; this process's own stay.
+#[test]
+fn stale_binary_copies_are_reaped() {
+    use std::os::unix::fs::PermissionsExt;
+
+    use linkerd_cni_tests::{bins, names::TempDir};
+
+    let home = TempDir::new().expect("scratch dir");
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let inside = home.path().join("true");
+    std::fs::copy("/bin/true", &inside).expect("copy true");
+    let mine = bins::runnable_as(&inside, 65534, 65534, &[]).expect("runnable copy");
+    assert_ne!(mine, inside, "a copy was made");
+    // A PID above pid_max never lives.
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .expect("pid_max")
+        .trim()
+        .parse()
+        .expect("number");
+    let stale = Path::new(bins::SHARED_DIR).join(format!("l5dt-{}-0", pid_max + 1));
+    std::fs::create_dir_all(stale.join("sub")).expect("stale dir");
+    bins::reap_stale_copies();
+    assert!(!stale.exists(), "{} reaped", stale.display());
+    assert!(mine.exists(), "{} kept", mine.display());
+}

@@ -1,0 +1,198 @@
+//! A simulated Kubernetes node for the end-to-end tests and the demo: a node network
+//! namespace whose pods are wired by a real CNI chain (bridge + host-local + `linkerd-cni`)
+//! that libcni runs ([`crate::cniruntime`]), the node agent (`linkerd-cni-agent run`) as a real
+//! process with its own pin root, registry and socket, and the fake Kubernetes API server
+//! process serving the pods' manifests.
+//!
+//! Nothing here touches a real installation: the agent's pins live under
+//! `/sys/fs/bpf/l5dt-<pid>-<n>`, its registry, socket and every CNI file in a scratch directory,
+//! the bridge inside the node's own netns (no route out). Dropping a [`SimNode`] kills its
+//! processes (by PID), then removes the pin tree (which detaches any link left), the node netns
+//! and the scratch directory; [`SimPod`]s remove their netns and cgroup.
+
+mod plugin;
+mod pods;
+mod process;
+mod sim;
+mod state;
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use linkerd_cni_common::paths;
+use nix::{sys::signal::Signal, unistd::Pid};
+
+pub use self::{
+    plugin::{PluginOutcome, run_plugin},
+    pods::{PodSpec, SimPod, namespace_manifest},
+    process::{AgentCommand, AgentProcess, ApiServerProcess},
+    sim::{PinRoot, SimNode},
+    state::{AgentState, read_state},
+};
+use crate::{
+    bins,
+    error::{Error, IoContext, Result},
+};
+
+/// The node name the agent watches pods for (`spec.nodeName`).
+pub const NODE_NAME: &str = "l5d-e2e-node";
+/// The conflist's network name.
+pub const NETWORK_NAME: &str = "k8s-pod-network";
+/// The bridge the bridge plugin creates in the node netns.
+pub const BRIDGE: &str = "cni0";
+/// The pod subnet host-local allocates from.
+pub const POD_SUBNET: &str = "10.244.0.0/24";
+/// The conflist's CNI version (the newest libcni 1.1.2 and the Debian plugins speak).
+pub const CNI_VERSION: &str = "1.0.0";
+/// The pod interface name.
+pub const IFNAME: &str = "eth0";
+/// The agent binary.
+pub const AGENT_BIN: &str = "linkerd-cni-agent";
+/// The plugin binary.
+pub const PLUGIN_BIN: &str = "linkerd-cni";
+/// The fake API server binary.
+pub const APISERVER_BIN: &str = "linkerd-cni-fake-apiserver";
+/// bpffs mount point; the test pin roots live right below it.
+pub const BPFFS: &str = paths::BPFFS;
+
+/// How long one CNI operation may take.
+pub const CNI_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the agent and the API server may take to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A binary of the workspace, with a hint when it was not built.
+pub fn workspace_bin(name: &str) -> Result<PathBuf> {
+    bins::bin_path(name).map_err(|e| {
+        Error::Missing(format!(
+            "{e}\n(the end-to-end tests run the plugin, the agent and the fake API server as \
+             processes: build them first with `cargo build --bins`)"
+        ))
+    })
+}
+
+/// Settings of a simulated node.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// The agent's `--reap-interval`.
+    pub reap_interval: Duration,
+    /// `linkerd.agent-timeout-ms` in the conflist.
+    pub agent_timeout_ms: u64,
+    /// `log_level` of the plugin entry.
+    pub plugin_log_level: String,
+    /// The agent's `--log-level`.
+    pub agent_log_level: String,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self {
+            reap_interval: Duration::from_secs(10),
+            agent_timeout_ms: 10_000,
+            plugin_log_level: "debug".into(),
+            agent_log_level: "info,linkerd_cni_agent=debug".into(),
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET (loopback only): status code and body.
+pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, String)> {
+    let what = || format!("GET http://{addr}{path}");
+    let mut conn = TcpStream::connect_timeout(&addr, timeout).ctx(what)?;
+    conn.set_read_timeout(Some(timeout)).ctx(what)?;
+    conn.set_write_timeout(Some(timeout)).ctx(what)?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    )
+    .ctx(what)?;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).ctx(what)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| Error::Parse {
+        what: what(),
+        detail: format!("no header end in {text:?}"),
+    })?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| Error::Parse {
+            what: what(),
+            detail: format!("bad status line in {head:?}"),
+        })?;
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+/// Decodes a chunked body (best effort: stops at the first malformed size line).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A free TCP port on 127.0.0.1 (free when this returns; good enough for tests).
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").ctx(|| "binding an ephemeral port")?;
+    Ok(l.local_addr().ctx(|| "getsockname")?.port())
+}
+
+/// Sends `signal` to process `pid` (one process, never a group).
+pub fn signal(pid: u32, signal: Signal) -> Result<()> {
+    let raw = i32::try_from(pid).map_err(|_| Error::Missing(format!("pid {pid} out of range")))?;
+    nix::sys::signal::kill(Pid::from_raw(raw), signal)
+        .map_err(|e| Error::io(format!("kill -{signal} {pid}"), e.into()))
+}
+
+/// Waits until `f` returns `Some`, polling every 20 ms, for at most `timeout`.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: what.into(),
+                timeout,
+                detail: String::new(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_bodies_decode() {
+        assert_eq!(
+            dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
+            "hello world"
+        );
+        assert_eq!(dechunk("zz\r\n"), "");
+    }
+}

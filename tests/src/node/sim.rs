@@ -1,0 +1,487 @@
+//! The node itself: its netns, pin root, scratch directory, conflist, the processes, and the
+//! CNI operations on its pods.
+
+use std::{
+    fs,
+    net::SocketAddr,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+
+use super::{
+    AGENT_BIN, AgentCommand, AgentProcess, AgentState, ApiServerProcess, BPFFS, BRIDGE,
+    CNI_TIMEOUT, CNI_VERSION, IFNAME, NETWORK_NAME, NODE_NAME, NodeOptions, PLUGIN_BIN, POD_SUBNET,
+    PluginOutcome, PodSpec, START_TIMEOUT, SimPod, free_port, http_get, read_state, run_plugin,
+    wait_until, workspace_bin,
+};
+use crate::{
+    cniruntime::{self, Invocation, Verb},
+    error::{Error, IoContext, Result},
+    names::{self, TempDir},
+    netns::NetnsGuard,
+    proxy::{self, PROXY_UID},
+};
+
+/// A pin root below bpffs (`l5dt-<pid>-<n>`), removed (with everything pinned in it) on drop.
+#[derive(Debug)]
+pub struct PinRoot {
+    path: PathBuf,
+}
+
+impl PinRoot {
+    /// A fresh pin root (not created: the agent makes it); first removes the pin roots of
+    /// test processes that died without cleaning up.
+    pub fn new() -> Self {
+        // Pin roots of test processes that died without cleaning up.
+        if let Ok(entries) = fs::read_dir(BPFFS) {
+            for e in entries.flatten() {
+                if e.file_name().to_str().is_some_and(names::is_stale) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        Self {
+            path: Path::new(BPFFS).join(names::unique_name()),
+        }
+    }
+}
+
+impl PinRoot {
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Default for PinRoot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        // Unpinning the links (no process holds them any more) detaches the programs.
+        match fs::remove_dir_all(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => eprintln!(
+                "linkerd-cni-tests: cannot remove pin root {}: {e}",
+                self.path.display()
+            ),
+        }
+    }
+}
+
+/// A simulated node. Fields drop in declaration order: processes first, then pins, the node
+/// netns and the scratch directory.
+#[derive(Debug)]
+pub struct SimNode {
+    agent: Option<AgentProcess>,
+    apiserver: ApiServerProcess,
+    pins: PinRoot,
+    netns: NetnsGuard,
+    opts: NodeOptions,
+    plugin_dirs: Vec<PathBuf>,
+    dir: TempDir,
+}
+
+impl SimNode {
+    /// Creates the node netns, writes the conflist, starts the fake API server (serving the
+    /// `objects` given, more can be applied later) and the agent.
+    pub fn start(opts: NodeOptions, objects: &[Value]) -> Result<Self> {
+        let dir = TempDir::new()?;
+        for sub in [
+            "manifests",
+            "bin",
+            "cni-cache",
+            "ipam",
+            "state",
+            "run",
+            "logs",
+        ] {
+            fs::create_dir(dir.path().join(sub)).ctx(|| format!("creating {sub}"))?;
+        }
+        let plugin = workspace_bin(PLUGIN_BIN)?;
+        let link = dir.path().join("bin").join(PLUGIN_BIN);
+        std::os::unix::fs::symlink(&plugin, &link).ctx(|| format!("linking {}", link.display()))?;
+        let plugin_dirs = vec![
+            PathBuf::from(cniruntime::SYSTEM_PLUGIN_DIR),
+            dir.path().join("bin"),
+        ];
+        for p in ["bridge", "host-local"] {
+            let path = Path::new(cniruntime::SYSTEM_PLUGIN_DIR).join(p);
+            if !path.is_file() {
+                return Err(Error::Missing(format!(
+                    "{} not found: install containernetworking-plugins (`cargo xtask setup`)",
+                    path.display()
+                )));
+            }
+        }
+        // Build (or find) the runtime now, so its first use is not timed.
+        cniruntime::tool()?;
+        let netns = NetnsGuard::new()?;
+        let pins = PinRoot::new();
+        for object in objects {
+            write_manifest(&dir.path().join("manifests"), object)?;
+        }
+        let apiserver = ApiServerProcess::start(
+            &dir.path().join("manifests"),
+            &dir.path().join("kubeconfig"),
+            &dir.path().join("logs").join("apiserver.log"),
+        )?;
+        let mut node = Self {
+            agent: None,
+            apiserver,
+            pins,
+            netns,
+            opts,
+            plugin_dirs,
+            dir,
+        };
+        node.write_conflist()?;
+        node.start_agent()?;
+        Ok(node)
+    }
+
+    fn write_conflist(&self) -> Result<()> {
+        let d = self.dir.path();
+        let conflist = json!({
+            "cniVersion": CNI_VERSION,
+            "name": NETWORK_NAME,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": POD_SUBNET}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": d.join("ipam"),
+                    },
+                },
+                self.linkerd_entry(),
+            ],
+        });
+        let text = serde_json::to_string_pretty(&conflist)
+            .map_err(|e| Error::Missing(format!("serialising the conflist: {e}")))?;
+        fs::write(self.conflist(), text).ctx(|| "writing the conflist")
+    }
+
+    /// The `linkerd-cni` entry of the conflist: Linkerd's keys plus the agent socket.
+    pub fn linkerd_entry(&self) -> Value {
+        json!({
+            "type": "linkerd-cni",
+            "name": "linkerd-cni",
+            "log_level": self.opts.plugin_log_level,
+            "capabilities": {"cgroupPath": true},
+            "kubernetes": {"kubeconfig": self.kubeconfig()},
+            "linkerd": {
+                "incoming-proxy-port": proxy::INBOUND_PORT,
+                "outgoing-proxy-port": proxy::OUTBOUND_PORT,
+                "proxy-uid": PROXY_UID,
+                "ports-to-redirect": [],
+                "inbound-ports-to-ignore": ["4191", "4190"],
+                "simulate": false,
+                "use-wait-flag": false,
+                "iptables-mode": "nft",
+                "ipv6": false,
+                "agent-socket": self.socket(),
+                "agent-timeout-ms": self.opts.agent_timeout_ms,
+            },
+        })
+    }
+
+    /// The scratch directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The conflist file.
+    pub fn conflist(&self) -> PathBuf {
+        self.dir.path().join("10-pods.conflist")
+    }
+
+    /// The kubeconfig the API server wrote.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    /// The agent's registration socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("run").join("agent.sock")
+    }
+
+    /// The agent's registry.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// The agent's pin root.
+    pub fn pin_root(&self) -> &Path {
+        &self.pins.path
+    }
+
+    /// The node's network namespace (where the bridge is).
+    pub fn netns(&self) -> &NetnsGuard {
+        &self.netns
+    }
+
+    /// The fake API server.
+    pub fn apiserver(&self) -> &ApiServerProcess {
+        &self.apiserver
+    }
+
+    /// The fake API server (mutable, to stop it).
+    pub fn apiserver_mut(&mut self) -> &mut ApiServerProcess {
+        &mut self.apiserver
+    }
+
+    /// The agent, while running.
+    pub fn agent(&self) -> Option<&AgentProcess> {
+        self.agent.as_ref()
+    }
+
+    /// The agent, while running (mutable).
+    pub fn agent_mut(&mut self) -> Option<&mut AgentProcess> {
+        self.agent.as_mut()
+    }
+
+    /// The agent's log so far (empty when it is not running).
+    pub fn agent_log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("logs").join("agent.log")).unwrap_or_default()
+    }
+
+    /// Starts the agent (again), with the same pin root, registry and socket, and waits until
+    /// its registration socket serves.
+    pub fn start_agent(&mut self) -> Result<()> {
+        if let Some(mut old) = self.agent.take() {
+            old.kill();
+        }
+        let command = AgentCommand {
+            bin: workspace_bin(AGENT_BIN)?,
+            pin_root: self.pin_root().to_path_buf(),
+            state_dir: self.state_dir(),
+            socket: self.socket(),
+            kubeconfig: self.kubeconfig(),
+            node_name: NODE_NAME.into(),
+            log_level: self.opts.agent_log_level.clone(),
+            reap_interval: Some(self.opts.reap_interval),
+            health: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
+            shared_cgroup: None,
+            log: self.dir.path().join("logs").join("agent.log"),
+        };
+        let mut agent = AgentProcess::spawn(&command)?;
+        // /live answers once the registration socket is bound.
+        agent.wait_ready(START_TIMEOUT, Duration::from_millis(20), |a| {
+            matches!(
+                http_get(a.health_addr(), "/live", Duration::from_secs(1)),
+                Ok((200, _))
+            )
+        })?;
+        self.agent = Some(agent);
+        Ok(())
+    }
+
+    /// SIGKILLs the agent (no clean-up of any kind, like a crash or an OOM kill).
+    pub fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
+        }
+    }
+
+    /// Writes `objects` to the API server's manifests and waits until it serves them.
+    pub fn apply(&self, objects: &[Value]) -> Result<()> {
+        let dir = self.dir.path().join("manifests");
+        for object in objects {
+            write_manifest(&dir, object)?;
+        }
+        for object in objects {
+            let path = api_path(object)?;
+            let want_uid = object.pointer("/metadata/uid").cloned();
+            let want_annotations = object.pointer("/metadata/annotations").cloned();
+            wait_until(
+                &format!("the API server serving {path}"),
+                Duration::from_secs(10),
+                || {
+                    let (status, body) = self.apiserver.get(&path).ok()?;
+                    let served: Value = serde_json::from_str(&body).ok()?;
+                    let same = status == 200
+                        && (want_uid.is_none()
+                            || served.pointer("/metadata/uid") == want_uid.as_ref())
+                        && served
+                            .pointer("/metadata/annotations")
+                            .filter(|a| !is_empty_object(a))
+                            == want_annotations.as_ref().filter(|a| !is_empty_object(a));
+                    same.then_some(())
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Creates a pod: its manifest served by the API server, its sandbox netns and cgroup.
+    pub fn new_pod(&self, spec: PodSpec) -> Result<SimPod> {
+        self.apply(&[spec.manifest(NODE_NAME)])?;
+        SimPod::new(spec)
+    }
+
+    /// The libcni invocation for `pod`, with `netns` as `CNI_NETNS` (`None`: empty).
+    pub fn invocation(&self, pod: &SimPod, netns: Option<&Path>) -> Result<Invocation> {
+        Ok(Invocation {
+            conflist: self.conflist(),
+            plugin_dirs: self.plugin_dirs.clone(),
+            cache_dir: self.dir.path().join("cni-cache"),
+            container_id: pod.container_id.clone(),
+            netns: netns.map(Path::to_path_buf),
+            ifname: IFNAME.into(),
+            args: pod.spec.cni_args(&pod.container_id),
+            cgroup_path: Some(pod.cgroup_path()?),
+        })
+    }
+
+    /// Runs `verb` for `pod` through libcni, in the node netns, with the pod's netns path.
+    pub fn cni(&self, verb: Verb, pod: &SimPod) -> Result<cniruntime::Outcome> {
+        self.cni_netns(verb, pod, Some(pod.netns_path()))
+    }
+
+    /// Like [`SimNode::cni`] with an explicit `CNI_NETNS` (`None`: empty, as containerd's
+    /// second DEL).
+    pub fn cni_netns(
+        &self,
+        verb: Verb,
+        pod: &SimPod,
+        netns: Option<&Path>,
+    ) -> Result<cniruntime::Outcome> {
+        let inv = self.invocation(pod, netns)?;
+        cniruntime::run(Some(&self.netns), verb, &inv, CNI_TIMEOUT)
+    }
+
+    /// CNI ADD through libcni; keeps the result (and so the pod IP) in `pod`.
+    pub fn add(&self, pod: &mut SimPod) -> Result<()> {
+        let out = self.cni(Verb::Add, pod)?.expect_ok()?;
+        let result = out.result().ok_or_else(|| Error::Parse {
+            what: "the ADD result".into(),
+            detail: out.stdout.clone(),
+        })?;
+        pod.result = Some(result);
+        Ok(())
+    }
+
+    /// The environment a runtime gives the plugin for `command` on `pod`.
+    pub fn plugin_env(&self, command: &str, pod: &SimPod) -> Vec<(String, String)> {
+        let args: Vec<String> = pod
+            .spec
+            .cni_args(&pod.container_id)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        vec![
+            ("CNI_COMMAND".into(), command.into()),
+            ("CNI_CONTAINERID".into(), pod.container_id.clone()),
+            ("CNI_NETNS".into(), pod.netns_path().display().to_string()),
+            ("CNI_IFNAME".into(), IFNAME.into()),
+            ("CNI_ARGS".into(), args.join(";")),
+            (
+                "CNI_PATH".into(),
+                self.plugin_dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            ),
+        ]
+    }
+
+    /// The plugin's stdin for `pod` as libcni builds it: the conflist entry with the list's
+    /// version and name, `runtimeConfig.cgroupPath` and `prevResult`.
+    pub fn plugin_stdin(&self, pod: &SimPod, prev_result: Option<Value>) -> Result<Value> {
+        let mut conf = self.linkerd_entry();
+        conf["cniVersion"] = json!(CNI_VERSION);
+        conf["name"] = json!(NETWORK_NAME);
+        if let Some(obj) = conf.as_object_mut() {
+            obj.remove("capabilities");
+        }
+        conf["runtimeConfig"] = json!({"cgroupPath": pod.cgroup_path()?});
+        if let Some(prev) = prev_result {
+            conf["prevResult"] = prev;
+        }
+        Ok(conf)
+    }
+
+    /// Runs the plugin directly (no libcni), in the node netns.
+    pub fn run_plugin(&self, env: &[(String, String)], stdin: &[u8]) -> Result<PluginOutcome> {
+        run_plugin(Some(&self.netns), env, stdin, CNI_TIMEOUT)
+    }
+
+    /// The agent's registry, links and map entries now.
+    pub fn state(&self) -> Result<AgentState> {
+        read_state(self.pin_root(), &self.state_dir())
+    }
+
+    /// `linkerd-cni-agent inspect` for this node.
+    pub fn inspect(&self) -> Result<String> {
+        let bin = workspace_bin(AGENT_BIN)?;
+        names::run(
+            std::process::Command::new(bin)
+                .arg("--pin-root")
+                .arg(self.pin_root())
+                .arg("--state-dir")
+                .arg(self.state_dir())
+                .arg("inspect"),
+        )
+    }
+
+    /// Everything the node wrote, for failure messages.
+    pub fn diagnostics(&self) -> String {
+        format!(
+            "--- agent log ---\n{}\n--- API server log ---\n{}",
+            self.agent_log(),
+            self.apiserver.log()
+        )
+    }
+}
+
+fn is_empty_object(v: &Value) -> bool {
+    v.as_object().is_some_and(|o| o.is_empty())
+}
+
+/// The API path of a Pod or Namespace object.
+pub(super) fn api_path(object: &Value) -> Result<String> {
+    let s = |p: &str| object.pointer(p).and_then(Value::as_str);
+    match (s("/kind"), s("/metadata/namespace"), s("/metadata/name")) {
+        (Some("Pod"), Some(ns), Some(name)) => Ok(format!("/api/v1/namespaces/{ns}/pods/{name}")),
+        (Some("Namespace"), _, Some(name)) => Ok(format!("/api/v1/namespaces/{name}")),
+        (Some("Service"), Some(ns), Some(name)) => {
+            Ok(format!("/api/v1/namespaces/{ns}/services/{name}"))
+        }
+        _ => Err(Error::Missing(format!(
+            "not a Pod, Namespace or Service with a name: {object}"
+        ))),
+    }
+}
+
+/// Writes one object as `<kind>-<namespace>-<name>.json`, atomically (the API server rescans
+/// the directory and only reads `*.json`, so the temporary `.tmp` file is never half-read).
+fn write_manifest(dir: &Path, object: &Value) -> Result<()> {
+    let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
+    let stem = format!(
+        "{}-{}-{}",
+        s("/kind").to_ascii_lowercase(),
+        s("/metadata/namespace"),
+        s("/metadata/name")
+    );
+    let path = dir.join(format!("{stem}.json"));
+    let tmp = dir.join(format!("{stem}.tmp"));
+    let text = serde_json::to_string_pretty(object)
+        .map_err(|e| Error::Missing(format!("serialising {stem}: {e}")))?;
+    fs::write(&tmp, text).ctx(|| format!("writing {}", tmp.display()))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644))
+        .ctx(|| format!("chmod {}", tmp.display()))?;
+    fs::rename(&tmp, &path).ctx(|| format!("renaming to {}", path.display()))
+}
