@@ -14,15 +14,18 @@
 //! `cniEnabled: true` adds `linkerd-network-validator` instead (no capabilities at all), which
 //! must run before the proxy because it borrows the proxy's outbound port.
 
-use linkerd_cni_common::paths;
+use linkerd_cni_k8s::names;
 use linkerd_cni_proto::config::{parse_cidr_list, parse_port_list};
 use serde_json::{Map, Value, json};
 
 use crate::{
     decision::{self, InjectMode},
-    names,
+    paths,
     values::{Values, non_empty},
 };
+
+/// The `linkerd.io/created-by` value this injector writes.
+pub const CREATED_BY: &str = concat!("linkerd/proxy-injector ", env!("CARGO_PKG_VERSION"));
 
 /// Why a pod could not be injected.
 #[derive(Debug, thiserror::Error)]
@@ -547,7 +550,7 @@ pub fn injection_patch(pod: &Value, ctx: &InjectContext<'_>) -> Result<Vec<Value
         ops.push(add("/metadata", json!({})));
     }
     let annotations = vec![
-        (names::CREATED_BY_ANNOTATION, names::CREATED_BY.to_string()),
+        (names::CREATED_BY_ANNOTATION, CREATED_BY.to_string()),
         (names::PROXY_VERSION_ANNOTATION, r.proxy_version.clone()),
     ];
     map_ops(pod, "annotations", annotations, &mut ops)?;

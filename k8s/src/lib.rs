@@ -5,12 +5,16 @@
 //!   the conflist's `linkerd` section in, [`Decision`] out.
 //! - [`PodSource`] feeds it from a watch cache of this node's pods, with direct GETs for what
 //!   the cache does not hold yet.
-//! - [`client::client`] builds the API client (in-cluster, or from a kubeconfig file).
+//! - [`client::ClientBuilder`] builds the API client for every binary of the project;
+//!   [`client::client`] is the agent's (in-cluster, or from a kubeconfig file).
+//! - [`names`]: Linkerd's vocabulary (container names, annotation and label keys, object
+//!   names, defaults), shared with the proxy injector and the CLI.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 pub mod client;
 pub mod decision;
+pub mod names;
 pub mod source;
 
 pub use decision::{AnnotationError, Decision};
@@ -19,19 +23,9 @@ pub use source::{PodOrigin, PodSource};
 /// Why a pod could not be decided.
 #[derive(Debug, thiserror::Error)]
 pub enum K8sError {
-    /// No kubeconfig was given and the in-cluster service account is not usable.
-    #[error("in-cluster Kubernetes configuration unavailable: {0}")]
-    InCluster(#[source] kube::config::InClusterError),
-    /// The kubeconfig file cannot be read or used.
-    #[error("kubeconfig {}: {source}", path.display())]
-    Kubeconfig {
-        path: PathBuf,
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
-    /// The client could not be built from a valid configuration (TLS setup, bad URL).
-    #[error("cannot build the Kubernetes client: {0}")]
-    Client(#[source] kube::Error),
+    /// No client could be built (configuration missing or unusable).
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
     /// An API request failed (connection, HTTP error, undecodable answer).
     #[error("Kubernetes API: reading {what}: {source}")]
     Api {
@@ -71,10 +65,7 @@ impl K8sError {
             | Self::Timeout { .. }
             | Self::PodReplaced { .. }
             | Self::NotSynced { .. } => true,
-            Self::InCluster(_)
-            | Self::Kubeconfig { .. }
-            | Self::Client(_)
-            | Self::Annotation(_) => false,
+            Self::Client(_) | Self::Annotation(_) => false,
         }
     }
 }
