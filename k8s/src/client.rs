@@ -12,8 +12,6 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use crate::K8sError;
-
 /// How long establishing a connection to the API server may take (the node agent).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -149,10 +147,10 @@ impl ClientBuilder {
 /// caller instead (see `PodSource::with_timeout`), the watch by kube's own idle timer.
 ///
 /// Must be called inside a Tokio runtime (the client spawns its connection tasks there).
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, K8sError> {
-    Ok(ClientBuilder::new(Fallback::InCluster)
+pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
+    ClientBuilder::new(Fallback::InCluster)
         .kubeconfig(kubeconfig)
         .connect_timeout(CONNECT_TIMEOUT)
         .build()
-        .await?)
+        .await
 }

@@ -539,6 +539,7 @@ async fn client_configuration_errors() {
     let Err(err) = client::client(Some(&missing)).await else {
         panic!("client from a missing kubeconfig")
     };
+    let err = K8sError::from(err);
     assert!(
         matches!(err, K8sError::Client(ClientError::Kubeconfig { .. })) && !err.is_transient(),
         "unexpected error {err}"
@@ -548,6 +549,7 @@ async fn client_configuration_errors() {
         let Err(err) = client::client(None).await else {
             panic!("in-cluster client outside a cluster")
         };
+        let err = K8sError::from(err);
         assert!(
             matches!(err, K8sError::Client(ClientError::InCluster(_))),
             "unexpected error {err}"
