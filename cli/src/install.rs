@@ -49,7 +49,7 @@ pub struct InstallArgs {
     #[arg(long, env = "LINKERD_INSTALL_PROXY_IMAGE", default_value = values::DEFAULT_PROXY_IMAGE)]
     pub proxy_image: String,
     /// UID the proxy runs as.
-    #[arg(long, env = "LINKERD_INSTALL_PROXY_UID", default_value_t = 2102, value_parser = clap::value_parser!(i64).range(0..=i64::from(u32::MAX)))]
+    #[arg(long, env = "LINKERD_INSTALL_PROXY_UID", default_value_t = i64::from(names::DEFAULT_PROXY_UID), value_parser = clap::value_parser!(i64).range(0..=i64::from(u32::MAX)))]
     pub proxy_uid: i64,
     /// Proxy log level.
     #[arg(

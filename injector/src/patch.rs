@@ -14,7 +14,10 @@
 //! `cniEnabled: true` adds `linkerd-network-validator` instead (no capabilities at all), which
 //! must run before the proxy because it borrows the proxy's outbound port.
 
-use linkerd_cni_k8s::names;
+use linkerd_cni_k8s::{
+    decision::{OverrideOrigin, override_value},
+    names,
+};
 use linkerd_cni_proto::config::{parse_cidr_list, parse_port_list};
 use serde_json::{Map, Value, json};
 
@@ -85,14 +88,14 @@ fn config_override<'a>(
     ctx: &InjectContext<'a>,
     key: &str,
 ) -> Option<(&'a str, &'static str)> {
-    let found = match decision::annotation(pod, key) {
-        Some(v) => Some((v, "pod")),
-        None => ctx
-            .namespace
-            .and_then(|ns| decision::annotation(ns, key))
-            .map(|v| (v, "namespace")),
+    let (value, origin) = override_value(decision::annotation(pod, key), || {
+        decision::annotation(ctx.namespace?, key)
+    })?;
+    let source_object = match origin {
+        OverrideOrigin::Pod => "pod",
+        OverrideOrigin::Namespace => "namespace",
     };
-    found.filter(|(v, _)| !v.trim().is_empty())
+    Some((value, source_object))
 }
 
 fn invalid(

@@ -173,7 +173,7 @@ impl Default for ProxyValues {
             log_level: "warn,linkerd=info,hickory=error".into(),
             log_format: "plain".into(),
             ports: Ports::default(),
-            uid: 2102,
+            uid: i64::from(linkerd_cni_k8s::names::DEFAULT_PROXY_UID),
             gid: -1,
             await_ready: true,
             default_inbound_policy: "all-unauthenticated".into(),

@@ -22,7 +22,7 @@ use std::fmt;
 
 use k8s_openapi::{
     api::core::v1::{Namespace, Pod, Service},
-    apimachinery::pkg::util::intstr::IntOrString,
+    apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 use linkerd_cni_proto::config::{self, LinkerdConfig, PortRange};
 
@@ -77,6 +77,30 @@ pub struct AnnotationError {
     pub source_object: AnnotationSource,
     /// What is wrong with it.
     pub reason: String,
+}
+
+/// Which object an override was read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverrideOrigin {
+    /// The pod (or pod template) itself.
+    Pod,
+    /// The pod's namespace.
+    Namespace,
+}
+
+/// Linkerd's rule for `config.linkerd.io/*` overrides, shared by this decision and the proxy
+/// injector: the pod's annotation, or, when the pod does not carry that annotation at all, its
+/// namespace's (`on_namespace`, only called then). A present but empty (or blank) value means
+/// "no override" (`None`), and a pod's empty value still hides its namespace's.
+pub fn override_value<'a>(
+    on_pod: Option<&'a str>,
+    on_namespace: impl FnOnce() -> Option<&'a str>,
+) -> Option<(&'a str, OverrideOrigin)> {
+    let found = match on_pod {
+        Some(value) => (value, OverrideOrigin::Pod),
+        None => (on_namespace()?, OverrideOrigin::Namespace),
+    };
+    (!found.0.trim().is_empty()).then_some(found)
 }
 
 /// Decides whether `pod` is redirected and computes its configuration from `base`.
@@ -251,32 +275,23 @@ impl<'a> Overrides<'a> {
     /// The override's value and where it came from; `None` when unset or empty. A pod that
     /// carries the annotation (even empty) hides its namespace's.
     fn get(&self, key: &str) -> Option<(&'a str, AnnotationSource)> {
-        let on_pod = self
-            .pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(key));
-        let (value, source) = match on_pod {
-            Some(v) => (
-                v,
-                AnnotationSource::Pod {
-                    namespace: self.pod.metadata.namespace.clone().unwrap_or_default(),
-                    name: self.pod.metadata.name.clone().unwrap_or_default(),
-                },
-            ),
-            None => {
-                let ns = self.namespace?;
-                let v = ns.metadata.annotations.as_ref()?.get(key)?;
-                (
-                    v,
-                    AnnotationSource::Namespace {
-                        name: ns.metadata.name.clone().unwrap_or_default(),
-                    },
-                )
-            }
+        let annotation = |meta: &'a ObjectMeta| Some(meta.annotations.as_ref()?.get(key)?.as_str());
+        let (value, origin) = override_value(annotation(&self.pod.metadata), || {
+            annotation(&self.namespace?.metadata)
+        })?;
+        let source = match origin {
+            OverrideOrigin::Pod => AnnotationSource::Pod {
+                namespace: self.pod.metadata.namespace.clone().unwrap_or_default(),
+                name: self.pod.metadata.name.clone().unwrap_or_default(),
+            },
+            OverrideOrigin::Namespace => AnnotationSource::Namespace {
+                name: self
+                    .namespace
+                    .and_then(|ns| ns.metadata.name.clone())
+                    .unwrap_or_default(),
+            },
         };
-        (!value.trim().is_empty()).then_some((value.as_str(), source))
+        Some((value, source))
     }
 }
 
