@@ -1,4 +1,5 @@
-//! Every filesystem location the project uses by default, in one place.
+//! Every filesystem location the node side (agent, plugin, installer) uses by default, in one
+//! place (the proxy injector keeps its own in `linkerd_injector::paths`).
 //!
 //! bpffs layout under [`PIN_ROOT`]:
 //!
