@@ -1,6 +1,8 @@
-//! `linkerd check`: with `--linkerd-cni-enabled`, the contract's checks of the linkerd-cni
-//! objects in the cluster; with `--node`, checks of the machine it runs on as a node (kernel
-//! features, bpffs, cgroup v2). Prints Linkerd-style `√` / `×` lines, exits non-zero on failure.
+//! `linkerd check`: with no flag (or `--proxy`), the post-install checks ([`post_install`]);
+//! with `--linkerd-cni-enabled`, the contract's checks of the linkerd-cni objects in the cluster
+//! ([`cluster`]); with `--node`, checks of the machine it runs on as a node ([`node`]: kernel
+//! features, bpffs, cgroup v2). Every check gives a [`result::CheckResult`], printed as
+//! Linkerd-style `√` / `×` lines; exits non-zero on failure.
 
 pub mod cluster;
 pub mod node;
