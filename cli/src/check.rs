@@ -1,18 +1,21 @@
-//! `linkerd check`: with `--linkerd-cni-enabled`, the contract's checks of the linkerd-cni
-//! objects in the cluster; with `--node`, checks of the machine it runs on as a node (kernel
-//! features, bpffs, cgroup v2). Prints Linkerd-style `√` / `×` lines, exits non-zero on failure.
+//! `linkerd check`: with no flag (or `--proxy`), the post-install checks ([`post_install`]);
+//! with `--linkerd-cni-enabled`, the contract's checks of the linkerd-cni objects in the cluster
+//! ([`cluster`]); with `--node`, checks of the machine it runs on as a node ([`node`]: kernel
+//! features, bpffs, cgroup v2). Every check gives a [`result::CheckResult`], printed as
+//! Linkerd-style `√` / `×` lines; exits non-zero on failure.
 
 pub mod cluster;
 pub mod node;
+pub mod post_install;
+pub mod result;
 
 use std::io::Write;
 
 use clap::Args;
+use linkerd_cni_k8s::names;
 
+use self::result::{CheckResult, print_category};
 use crate::kubernetes::KubeArgs;
-
-/// The namespace `install-cni` renders into.
-pub const CNI_NAMESPACE: &str = "linkerd-cni";
 
 /// The flags of `linkerd check`.
 #[derive(Args, Debug, Clone)]
@@ -25,7 +28,7 @@ pub struct CheckArgs {
     #[arg(long, env = "LINKERD_CHECK_LINKERD_CNI_ENABLED")]
     pub linkerd_cni_enabled: bool,
     /// Namespace of the linkerd-cni objects.
-    #[arg(long, env = "LINKERD_CHECK_CNI_NAMESPACE", default_value = CNI_NAMESPACE)]
+    #[arg(long, env = "LINKERD_CHECK_CNI_NAMESPACE", default_value = names::CNI_NAMESPACE)]
     pub cni_namespace: String,
     /// Also check this machine as a node of the eBPF mode (kernel version, bpffs, cgroup v2).
     /// Meaningful on a node, e.g. from `kubectl debug node/<name>`.
@@ -37,58 +40,8 @@ pub struct CheckArgs {
     #[arg(long, env = "LINKERD_CHECK_PROXY")]
     pub proxy: bool,
     /// Namespace of the control plane (post-install checks).
-    #[arg(long, env = "LINKERD_CHECK_LINKERD_NAMESPACE", default_value = linkerd_injector::names::CONTROL_PLANE_NAMESPACE)]
+    #[arg(long, env = "LINKERD_CHECK_LINKERD_NAMESPACE", default_value = names::CONTROL_PLANE_NAMESPACE)]
     pub linkerd_namespace: String,
-}
-
-/// The outcome of one check.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckResult {
-    /// What is checked, as printed after the mark.
-    pub name: String,
-    /// `Ok(detail)` (detail may be empty) or `Err(why)`.
-    pub outcome: Result<String, String>,
-}
-
-impl CheckResult {
-    pub fn ok(name: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            outcome: Ok(detail.into()),
-        }
-    }
-    pub fn fail(name: impl Into<String>, why: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            outcome: Err(why.into()),
-        }
-    }
-    pub fn passed(&self) -> bool {
-        self.outcome.is_ok()
-    }
-}
-
-/// Prints one category of results, Linkerd style.
-pub fn print_category(
-    out: &mut impl Write,
-    title: &str,
-    results: &[CheckResult],
-) -> std::io::Result<()> {
-    writeln!(out, "{title}")?;
-    writeln!(out, "{}", "-".repeat(title.chars().count()))?;
-    for r in results {
-        match &r.outcome {
-            Ok(detail) if detail.is_empty() => writeln!(out, "√ {}", r.name)?,
-            Ok(detail) => writeln!(out, "√ {} ({detail})", r.name)?,
-            Err(why) => {
-                writeln!(out, "× {}", r.name)?;
-                for line in why.lines() {
-                    writeln!(out, "    {line}")?;
-                }
-            }
-        }
-    }
-    writeln!(out)
 }
 
 /// Runs the requested checks, prints them, and says whether all passed.
@@ -102,7 +55,7 @@ pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> any
     }
     let mut all = true;
     if post_install {
-        all &= crate::check_install::run(
+        all &= post_install::run(
             kube,
             &args.linkerd_namespace,
             &args.cni_namespace,
@@ -115,17 +68,18 @@ pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> any
         let results = match kube.client().await {
             Ok(client) => cluster::run(&client, &args.cni_namespace).await,
             Err(e) => vec![CheckResult::fail(
+                cluster::CATEGORY,
                 "can initialize the client",
                 e.to_string(),
             )],
         };
         all &= results.iter().all(CheckResult::passed);
-        print_category(out, "linkerd-cni-plugin", &results)?;
+        print_category(out, cluster::CATEGORY, &results)?;
     }
     if args.node {
         let results = node::run(&node::NodeFacts::read_local());
         all &= results.iter().all(CheckResult::passed);
-        print_category(out, "linkerd-cni-node", &results)?;
+        print_category(out, node::CATEGORY, &results)?;
     }
     writeln!(
         out,

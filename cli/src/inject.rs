@@ -2,7 +2,7 @@
 //! `inject` only adds `linkerd.io/inject: enabled` (the webhook injects at pod creation);
 //! `--manual` injects now, with the cluster's `linkerd-config` (or, with `--ignore-cluster`,
 //! the defaults), and `--linkerd-cni-enabled` means `cniEnabled` for that run. The logic is
-//! in [`linkerd_injector::manifest`].
+//! in [`crate::manifest`].
 
 use std::{
     io::{Read, Write},
@@ -10,14 +10,13 @@ use std::{
 };
 
 use clap::Args;
-use linkerd_injector::{
-    Values,
-    manifest::{self, InjectHow, ManifestError, Report},
-    names,
-    values::ValuesError,
-};
+use linkerd_cni_k8s::{client::ClientError, names};
+use linkerd_injector::{Values, values::ValuesError};
 
-use crate::kubernetes::{ClientError, KubeArgs};
+use crate::{
+    kubernetes::KubeArgs,
+    manifest::{self, InjectHow, ManifestError, Report},
+};
 
 /// Why inject/uninject failed.
 #[derive(Debug, thiserror::Error)]

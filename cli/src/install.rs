@@ -1,16 +1,20 @@
 //! `linkerd install`: renders the control-plane objects this project owns (namespace
 //! `linkerd`, ConfigMap `linkerd-config` carrying `cniEnabled`, the proxy injector and its
 //! MutatingWebhookConfiguration with TLS) for `kubectl apply -f -`. The objects themselves
-//! are defined in [`linkerd_injector::install`].
+//! are defined in [`objects`].
 
 use std::path::PathBuf;
 
 use clap::Args;
+pub mod objects;
+
+use linkerd_cni_k8s::names;
 use linkerd_injector::{
-    install::{self, FailurePolicy, InstallOptions, WebhookTls},
-    names, tls,
+    tls,
     values::{self, Values},
 };
+
+use self::objects::{FailurePolicy, InstallOptions, WebhookTls};
 
 /// Why `install` could not produce manifests.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +31,7 @@ pub enum InstallError {
     Tls(#[from] tls::TlsError),
     /// Rendering failed.
     #[error(transparent)]
-    Render(#[from] install::InstallError),
+    Render(#[from] objects::InstallError),
 }
 
 /// The flags of `linkerd install`.
@@ -45,7 +49,7 @@ pub struct InstallArgs {
     #[arg(long, env = "LINKERD_INSTALL_PROXY_IMAGE", default_value = values::DEFAULT_PROXY_IMAGE)]
     pub proxy_image: String,
     /// UID the proxy runs as.
-    #[arg(long, env = "LINKERD_INSTALL_PROXY_UID", default_value_t = 2102, value_parser = clap::value_parser!(i64).range(0..=i64::from(u32::MAX)))]
+    #[arg(long, env = "LINKERD_INSTALL_PROXY_UID", default_value_t = i64::from(names::DEFAULT_PROXY_UID), value_parser = clap::value_parser!(i64).range(0..=i64::from(u32::MAX)))]
     pub proxy_uid: i64,
     /// Proxy log level.
     #[arg(
@@ -78,7 +82,7 @@ pub struct InstallArgs {
     )]
     pub identity_trust_anchors_file: Option<PathBuf>,
     /// Proxy injector image, repo:tag.
-    #[arg(long, env = "LINKERD_INSTALL_INJECTOR_IMAGE", default_value_t = format!("{}:{}", install::DEFAULT_INJECTOR_IMAGE, env!("CARGO_PKG_VERSION")))]
+    #[arg(long, env = "LINKERD_INSTALL_INJECTOR_IMAGE", default_value_t = format!("{}:{}", objects::DEFAULT_INJECTOR_IMAGE, env!("CARGO_PKG_VERSION")))]
     pub injector_image: String,
     /// Proxy injector replicas.
     #[arg(long, env = "LINKERD_INSTALL_INJECTOR_REPLICAS", default_value_t = 1)]
@@ -143,5 +147,5 @@ impl InstallArgs {
 
 /// The manifests, one YAML stream.
 pub fn render(args: &InstallArgs) -> Result<String, InstallError> {
-    Ok(install::render_yaml(&args.options()?)?)
+    Ok(objects::render_yaml(&args.options()?)?)
 }

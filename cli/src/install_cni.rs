@@ -56,7 +56,7 @@ pub struct InstallCniArgs {
     #[arg(long, env = "LINKERD_INSTALL_CNI_MODE", default_value = "ebpf", value_parser = mode)]
     pub mode: String,
     /// UID of the proxy: its sockets are never redirected.
-    #[arg(long, env = "LINKERD_INSTALL_CNI_PROXY_UID", default_value_t = 2102, value_parser = clap::value_parser!(i64).range(0..=i64::from(u32::MAX)))]
+    #[arg(long, env = "LINKERD_INSTALL_CNI_PROXY_UID", default_value_t = i64::from(linkerd_cni_k8s::names::DEFAULT_PROXY_UID), value_parser = clap::value_parser!(i64).range(0..=i64::from(u32::MAX)))]
     pub proxy_uid: i64,
     /// GID of the proxy: its sockets are never redirected; negative for none.
     #[arg(long, env = "LINKERD_INSTALL_CNI_PROXY_GID", default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(..=i64::from(u32::MAX)))]

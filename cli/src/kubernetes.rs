@@ -4,7 +4,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
-use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+use linkerd_cni_k8s::client::{ClientBuilder, ClientError, Fallback};
 
 /// Kubernetes connection flags shared by every subcommand that talks to a cluster.
 #[derive(Args, Debug, Clone, Default)]
@@ -27,37 +27,18 @@ pub struct KubeArgs {
     pub api_timeout_secs: u64,
 }
 
-/// Why no client could be built.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The kubeconfig could not be read or used.
-    #[error("loading kubeconfig: {0}")]
-    Kubeconfig(#[from] kube::config::KubeconfigError),
-    /// Neither a kubeconfig nor an in-cluster environment was found.
-    #[error("finding a cluster (no usable kubeconfig, not in a cluster): {0}")]
-    Infer(#[from] kube::config::InferConfigError),
-    /// The configuration is not usable by the HTTP client (TLS, proxy...).
-    #[error("building the Kubernetes client: {0}")]
-    Client(#[from] kube::Error),
-}
-
 impl KubeArgs {
-    /// The client these flags describe.
+    /// The client these flags describe: `--kubeconfig` (with `--context`), else the default
+    /// kubeconfig with `--context`, else kube's inference; `--api-timeout` bounds connecting
+    /// and every read.
     pub async fn client(&self) -> Result<kube::Client, ClientError> {
-        let options = KubeConfigOptions {
-            context: self.context.clone(),
-            ..KubeConfigOptions::default()
-        };
-        let mut config = match (&self.kubeconfig, &self.context) {
-            (Some(path), _) => {
-                Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?
-            }
-            (None, Some(_)) => Config::from_kubeconfig(&options).await?,
-            (None, None) => Config::infer().await?,
-        };
-        let timeout = Some(Duration::from_secs(self.api_timeout_secs.max(1)));
-        config.connect_timeout = timeout;
-        config.read_timeout = timeout;
-        Ok(kube::Client::try_from(config)?)
+        let timeout = Duration::from_secs(self.api_timeout_secs.max(1));
+        ClientBuilder::new(Fallback::Infer)
+            .kubeconfig(self.kubeconfig.as_deref())
+            .context(self.context.clone())
+            .connect_timeout(timeout)
+            .read_timeout(timeout)
+            .build()
+            .await
     }
 }

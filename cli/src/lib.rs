@@ -8,7 +8,7 @@ pub mod install_cni;
 pub mod kubernetes;
 pub mod values;
 
-// `install`, `inject`/`uninject` and the post-install checks, backed by `linkerd-injector`.
-pub mod check_install;
+// `install` and `inject`/`uninject`, on top of `linkerd-injector`'s patch logic and values.
 pub mod inject;
 pub mod install;
+pub mod manifest;

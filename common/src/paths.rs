@@ -1,4 +1,5 @@
-//! Every filesystem location the project uses by default, in one place.
+//! Every filesystem location the node side (agent, plugin, installer) uses by default, in one
+//! place (the proxy injector keeps its own in `linkerd_injector::paths`).
 //!
 //! bpffs layout under [`PIN_ROOT`]:
 //!
@@ -41,15 +42,3 @@ pub const CONTAINER_CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const KUBECONFIG_FILE_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
 /// The pod's projected service-account volume (token, `ca.crt`, `namespace`).
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-
-/// Where the proxy injector reads its serving certificate (`tls.crt`, `tls.key`), mounted
-/// from its Secret.
-pub const PROXY_INJECTOR_TLS_DIR: &str = "/var/run/linkerd/tls";
-/// Inside injected pods: the proxy's identity directory (in-memory emptyDir).
-pub const PROXY_IDENTITY_DIR: &str = "/var/run/linkerd/identity/end-entity";
-/// Inside injected pods: the directory of the projected token the proxy presents for identity.
-pub const PROXY_IDENTITY_TOKEN_DIR: &str = "/var/run/secrets/tokens";
-/// Inside injected pods: where `linkerd-init` keeps the xtables lock (Linkerd's `xtMountPath`).
-pub const PROXY_INIT_XTABLES_LOCK_DIR: &str = "/run";
-/// Inside the proxy image: the network validator binary.
-pub const NETWORK_VALIDATOR_BIN: &str = "/usr/lib/linkerd/linkerd2-network-validator";

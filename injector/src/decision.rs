@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::names;
+use linkerd_cni_k8s::names;
 
 /// How the proxy is injected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,8 +5,11 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::Parser;
-use linkerd_cni_common::paths;
-use linkerd_injector::{metrics::Metrics, names, server, tls, webhook::Webhook};
+use linkerd_cni_k8s::{
+    client::{ClientBuilder, Fallback},
+    names,
+};
+use linkerd_injector::{metrics::Metrics, paths, server, tls, webhook::Webhook};
 
 /// The Linkerd proxy injector (admission webhook).
 #[derive(Parser, Debug)]
@@ -57,12 +60,14 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
 
-    let client = linkerd_injector::kube_client(
-        args.kubeconfig.as_deref(),
-        Duration::from_secs(args.api_timeout.max(1)),
-    )
-    .await
-    .context("connecting to the Kubernetes API")?;
+    let api_timeout = Duration::from_secs(args.api_timeout.max(1));
+    let client = ClientBuilder::new(Fallback::Infer)
+        .kubeconfig(args.kubeconfig.as_deref())
+        .connect_timeout(api_timeout)
+        .read_timeout(api_timeout)
+        .build()
+        .await
+        .context("connecting to the Kubernetes API")?;
     let resolver = tls::ReloadingCert::load(args.tls_cert.as_ref(), args.tls_key.as_ref())
         .context("loading the serving certificate")?;
     let tls = tls::server_config_with(Arc::new(resolver))?;

@@ -14,15 +14,21 @@
 //! `cniEnabled: true` adds `linkerd-network-validator` instead (no capabilities at all), which
 //! must run before the proxy because it borrows the proxy's outbound port.
 
-use linkerd_cni_common::paths;
+use linkerd_cni_k8s::{
+    decision::{OverrideOrigin, override_value},
+    names,
+};
 use linkerd_cni_proto::config::{parse_cidr_list, parse_port_list};
 use serde_json::{Map, Value, json};
 
 use crate::{
     decision::{self, InjectMode},
-    names,
+    paths,
     values::{Values, non_empty},
 };
+
+/// The `linkerd.io/created-by` value this injector writes.
+pub const CREATED_BY: &str = concat!("linkerd/proxy-injector ", env!("CARGO_PKG_VERSION"));
 
 /// Why a pod could not be injected.
 #[derive(Debug, thiserror::Error)]
@@ -82,14 +88,14 @@ fn config_override<'a>(
     ctx: &InjectContext<'a>,
     key: &str,
 ) -> Option<(&'a str, &'static str)> {
-    let found = match decision::annotation(pod, key) {
-        Some(v) => Some((v, "pod")),
-        None => ctx
-            .namespace
-            .and_then(|ns| decision::annotation(ns, key))
-            .map(|v| (v, "namespace")),
+    let (value, origin) = override_value(decision::annotation(pod, key), || {
+        decision::annotation(ctx.namespace?, key)
+    })?;
+    let source_object = match origin {
+        OverrideOrigin::Pod => "pod",
+        OverrideOrigin::Namespace => "namespace",
     };
-    found.filter(|(v, _)| !v.trim().is_empty())
+    Some((value, source_object))
 }
 
 fn invalid(
@@ -547,7 +553,7 @@ pub fn injection_patch(pod: &Value, ctx: &InjectContext<'_>) -> Result<Vec<Value
         ops.push(add("/metadata", json!({})));
     }
     let annotations = vec![
-        (names::CREATED_BY_ANNOTATION, names::CREATED_BY.to_string()),
+        (names::CREATED_BY_ANNOTATION, CREATED_BY.to_string()),
         (names::PROXY_VERSION_ANNOTATION, r.proxy_version.clone()),
     ];
     map_ops(pod, "annotations", annotations, &mut ops)?;

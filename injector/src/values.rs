@@ -173,7 +173,7 @@ impl Default for ProxyValues {
             log_level: "warn,linkerd=info,hickory=error".into(),
             log_format: "plain".into(),
             ports: Ports::default(),
-            uid: 2102,
+            uid: i64::from(linkerd_cni_k8s::names::DEFAULT_PROXY_UID),
             gid: -1,
             await_ready: true,
             default_inbound_policy: "all-unauthenticated".into(),
@@ -244,8 +244,8 @@ pub struct XtMountPath {
 impl Default for XtMountPath {
     fn default() -> Self {
         Self {
-            mount_path: linkerd_cni_common::paths::PROXY_INIT_XTABLES_LOCK_DIR.into(),
-            name: crate::names::XTABLES_LOCK_VOLUME.into(),
+            mount_path: crate::paths::PROXY_INIT_XTABLES_LOCK_DIR.into(),
+            name: linkerd_cni_k8s::names::XTABLES_LOCK_VOLUME.into(),
         }
     }
 }
@@ -295,7 +295,7 @@ impl Values {
     /// Reads and parses `linkerd-config` from the API (one GET per call: never cached).
     pub async fn fetch(client: &kube::Client, namespace: &str) -> Result<Self, ValuesError> {
         use k8s_openapi::api::core::v1::ConfigMap;
-        let name = crate::names::CONFIG_MAP;
+        let name = linkerd_cni_k8s::names::CONFIG_MAP;
         let api: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), namespace);
         let cm = api
             .get_opt(name)
@@ -312,11 +312,11 @@ impl Values {
         let yaml = cm
             .data
             .as_ref()
-            .and_then(|d| d.get(crate::names::CONFIG_VALUES_KEY))
+            .and_then(|d| d.get(linkerd_cni_k8s::names::CONFIG_VALUES_KEY))
             .ok_or_else(|| ValuesError::MissingKey {
                 namespace: namespace.into(),
                 name: name.into(),
-                key: crate::names::CONFIG_VALUES_KEY.into(),
+                key: linkerd_cni_k8s::names::CONFIG_VALUES_KEY.into(),
             })?;
         Self::from_yaml(yaml)
     }

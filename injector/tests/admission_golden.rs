@@ -7,7 +7,8 @@ mod support;
 
 use std::sync::Arc;
 
-use linkerd_injector::{Values, injected_pod, metrics::Metrics, names, webhook::Webhook};
+use linkerd_cni_k8s::names;
+use linkerd_injector::{Values, injected_pod, metrics::Metrics, webhook::Webhook};
 use serde_json::{Value, json};
 use support::{FakeApi, apply_response, fixture, golden, validate};
 

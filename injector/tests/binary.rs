@@ -1,6 +1,6 @@
-//! The `linkerd-proxy-injector` binary as deployed: its flags, the TLS material `linkerd
-//! install` renders (Secret + `caBundle`), a kubeconfig pointing at the fake API server, and a
-//! client that trusts only the rendered `caBundle`.
+//! The `linkerd-proxy-injector` binary as deployed: its flags, generated TLS material (what
+//! `linkerd install` puts in the Secret and `caBundle`; the CLI's tests check that rendering),
+//! a kubeconfig pointing at the fake API server, and a client that trusts only the CA.
 
 mod support;
 
@@ -10,13 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use base64::Engine;
-use linkerd_injector::{
-    Values,
-    install::{self, FailurePolicy, InstallOptions, WebhookTls},
-    names, tls,
-};
-use serde_json::{Value, json};
+use linkerd_cni_k8s::names;
+use linkerd_injector::{Values, tls};
+use serde_json::json;
 use support::{FakeApi, HttpsClient, fixture, tempdir};
 
 /// Kills the child (by PID) when the test ends, however it ends.
@@ -33,13 +29,6 @@ fn free_port() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")
-}
-
-fn b64(v: &Value) -> String {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(v.as_str().expect("base64 string"))
-        .expect("base64");
-    String::from_utf8(bytes).expect("PEM is UTF-8")
 }
 
 #[tokio::test]
@@ -60,23 +49,7 @@ async fn the_binary_serves_with_the_rendered_tls_and_a_kubeconfig() {
         names::CONTROL_PLANE_NAMESPACE,
     ))
     .expect("TLS");
-    let objects = install::render(&InstallOptions {
-        values: Values::default(),
-        injector_image: "injector:test".into(),
-        replicas: 1,
-        failure_policy: FailurePolicy::Ignore,
-        tls: WebhookTls::Generated(material),
-    })
-    .expect("render");
-    let secret = objects
-        .iter()
-        .find(|o| o["kind"] == "Secret")
-        .expect("Secret");
-    let webhook = objects
-        .iter()
-        .find(|o| o["kind"] == "MutatingWebhookConfiguration")
-        .expect("webhook configuration");
-    let ca_bundle = b64(&webhook["webhooks"][0]["clientConfig"]["caBundle"]);
+    let ca_bundle = material.ca_pem.clone();
 
     let dir = tempdir();
     let (cert, key, kubeconfig) = (
@@ -84,8 +57,8 @@ async fn the_binary_serves_with_the_rendered_tls_and_a_kubeconfig() {
         dir.path.join("tls.key"),
         dir.path.join("kubeconfig"),
     );
-    support::write(&cert, &b64(&secret["data"]["tls.crt"]));
-    support::write(&key, &b64(&secret["data"]["tls.key"]));
+    support::write(&cert, &material.cert_pem);
+    support::write(&key, &material.key_pem);
     support::write(
         &kubeconfig,
         &format!(

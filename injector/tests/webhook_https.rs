@@ -6,10 +6,10 @@ mod support;
 
 use std::{net::SocketAddr, sync::Arc};
 
+use linkerd_cni_k8s::names;
 use linkerd_injector::{
     Values, admission,
     metrics::Metrics,
-    names,
     server::{self, Limits},
     tls,
     webhook::Webhook,

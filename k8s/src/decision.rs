@@ -22,26 +22,16 @@ use std::fmt;
 
 use k8s_openapi::{
     api::core::v1::{Namespace, Pod, Service},
-    apimachinery::pkg::util::intstr::IntOrString,
+    apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 use linkerd_cni_proto::config::{self, LinkerdConfig, PortRange};
 
-/// The proxy container's name.
-pub const PROXY_CONTAINER: &str = "linkerd-proxy";
-/// The init container of pods that program their own iptables rules.
-pub const INIT_CONTAINER: &str = "linkerd-init";
-/// Replaces the outbound ports to ignore.
-pub const SKIP_OUTBOUND_PORTS: &str = "config.linkerd.io/skip-outbound-ports";
-/// Appended to the inbound ports to ignore.
-pub const SKIP_INBOUND_PORTS: &str = "config.linkerd.io/skip-inbound-ports";
-/// Replaces the subnets to ignore.
-pub const SKIP_SUBNETS: &str = "config.linkerd.io/skip-subnets";
-/// Replaces the proxy UID.
-pub const PROXY_UID: &str = "config.linkerd.io/proxy-uid";
-/// Replaces the proxy GID.
-pub const PROXY_GID: &str = "config.linkerd.io/proxy-gid";
-/// Label carried by Linkerd's control-plane pods.
-pub const CONTROL_PLANE_LABEL: &str = "linkerd.io/control-plane-component";
+use crate::names::{
+    CONTROL_PLANE_COMPONENT_LABEL, INIT_CONTAINER, PROXY_CONTAINER, PROXY_GID_ANNOTATION,
+    PROXY_UID_ANNOTATION, SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION,
+    SKIP_SUBNETS_ANNOTATION,
+};
+
 /// Ports a control-plane pod skips when the `default/kubernetes` Service could not be read.
 pub const FALLBACK_API_SERVER_PORTS: [u16; 2] = [443, 6443];
 
@@ -89,6 +79,30 @@ pub struct AnnotationError {
     pub reason: String,
 }
 
+/// Which object an override was read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverrideOrigin {
+    /// The pod (or pod template) itself.
+    Pod,
+    /// The pod's namespace.
+    Namespace,
+}
+
+/// Linkerd's rule for `config.linkerd.io/*` overrides, shared by this decision and the proxy
+/// injector: the pod's annotation, or, when the pod does not carry that annotation at all, its
+/// namespace's (`on_namespace`, only called then). A present but empty (or blank) value means
+/// "no override" (`None`), and a pod's empty value still hides its namespace's.
+pub fn override_value<'a>(
+    on_pod: Option<&'a str>,
+    on_namespace: impl FnOnce() -> Option<&'a str>,
+) -> Option<(&'a str, OverrideOrigin)> {
+    let found = match on_pod {
+        Some(value) => (value, OverrideOrigin::Pod),
+        None => (on_namespace()?, OverrideOrigin::Namespace),
+    };
+    (!found.0.trim().is_empty()).then_some(found)
+}
+
 /// Decides whether `pod` is redirected and computes its configuration from `base`.
 ///
 /// `namespace` is the pod's namespace, for annotation fallback (`None`: no fallback).
@@ -118,36 +132,38 @@ pub fn decide(
     let mut config = base.clone();
     let mut applied = Vec::new();
 
-    if let Some((value, source)) = overrides.get(SKIP_OUTBOUND_PORTS) {
-        config.outbound_ports_to_ignore = ports(SKIP_OUTBOUND_PORTS, value, &source)?;
-        applied.push(format!("{SKIP_OUTBOUND_PORTS} from {source}"));
+    if let Some((value, source)) = overrides.get(SKIP_OUTBOUND_PORTS_ANNOTATION) {
+        config.outbound_ports_to_ignore = ports(SKIP_OUTBOUND_PORTS_ANNOTATION, value, &source)?;
+        applied.push(format!("{SKIP_OUTBOUND_PORTS_ANNOTATION} from {source}"));
     }
-    if let Some((value, source)) = overrides.get(SKIP_INBOUND_PORTS) {
-        config
-            .inbound_ports_to_ignore
-            .extend(ports(SKIP_INBOUND_PORTS, value, &source)?);
-        applied.push(format!("{SKIP_INBOUND_PORTS} from {source}"));
+    if let Some((value, source)) = overrides.get(SKIP_INBOUND_PORTS_ANNOTATION) {
+        config.inbound_ports_to_ignore.extend(ports(
+            SKIP_INBOUND_PORTS_ANNOTATION,
+            value,
+            &source,
+        )?);
+        applied.push(format!("{SKIP_INBOUND_PORTS_ANNOTATION} from {source}"));
     }
-    if let Some((value, source)) = overrides.get(SKIP_SUBNETS) {
+    if let Some((value, source)) = overrides.get(SKIP_SUBNETS_ANNOTATION) {
         config.subnets_to_ignore = config::parse_cidr_list(value)
-            .map_err(|e| malformed(SKIP_SUBNETS, value, &source, e.to_string()))?;
-        applied.push(format!("{SKIP_SUBNETS} from {source}"));
+            .map_err(|e| malformed(SKIP_SUBNETS_ANNOTATION, value, &source, e.to_string()))?;
+        applied.push(format!("{SKIP_SUBNETS_ANNOTATION} from {source}"));
     }
-    if let Some((value, source)) = overrides.get(PROXY_UID) {
+    if let Some((value, source)) = overrides.get(PROXY_UID_ANNOTATION) {
         // A UID; 0 keeps Linkerd's meaning (no exemption). Negative values are refused: they
         // would silently drop the exemption and loop the proxy's own traffic back to it.
         let uid = value.trim().parse::<u32>().map_err(|_| {
             malformed(
-                PROXY_UID,
+                PROXY_UID_ANNOTATION,
                 value,
                 &source,
                 "expected an integer 0-4294967295".into(),
             )
         })?;
         config.proxy_uid = i64::from(uid);
-        applied.push(format!("{PROXY_UID} from {source}"));
+        applied.push(format!("{PROXY_UID_ANNOTATION} from {source}"));
     }
-    if let Some((value, source)) = overrides.get(PROXY_GID) {
+    if let Some((value, source)) = overrides.get(PROXY_GID_ANNOTATION) {
         // Negative means "no GID exemption", as in the conflist.
         let gid = value
             .trim()
@@ -156,14 +172,14 @@ pub fn decide(
             .filter(|g| *g <= i64::from(u32::MAX))
             .ok_or_else(|| {
                 malformed(
-                    PROXY_GID,
+                    PROXY_GID_ANNOTATION,
                     value,
                     &source,
                     "expected an integer <= 4294967295 (negative: none)".into(),
                 )
             })?;
         config.proxy_gid = gid;
-        applied.push(format!("{PROXY_GID} from {source}"));
+        applied.push(format!("{PROXY_GID_ANNOTATION} from {source}"));
     }
 
     if is_control_plane(pod) {
@@ -226,7 +242,7 @@ pub fn is_control_plane(pod: &Pod) -> bool {
     pod.metadata
         .labels
         .as_ref()
-        .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL))
+        .is_some_and(|l| l.contains_key(CONTROL_PLANE_COMPONENT_LABEL))
 }
 
 /// The Service's ports and integer target ports, in order, without duplicates.
@@ -259,32 +275,23 @@ impl<'a> Overrides<'a> {
     /// The override's value and where it came from; `None` when unset or empty. A pod that
     /// carries the annotation (even empty) hides its namespace's.
     fn get(&self, key: &str) -> Option<(&'a str, AnnotationSource)> {
-        let on_pod = self
-            .pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(key));
-        let (value, source) = match on_pod {
-            Some(v) => (
-                v,
-                AnnotationSource::Pod {
-                    namespace: self.pod.metadata.namespace.clone().unwrap_or_default(),
-                    name: self.pod.metadata.name.clone().unwrap_or_default(),
-                },
-            ),
-            None => {
-                let ns = self.namespace?;
-                let v = ns.metadata.annotations.as_ref()?.get(key)?;
-                (
-                    v,
-                    AnnotationSource::Namespace {
-                        name: ns.metadata.name.clone().unwrap_or_default(),
-                    },
-                )
-            }
+        let annotation = |meta: &'a ObjectMeta| Some(meta.annotations.as_ref()?.get(key)?.as_str());
+        let (value, origin) = override_value(annotation(&self.pod.metadata), || {
+            annotation(&self.namespace?.metadata)
+        })?;
+        let source = match origin {
+            OverrideOrigin::Pod => AnnotationSource::Pod {
+                namespace: self.pod.metadata.namespace.clone().unwrap_or_default(),
+                name: self.pod.metadata.name.clone().unwrap_or_default(),
+            },
+            OverrideOrigin::Namespace => AnnotationSource::Namespace {
+                name: self
+                    .namespace
+                    .and_then(|ns| ns.metadata.name.clone())
+                    .unwrap_or_default(),
+            },
         };
-        (!value.trim().is_empty()).then_some((value.as_str(), source))
+        Some((value, source))
     }
 }
 
@@ -417,43 +424,43 @@ mod tests {
                 Expect { redirect: true, ..Default::default() }),
             ("no proxy", pod(APP, &["setup"], none.clone(), none.clone()), None, None,
                 Expect { redirect: false, ..Default::default() }),
-            ("no proxy: overrides ignored", pod(APP, &[], json!({SKIP_OUTBOUND_PORTS: "9"}), none.clone()), Some(namespace(json!({SKIP_SUBNETS: "1.2.3.0/24"}))), None,
+            ("no proxy: overrides ignored", pod(APP, &[], json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "9"}), none.clone()), Some(namespace(json!({SKIP_SUBNETS_ANNOTATION: "1.2.3.0/24"}))), None,
                 Expect { redirect: false, ..Default::default() }),
-            ("skip-outbound-ports on pod replaces", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: "3306, 5432-5433"}), none.clone()), None, None,
+            ("skip-outbound-ports on pod replaces", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "3306, 5432-5433"}), none.clone()), None, None,
                 Expect { redirect: true, outbound: Some("3306,5432-5433"), ..Default::default() }),
-            ("skip-outbound-ports on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS: "11211"}))), None,
+            ("skip-outbound-ports on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "11211"}))), None,
                 Expect { redirect: true, outbound: Some("11211"), ..Default::default() }),
-            ("skip-outbound-ports on both: pod wins", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: "3306"}), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS: "11211"}))), None,
+            ("skip-outbound-ports on both: pod wins", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "3306"}), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "11211"}))), None,
                 Expect { redirect: true, outbound: Some("3306"), ..Default::default() }),
-            ("skip-inbound-ports on pod appends", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS: "8080,9000-9100"}), none.clone()), None, None,
+            ("skip-inbound-ports on pod appends", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS_ANNOTATION: "8080,9000-9100"}), none.clone()), None, None,
                 Expect { redirect: true, inbound: Some("4191,4190,8080,9000-9100"), ..Default::default() }),
-            ("skip-inbound-ports on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_INBOUND_PORTS: "22"}))), None,
+            ("skip-inbound-ports on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_INBOUND_PORTS_ANNOTATION: "22"}))), None,
                 Expect { redirect: true, inbound: Some("4191,4190,22"), ..Default::default() }),
-            ("skip-inbound-ports on both: pod wins", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS: "8080"}), none.clone()), Some(namespace(json!({SKIP_INBOUND_PORTS: "22"}))), None,
+            ("skip-inbound-ports on both: pod wins", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS_ANNOTATION: "8080"}), none.clone()), Some(namespace(json!({SKIP_INBOUND_PORTS_ANNOTATION: "22"}))), None,
                 Expect { redirect: true, inbound: Some("4191,4190,8080"), ..Default::default() }),
-            ("skip-subnets on pod replaces", pod(PROXY, &[], json!({SKIP_SUBNETS: "192.168.0.0/16,fd00::/8"}), none.clone()), None, None,
+            ("skip-subnets on pod replaces", pod(PROXY, &[], json!({SKIP_SUBNETS_ANNOTATION: "192.168.0.0/16,fd00::/8"}), none.clone()), None, None,
                 Expect { redirect: true, subnets: Some("192.168.0.0/16,fd00::/8"), ..Default::default() }),
-            ("skip-subnets on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_SUBNETS: "172.16.0.0/12"}))), None,
+            ("skip-subnets on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_SUBNETS_ANNOTATION: "172.16.0.0/12"}))), None,
                 Expect { redirect: true, subnets: Some("172.16.0.0/12"), ..Default::default() }),
-            ("skip-subnets on both: pod wins", pod(PROXY, &[], json!({SKIP_SUBNETS: "192.168.0.0/16"}), none.clone()), Some(namespace(json!({SKIP_SUBNETS: "172.16.0.0/12"}))), None,
+            ("skip-subnets on both: pod wins", pod(PROXY, &[], json!({SKIP_SUBNETS_ANNOTATION: "192.168.0.0/16"}), none.clone()), Some(namespace(json!({SKIP_SUBNETS_ANNOTATION: "172.16.0.0/12"}))), None,
                 Expect { redirect: true, subnets: Some("192.168.0.0/16"), ..Default::default() }),
-            ("proxy-uid and proxy-gid on pod", pod(PROXY, &[], json!({PROXY_UID: "1337", PROXY_GID: "1338"}), none.clone()), None, None,
+            ("proxy-uid and proxy-gid on pod", pod(PROXY, &[], json!({PROXY_UID_ANNOTATION: "1337", PROXY_GID_ANNOTATION: "1338"}), none.clone()), None, None,
                 Expect { redirect: true, uid: Some(1337), gid: Some(1338), ..Default::default() }),
-            ("proxy-uid and proxy-gid on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({PROXY_UID: "0", PROXY_GID: "-1"}))), None,
+            ("proxy-uid and proxy-gid on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({PROXY_UID_ANNOTATION: "0", PROXY_GID_ANNOTATION: "-1"}))), None,
                 Expect { redirect: true, uid: Some(0), gid: Some(-1), ..Default::default() }),
-            ("proxy-uid on both: pod wins, gid from namespace", pod(PROXY, &[], json!({PROXY_UID: "1337"}), none.clone()), Some(namespace(json!({PROXY_UID: "7", PROXY_GID: "8"}))), None,
+            ("proxy-uid on both: pod wins, gid from namespace", pod(PROXY, &[], json!({PROXY_UID_ANNOTATION: "1337"}), none.clone()), Some(namespace(json!({PROXY_UID_ANNOTATION: "7", PROXY_GID_ANNOTATION: "8"}))), None,
                 Expect { redirect: true, uid: Some(1337), gid: Some(8), ..Default::default() }),
-            ("empty annotation on pod hides namespace's and changes nothing", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: ""}), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS: "11211"}))), None,
+            ("empty annotation on pod hides namespace's and changes nothing", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS_ANNOTATION: ""}), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "11211"}))), None,
                 Expect { redirect: true, ..Default::default() }),
-            ("control plane: service port and integer targetPort", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_LABEL: "destination"})), None, Some(&api_svc),
+            ("control plane: service port and integer targetPort", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_COMPONENT_LABEL: "destination"})), None, Some(&api_svc),
                 Expect { redirect: true, outbound: Some("25,443,6443"), ..Default::default() }),
-            ("control plane: named targetPort ignored", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_LABEL: ""})), None, Some(&named_target_svc),
+            ("control plane: named targetPort ignored", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_COMPONENT_LABEL: ""})), None, Some(&named_target_svc),
                 Expect { redirect: true, outbound: Some("25,8443,444"), ..Default::default() }),
-            ("control plane: service lookup failed", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_LABEL: "identity"})), None, None,
+            ("control plane: service lookup failed", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_COMPONENT_LABEL: "identity"})), None, None,
                 Expect { redirect: true, outbound: Some("25,443,6443"), ..Default::default() }),
-            ("control plane: ports added after the replacing annotation", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: "443,4567"}), json!({CONTROL_PLANE_LABEL: "identity"})), None, Some(&api_svc),
+            ("control plane: ports added after the replacing annotation", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "443,4567"}), json!({CONTROL_PLANE_COMPONENT_LABEL: "identity"})), None, Some(&api_svc),
                 Expect { redirect: true, outbound: Some("443,4567,6443"), ..Default::default() }),
-            ("control plane without proxy", pod(APP, &[], none.clone(), json!({CONTROL_PLANE_LABEL: "identity"})), None, Some(&api_svc),
+            ("control plane without proxy", pod(APP, &[], none.clone(), json!({CONTROL_PLANE_COMPONENT_LABEL: "identity"})), None, Some(&api_svc),
                 Expect { redirect: false, ..Default::default() }),
         ];
         let base = base();
@@ -518,20 +525,20 @@ mod tests {
         };
         #[rustfmt::skip]
         let cases: Vec<BadCase> = vec![
-            ("outbound port out of range", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS: "70000"}), none.clone()), None,
-                SKIP_OUTBOUND_PORTS, "70000", pod_source.clone()),
-            ("inbound reversed range", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS: "80,90-10"}), none.clone()), None,
-                SKIP_INBOUND_PORTS, "80,90-10", pod_source.clone()),
-            ("subnet not a CIDR", pod(PROXY, &[], json!({SKIP_SUBNETS: "10.0.0.0/33"}), none.clone()), None,
-                SKIP_SUBNETS, "10.0.0.0/33", pod_source.clone()),
-            ("uid not a number", pod(PROXY, &[], json!({PROXY_UID: "proxy"}), none.clone()), None,
-                PROXY_UID, "proxy", pod_source.clone()),
-            ("negative uid", pod(PROXY, &[], json!({PROXY_UID: "-5"}), none.clone()), None,
-                PROXY_UID, "-5", pod_source.clone()),
-            ("gid too large", pod(PROXY, &[], json!({PROXY_GID: "4294967296"}), none.clone()), None,
-                PROXY_GID, "4294967296", pod_source.clone()),
-            ("malformed on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS: "http"}))),
-                SKIP_OUTBOUND_PORTS, "http", ns_source.clone()),
+            ("outbound port out of range", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "70000"}), none.clone()), None,
+                SKIP_OUTBOUND_PORTS_ANNOTATION, "70000", pod_source.clone()),
+            ("inbound reversed range", pod(PROXY, &[], json!({SKIP_INBOUND_PORTS_ANNOTATION: "80,90-10"}), none.clone()), None,
+                SKIP_INBOUND_PORTS_ANNOTATION, "80,90-10", pod_source.clone()),
+            ("subnet not a CIDR", pod(PROXY, &[], json!({SKIP_SUBNETS_ANNOTATION: "10.0.0.0/33"}), none.clone()), None,
+                SKIP_SUBNETS_ANNOTATION, "10.0.0.0/33", pod_source.clone()),
+            ("uid not a number", pod(PROXY, &[], json!({PROXY_UID_ANNOTATION: "proxy"}), none.clone()), None,
+                PROXY_UID_ANNOTATION, "proxy", pod_source.clone()),
+            ("negative uid", pod(PROXY, &[], json!({PROXY_UID_ANNOTATION: "-5"}), none.clone()), None,
+                PROXY_UID_ANNOTATION, "-5", pod_source.clone()),
+            ("gid too large", pod(PROXY, &[], json!({PROXY_GID_ANNOTATION: "4294967296"}), none.clone()), None,
+                PROXY_GID_ANNOTATION, "4294967296", pod_source.clone()),
+            ("malformed on namespace", pod(PROXY, &[], none.clone(), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "http"}))),
+                SKIP_OUTBOUND_PORTS_ANNOTATION, "http", ns_source.clone()),
         ];
         for (name, pod, ns, annotation, value, source) in cases {
             let err = decide(&pod, ns.as_ref(), None, &base())
@@ -551,10 +558,10 @@ mod tests {
             &pod(
                 PROXY,
                 &[],
-                json!({SKIP_OUTBOUND_PORTS: "3306"}),
+                json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "3306"}),
                 none.clone(),
             ),
-            Some(&namespace(json!({SKIP_OUTBOUND_PORTS: "http"}))),
+            Some(&namespace(json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "http"}))),
             None,
             &base(),
         )

@@ -26,8 +26,8 @@ use linkerd_cni_proto::config::LinkerdConfig;
 use tokio::task::JoinHandle;
 
 use crate::{
-    K8sError,
     decision::{self, Decision},
+    error::K8sError,
 };
 
 /// Default bound on each API request.

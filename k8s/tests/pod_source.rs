@@ -3,26 +3,24 @@
 //! cached, what is fetched, what fails; plus the fake server's own list/watch semantics that
 //! those tests rely on.
 
-// The fake API server lives in `linkerd-cni-tests`; it is included by path because depending on
-// that crate would build the node agent (and its eBPF object) for these tests.
-#[allow(dead_code)]
-#[path = "../../tests/src/fake_apiserver.rs"]
-mod fake_apiserver;
-
 use std::{
     path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
-use fake_apiserver::{FakeApiServer, RecordedRequest};
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
     api::{ListParams, WatchEvent, WatchParams},
 };
-use linkerd_cni_k8s::{K8sError, PodOrigin, PodSource, client, decision};
+use linkerd_cni_fake_apiserver::{self as fake_apiserver, FakeApiServer, RecordedRequest};
+use linkerd_cni_k8s::{
+    K8sError, PodOrigin, PodSource,
+    client::{self, ClientError},
+    names,
+};
 use linkerd_cni_proto::config::{LinkerdConfig, parse_port_list};
 use serde_json::{Value, json};
 
@@ -79,7 +77,7 @@ async fn fixture() -> Fixture {
     let server = FakeApiServer::start().expect("start fake API server");
     server
         .apply(&json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": NS, "annotations": {decision::SKIP_INBOUND_PORTS: "22"}}}))
+            "metadata": {"name": NS, "annotations": {names::SKIP_INBOUND_PORTS_ANNOTATION: "22"}}}))
         .expect("apply namespace");
     server
         .apply(&json!({"apiVersion": "v1", "kind": "Service",
@@ -178,7 +176,7 @@ async fn uncached_new_pod_is_fetched_directly() {
             "new",
             NODE,
             MESHED,
-            json!({decision::SKIP_OUTBOUND_PORTS: "3306"}),
+            json!({names::SKIP_OUTBOUND_PORTS_ANNOTATION: "3306"}),
         ))
         .expect("apply pod");
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -283,14 +281,14 @@ async fn pod_update_is_seen_through_the_watch() {
             "web",
             NODE,
             MESHED,
-            json!({decision::SKIP_OUTBOUND_PORTS: "5432"}),
+            json!({names::SKIP_OUTBOUND_PORTS_ANNOTATION: "5432"}),
         ))
         .expect("update pod");
     eventually("the update reaches the cache", || {
         f.source
             .cached(NS, "web")
             .and_then(|p| p.metadata.annotations.clone())
-            .is_some_and(|a| a.contains_key(decision::SKIP_OUTBOUND_PORTS))
+            .is_some_and(|a| a.contains_key(names::SKIP_OUTBOUND_PORTS_ANNOTATION))
     })
     .await;
     let after = f
@@ -390,7 +388,7 @@ async fn uid_guards_against_an_older_pod_of_the_same_name() {
 async fn control_plane_pods_skip_the_api_server_ports() {
     let f = fixture().await;
     let mut cp = pod("destination", NODE, MESHED, json!({}));
-    cp["metadata"]["labels"] = json!({decision::CONTROL_PLANE_LABEL: "destination"});
+    cp["metadata"]["labels"] = json!({names::CONTROL_PLANE_COMPONENT_LABEL: "destination"});
     f.server.apply(&cp).expect("apply pod");
     let d = f
         .source
@@ -429,7 +427,7 @@ async fn malformed_annotation_fails_the_decision() {
             "bad",
             NODE,
             MESHED,
-            json!({decision::SKIP_SUBNETS: "10.0.0.0/99"}),
+            json!({names::SKIP_SUBNETS_ANNOTATION: "10.0.0.0/99"}),
         ))
         .expect("apply pod");
     let err = f
@@ -438,12 +436,12 @@ async fn malformed_annotation_fails_the_decision() {
         .await
         .expect_err("malformed accepted");
     assert!(
-        matches!(&err, K8sError::Annotation(e) if e.annotation == decision::SKIP_SUBNETS)
+        matches!(&err, K8sError::Annotation(e) if e.annotation == names::SKIP_SUBNETS_ANNOTATION)
             && !err.is_transient(),
         "unexpected error {err}"
     );
     assert!(
-        err.to_string().contains(decision::SKIP_SUBNETS),
+        err.to_string().contains(names::SKIP_SUBNETS_ANNOTATION),
         "message does not name the annotation: {err}"
     );
 }
@@ -541,8 +539,9 @@ async fn client_configuration_errors() {
     let Err(err) = client::client(Some(&missing)).await else {
         panic!("client from a missing kubeconfig")
     };
+    let err = K8sError::from(err);
     assert!(
-        matches!(err, K8sError::Kubeconfig { .. }) && !err.is_transient(),
+        matches!(err, K8sError::Client(ClientError::Kubeconfig { .. })) && !err.is_transient(),
         "unexpected error {err}"
     );
     // Not in a cluster: no KUBERNETES_SERVICE_HOST here.
@@ -550,8 +549,9 @@ async fn client_configuration_errors() {
         let Err(err) = client::client(None).await else {
             panic!("in-cluster client outside a cluster")
         };
+        let err = K8sError::from(err);
         assert!(
-            matches!(err, K8sError::InCluster(_)),
+            matches!(err, K8sError::Client(ClientError::InCluster(_))),
             "unexpected error {err}"
         );
     }
@@ -742,7 +742,9 @@ async fn manifest_dir_changes_reach_the_cache() {
             .cached(NS, "one")
             .and_then(|p| p.metadata.annotations.clone())
             .is_some_and(|a| {
-                a.get(decision::SKIP_OUTBOUND_PORTS).map(String::as_str) == Some("7000")
+                a.get(names::SKIP_OUTBOUND_PORTS_ANNOTATION)
+                    .map(String::as_str)
+                    == Some("7000")
             })
     })
     .await;

@@ -32,7 +32,6 @@ pub mod client;
 pub mod cniruntime;
 pub mod echo;
 pub mod error;
-pub mod fake_apiserver;
 pub mod iptables;
 pub mod link;
 pub mod names;
@@ -41,6 +40,9 @@ pub mod node;
 pub mod pod;
 mod pool;
 pub mod proxy;
+
+/// The fake Kubernetes API server (crate `linkerd-cni-fake-apiserver`).
+pub use linkerd_cni_fake_apiserver as fake_apiserver;
 
 pub use agent::AgentHarness;
 pub use cgroup::CgroupGuard;

@@ -8,9 +8,10 @@ use crate::{build_ebpf, cargo, nix_is_root, run, setup};
 
 /// The packages whose binaries the demo runs: the plugin, the agent, and the test-support
 /// binaries (fake API server, forwarding proxy, client, the demo itself).
-const PACKAGES: [&str; 3] = [
+const PACKAGES: [&str; 4] = [
     "linkerd-cni-plugin",
     "linkerd-cni-agent",
+    "linkerd-cni-fake-apiserver",
     "linkerd-cni-tests",
 ];
 

@@ -12,12 +12,12 @@ use k8s_openapi::{
 };
 use kube::{Api, Client, Resource};
 
-use super::CheckResult;
+use linkerd_cni_k8s::names;
 
-/// The name of every cluster-scoped and namespaced linkerd-cni object but the ConfigMap.
-pub const NAME: &str = "linkerd-cni";
-/// The ConfigMap's name.
-pub const CONFIG_MAP: &str = "linkerd-cni-config";
+use super::result::CheckResult;
+
+/// The category these checks are printed under.
+pub const CATEGORY: &str = "linkerd-cni-plugin";
 
 async fn exists<K>(api: Api<K>, what: &str, name: &str, where_: &str) -> (CheckResult, Option<K>)
 where
@@ -25,13 +25,21 @@ where
 {
     let check = format!("cni plugin {what} exists");
     match api.get_opt(name).await {
-        Ok(Some(obj)) => (CheckResult::ok(check, ""), Some(obj)),
+        Ok(Some(obj)) => (CheckResult::ok(CATEGORY, check, ""), Some(obj)),
         Ok(None) => (
-            CheckResult::fail(check, format!("{what} {name:?} not found{where_}")),
+            CheckResult::fail(
+                CATEGORY,
+                check,
+                format!("{what} {name:?} not found{where_}"),
+            ),
             None,
         ),
         Err(e) => (
-            CheckResult::fail(check, format!("getting {what} {name:?}{where_}: {e}")),
+            CheckResult::fail(
+                CATEGORY,
+                check,
+                format!("getting {what} {name:?}{where_}: {e}"),
+            ),
             None,
         ),
     }
@@ -64,7 +72,7 @@ pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
         exists(
             Api::<ConfigMap>::namespaced(client.clone(), namespace),
             "ConfigMap",
-            CONFIG_MAP,
+            names::CNI_CONFIG_MAP,
             &in_ns,
         )
         .await
@@ -72,7 +80,7 @@ pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
         exists(
             Api::<ClusterRole>::all(client.clone()),
             "ClusterRole",
-            NAME,
+            names::CNI_NAME,
             "",
         )
         .await
@@ -80,7 +88,7 @@ pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
         exists(
             Api::<ClusterRoleBinding>::all(client.clone()),
             "ClusterRoleBinding",
-            NAME,
+            names::CNI_NAME,
             "",
         )
         .await
@@ -88,7 +96,7 @@ pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
         exists(
             Api::<ServiceAccount>::namespaced(client.clone(), namespace),
             "ServiceAccount",
-            NAME,
+            names::CNI_NAME,
             &in_ns,
         )
         .await
@@ -97,18 +105,15 @@ pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
     let (ds_check, ds) = exists(
         Api::<DaemonSet>::namespaced(client.clone(), namespace),
         "DaemonSet",
-        NAME,
+        names::CNI_NAME,
         &in_ns,
     )
     .await;
     results.push(ds_check);
     let ready = "cni plugin pod is running on all nodes";
     results.push(match ds {
-        Some(ds) => CheckResult {
-            name: ready.into(),
-            outcome: daemonset_ready(&ds),
-        },
-        None => CheckResult::fail(ready, "no DaemonSet to check"),
+        Some(ds) => CheckResult::from_outcome(CATEGORY, ready, daemonset_ready(&ds)),
+        None => CheckResult::fail(CATEGORY, ready, "no DaemonSet to check"),
     });
     results
 }

@@ -4,7 +4,10 @@
 
 use std::fmt;
 
-use super::CheckResult;
+use super::result::CheckResult;
+
+/// The category these checks are printed under.
+pub const CATEGORY: &str = "linkerd-cni-node";
 
 /// A kernel version, `major.minor.patch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -122,24 +125,31 @@ pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
     for (feature, min) in KERNEL_FEATURES {
         let name = format!("kernel supports {feature} (>= {}.{})", min.0, min.1);
         results.push(match version {
-            Some((_, Some(v))) if v >= *min => CheckResult::ok(name, format!("kernel {v}")),
+            Some((_, Some(v))) if v >= *min => {
+                CheckResult::ok(CATEGORY, name, format!("kernel {v}"))
+            }
             Some((_, Some(v))) => CheckResult::fail(
+                CATEGORY,
                 name,
                 format!("kernel {v} is older than {}.{}", min.0, min.1),
             ),
-            Some((release, None)) => {
-                CheckResult::fail(name, format!("cannot parse kernel release {release:?}"))
-            }
-            None => CheckResult::fail(name, "cannot read /proc/sys/kernel/osrelease"),
+            Some((release, None)) => CheckResult::fail(
+                CATEGORY,
+                name,
+                format!("cannot parse kernel release {release:?}"),
+            ),
+            None => CheckResult::fail(CATEGORY, name, "cannot read /proc/sys/kernel/osrelease"),
         });
     }
 
     let Some(mountinfo) = facts.mountinfo.as_deref() else {
         results.push(CheckResult::fail(
+            CATEGORY,
             "bpffs is mounted or mountable",
             "cannot read /proc/self/mountinfo",
         ));
         results.push(CheckResult::fail(
+            CATEGORY,
             "cgroup v2 is mounted",
             "cannot read /proc/self/mountinfo",
         ));
@@ -151,21 +161,18 @@ pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
         .as_deref()
         .is_some_and(|f| filesystem_supported(f, "bpf"));
     results.push(match (bpffs.first(), bpf_supported) {
-        (Some(at), _) => CheckResult::ok("bpffs is mounted or mountable", format!("mounted at {at}")),
-        (None, true) => CheckResult::ok(
-            "bpffs is mounted or mountable",
+        (Some(at), _) => CheckResult::ok(CATEGORY, "bpffs is mounted or mountable", format!("mounted at {at}")),
+        (None, true) => CheckResult::ok(CATEGORY, "bpffs is mounted or mountable",
             "not mounted; the kernel supports it and the DaemonSet's init container mounts it",
         ),
-        (None, false) => CheckResult::fail(
-            "bpffs is mounted or mountable",
+        (None, false) => CheckResult::fail(CATEGORY, "bpffs is mounted or mountable",
             "bpffs is not mounted and /proc/filesystems does not list \"bpf\" (kernel without CONFIG_BPF_SYSCALL?)",
         ),
     });
     let cgroup2 = mounts_of_type(mountinfo, "cgroup2");
     results.push(match cgroup2.first() {
-        Some(at) => CheckResult::ok("cgroup v2 is mounted", format!("at {at}")),
-        None => CheckResult::fail(
-            "cgroup v2 is mounted",
+        Some(at) => CheckResult::ok(CATEGORY, "cgroup v2 is mounted", format!("at {at}")),
+        None => CheckResult::fail(CATEGORY, "cgroup v2 is mounted",
             "no cgroup2 filesystem in /proc/self/mountinfo; the eBPF mode attaches its programs to cgroup v2",
         ),
     });

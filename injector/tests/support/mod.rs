@@ -4,131 +4,53 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::{
-    collections::HashMap,
     net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::{Request, Response, StatusCode, service::service_fn};
+use hyper::Request;
 use hyper_util::rt::TokioIo;
+use linkerd_cni_fake_apiserver::FakeApiServer;
 use serde_json::{Value, json};
 
 /// Kubernetes version the schemas are checked against (the workspace's k8s-openapi feature).
 pub const KUBERNETES_VERSION: &str = "1.34.0";
 
-#[derive(Default)]
-struct ApiState {
-    objects: HashMap<String, Value>,
-    failing: HashMap<String, u16>,
-    hits: HashMap<String, usize>,
-}
-
-/// A fake API server: GET of a path returns the object stored there, else a 404 `Status`.
-/// Every request is counted per path.
+/// The workspace's fake API server (`linkerd-cni-fake-apiserver`) answering GETs of fixed paths
+/// with the object stored there, else a 404 `Status`; every request is counted per path.
 #[derive(Clone)]
 pub struct FakeApi {
     pub addr: SocketAddr,
-    state: Arc<Mutex<ApiState>>,
-    task: Arc<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for FakeApi {
-    fn drop(&mut self) {
-        if Arc::strong_count(&self.task) == 1 {
-            self.task.abort();
-        }
-    }
-}
-
-fn status(code: u16, reason: &str, message: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code})
+    server: Arc<FakeApiServer>,
 }
 
 impl FakeApi {
     /// Starts the server on a loopback port.
     pub async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind fake API");
-        let addr = listener.local_addr().expect("fake API address");
-        let state = Arc::new(Mutex::new(ApiState::default()));
-        let st = state.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                        let st = st.clone();
-                        async move {
-                            let path = req.uri().path().to_string();
-                            let mut s = st.lock().expect("fake API state");
-                            *s.hits.entry(path.clone()).or_default() += 1;
-                            let (code, body) = if let Some(code) = s.failing.get(&path) {
-                                (*code, status(*code, "InternalError", "injected failure"))
-                            } else if req.method() != hyper::Method::GET {
-                                (
-                                    405,
-                                    status(405, "MethodNotAllowed", "the fake API only serves GET"),
-                                )
-                            } else if let Some(obj) = s.objects.get(&path) {
-                                (200, obj.clone())
-                            } else {
-                                (404, status(404, "NotFound", &format!("{path} not found")))
-                            };
-                            let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
-                            *resp.status_mut() = StatusCode::from_u16(code).expect("status code");
-                            resp.headers_mut().insert(
-                                "content-type",
-                                "application/json".parse().expect("header"),
-                            );
-                            Ok::<_, std::convert::Infallible>(resp)
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
-        });
+        let server = FakeApiServer::start().expect("start fake API");
         Self {
-            addr,
-            state,
-            task: Arc::new(task),
+            addr: server.addr(),
+            server: Arc::new(server),
         }
     }
 
     /// Serves `obj` at `path`.
     pub fn set(&self, path: &str, obj: Value) {
-        let mut s = self.state.lock().expect("fake API state");
-        s.failing.remove(path);
-        s.objects.insert(path.to_string(), obj);
+        self.server.route(path, obj);
     }
 
     /// Makes `path` answer with HTTP `code`.
     pub fn fail(&self, path: &str, code: u16) {
-        self.state
-            .lock()
-            .expect("fake API state")
-            .failing
-            .insert(path.to_string(), code);
+        self.server.fail_path(path, Some(code));
     }
 
     /// How many requests `path` received.
     pub fn hits(&self, path: &str) -> usize {
-        *self
-            .state
-            .lock()
-            .expect("fake API state")
-            .hits
-            .get(path)
-            .unwrap_or(&0)
+        self.server.hits(path)
     }
 
     /// Serves ConfigMap `linkerd/linkerd-config` with `values`.

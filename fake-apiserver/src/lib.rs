@@ -17,15 +17,17 @@
 //!
 //! Every change bumps one global resourceVersion. Objects come from [`FakeApiServer::apply`] /
 //! [`FakeApiServer::delete`] at runtime or from a directory of JSON/YAML manifests
-//! ([`ManifestDir`]). Test hooks: [`FakeApiServer::requests`] (what clients asked),
+//! ([`ManifestDir`]); [`FakeApiServer::route`] serves any fixed JSON at a path (objects of
+//! other API groups, for the CLI's and the injector's tests). Test hooks:
+//! [`FakeApiServer::requests`] and [`FakeApiServer::hits`] (what clients asked),
 //! [`FakeApiServer::pause_watches`] (hold watch events back, to reproduce a watch that lags
-//! behind the kubelet), [`FakeApiServer::fail_requests`] (answer every request with an error).
+//! behind the kubelet), [`FakeApiServer::fail_requests`] (answer every request with an error),
+//! [`FakeApiServer::fail_path`] (answer one path with an error).
 //!
 //! The server runs on its own thread and Tokio runtime, so it works from synchronous tests and
 //! from any async runtime alike; dropping it closes the port and every open watch.
 //!
-//! This file only uses external crates (no `crate::` paths): `linkerd-cni-k8s`'s tests include
-//! it with `#[path]` rather than depending on this crate (which depends on the agent).
+//! A crate of its own, with no dependency on the agent, so that every crate's tests can use it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -179,6 +181,10 @@ struct State {
     paused: bool,
     failing: Option<StatusCode>,
     next_uid: u64,
+    /// Fixed answers by exact URL path, ahead of the stored objects.
+    routes: BTreeMap<String, Value>,
+    /// URL paths answered with an error status.
+    failing_paths: BTreeMap<String, StatusCode>,
 }
 
 struct Shared {
@@ -333,6 +339,38 @@ impl FakeApiServer {
     pub fn fail_requests(&self, status: Option<u16>) {
         self.shared.lock().failing = status.and_then(|s| StatusCode::from_u16(s).ok());
         self.shared.wake();
+    }
+
+    /// Answers GETs of exactly `path` (query ignored) with `body`, ahead of the stored objects
+    /// and whatever the path means otherwise: any JSON (a List, an object of any API group),
+    /// no resourceVersion bookkeeping, no watch events. Ends a failure set by
+    /// [`FakeApiServer::fail_path`].
+    pub fn route(&self, path: &str, body: Value) {
+        let mut state = self.shared.lock();
+        state.failing_paths.remove(path);
+        state.routes.insert(path.to_string(), body);
+    }
+
+    /// Stops answering `path` from [`FakeApiServer::route`].
+    pub fn remove_route(&self, path: &str) {
+        self.shared.lock().routes.remove(path);
+    }
+
+    /// Answers requests of exactly `path` with `status` (an error `Status` body) until called
+    /// with `None`.
+    pub fn fail_path(&self, path: &str, status: Option<u16>) {
+        let mut state = self.shared.lock();
+        match status.and_then(|s| StatusCode::from_u16(s).ok()) {
+            Some(code) => state.failing_paths.insert(path.to_string(), code),
+            None => state.failing_paths.remove(path),
+        };
+    }
+
+    /// How many requests of exactly `path` were received (since the last
+    /// [`FakeApiServer::clear_requests`]).
+    pub fn hits(&self, path: &str) -> usize {
+        let state = self.shared.lock();
+        state.requests.iter().filter(|r| r.path == path).count()
     }
 
     /// Forgets the change history: watches resuming from an older resourceVersion get
@@ -740,10 +778,15 @@ async fn handle(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>) -> Re
         path: req.uri().path().to_string(),
         query: parse_query(req.uri().query()),
     };
-    let failing = {
+    let (failing, route) = {
         let mut state = shared.lock();
         state.requests.push(record.clone());
-        state.failing
+        let failing = state
+            .failing_paths
+            .get(&record.path)
+            .copied()
+            .or(state.failing);
+        (failing, state.routes.get(&record.path).cloned())
     };
     log(&format!(
         "{} {} {:?}",
@@ -762,6 +805,9 @@ async fn handle(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>) -> Re
             "MethodNotAllowed",
             "the fake API server is read-only",
         );
+    }
+    if let Some(body) = route {
+        return full(StatusCode::OK, body);
     }
     match record.path.trim_end_matches('/') {
         "/version" => {

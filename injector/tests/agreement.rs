@@ -1,7 +1,8 @@
 //! The two halves of the contract agree: a pod the proxy injector patched with `cniEnabled`
 //! is redirected by the agent's decision (linkerd-proxy present, no linkerd-init), with the
 //! pod's `config.linkerd.io/skip-*` overrides; the same pod uninjected, or injected for the
-//! iptables mode (`cniEnabled: false`, with linkerd-init), is not.
+//! iptables mode (`cniEnabled: false`, with linkerd-init), is not. (It lives here rather than
+//! in `linkerd-cni-k8s` because this crate already depends on that one.)
 
 use k8s_openapi::api::core::v1::Pod;
 use linkerd_cni_k8s::decision::decide;
@@ -9,7 +10,7 @@ use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
 use linkerd_injector::{injected_pod, values::Values};
 use serde_json::Value;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../injector/tests/fixtures");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
 fn fixture_pods() -> Vec<(String, Value)> {
     let mut out = Vec::new();

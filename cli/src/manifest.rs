@@ -5,12 +5,12 @@
 //! ReplicationControllers, Jobs and CronJobs, also inside `kind: List`. Other documents pass
 //! through unchanged. Key order is not preserved (documents are re-serialised).
 
+use linkerd_cni_k8s::names;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{
+use linkerd_injector::{
     decision::{self, InjectMode},
-    names,
     patch::{self, InjectContext, InjectError},
     values::Values,
 };

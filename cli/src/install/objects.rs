@@ -10,15 +10,16 @@
 //!   cert-manager Certificate and the `cert-manager.io/inject-ca-from` annotation.
 
 use base64::Engine;
-use linkerd_cni_common::paths;
+use linkerd_cni_k8s::names;
 use serde_json::{Value, json};
 
-use crate::{
-    manifest::{ManifestError, write_documents},
-    names,
+use linkerd_injector::{
+    paths,
     tls::TlsMaterial,
     values::{Values, ValuesError},
 };
+
+use crate::manifest::{ManifestError, write_documents};
 
 /// Default injector image repository.
 pub const DEFAULT_INJECTOR_IMAGE: &str = "ghcr.io/linkerd/linkerd-cni-ebpf/proxy-injector";
@@ -176,7 +177,7 @@ pub fn render(opts: &InstallOptions) -> Result<Vec<Value>, InstallError> {
             "metadata": {"name": inj, "namespace": ns, "labels": labels(Some(component))},
             "spec": {
                 "secretName": names::INJECTOR_TLS_SECRET,
-                "dnsNames": crate::tls::service_dns_names(inj, ns),
+                "dnsNames": linkerd_injector::tls::service_dns_names(inj, ns),
                 "issuerRef": {"name": issuer, "kind": issuer_kind, "group": "cert-manager.io"},
                 "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
                 "usages": ["server auth", "digital signature", "key encipherment"],
@@ -360,7 +361,7 @@ mod tests {
             assert_eq!(parsed.proxy.uid, 2102);
             assert_eq!(
                 parsed.proxy.ports,
-                crate::values::Ports {
+                linkerd_injector::values::Ports {
                     admin: 4191,
                     control: 4190,
                     inbound: 4143,
@@ -368,6 +369,38 @@ mod tests {
                 }
             );
         }
+    }
+
+    /// The Secret and `caBundle` carry generated material the injector can serve with, for
+    /// the names the API server uses to reach it (the injector's tests run its binary on such
+    /// material).
+    #[test]
+    fn generated_tls_is_usable_by_the_injector() {
+        let material = linkerd_injector::tls::generate(&linkerd_injector::tls::service_dns_names(
+            names::INJECTOR,
+            names::CONTROL_PLANE_NAMESPACE,
+        ))
+        .expect("TLS");
+        let objs = render(&opts(true, WebhookTls::Generated(material.clone()))).expect("render");
+        let decode = |v: &Value| {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(v.as_str().expect("base64 string"))
+                .expect("base64");
+            String::from_utf8(bytes).expect("PEM is UTF-8")
+        };
+        let secret = find(&objs, "Secret");
+        let (cert, key) = (
+            decode(&secret["data"]["tls.crt"]),
+            decode(&secret["data"]["tls.key"]),
+        );
+        assert_eq!((&cert, &key), (&material.cert_pem, &material.key_pem));
+        let webhook = find(&objs, "MutatingWebhookConfiguration");
+        assert_eq!(
+            decode(&webhook["webhooks"][0]["clientConfig"]["caBundle"]),
+            material.ca_pem
+        );
+        linkerd_injector::tls::certified_key(cert.as_bytes(), key.as_bytes())
+            .expect("the rendered Secret is a usable serving certificate");
     }
 
     #[test]
@@ -388,6 +421,7 @@ mod tests {
             "{obj_sel}"
         );
         assert_eq!(find(&objs, "Secret")["data"]["tls.key"], b64("KEY"));
+        assert_eq!(find(&objs, "Secret")["data"]["tls.crt"], b64("CERT"));
 
         let cm = render(&opts(
             true,

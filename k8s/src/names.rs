@@ -1,7 +1,10 @@
 //! The vocabulary Linkerd and this project share: annotation and label keys, container and
-//! volume names, and the names of the control-plane objects. The webhook, `linkerd inject`,
-//! `linkerd uninject`, `linkerd install` and the checks all use these constants, so they can
-//! never disagree on a spelling.
+//! volume names, the names of the control-plane objects and Linkerd's defaults. The agent's
+//! decision, the webhook, `linkerd inject`, `linkerd uninject`, `linkerd install` and the
+//! checks all use these constants, so they can never disagree on a spelling.
+
+/// The proxy's default UID (Linkerd's `proxy.uid`), exempt from outbound redirection.
+pub use linkerd_cni_proto::config::DEFAULT_PROXY_UID;
 
 /// Pod or namespace annotation asking for injection (`enabled`, `disabled`, `ingress`).
 pub const INJECT_ANNOTATION: &str = "linkerd.io/inject";
@@ -90,6 +93,10 @@ pub const CONFIG_MAP: &str = "linkerd-config";
 pub const CONFIG_VALUES_KEY: &str = "values";
 /// The namespace `linkerd install-cni` renders into.
 pub const CNI_NAMESPACE: &str = "linkerd-cni";
+/// Name of linkerd-cni's DaemonSet, ServiceAccount, ClusterRole and ClusterRoleBinding.
+pub const CNI_NAME: &str = "linkerd-cni";
+/// linkerd-cni's ConfigMap.
+pub const CNI_CONFIG_MAP: &str = "linkerd-cni-config";
 /// Name of the injector's Deployment, Service and ServiceAccount.
 pub const INJECTOR: &str = "linkerd-proxy-injector";
 /// The Secret holding the webhook's serving certificate.
@@ -102,5 +109,3 @@ pub const WEBHOOK_NAME: &str = "linkerd-proxy-injector.linkerd.io";
 pub const INJECTOR_PORT: u16 = 8443;
 /// The injector's plain-HTTP admin port (metrics, probes).
 pub const INJECTOR_ADMIN_PORT: u16 = 9995;
-/// The `linkerd.io/created-by` value this injector writes.
-pub const CREATED_BY: &str = concat!("linkerd/proxy-injector ", env!("CARGO_PKG_VERSION"));

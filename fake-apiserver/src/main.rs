@@ -1,5 +1,5 @@
-//! `linkerd-cni-fake-apiserver`: the fake Kubernetes API server of
-//! `linkerd_cni_tests::fake_apiserver` as a process, for the demo and manual runs.
+//! `linkerd-cni-fake-apiserver`: the fake Kubernetes API server of this crate's library as a
+//! process, for the end-to-end tests, the demo and manual runs.
 //!
 //! Serves the objects of a directory of JSON/YAML manifests over plain HTTP, writes a
 //! kubeconfig pointing at itself (give it to the agent's `--kubeconfig`), and keeps serving what
@@ -12,7 +12,7 @@ use std::{io::Write, net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use clap::Parser;
-use linkerd_cni_tests::fake_apiserver::{FakeApiServer, ManifestDir};
+use linkerd_cni_fake_apiserver::{FakeApiServer, ManifestDir};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// A fake Kubernetes API server serving a directory of manifests (tests and demo only).

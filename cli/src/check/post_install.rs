@@ -7,6 +7,8 @@
 //! Gathering ([`gather`]) and judging ([`judge`]) are separate so the rules are tested on
 //! plain JSON.
 
+use std::io::Write;
+
 use k8s_openapi::api::{
     admissionregistration::v1::MutatingWebhookConfiguration,
     apps::v1::{DaemonSet, Deployment},
@@ -16,50 +18,18 @@ use k8s_openapi::api::{
 use kube::{Api, Client, api::ListParams};
 use serde_json::Value;
 
-use crate::{decision, names, values::Values};
+use linkerd_cni_k8s::names;
+
+use linkerd_injector::{decision, values::Values};
+
+use super::result::{CheckResult, Status, print_category};
+use crate::kubernetes::KubeArgs;
+
+/// The data-plane category, printed only with `--proxy`.
+pub const DATA_PLANE: &str = "linkerd-data-plane";
 
 /// Exit code of the network validator when redirection is not in place.
 pub const VALIDATOR_FAILED_EXIT_CODE: i64 = 95;
-
-/// Result of one check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// Passed.
-    Ok,
-    /// Passed with something worth attention.
-    Warn,
-    /// Failed.
-    Fail,
-    /// Not applicable in this configuration.
-    Skipped,
-}
-
-/// One check.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckResult {
-    /// Category (`linkerd-config`, `linkerd-cni`...).
-    pub category: &'static str,
-    /// What is checked.
-    pub name: String,
-    /// Outcome.
-    pub status: Status,
-    /// Details or the way out.
-    pub detail: String,
-}
-
-fn result(
-    category: &'static str,
-    name: impl Into<String>,
-    status: Status,
-    detail: impl Into<String>,
-) -> CheckResult {
-    CheckResult {
-        category,
-        name: name.into(),
-        status,
-        detail: detail.into(),
-    }
-}
 
 /// What the checks look at, as JSON (absent objects are `None`; API errors are `Err`).
 #[derive(Clone, Debug)]
@@ -120,36 +90,36 @@ pub async fn gather(client: &Client, control_plane_ns: &str, cni_ns: &str) -> Ob
         o.cni = vec![
             (
                 "ConfigMap".into(),
-                "linkerd-cni-config".into(),
+                names::CNI_CONFIG_MAP.into(),
                 get(
                     Api::<ConfigMap>::namespaced(c.clone(), cni_ns),
-                    "linkerd-cni-config",
+                    names::CNI_CONFIG_MAP,
                 )
                 .await,
             ),
             (
                 "ClusterRole".into(),
-                "linkerd-cni".into(),
-                get(Api::<ClusterRole>::all(c.clone()), "linkerd-cni").await,
+                names::CNI_NAME.into(),
+                get(Api::<ClusterRole>::all(c.clone()), names::CNI_NAME).await,
             ),
             (
                 "ClusterRoleBinding".into(),
-                "linkerd-cni".into(),
-                get(Api::<ClusterRoleBinding>::all(c.clone()), "linkerd-cni").await,
+                names::CNI_NAME.into(),
+                get(Api::<ClusterRoleBinding>::all(c.clone()), names::CNI_NAME).await,
             ),
             (
                 "ServiceAccount".into(),
-                "linkerd-cni".into(),
+                names::CNI_NAME.into(),
                 get(
                     Api::<ServiceAccount>::namespaced(c.clone(), cni_ns),
-                    "linkerd-cni",
+                    names::CNI_NAME,
                 )
                 .await,
             ),
             (
                 "DaemonSet".into(),
-                "linkerd-cni".into(),
-                get(Api::<DaemonSet>::namespaced(c, cni_ns), "linkerd-cni").await,
+                names::CNI_NAME.into(),
+                get(Api::<DaemonSet>::namespaced(c, cni_ns), names::CNI_NAME).await,
             ),
         ];
     }
@@ -228,19 +198,19 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
     let mut out = Vec::new();
     const CONFIG: &str = "linkerd-config";
     match &o.control_plane_namespace {
-        Ok(Some(_)) => out.push(result(
+        Ok(Some(_)) => out.push(CheckResult::new(
             CONFIG,
             "control plane namespace exists",
             Status::Ok,
             "",
         )),
-        Ok(None) => out.push(result(
+        Ok(None) => out.push(CheckResult::new(
             CONFIG,
             "control plane namespace exists",
             Status::Fail,
             "not found: run linkerd install | kubectl apply -f -",
         )),
-        Err(e) => out.push(result(
+        Err(e) => out.push(CheckResult::new(
             CONFIG,
             "control plane namespace exists",
             Status::Fail,
@@ -249,13 +219,13 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
     }
     let values = config_values(&o.config);
     match &values {
-        Ok(v) => out.push(result(
+        Ok(v) => out.push(CheckResult::new(
             CONFIG,
             "linkerd-config is readable",
             Status::Ok,
             format!("cniEnabled: {}", v.cni_enabled),
         )),
-        Err(e) => out.push(result(
+        Err(e) => out.push(CheckResult::new(
             CONFIG,
             "linkerd-config is readable",
             Status::Fail,
@@ -274,9 +244,9 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
                 .pointer("/metadata/annotations/cert-manager.io~1inject-ca-from")
                 .is_some();
             if has_ca || cert_manager {
-                result(INJECTOR, "webhook configuration exists", Status::Ok, "")
+                CheckResult::new(INJECTOR, "webhook configuration exists", Status::Ok, "")
             } else {
-                result(
+                CheckResult::new(
                     INJECTOR,
                     "webhook configuration exists",
                     Status::Fail,
@@ -284,13 +254,13 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
                 )
             }
         }
-        Ok(None) => result(
+        Ok(None) => CheckResult::new(
             INJECTOR,
             "webhook configuration exists",
             Status::Fail,
             format!("{} not found", names::WEBHOOK_CONFIG),
         ),
-        Err(e) => result(
+        Err(e) => CheckResult::new(
             INJECTOR,
             "webhook configuration exists",
             Status::Fail,
@@ -301,23 +271,22 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
         Ok(Some(d)) => {
             let available = d.pointer("/status/availableReplicas").and_then(Value::as_i64).unwrap_or(0);
             if available > 0 {
-                result(INJECTOR, "proxy injector is available", Status::Ok, format!("{available} replica(s)"))
+                CheckResult::new(INJECTOR, "proxy injector is available", Status::Ok, format!("{available} replica(s)"))
             } else {
-                result(INJECTOR, "proxy injector is available", Status::Fail, "no available replica: kubectl -n linkerd describe deploy linkerd-proxy-injector")
+                CheckResult::new(INJECTOR, "proxy injector is available", Status::Fail, "no available replica: kubectl -n linkerd describe deploy linkerd-proxy-injector")
             }
         }
-        Ok(None) => result(INJECTOR, "proxy injector is available", Status::Fail, "Deployment linkerd-proxy-injector not found"),
-        Err(e) => result(INJECTOR, "proxy injector is available", Status::Fail, e.clone()),
+        Ok(None) => CheckResult::new(INJECTOR, "proxy injector is available", Status::Fail, "Deployment linkerd-proxy-injector not found"),
+        Err(e) => CheckResult::new(INJECTOR, "proxy injector is available", Status::Fail, e.clone()),
     });
 
     let Ok(values) = values else { return out };
     const CNI: &str = "linkerd-cni";
-    const DATA: &str = "linkerd-data-plane";
     let pods = match &o.pods {
         Ok(p) => p.as_slice(),
         Err(e) => {
-            out.push(result(
-                DATA,
+            out.push(CheckResult::new(
+                DATA_PLANE,
                 "meshed pods can be listed",
                 Status::Fail,
                 e.clone(),
@@ -335,7 +304,7 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
     };
 
     if !values.cni_enabled {
-        out.push(result(
+        out.push(CheckResult::new(
             CNI,
             "linkerd-cni checks",
             Status::Skipped,
@@ -343,15 +312,15 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
         ));
         let cni_pods = with(names::VALIDATOR_CONTAINER);
         out.push(if cni_pods.is_empty() {
-            result(
-                DATA,
+            CheckResult::new(
+                DATA_PLANE,
                 "meshed pods match cniEnabled: false",
                 Status::Ok,
                 format!("{} meshed pod(s)", meshed.len()),
             )
         } else {
-            result(
-                DATA,
+            CheckResult::new(
+                DATA_PLANE,
                 "meshed pods match cniEnabled: false",
                 Status::Warn,
                 format!(
@@ -366,14 +335,14 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
     for (kind, name, lookup) in &o.cni {
         let check = format!("cni plugin {kind} {name} exists");
         out.push(match lookup {
-            Ok(Some(_)) => result(CNI, check, Status::Ok, ""),
-            Ok(None) => result(
+            Ok(Some(_)) => CheckResult::new(CNI, check, Status::Ok, ""),
+            Ok(None) => CheckResult::new(
                 CNI,
                 check,
                 Status::Fail,
                 "not found: linkerd install-cni | kubectl apply -f -",
             ),
-            Err(e) => result(CNI, check, Status::Fail, e.clone()),
+            Err(e) => CheckResult::new(CNI, check, Status::Fail, e.clone()),
         });
     }
     if let Some((_, _, Ok(Some(ds)))) = o.cni.iter().find(|(k, _, _)| k == "DaemonSet") {
@@ -384,14 +353,14 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
         };
         let (desired, ready) = (n("desiredNumberScheduled"), n("numberReady"));
         out.push(if desired > 0 && ready >= desired {
-            result(
+            CheckResult::new(
                 CNI,
                 "cni plugin is ready on all nodes",
                 Status::Ok,
                 format!("{ready}/{desired}"),
             )
         } else {
-            result(
+            CheckResult::new(
                 CNI,
                 "cni plugin is ready on all nodes",
                 Status::Fail,
@@ -402,14 +371,14 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
     if let Ok(Some(ns)) = &o.control_plane_namespace {
         let level = decision::label(ns, names::PSA_ENFORCE_LABEL).unwrap_or("(none)");
         out.push(if level == "restricted" {
-            result(
+            CheckResult::new(
                 CNI,
                 "control plane namespace enforces Pod Security restricted",
                 Status::Ok,
                 "",
             )
         } else {
-            result(
+            CheckResult::new(
                 CNI,
                 "control plane namespace enforces Pod Security restricted",
                 Status::Warn,
@@ -422,15 +391,15 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
     }
     let stale = with(names::INIT_CONTAINER);
     out.push(if stale.is_empty() {
-        result(
-            DATA,
+        CheckResult::new(
+            DATA_PLANE,
             "no meshed pod carries linkerd-init",
             Status::Ok,
             format!("{} meshed pod(s)", meshed.len()),
         )
     } else {
-        result(
-            DATA,
+        CheckResult::new(
+            DATA_PLANE,
             "no meshed pod carries linkerd-init",
             Status::Warn,
             format!(
@@ -445,10 +414,10 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
         .map(|p| pod_name(p))
         .collect();
     out.push(if failed.is_empty() {
-        result(DATA, "network validators succeeded", Status::Ok, "")
+        CheckResult::new(DATA_PLANE, "network validators succeeded", Status::Ok, "")
     } else {
-        result(
-            DATA,
+        CheckResult::new(
+            DATA_PLANE,
             "network validators succeeded",
             Status::Fail,
             format!(
@@ -467,6 +436,42 @@ pub async fn post_install(
     cni_ns: &str,
 ) -> Vec<CheckResult> {
     judge(&gather(client, control_plane_ns, cni_ns).await)
+}
+
+/// Runs the post-install checks, prints them by category (the data plane only when
+/// `with_data_plane`), and says whether all passed.
+pub async fn run(
+    kube: &KubeArgs,
+    linkerd_namespace: &str,
+    cni_namespace: &str,
+    with_data_plane: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<bool> {
+    let results = match kube.client().await {
+        Ok(client) => post_install(&client, linkerd_namespace, cni_namespace).await,
+        Err(e) => {
+            let r = CheckResult::fail("kubernetes-api", "can initialize the client", e.to_string());
+            print_category(out, r.category, std::slice::from_ref(&r))?;
+            return Ok(false);
+        }
+    };
+    let mut all = true;
+    let mut categories: Vec<&str> = Vec::new();
+    for r in &results {
+        if !categories.contains(&r.category) && (with_data_plane || r.category != DATA_PLANE) {
+            categories.push(r.category);
+        }
+    }
+    for category in categories {
+        let printed: Vec<CheckResult> = results
+            .iter()
+            .filter(|r| r.category == category)
+            .cloned()
+            .collect();
+        all &= printed.iter().all(CheckResult::passed);
+        print_category(out, category, &printed)?;
+    }
+    Ok(all)
 }
 
 #[cfg(test)]
@@ -501,7 +506,7 @@ mod tests {
                     ("ServiceAccount".into(), "linkerd-cni".into(), Ok(None)),
                     (
                         "DaemonSet".into(),
-                        "linkerd-cni".into(),
+                        names::CNI_NAME.into(),
                         Ok(Some(
                             json!({"status": {"desiredNumberScheduled": 3, "numberReady": 2}}),
                         )),
