@@ -17,13 +17,13 @@ use serde_json::{Value, json};
 
 use crate::{
     agent::AgentClient,
-    env::{self, Command, Env},
+    env::{self, Env},
     error::{AgentError, CniErrorBody, PluginError},
     log::{Level, Logger},
     netconf::{self, NetConf},
     netns,
     result::CniResult,
-    version::SpecVersion,
+    version::{Command, SpecVersion},
 };
 
 /// What the process prints on stdout and exits with.
