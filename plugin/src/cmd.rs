@@ -205,7 +205,7 @@ impl Ctx<'_> {
             ));
             return Ok(output);
         }
-        match self.call(Request::Add(request))? {
+        match self.call(Request::Add(Box::new(request)))? {
             Response::Added { redirected, reason } => {
                 let verb = if redirected {
                     "redirected through its proxy"
