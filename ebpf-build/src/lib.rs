@@ -27,8 +27,8 @@ pub const PROFILE: &str = "bpf";
 pub const BPF_RUSTC: &str = "/usr/bin/rustc";
 /// Debian's cargo that goes with it.
 pub const BPF_CARGO: &str = "/usr/bin/cargo";
-/// Debian's clippy for that rustc (package `rust-web-clippy`).
-pub const BPF_CLIPPY_DRIVER: &str = "/usr/bin/clippy-driver";
+/// Debian's `cargo clippy` for that rustc (package `rust-web-clippy`).
+pub const BPF_CARGO_CLIPPY: &str = "/usr/bin/cargo-clippy";
 /// Where Debian's prebuilt `core` for the target lives.
 pub const BPF_SYSROOT_LIB: &str = "/usr/lib/rustlib/bpfel-unknown-none/lib";
 
@@ -130,10 +130,10 @@ pub fn check_toolchain() -> Result<PathBuf, BuildError> {
     })
 }
 
-/// Debian's cargo running `subcommand` on the eBPF crate for [`TARGET`] with [`PROFILE`],
-/// with Debian's rustc.
-fn bpf_cargo(workspace: &Path, subcommand: &str, linker: &Path) -> Command {
-    let mut cmd = Command::new(BPF_CARGO);
+/// `program` (Debian's cargo, or its clippy) running `subcommand` on the eBPF crate for
+/// [`TARGET`] with [`PROFILE`], with Debian's rustc.
+fn bpf_cargo(workspace: &Path, program: &str, subcommand: &str, linker: &Path) -> Command {
+    let mut cmd = Command::new(program);
     // Start from a clean environment: a build script inherits the outer cargo's variables
     // (RUSTC, RUSTFLAGS, CARGO_*), which would point this build at the wrong compiler.
     cmd.env_clear();
@@ -162,7 +162,7 @@ fn bpf_cargo(workspace: &Path, subcommand: &str, linker: &Path) -> Command {
 /// Builds the object (incrementally: a no-op when nothing changed) and returns its path.
 pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
     let linker = check_toolchain()?;
-    let mut cmd = bpf_cargo(workspace, "build", &linker);
+    let mut cmd = bpf_cargo(workspace, BPF_CARGO, "build", &linker);
     // BTF in the object: verifier logs with source lines, typed `bpftool` dumps.
     cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Clink-arg=--btf")
         .arg("--target-dir")
@@ -183,27 +183,23 @@ pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
 /// workspace lints and every warning an error, like `cargo clippy -- -D warnings` on the
 /// userspace crates. The workspace crates it depends on (`common`) are linted for BPF too.
 ///
-/// This is what `cargo clippy` does, done by hand: Debian's `clippy-driver` as cargo's
-/// workspace wrapper around Debian's rustc, its arguments in `CLIPPY_ARGS`. Output goes to
-/// stderr; it lands in a target directory of its own, so it never invalidates the object.
+/// It is Debian's `cargo-clippy` run directly (`cargo clippy` would find rustup's), told to
+/// drive Debian's cargo; it wraps Debian's rustc in Debian's `clippy-driver`. Output goes to
+/// stderr. It uses a target directory of its own, so it never invalidates the object.
 pub fn clippy(workspace: &Path) -> Result<(), BuildError> {
     let linker = check_toolchain()?;
-    if !Path::new(BPF_CLIPPY_DRIVER).exists() {
+    if !Path::new(BPF_CARGO_CLIPPY).exists() {
         return Err(BuildError::ToolchainMissing {
-            what: "Debian's rust-web-clippy (/usr/bin/clippy-driver)".into(),
+            what: "Debian's rust-web-clippy (/usr/bin/cargo-clippy)".into(),
         });
     }
-    let mut cmd = bpf_cargo(workspace, "check", &linker);
-    cmd.env("RUSTC_WORKSPACE_WRAPPER", BPF_CLIPPY_DRIVER)
-        // `clippy-driver` reads its own arguments here, each followed by this separator.
-        .env(
-            "CLIPPY_ARGS",
-            "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__",
-        )
+    let mut cmd = bpf_cargo(workspace, BPF_CARGO_CLIPPY, "clippy", &linker);
+    cmd.env("CARGO", BPF_CARGO)
         .arg("--target-dir")
-        .arg(workspace.join("target").join("ebpf-clippy"));
+        .arg(workspace.join("target").join("ebpf-clippy"))
+        .args(["--", "-D", "warnings"]);
     let status = cmd.status().map_err(|error| BuildError::Spawn {
-        program: BPF_CARGO.into(),
+        program: BPF_CARGO_CLIPPY.into(),
         error,
     })?;
     if !status.success() {
