@@ -160,6 +160,24 @@ pub const MAPS: [&str; 8] = [
     MAP_LISTENERS,
 ];
 
+// The kernel keeps 15 characters of a name (`BPF_OBJ_NAME_LEN` with its NUL): a longer one
+// would show truncated in `bpftool` and no longer match. Checked at compile time.
+const _: () = {
+    let mut i = 0;
+    while i < ALL_PROGRAMS.len() {
+        assert!(
+            ALL_PROGRAMS[i].len() <= 15,
+            "program name longer than 15 characters"
+        );
+        i += 1;
+    }
+    let mut i = 0;
+    while i < MAPS.len() {
+        assert!(MAPS[i].len() <= 15, "map name longer than 15 characters");
+        i += 1;
+    }
+};
+
 /// Capacity of the pod config map: the most pods one node agent can mesh.
 pub const MAX_PODS: u32 = 4096;
 /// Capacity of the port-set map (a pod with every port ignored uses 256 blocks).
