@@ -402,13 +402,12 @@ pub fn pod_link_dir(pin_root: &Path, id: &str) -> PathBuf {
 /// directory must hold: per pod, every program in the pod's directory; shared, the netns link
 /// there and the cgroup links in the shared directory.
 pub fn links_of(pin_root: &Path, record: &PodRecord) -> Vec<(PathBuf, &'static [&'static str])> {
-    const NETNS_PROGRAMS: &[&str] = &[names::PROG_SK_LOOKUP];
     let own = pod_link_dir(pin_root, &record.id);
     match record.attachment {
-        Attachment::PerPod { .. } => vec![(own, &dataplane::ALL_PROGRAMS)],
+        Attachment::PerPod { .. } => vec![(own, &names::ALL_PROGRAMS)],
         Attachment::Shared { .. } => {
             vec![
-                (own, NETNS_PROGRAMS),
+                (own, &names::NETNS_PROGRAMS),
                 (pin_root.join(paths::PIN_SHARED), &names::CGROUP_PROGRAMS),
             ]
         }

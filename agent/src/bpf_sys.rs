@@ -18,6 +18,8 @@ use std::{
     path::Path,
 };
 
+use linkerd_cni_common::names::Hook;
+
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -35,6 +37,21 @@ pub enum AttachType {
     CgroupInet4Getpeername = 29,
     CgroupInet6Getpeername = 30,
     SkLookup = 36,
+}
+
+impl AttachType {
+    /// The attach type of a program's hook.
+    pub const fn of(hook: Hook) -> Self {
+        match hook {
+            Hook::Connect4 => Self::CgroupInet4Connect,
+            Hook::Connect6 => Self::CgroupInet6Connect,
+            Hook::SockOps => Self::CgroupSockOps,
+            Hook::Getsockopt => Self::CgroupGetsockopt,
+            Hook::Getpeername4 => Self::CgroupInet4Getpeername,
+            Hook::Getpeername6 => Self::CgroupInet6Getpeername,
+            Hook::SkLookup => Self::SkLookup,
+        }
+    }
 }
 
 /// `union bpf_attr`, large enough for every command used here (the kernel zero-checks the tail).

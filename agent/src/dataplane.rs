@@ -16,7 +16,10 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
 };
-use linkerd_cni_common::{names, paths};
+use linkerd_cni_common::{
+    names::{self, Hook, Program},
+    paths,
+};
 
 use crate::{
     bpf_sys::{self, AttachType},
@@ -63,31 +66,6 @@ pub enum DataplaneError {
     },
 }
 
-/// The kernel attach type of each program.
-pub fn attach_type(program: &str) -> Option<AttachType> {
-    Some(match program {
-        names::PROG_CONNECT4 => AttachType::CgroupInet4Connect,
-        names::PROG_CONNECT6 => AttachType::CgroupInet6Connect,
-        names::PROG_SOCKOPS => AttachType::CgroupSockOps,
-        names::PROG_GETSOCKOPT => AttachType::CgroupGetsockopt,
-        names::PROG_GETPEERNAME4 => AttachType::CgroupInet4Getpeername,
-        names::PROG_GETPEERNAME6 => AttachType::CgroupInet6Getpeername,
-        names::PROG_SK_LOOKUP => AttachType::SkLookup,
-        _ => return None,
-    })
-}
-
-/// Every program: the cgroup ones, then the netns one.
-pub const ALL_PROGRAMS: [&str; 7] = [
-    names::PROG_CONNECT4,
-    names::PROG_CONNECT6,
-    names::PROG_SOCKOPS,
-    names::PROG_GETSOCKOPT,
-    names::PROG_GETPEERNAME4,
-    names::PROG_GETPEERNAME6,
-    names::PROG_SK_LOOKUP,
-];
-
 /// The loaded programs and the pin layout.
 pub struct Dataplane {
     pin_root: PathBuf,
@@ -113,17 +91,17 @@ impl Dataplane {
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pin_root.join(paths::PIN_MAPS))
             .load(OBJECT)?;
-        for name in ALL_PROGRAMS {
+        for Program { name, hook } in names::PROGRAMS {
             let program = ebpf
                 .program_mut(name)
                 .ok_or(DataplaneError::MissingProgram(name))?;
-            let loaded = match name {
-                names::PROG_SOCKOPS => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
-                names::PROG_GETSOCKOPT => {
-                    <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load())
+            let loaded = match hook {
+                Hook::SockOps => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
+                Hook::Getsockopt => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
+                Hook::SkLookup => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
+                Hook::Connect4 | Hook::Connect6 | Hook::Getpeername4 | Hook::Getpeername6 => {
+                    <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load())
                 }
-                names::PROG_SK_LOOKUP => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
-                _ => <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load()),
             };
             loaded.map_err(|source| DataplaneError::Program {
                 program: name,
@@ -134,7 +112,7 @@ impl Dataplane {
             pin_root: pin_root.into(),
             ebpf,
         };
-        for name in ALL_PROGRAMS {
+        for name in names::ALL_PROGRAMS {
             let path = this.pin_root.join(paths::PIN_PROGS).join(name);
             replace_pin(this.prog_fd(name)?, &path)?;
         }
@@ -172,8 +150,11 @@ impl Dataplane {
             path: link_dir.into(),
             source,
         })?;
-        for name in names::CGROUP_PROGRAMS {
-            let attach = attach_type(name).ok_or(DataplaneError::MissingProgram(name))?;
+        for Program { name, hook } in names::PROGRAMS {
+            if !hook.on_cgroup() {
+                continue;
+            }
+            let attach = AttachType::of(hook);
             let link = bpf_sys::link_create(self.prog_fd(name)?, &cg, attach).map_err(|source| {
                 let hint = if source.raw_os_error() == Some(libc::EPERM) {
                     " (an exclusive, non-multi program of this type is attached to this cgroup or an ancestor; \
@@ -190,26 +171,30 @@ impl Dataplane {
 }
 
 impl Dataplane {
-    /// Attaches the inbound `sk_lookup` program to a pod's network namespace and pins the link
-    /// in `link_dir`.
+    /// Attaches the netns programs (the inbound `sk_lookup`) to a pod's network namespace and
+    /// pins the links in `link_dir`.
     ///
     /// # Minimum kernel version
     /// 5.9.
     pub fn attach_netns(&self, netns: impl AsFd, link_dir: &Path) -> Result<(), DataplaneError> {
-        let name = names::PROG_SK_LOOKUP;
         fs::create_dir_all(link_dir).map_err(|source| DataplaneError::Pin {
             path: link_dir.into(),
             source,
         })?;
-        let link = bpf_sys::link_create(self.prog_fd(name)?, netns, AttachType::SkLookup).map_err(
-            |source| DataplaneError::Attach {
-                program: name,
-                path: link_dir.into(),
-                source,
-                hint: "",
-            },
-        )?;
-        pin_new(link.as_fd(), &link_dir.join(name))
+        for Program { name, hook } in names::PROGRAMS {
+            if hook.on_cgroup() {
+                continue;
+            }
+            let link = bpf_sys::link_create(self.prog_fd(name)?, &netns, AttachType::of(hook))
+                .map_err(|source| DataplaneError::Attach {
+                    program: name,
+                    path: link_dir.into(),
+                    source,
+                    hint: "",
+                })?;
+            pin_new(link.as_fd(), &link_dir.join(name))?;
+        }
+        Ok(())
     }
 }
 
@@ -274,4 +259,110 @@ pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The eBPF side names its maps in string literals (the map macro takes nothing else) and
+    //! its programs by function name: these tests hold the built object to `common`'s names.
+
+    use std::collections::BTreeSet;
+
+    use aya_obj::{
+        EbpfSectionKind, Object, ProgramSection,
+        programs::{CgroupSockAddrAttachType, CgroupSockoptAttachType},
+    };
+
+    use super::*;
+
+    fn object() -> Object {
+        Object::parse(OBJECT).expect("the embedded eBPF object parses")
+    }
+
+    /// Prints what is missing on each side, so a drift names itself.
+    fn assert_same(what: &str, in_object: BTreeSet<&str>, in_common: BTreeSet<&str>) {
+        let missing: Vec<_> = in_common.difference(&in_object).collect();
+        let extra: Vec<_> = in_object.difference(&in_common).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{what} of the eBPF object differ from linkerd_cni_common::names: \
+             named in common but not in the object: {missing:?}; \
+             in the object but not in common: {extra:?}"
+        );
+    }
+
+    #[test]
+    fn object_maps_are_common_maps() {
+        let object = object();
+        for (name, map) in &object.maps {
+            assert!(
+                matches!(
+                    map.section_kind(),
+                    EbpfSectionKind::Maps | EbpfSectionKind::BtfMaps
+                ),
+                "the eBPF object has a map {name} of kind {:?} (global data?); the agent pins \
+                 only the maps of `common::names::MAPS`",
+                map.section_kind()
+            );
+        }
+        assert_same(
+            "maps",
+            object.maps.keys().map(String::as_str).collect(),
+            names::MAPS.into_iter().collect(),
+        );
+        assert_eq!(
+            names::MAPS.len(),
+            object.maps.len(),
+            "no map name is listed twice"
+        );
+    }
+
+    #[test]
+    fn object_programs_are_common_programs() {
+        let object = object();
+        assert_same(
+            "programs",
+            object.programs.keys().map(String::as_str).collect(),
+            names::ALL_PROGRAMS.into_iter().collect(),
+        );
+        assert_eq!(
+            names::PROGRAMS.len(),
+            object.programs.len(),
+            "no program name is listed twice"
+        );
+    }
+
+    #[test]
+    fn object_programs_have_their_common_hooks() {
+        let object = object();
+        for Program { name, hook } in names::PROGRAMS {
+            let Some(program) = object.programs.get(name) else {
+                continue; // `object_programs_are_common_programs` reports it.
+            };
+            let expected = match hook {
+                Hook::Connect4 => ProgramSection::CgroupSockAddr {
+                    attach_type: CgroupSockAddrAttachType::Connect4,
+                },
+                Hook::Connect6 => ProgramSection::CgroupSockAddr {
+                    attach_type: CgroupSockAddrAttachType::Connect6,
+                },
+                Hook::SockOps => ProgramSection::SockOps,
+                Hook::Getsockopt => ProgramSection::CgroupSockopt {
+                    attach_type: CgroupSockoptAttachType::Get,
+                },
+                Hook::Getpeername4 => ProgramSection::CgroupSockAddr {
+                    attach_type: CgroupSockAddrAttachType::GetPeerName4,
+                },
+                Hook::Getpeername6 => ProgramSection::CgroupSockAddr {
+                    attach_type: CgroupSockAddrAttachType::GetPeerName6,
+                },
+                Hook::SkLookup => ProgramSection::SkLookup,
+            };
+            assert_eq!(
+                format!("{:?}", program.section),
+                format!("{expected:?}"),
+                "program {name}: section of the object vs its hook in common"
+            );
+        }
+    }
 }

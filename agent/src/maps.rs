@@ -12,11 +12,11 @@ use aya::maps::{
     lpm_trie::{Key, LpmTrie},
 };
 use linkerd_cni_common::{
-    ADDR_INBOUND_SKIP_SOURCE, ADDR_KEY_FIXED_BITS, ADDR_OUTBOUND_SKIP_SUBNET, AddrKey, ConnKey,
-    FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY, FLAG_IN_SKIP_SOURCES,
-    FLAG_IPV6, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS, ListenerKey, OrigDst, PORT_SET_INBOUND_REDIRECT,
-    PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP, PodConfig, PodStats, PortBlock, PortSetKey,
-    names,
+    ADDR_INBOUND_SKIP_SOURCE, ADDR_KEY_FIXED_BITS, ADDR_OUTBOUND_SKIP_SUBNET, AF_INET, AF_INET6,
+    AddrKey, ConnKey, FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY,
+    FLAG_IN_SKIP_SOURCES, FLAG_IPV6, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS, ListenerKey, OrigDst,
+    PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP, PodConfig, PodStats,
+    PortBlock, PortSetKey, names,
 };
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
 
@@ -55,9 +55,6 @@ pub struct Maps {
     /// Possible CPUs: the length of every per-CPU value.
     cpus: usize,
 }
-
-const AF_INET: u32 = 2;
-const AF_INET6: u32 = 10;
 
 fn open(dir: &Path, name: &'static str) -> Result<Map, MapsError> {
     let path = dir.join(name);

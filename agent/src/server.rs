@@ -109,7 +109,7 @@ impl Server {
         match request {
             Request::Add(add) => {
                 self.stats.adds.fetch_add(1, Ordering::Relaxed);
-                self.add(add).await
+                self.add(*add).await
             }
             Request::Del(att) => {
                 self.stats.dels.fetch_add(1, Ordering::Relaxed);

@@ -1,5 +1,6 @@
 //! The contract between the linkerd-cni eBPF programs and the node agent: the `#[repr(C)]`
-//! structs stored in the maps, the map and program names, and the bpffs pin layout.
+//! structs stored in the maps, the map names and the program table (name and hook of every
+//! program), the kernel constants both sides use, and the bpffs pin layout.
 //!
 //! Every struct here has no implicit padding (explicit `_pad` fields, `u32` flags instead of
 //! `bool`) and a size assertion, so the kernel and user sides can never disagree on layout.

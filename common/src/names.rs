@@ -20,15 +20,113 @@ pub const PROG_GETPEERNAME6: &str = "l5d_getpeer6";
 /// to the pod's network namespace.
 pub const PROG_SK_LOOKUP: &str = "l5d_sk_lookup";
 
-/// Every program attached to a pod's cgroup, in attach order.
-pub const CGROUP_PROGRAMS: [&str; 6] = [
-    PROG_CONNECT4,
-    PROG_CONNECT6,
-    PROG_SOCKOPS,
-    PROG_GETSOCKOPT,
-    PROG_GETPEERNAME4,
-    PROG_GETPEERNAME6,
+/// The kernel hook a program runs at, which also says what it is attached to: every hook but
+/// [`Hook::SkLookup`] is a cgroup hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// `cgroup/connect4` (`BPF_CGROUP_INET4_CONNECT`).
+    Connect4,
+    /// `cgroup/connect6` (`BPF_CGROUP_INET6_CONNECT`).
+    Connect6,
+    /// `sockops` (`BPF_CGROUP_SOCK_OPS`).
+    SockOps,
+    /// `cgroup/getsockopt` (`BPF_CGROUP_GETSOCKOPT`).
+    Getsockopt,
+    /// `cgroup/getpeername4` (`BPF_CGROUP_INET4_GETPEERNAME`).
+    Getpeername4,
+    /// `cgroup/getpeername6` (`BPF_CGROUP_INET6_GETPEERNAME`).
+    Getpeername6,
+    /// `sk_lookup` (`BPF_SK_LOOKUP`), attached to a network namespace.
+    SkLookup,
+}
+
+impl Hook {
+    /// Whether programs of this hook attach to a cgroup (otherwise to a network namespace).
+    pub const fn on_cgroup(self) -> bool {
+        !matches!(self, Hook::SkLookup)
+    }
+}
+
+/// One eBPF program: its name (the function's name in `ebpf/`) and its hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Program {
+    pub name: &'static str,
+    pub hook: Hook,
+}
+
+/// Every program of the object, with its hook: the cgroup ones in attach order, then the netns
+/// one. The only list of programs; the others below are derived from it.
+pub const PROGRAMS: [Program; 7] = [
+    Program {
+        name: PROG_CONNECT4,
+        hook: Hook::Connect4,
+    },
+    Program {
+        name: PROG_CONNECT6,
+        hook: Hook::Connect6,
+    },
+    Program {
+        name: PROG_SOCKOPS,
+        hook: Hook::SockOps,
+    },
+    Program {
+        name: PROG_GETSOCKOPT,
+        hook: Hook::Getsockopt,
+    },
+    Program {
+        name: PROG_GETPEERNAME4,
+        hook: Hook::Getpeername4,
+    },
+    Program {
+        name: PROG_GETPEERNAME6,
+        hook: Hook::Getpeername6,
+    },
+    Program {
+        name: PROG_SK_LOOKUP,
+        hook: Hook::SkLookup,
+    },
 ];
+
+/// The names of every program, in [`PROGRAMS`] order.
+pub const ALL_PROGRAMS: [&str; PROGRAMS.len()] = program_names(Attached::Anywhere);
+
+/// Every program attached to a pod's cgroup, in attach order.
+pub const CGROUP_PROGRAMS: [&str; 6] = program_names(Attached::Cgroup);
+
+/// Every program attached to a pod's network namespace.
+pub const NETNS_PROGRAMS: [&str; 1] = program_names(Attached::Netns);
+
+/// Which programs [`program_names`] keeps.
+enum Attached {
+    Anywhere,
+    Cgroup,
+    Netns,
+}
+
+/// The names of the [`PROGRAMS`] attached `where_`, in order. Evaluated at compile time: an
+/// `N` that is not their number fails the build.
+const fn program_names<const N: usize>(where_: Attached) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut i, mut n) = (0, 0);
+    while i < PROGRAMS.len() {
+        let on_cgroup = PROGRAMS[i].hook.on_cgroup();
+        let keep = match where_ {
+            Attached::Anywhere => true,
+            Attached::Cgroup => on_cgroup,
+            Attached::Netns => !on_cgroup,
+        };
+        if keep {
+            out[n] = PROGRAMS[i].name;
+            n += 1;
+        }
+        i += 1;
+    }
+    assert!(
+        n == N,
+        "the array length must be the number of programs it lists"
+    );
+    out
+}
 
 /// netns cookie → [`crate::PodConfig`]: which pods are meshed, and how.
 pub const MAP_POD_CONFIG: &str = "l5d_pod_config";
@@ -48,6 +146,37 @@ pub const MAP_POD_BY_IP: &str = "l5d_pod_by_ip";
 /// SOCKHASH of [`crate::ListenerKey`]: each pod's inbound proxy listener, inserted by sockops
 /// when the proxy calls `listen()`, gone when it closes.
 pub const MAP_LISTENERS: &str = "l5d_listeners";
+
+/// Every map, as pinned under `paths::PIN_MAPS`. The map macro of `ebpf/` takes only string
+/// literals: the agent's tests check the built object against this list.
+pub const MAPS: [&str; 8] = [
+    MAP_POD_CONFIG,
+    MAP_PORT_SETS,
+    MAP_ADDRS,
+    MAP_SOCK_DST,
+    MAP_CONN_DST,
+    MAP_POD_STATS,
+    MAP_POD_BY_IP,
+    MAP_LISTENERS,
+];
+
+// The kernel keeps 15 characters of a name (`BPF_OBJ_NAME_LEN` with its NUL): a longer one
+// would show truncated in `bpftool` and no longer match. Checked at compile time.
+const _: () = {
+    let mut i = 0;
+    while i < ALL_PROGRAMS.len() {
+        assert!(
+            ALL_PROGRAMS[i].len() <= 15,
+            "program name longer than 15 characters"
+        );
+        i += 1;
+    }
+    let mut i = 0;
+    while i < MAPS.len() {
+        assert!(MAPS[i].len() <= 15, "map name longer than 15 characters");
+        i += 1;
+    }
+};
 
 /// Capacity of the pod config map: the most pods one node agent can mesh.
 pub const MAX_PODS: u32 = 4096;

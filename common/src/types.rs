@@ -117,10 +117,17 @@ pub const ADDR_KEY_FIXED_BITS: u32 = 96;
 /// Full prefix length of one exact IPv6 address.
 pub const ADDR_KEY_FULL_BITS: u32 = ADDR_KEY_FIXED_BITS + 128;
 
+/// `AF_INET`, as the kernel gives a socket's family to eBPF programs (`u32` fields).
+pub const AF_INET: u32 = 2;
+/// `AF_INET6`.
+pub const AF_INET6: u32 = 10;
+/// `IPPROTO_TCP`, as in `bpf_sock_addr.protocol` and `bpf_sk_lookup.protocol`.
+pub const IPPROTO_TCP: u32 = 6;
+
 /// An address family as stored in [`OrigDst::family`].
-pub const FAMILY_V4: u16 = 2;
+pub const FAMILY_V4: u16 = AF_INET as u16;
 /// IPv6 (pure, not v4-mapped).
-pub const FAMILY_V6: u16 = 10;
+pub const FAMILY_V6: u16 = AF_INET6 as u16;
 
 /// Where a redirected connection was originally going.
 #[repr(C)]
@@ -193,7 +200,7 @@ impl PodStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ListenerKey {
     pub netns_cookie: u64,
-    /// `AF_INET` (2) or `AF_INET6` (10): the listener's socket family.
+    /// [`AF_INET`] or [`AF_INET6`]: the listener's socket family.
     pub family: u32,
     pub _pad: u32,
 }

@@ -6,6 +6,10 @@
 //! The rustup toolchains here have no `rust-src`, so the object is built with Debian's
 //! `rustc-web` (`/usr/bin/rustc`, which ships a prebuilt `core` for the BPF targets in
 //! `libstd-rust-web-dev-bpf`) and linked by `bpf-linker` built against the same LLVM.
+//!
+//! [`clippy`] lints the eBPF crate for the same target with the same compiler: rustup's clippy
+//! cannot (no `core` for BPF, and a different compiler version), Debian's `rust-web-clippy`,
+//! built from the same sources as `rustc-web`, can.
 
 use std::{
     env, fmt,
@@ -23,6 +27,8 @@ pub const PROFILE: &str = "bpf";
 pub const BPF_RUSTC: &str = "/usr/bin/rustc";
 /// Debian's cargo that goes with it.
 pub const BPF_CARGO: &str = "/usr/bin/cargo";
+/// Debian's `cargo clippy` for that rustc (package `rust-web-clippy`).
+pub const BPF_CARGO_CLIPPY: &str = "/usr/bin/cargo-clippy";
 /// Where Debian's prebuilt `core` for the target lives.
 pub const BPF_SYSROOT_LIB: &str = "/usr/lib/rustlib/bpfel-unknown-none/lib";
 
@@ -36,6 +42,8 @@ pub enum BuildError {
     ToolchainMissing { what: String },
     /// The compiler ran and failed (its output went to stderr).
     CompileFailed { status: String },
+    /// Clippy ran and found something (its output went to stderr).
+    LintFailed { status: String },
     /// The compiler could not be started.
     Spawn {
         program: String,
@@ -56,6 +64,12 @@ impl fmt::Display for BuildError {
                 write!(
                     f,
                     "building the eBPF object failed ({status}); see the compiler output above"
+                )
+            }
+            Self::LintFailed { status } => {
+                write!(
+                    f,
+                    "clippy on the eBPF crate failed ({status}); see its output above"
                 )
             }
             Self::Spawn { program, error } => {
@@ -116,10 +130,10 @@ pub fn check_toolchain() -> Result<PathBuf, BuildError> {
     })
 }
 
-/// Builds the object (incrementally: a no-op when nothing changed) and returns its path.
-pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
-    let linker = check_toolchain()?;
-    let mut cmd = Command::new(BPF_CARGO);
+/// `program` (Debian's cargo, or its clippy) running `subcommand` on the eBPF crate for
+/// [`TARGET`] with [`PROFILE`], with Debian's rustc.
+fn bpf_cargo(workspace: &Path, program: &str, subcommand: &str, linker: &Path) -> Command {
+    let mut cmd = Command::new(program);
     // Start from a clean environment: a build script inherits the outer cargo's variables
     // (RUSTC, RUSTFLAGS, CARGO_*), which would point this build at the wrong compiler.
     cmd.env_clear();
@@ -132,18 +146,25 @@ pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
         .env("RUSTC", BPF_RUSTC)
         // aya-ebpf enables `asm_experimental_arch`.
         .env("RUSTC_BOOTSTRAP", "1")
-        // BTF in the object: verifier logs with source lines, typed `bpftool` dumps.
-        .env("CARGO_ENCODED_RUSTFLAGS", "-Clink-arg=--btf")
-        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", &linker)
+        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", linker)
         .args([
-            "build",
+            subcommand,
             "--package",
             EBPF_PACKAGE,
             "--target",
             TARGET,
             "--profile",
             PROFILE,
-        ])
+        ]);
+    cmd
+}
+
+/// Builds the object (incrementally: a no-op when nothing changed) and returns its path.
+pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
+    let linker = check_toolchain()?;
+    let mut cmd = bpf_cargo(workspace, BPF_CARGO, "build", &linker);
+    // BTF in the object: verifier logs with source lines, typed `bpftool` dumps.
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Clink-arg=--btf")
         .arg("--target-dir")
         .arg(target_dir(workspace));
     let status = cmd.status().map_err(|error| BuildError::Spawn {
@@ -156,6 +177,37 @@ pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
         });
     }
     Ok(object_path(workspace))
+}
+
+/// Runs clippy on the eBPF crate as it is built (for [`TARGET`], with [`PROFILE`]), with the
+/// workspace lints and every warning an error, like `cargo clippy -- -D warnings` on the
+/// userspace crates. The workspace crates it depends on (`common`) are linted for BPF too.
+///
+/// It is Debian's `cargo-clippy` run directly (`cargo clippy` would find rustup's), told to
+/// drive Debian's cargo; it wraps Debian's rustc in Debian's `clippy-driver`. Output goes to
+/// stderr. It uses a target directory of its own, so it never invalidates the object.
+pub fn clippy(workspace: &Path) -> Result<(), BuildError> {
+    let linker = check_toolchain()?;
+    if !Path::new(BPF_CARGO_CLIPPY).exists() {
+        return Err(BuildError::ToolchainMissing {
+            what: "Debian's rust-web-clippy (/usr/bin/cargo-clippy)".into(),
+        });
+    }
+    let mut cmd = bpf_cargo(workspace, BPF_CARGO_CLIPPY, "clippy", &linker);
+    cmd.env("CARGO", BPF_CARGO)
+        .arg("--target-dir")
+        .arg(workspace.join("target").join("ebpf-clippy"))
+        .args(["--", "-D", "warnings"]);
+    let status = cmd.status().map_err(|error| BuildError::Spawn {
+        program: BPF_CARGO_CLIPPY.into(),
+        error,
+    })?;
+    if !status.success() {
+        return Err(BuildError::LintFailed {
+            status: status.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// The sources whose change must rebuild the object (for `cargo:rerun-if-changed`).

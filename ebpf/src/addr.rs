@@ -1,4 +1,7 @@
-//! Address helpers: the checks that decide whether an outbound destination is redirected.
+//! Address helpers: reading addresses from a program's context, and the checks that decide
+//! whether an outbound destination is redirected.
+
+use core::ptr::read_volatile;
 
 use aya_ebpf::maps::lpm_trie::Key;
 use linkerd_cni_common::{
@@ -10,6 +13,25 @@ use crate::maps::{ADDRS, POD_BY_IP, PORT_SETS};
 
 /// `127.0.0.1` in network byte order.
 pub const LOOPBACK4_BE: u32 = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+
+/// Reads an IPv6 address (network order words) from a context field, one volatile 4-byte load
+/// per word: the verifier allows only 4-byte loads of these fields at fixed offsets.
+///
+/// # Safety
+/// `field` points to a readable `[u32; 4]` field of the program's context.
+#[inline(always)]
+pub unsafe fn read_ip6(field: *const [u32; 4]) -> [u32; 4] {
+    let word = field.cast::<u32>();
+    // SAFETY: four words inside the field, as the caller promises.
+    unsafe {
+        [
+            read_volatile(word),
+            read_volatile(word.add(1)),
+            read_volatile(word.add(2)),
+            read_volatile(word.add(3)),
+        ]
+    }
+}
 
 /// Whether `port` (host order) is in the pod's port set `set`.
 #[inline(always)]

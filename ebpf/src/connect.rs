@@ -7,8 +7,6 @@
 //! # Minimum kernel version
 //! 4.17 (cgroup sock_addr hooks); `bpf_get_netns_cookie` here needs 5.7.
 
-use core::ptr::read_volatile;
-
 use aya_ebpf::{
     EbpfContext,
     bindings::bpf_sock_addr,
@@ -17,17 +15,16 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use linkerd_cni_common::{
-    FAMILY_V4, FAMILY_V6, FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6, OrigDst, PodConfig,
-    is_v4_mapped, v4_mapped_words,
+    FAMILY_V4, FAMILY_V6, FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6, IPPROTO_TCP, OrigDst,
+    PodConfig, is_v4_mapped, v4_mapped_words,
 };
 
 use crate::{
-    addr::{LOOPBACK4_BE, outbound_redirected},
+    addr::{LOOPBACK4_BE, outbound_redirected, read_ip6},
     maps::{POD_CONFIG, SOCK_DST, count},
 };
 
 const ALLOW: i32 = 1;
-const IPPROTO_TCP: u32 = 6;
 
 #[cgroup_sock_addr(connect4)]
 pub fn l5d_connect4(ctx: SockAddrContext) -> i32 {
@@ -104,14 +101,7 @@ unsafe fn connect6(ctx: &SockAddrContext) {
     };
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
     // Read the words one by one: the context only allows 4-byte loads of `user_ip6`.
-    let words = unsafe {
-        [
-            read_volatile(&raw const (*sa).user_ip6[0]),
-            read_volatile(&raw const (*sa).user_ip6[1]),
-            read_volatile(&raw const (*sa).user_ip6[2]),
-            read_volatile(&raw const (*sa).user_ip6[3]),
-        ]
-    };
+    let words = unsafe { read_ip6(&raw const (*sa).user_ip6) };
     let port_be = unsafe { (*sa).user_port } as u16;
     let port = u16::from_be(port_be);
     let mapped = is_v4_mapped(&words);

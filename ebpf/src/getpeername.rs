@@ -19,14 +19,14 @@ use crate::maps::SOCK_DST;
 pub fn l5d_getpeer4(ctx: SockAddrContext) -> i32 {
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // SAFETY: the value is copied out at once.
-    if let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied() {
-        if dst.family == FAMILY_V4 {
-            let sa: *mut bpf_sock_addr = ctx.sock_addr;
-            // SAFETY: 4-byte stores to writable context fields.
-            unsafe {
-                (*sa).user_ip4 = dst.addr[3];
-                (*sa).user_port = u32::from(dst.port_be);
-            }
+    if let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied()
+        && dst.family == FAMILY_V4
+    {
+        let sa: *mut bpf_sock_addr = ctx.sock_addr;
+        // SAFETY: 4-byte stores to writable context fields.
+        unsafe {
+            (*sa).user_ip4 = dst.addr[3];
+            (*sa).user_port = u32::from(dst.port_be);
         }
     }
     1

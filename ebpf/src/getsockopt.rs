@@ -18,16 +18,17 @@ use aya_ebpf::{
     macros::cgroup_sockopt,
     programs::SockoptContext,
 };
-use linkerd_cni_common::{ConnKey, FAMILY_V4, OrigDst, v4_mapped_words};
+use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, FAMILY_V4, OrigDst, v4_mapped_words};
 
-use crate::maps::{CONN_DST, count};
+use crate::{
+    addr::read_ip6,
+    maps::{CONN_DST, count},
+};
 
 const SOL_IP: i32 = 0;
 const SOL_IPV6: i32 = 41;
 /// `SO_ORIGINAL_DST` and `IP6T_SO_ORIGINAL_DST` share the number.
 const SO_ORIGINAL_DST: i32 = 80;
-const AF_INET: u32 = 2;
-const AF_INET6: u16 = 10;
 /// Beyond one page the program sees a truncated buffer and must hand the kernel's answer back.
 const PAGE_SIZE: i32 = 4096;
 
@@ -75,17 +76,12 @@ unsafe fn getsockopt(ctx: &SockoptContext) {
         return;
     }
     let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    // Volatile loads at fixed offsets, for the same reason as in `sockops::conn_key`.
+    // Volatile loads at fixed offsets, for the same reason as in `sockops::Tuple::read`.
     let key = unsafe {
         let (family, ip4, ip6) = (
             read_volatile(&raw const (*sk).family),
             read_volatile(&raw const (*sk).dst_ip4),
-            [
-                read_volatile(&raw const (*sk).dst_ip6[0]),
-                read_volatile(&raw const (*sk).dst_ip6[1]),
-                read_volatile(&raw const (*sk).dst_ip6[2]),
-                read_volatile(&raw const (*sk).dst_ip6[3]),
-            ],
+            read_ip6(&raw const (*sk).dst_ip6),
         );
         ConnKey {
             netns_cookie: netns,
@@ -141,7 +137,7 @@ unsafe fn answer_v6(so: *mut bpf_sockopt, dst: &OrigDst) -> bool {
         return false;
     }
     unsafe {
-        (*optval).family = AF_INET6;
+        (*optval).family = AF_INET6 as u16;
         (*optval).port_be = dst.port_be;
         (*optval).flowinfo = 0;
         (*optval).addr = dst.addr;

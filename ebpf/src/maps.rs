@@ -1,5 +1,6 @@
 //! The maps, pinned by name so every program generation and the agent share them. Names must
-//! match `linkerd_cni_common::names` (the agent fails to load otherwise).
+//! be `linkerd_cni_common::names::MAPS` (the agent fails to load otherwise): the macro takes
+//! only literals, so the agent's unit tests check the built object against that list.
 
 use aya_ebpf::{
     macros::map,

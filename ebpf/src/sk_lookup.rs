@@ -21,19 +21,15 @@ use aya_ebpf::{
     programs::SkLookupContext,
 };
 use linkerd_cni_common::{
-    ADDR_INBOUND_SKIP_SOURCE, ConnKey, FAMILY_V4, FAMILY_V6, FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY,
-    FLAG_IN_SKIP_SOURCES, FLAG_IPV6, ListenerKey, OrigDst, PORT_SET_INBOUND_REDIRECT,
-    PORT_SET_INBOUND_SKIP, v4_mapped_words,
+    ADDR_INBOUND_SKIP_SOURCE, AF_INET, AF_INET6, ConnKey, FAMILY_V4, FAMILY_V6, FLAG_IN_PORTS,
+    FLAG_IN_REDIRECT_ONLY, FLAG_IN_SKIP_SOURCES, FLAG_IPV6, IPPROTO_TCP, ListenerKey, OrigDst,
+    PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, v4_mapped_words,
 };
 
 use crate::{
-    addr::{addr_in_set, port_in_set},
+    addr::{addr_in_set, port_in_set, read_ip6},
     maps::{CONN_DST, LISTENERS, POD_BY_IP, POD_CONFIG, count},
 };
-
-const AF_INET: u32 = 2;
-const AF_INET6: u32 = 10;
-const IPPROTO_TCP: u32 = 6;
 const LOOPBACK_IFINDEX: u32 = 1;
 
 #[sk_lookup]
@@ -59,18 +55,8 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
     let remote_port = u16::from_be(unsafe { read_volatile(&raw const (*l).remote_port) });
     let (rip6, lip6) = unsafe {
         (
-            [
-                v(&raw const (*l).remote_ip6[0]),
-                v(&raw const (*l).remote_ip6[1]),
-                v(&raw const (*l).remote_ip6[2]),
-                v(&raw const (*l).remote_ip6[3]),
-            ],
-            [
-                v(&raw const (*l).local_ip6[0]),
-                v(&raw const (*l).local_ip6[1]),
-                v(&raw const (*l).local_ip6[2]),
-                v(&raw const (*l).local_ip6[3]),
-            ],
+            read_ip6(&raw const (*l).remote_ip6),
+            read_ip6(&raw const (*l).local_ip6),
         )
     };
     if protocol != IPPROTO_TCP || ifindex == LOOPBACK_IFINDEX {

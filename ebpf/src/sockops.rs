@@ -28,12 +28,12 @@ use aya_ebpf::{
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use linkerd_cni_common::{ConnKey, ListenerKey, v4_mapped_words};
+use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, ListenerKey, v4_mapped_words};
 
-use crate::maps::{CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST};
-
-const AF_INET: u32 = 2;
-const AF_INET6: u32 = 10;
+use crate::{
+    addr::read_ip6,
+    maps::{CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST},
+};
 
 #[sock_ops]
 pub fn l5d_sockops(ctx: SockOpsContext) -> u32 {
@@ -146,18 +146,8 @@ impl Tuple {
         };
         let (lip6, rip6) = unsafe {
             (
-                [
-                    v(&raw const (*ops).local_ip6[0]),
-                    v(&raw const (*ops).local_ip6[1]),
-                    v(&raw const (*ops).local_ip6[2]),
-                    v(&raw const (*ops).local_ip6[3]),
-                ],
-                [
-                    v(&raw const (*ops).remote_ip6[0]),
-                    v(&raw const (*ops).remote_ip6[1]),
-                    v(&raw const (*ops).remote_ip6[2]),
-                    v(&raw const (*ops).remote_ip6[3]),
-                ],
+                read_ip6(&raw const (*ops).local_ip6),
+                read_ip6(&raw const (*ops).remote_ip6),
             )
         };
         // A v4-mapped connection reports `::ffff:a.b.c.d` as its IPv6 addresses: same keys.

@@ -7,11 +7,11 @@ use std::{
 
 use linkerd_cni_common::paths;
 
-use crate::{error::ConfigError, json::Json};
-
-/// The name of the plugin binary in the image and on the host. It is also the `type` the
-/// runtime looks up in the bin dir, and the `type` of old entries the installer replaces.
-pub const PLUGIN_TYPE: &str = "linkerd-cni";
+use crate::{
+    conflist::{ConfKind, PLUGIN_TYPE},
+    error::ConfigError,
+    json::Json,
+};
 
 /// The placeholder in the config template that becomes the host path of the kubeconfig.
 pub const KUBECONFIG_PLACEHOLDER: &str = "__KUBECONFIG_FILEPATH__";
@@ -140,7 +140,7 @@ impl InstallerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.plugin_entry()?;
         let name = &self.kubeconfig_file_name;
-        if name.contains('/') || crate::conflist::ConfKind::of(Path::new(name)).is_some() {
+        if name.contains('/') || ConfKind::of(Path::new(name)).is_some() {
             return Err(ConfigError::Invalid {
                 var: "KUBECONFIG_FILE_NAME",
                 value: name.clone(),

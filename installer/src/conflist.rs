@@ -18,7 +18,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{config::PLUGIN_TYPE, error::Malformed, json::Json};
+use crate::{error::Malformed, json::Json};
+
+/// The name of the plugin binary in the image and on the host. It is also the `type` the
+/// runtime looks up in the bin dir, and the `type` of old entries the installer replaces.
+pub const PLUGIN_TYPE: &str = "linkerd-cni";
 
 /// Name of the list a wrapped `.conf` becomes.
 pub const WRAPPED_NAME: &str = "k8s-pod-network";

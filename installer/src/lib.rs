@@ -31,8 +31,8 @@ pub mod json;
 pub mod kubeconfig;
 mod watch;
 
-pub use config::{InstallerConfig, KUBECONFIG_PLACEHOLDER, PLUGIN_TYPE};
-pub use conflist::FileState;
+pub use config::{InstallerConfig, KUBECONFIG_PLACEHOLDER};
+pub use conflist::{FileState, PLUGIN_TYPE};
 pub use error::{ConfigError, InstallError, Malformed};
 pub use installer::{FileOutcome, Installer, LEGACY_CONF_NAME, PassReport, Status, WriteCounts};
 pub use watch::{MAX_DELAY, QUIET, RESYNC};

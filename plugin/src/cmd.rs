@@ -17,13 +17,13 @@ use serde_json::{Value, json};
 
 use crate::{
     agent::AgentClient,
-    env::{self, Command, Env},
+    env::{self, Env},
     error::{AgentError, CniErrorBody, PluginError},
     log::{Level, Logger},
     netconf::{self, NetConf},
     netns,
     result::CniResult,
-    version::SpecVersion,
+    version::{Command, SpecVersion},
 };
 
 /// What the process prints on stdout and exits with.
@@ -205,7 +205,7 @@ impl Ctx<'_> {
             ));
             return Ok(output);
         }
-        match self.call(Request::Add(request))? {
+        match self.call(Request::Add(Box::new(request)))? {
             Response::Added { redirected, reason } => {
                 let verb = if redirected {
                     "redirected through its proxy"

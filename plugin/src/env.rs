@@ -1,74 +1,17 @@
 //! The `CNI_*` environment variables: which verb, which container, which pod.
 
-use std::fmt;
-
 use linkerd_cni_proto::wire::PodRef;
 
-use crate::{error::PluginError, version::SpecVersion};
+use crate::{error::PluginError, version::Command};
 
-/// A CNI verb (`CNI_COMMAND`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Command {
-    Add,
-    Del,
-    Check,
-    Version,
-    Gc,
-    Status,
+/// Whether `CNI_CONTAINERID` and `CNI_IFNAME` are required.
+const fn needs_attachment(command: Command) -> bool {
+    matches!(command, Command::Add | Command::Del | Command::Check)
 }
 
-impl Command {
-    /// Every verb.
-    pub const ALL: [Command; 6] = [
-        Command::Add,
-        Command::Del,
-        Command::Check,
-        Command::Version,
-        Command::Gc,
-        Command::Status,
-    ];
-
-    /// Parses `CNI_COMMAND` (upper case, as the spec writes it).
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.as_str() == s)
-    }
-
-    /// The verb as the runtime spells it.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Command::Add => "ADD",
-            Command::Del => "DEL",
-            Command::Check => "CHECK",
-            Command::Version => "VERSION",
-            Command::Gc => "GC",
-            Command::Status => "STATUS",
-        }
-    }
-
-    /// The first spec version that has this verb.
-    pub const fn since(self) -> SpecVersion {
-        match self {
-            Command::Add | Command::Del | Command::Version => SpecVersion::V0_3_0,
-            Command::Check => SpecVersion::V0_4_0,
-            Command::Gc | Command::Status => SpecVersion::V1_1_0,
-        }
-    }
-
-    /// Whether `CNI_CONTAINERID` and `CNI_IFNAME` are required.
-    const fn needs_attachment(self) -> bool {
-        matches!(self, Command::Add | Command::Del | Command::Check)
-    }
-
-    /// Whether a non-empty `CNI_NETNS` is required (not on DEL: the netns may be gone).
-    const fn needs_netns(self) -> bool {
-        matches!(self, Command::Add | Command::Check)
-    }
-}
-
-impl fmt::Display for Command {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// Whether a non-empty `CNI_NETNS` is required (not on DEL: the netns may be gone).
+const fn needs_netns(command: Command) -> bool {
+    matches!(command, Command::Add | Command::Check)
 }
 
 /// The Kubernetes keys of `CNI_ARGS`. Empty values count as absent.
@@ -182,12 +125,12 @@ impl Env {
                 None => Ok(String::new()),
             }
         };
-        let container_id = required("CNI_CONTAINERID", command.needs_attachment())?;
+        let container_id = required("CNI_CONTAINERID", needs_attachment(command))?;
         if !container_id.is_empty() {
             validate_container_id(&container_id)?;
         }
-        let netns = required("CNI_NETNS", command.needs_netns())?;
-        let ifname = required("CNI_IFNAME", command.needs_attachment())?;
+        let netns = required("CNI_NETNS", needs_netns(command))?;
+        let ifname = required("CNI_IFNAME", needs_attachment(command))?;
         if !ifname.is_empty() {
             validate_ifname(&ifname)?;
         }

@@ -21,7 +21,7 @@ use std::io;
 use linkerd_cni_proto::wire::ErrorKind;
 use serde::Serialize;
 
-use crate::{env::Command, version::SpecVersion};
+use crate::version::{Command, SpecVersion};
 
 /// A failure of the plugin, as precise as the code that saw it.
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! The CNI spec versions this plugin speaks and what each of them allows.
+//! The CNI spec versions this plugin speaks and what each of them allows, and the verbs.
 
 use std::fmt;
 
@@ -58,6 +58,61 @@ impl SpecVersion {
 }
 
 impl fmt::Display for SpecVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A CNI verb (`CNI_COMMAND`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Version,
+    Gc,
+    Status,
+}
+
+impl Command {
+    /// Every verb.
+    pub const ALL: [Command; 6] = [
+        Command::Add,
+        Command::Del,
+        Command::Check,
+        Command::Version,
+        Command::Gc,
+        Command::Status,
+    ];
+
+    /// Parses `CNI_COMMAND` (upper case, as the spec writes it).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// The verb as the runtime spells it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Command::Add => "ADD",
+            Command::Del => "DEL",
+            Command::Check => "CHECK",
+            Command::Version => "VERSION",
+            Command::Gc => "GC",
+            Command::Status => "STATUS",
+        }
+    }
+
+    /// The first spec version that has this verb.
+    pub const fn since(self) -> SpecVersion {
+        match self {
+            Command::Add | Command::Del | Command::Version => SpecVersion::V0_3_0,
+            Command::Check => SpecVersion::V0_4_0,
+            Command::Gc | Command::Status => SpecVersion::V1_1_0,
+        }
+    }
+}
+
+impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }

@@ -48,8 +48,9 @@ pub struct PodRef {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// CNI ADD: decide, then (maybe) redirect this pod.
-    Add(AddRequest),
+    /// CNI ADD: decide, then (maybe) redirect this pod. Boxed: it is by far the largest
+    /// request (the whole `linkerd` config), and the same JSON either way.
+    Add(Box<AddRequest>),
     /// CNI DEL: forget the attachment; idempotent, works without the netns.
     Del(AttachmentRef),
     /// CNI CHECK: fail unless the redirection decided at ADD is in force.
@@ -197,7 +198,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let req = Envelope::new(Request::Add(AddRequest {
+        let req = Envelope::new(Request::Add(Box::new(AddRequest {
             attachment: AttachmentRef {
                 container_id: "abc".into(),
                 ifname: "eth0".into(),
@@ -211,7 +212,7 @@ mod tests {
             cgroup_path: None,
             pod_ips: vec!["10.0.0.5".parse().unwrap()],
             config: LinkerdConfig::default(),
-        }));
+        })));
         let bytes = encode(&req).unwrap();
         let back: Envelope = read_frame(&mut &bytes[..]).unwrap();
         assert_eq!(back, req);
