@@ -138,6 +138,9 @@ fn lint() -> anyhow::Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The eBPF crate, with Debian's clippy for the BPF target.
+    eprintln!("+ clippy for the eBPF crate (bpfel-unknown-none)");
+    linkerd_cni_ebpf_build::clippy(&workspace()).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
 

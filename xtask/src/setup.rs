@@ -15,6 +15,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
     ("cargo-web", "the cargo that goes with it"),
     (
+        "rust-web-clippy",
+        "clippy for the eBPF crate (same compiler as the object)",
+    ),
+    (
         "libstd-rust-web-dev-bpf",
         "prebuilt core for bpfel-unknown-none",
     ),
