@@ -186,7 +186,7 @@ impl Agent {
         let attached = self.attach(&reg.id, cgroup).and_then(|a| {
             // Inbound: the netns link lives with the pod's links whatever the cgroup mode.
             self.dataplane
-                .attach_netns(ns.file(), &self.pod_link_dir(&reg.id))?;
+                .attach_netns(ns.file(), netns_cookie, &self.pod_link_dir(&reg.id))?;
             Ok(a)
         });
         let attachment = match attached {

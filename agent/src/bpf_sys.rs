@@ -1,5 +1,6 @@
 //! The few `bpf(2)` commands the agent issues itself: creating, pinning, opening, inspecting
-//! and detaching bpf_links.
+//! and detaching bpf_links, setting a program array slot, and loading each pod's `sk_lookup`
+//! stub (a handful of instructions built here: a full object load per pod costs ~100 times more).
 //!
 //! aya 0.14 cannot turn every link type it creates into a pinnable link (cgroup sockopt and
 //! sock_addr links among them), so links are created here, uniformly, from aya-loaded program
@@ -12,7 +13,7 @@ use std::{
     ffi::CString,
     io,
     os::{
-        fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+        fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
         unix::ffi::OsStrExt,
     },
     path::Path,
@@ -20,6 +21,8 @@ use std::{
 
 use linkerd_cni_common::names::Hook;
 
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -101,6 +104,120 @@ pub fn link_create(prog: impl AsFd, target: impl AsFd, attach: AttachType) -> io
         .put_u32(4, target.as_fd().as_raw_fd() as u32)
         .put_u32(8, attach as u32);
     bpf(BPF_LINK_CREATE, &mut attr).map(owned)
+}
+
+/// `BPF_MAP_UPDATE_ELEM` with a `u32` key and a `u32` value (a program array slot takes a
+/// program fd).
+pub fn map_update_u32(map: impl AsFd, key: u32, value: u32) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, map.as_fd().as_raw_fd() as u32)
+        .put_u64(8, &key as *const u32 as u64)
+        .put_u64(16, &value as *const u32 as u64);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// `struct bpf_insn`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct Insn {
+    code: u8,
+    /// `dst_reg` in the low nibble, `src_reg` in the high one.
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    Insn {
+        code,
+        regs: dst | (src << 4),
+        off,
+        imm,
+    }
+}
+
+const BPF_PROG_TYPE_SK_LOOKUP: u32 = 30;
+const BPF_PSEUDO_MAP_FD: u8 = 1;
+const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
+const HELPER_TAIL_CALL: i32 = 12;
+const SK_DROP: i32 = 0;
+
+/// The instructions of a pod's `sk_lookup` stub:
+///
+/// ```text
+/// r6 = r1                                  ; the context
+/// *(u32 *)(r10 - 4) = 0; r2 = r10 - 4      ; key 0
+/// r0 = map_lookup_elem(scratch, r2)        ; this CPU's slot
+/// if r0 == 0 goto drop
+/// *(u64 *)r0 = netns_cookie
+/// tail_call(r6, prog_array, 0)             ; the shared program; does not return
+/// drop: return SK_DROP                     ; no shared program: refuse (fail closed)
+/// ```
+pub fn sk_lookup_stub(
+    netns_cookie: u64,
+    scratch: BorrowedFd<'_>,
+    prog_array: BorrowedFd<'_>,
+) -> [Insn; 18] {
+    let (lo, hi) = (
+        netns_cookie as u32 as i32,
+        (netns_cookie >> 32) as u32 as i32,
+    );
+    [
+        insn(0xbf, 6, 1, 0, 0),                                   // r6 = r1
+        insn(0x62, 10, 0, -4, 0),                                 // *(u32 *)(r10 - 4) = 0
+        insn(0xbf, 2, 10, 0, 0),                                  // r2 = r10
+        insn(0x07, 2, 0, 0, -4),                                  // r2 += -4
+        insn(0x18, 1, BPF_PSEUDO_MAP_FD, 0, scratch.as_raw_fd()), // r1 = map (ld_imm64)
+        insn(0, 0, 0, 0, 0),
+        insn(0x85, 0, 0, 0, HELPER_MAP_LOOKUP_ELEM), // call map_lookup_elem
+        insn(0x15, 0, 0, 8, 0),                      // if r0 == 0 goto +8 (drop)
+        insn(0x18, 1, 0, 0, lo),                     // r1 = netns_cookie (ld_imm64)
+        insn(0, 0, 0, 0, hi),
+        insn(0x7b, 0, 1, 0, 0), // *(u64 *)(r0 + 0) = r1
+        insn(0xbf, 1, 6, 0, 0), // r1 = r6
+        insn(0x18, 2, BPF_PSEUDO_MAP_FD, 0, prog_array.as_raw_fd()), // r2 = map (ld_imm64)
+        insn(0, 0, 0, 0, 0),
+        insn(0xb7, 3, 0, 0, 0),                // r3 = 0
+        insn(0x85, 0, 0, 0, HELPER_TAIL_CALL), // call tail_call
+        insn(0xb7, 0, 0, 0, SK_DROP),          // drop: r0 = SK_DROP
+        insn(0x95, 0, 0, 0, 0),                // exit
+    ]
+}
+
+/// `BPF_PROG_LOAD` of an `sk_lookup` program named `name` (at most 15 bytes). On a verifier
+/// rejection the error carries the verifier's log.
+pub fn load_sk_lookup(name: &str, insns: &[Insn]) -> io::Result<OwnedFd> {
+    let license = c"GPL";
+    let load = |log: &mut [u8]| {
+        let mut attr = Attr::new();
+        attr.put_u32(0, BPF_PROG_TYPE_SK_LOOKUP)
+            .put_u32(4, insns.len() as u32)
+            .put_u64(8, insns.as_ptr() as u64)
+            .put_u64(16, license.as_ptr() as u64)
+            .put_u32(68, AttachType::SkLookup as u32);
+        if !log.is_empty() {
+            attr.put_u32(24, 1)
+                .put_u32(28, log.len() as u32)
+                .put_u64(32, log.as_mut_ptr() as u64);
+        }
+        let n = name.len().min(15);
+        attr.0[48..48 + n].copy_from_slice(&name.as_bytes()[..n]);
+        bpf(BPF_PROG_LOAD, &mut attr).map(owned)
+    };
+    load(&mut []).or_else(|first| {
+        let mut log = vec![0u8; 16 * 1024];
+        match load(&mut log) {
+            Ok(fd) => Ok(fd),
+            Err(_) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                let log = String::from_utf8_lossy(&log[..end]);
+                Err(io::Error::new(
+                    first.kind(),
+                    format!("{first}; verifier log: {log}"),
+                ))
+            }
+        }
+    })
 }
 
 fn path_cstring(path: &Path) -> io::Result<CString> {

@@ -8,7 +8,7 @@
 
 use std::{
     fs, io,
-    os::fd::{AsFd, BorrowedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -70,6 +70,10 @@ pub enum DataplaneError {
 pub struct Dataplane {
     pin_root: PathBuf,
     ebpf: Ebpf,
+    /// The maps each pod's `sk_lookup` stub refers to: the per-CPU netns cookie slot and the
+    /// program array holding the shared `sk_lookup` program.
+    lookup_ns: OwnedFd,
+    lookup_prog: OwnedFd,
 }
 
 impl Dataplane {
@@ -88,8 +92,11 @@ impl Dataplane {
             let dir = pin_root.join(sub);
             fs::create_dir_all(&dir).map_err(pin_dir(dir))?;
         }
+        let maps_dir = pin_root.join(paths::PIN_MAPS);
+        // A BTF map carries no pinning flag: pin it by path.
         let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(pin_root.join(paths::PIN_MAPS))
+            .default_map_pin_directory(&maps_dir)
+            .map_pin_path(names::MAP_ACC_DST, maps_dir.join(names::MAP_ACC_DST))
             .load(OBJECT)?;
         for Program { name, hook } in names::PROGRAMS {
             let program = ebpf
@@ -108,14 +115,31 @@ impl Dataplane {
                 source,
             })?;
         }
+        let open_map = |name: &str| {
+            let path = maps_dir.join(name);
+            bpf_sys::obj_get(&path).map_err(|source| DataplaneError::Pin { path, source })
+        };
         let this = Self {
             pin_root: pin_root.into(),
             ebpf,
+            lookup_ns: open_map(names::MAP_LOOKUP_NS)?,
+            lookup_prog: open_map(names::MAP_LOOKUP_PROG)?,
         };
         for name in names::ALL_PROGRAMS {
             let path = this.pin_root.join(paths::PIN_PROGS).join(name);
             replace_pin(this.prog_fd(name)?, &path)?;
         }
+        // Every pod's stub, including those an earlier run attached, now tail-calls this run's
+        // shared program.
+        let main = this.prog_fd(names::PROG_SK_LOOKUP)?;
+        bpf_sys::map_update_u32(&this.lookup_prog, 0, main.as_raw_fd() as u32).map_err(
+            |source| DataplaneError::Attach {
+                program: names::PROG_SK_LOOKUP,
+                path: maps_dir.join(names::MAP_LOOKUP_PROG),
+                source,
+                hint: "",
+            },
+        )?;
         Ok(this)
     }
 
@@ -171,30 +195,47 @@ impl Dataplane {
 }
 
 impl Dataplane {
-    /// Attaches the netns programs (the inbound `sk_lookup`) to a pod's network namespace and
-    /// pins the links in `link_dir`.
+    /// Attaches the inbound `sk_lookup` to a pod's network namespace and pins the link in
+    /// `link_dir`, under the shared program's name.
+    ///
+    /// What is attached is a stub of 18 instructions loaded for this netns, carrying its
+    /// cookie: it tail-calls the shared program, which thereby knows which pod it runs for
+    /// (sk_lookup programs cannot ask for their netns). A failed tail call refuses the
+    /// connection. The pinned link keeps the stub alive across agent restarts.
     ///
     /// # Minimum kernel version
     /// 5.9.
-    pub fn attach_netns(&self, netns: impl AsFd, link_dir: &Path) -> Result<(), DataplaneError> {
+    pub fn attach_netns(
+        &self,
+        netns: impl AsFd,
+        netns_cookie: u64,
+        link_dir: &Path,
+    ) -> Result<(), DataplaneError> {
         fs::create_dir_all(link_dir).map_err(|source| DataplaneError::Pin {
             path: link_dir.into(),
             source,
         })?;
-        for Program { name, hook } in names::PROGRAMS {
-            if hook.on_cgroup() {
-                continue;
-            }
-            let link = bpf_sys::link_create(self.prog_fd(name)?, &netns, AttachType::of(hook))
-                .map_err(|source| DataplaneError::Attach {
-                    program: name,
-                    path: link_dir.into(),
-                    source,
-                    hint: "",
-                })?;
-            pin_new(link.as_fd(), &link_dir.join(name))?;
-        }
-        Ok(())
+        let name = names::PROG_SK_LOOKUP;
+        let attach_err = |source| DataplaneError::Attach {
+            program: name,
+            path: link_dir.into(),
+            source,
+            hint: "",
+        };
+        let insns = bpf_sys::sk_lookup_stub(
+            netns_cookie,
+            self.lookup_ns.as_fd(),
+            self.lookup_prog.as_fd(),
+        );
+        let stub =
+            bpf_sys::load_sk_lookup(names::PROG_SK_LOOKUP_STUB, &insns).map_err(|source| {
+                DataplaneError::Program {
+                    program: names::PROG_SK_LOOKUP_STUB,
+                    source: aya::programs::ProgramError::IOError(source),
+                }
+            })?;
+        let link = bpf_sys::link_create(&stub, &netns, AttachType::SkLookup).map_err(attach_err)?;
+        pin_new(link.as_fd(), &link_dir.join(name))
     }
 }
 

@@ -20,6 +20,11 @@ pub const PROG_GETPEERNAME6: &str = "l5d_getpeer6";
 /// to the pod's network namespace.
 pub const PROG_SK_LOOKUP: &str = "l5d_sk_lookup";
 
+/// The per-netns stub the agent builds for each pod (not in the object): it hands the pod's
+/// netns cookie to [`PROG_SK_LOOKUP`] by a tail call. Its link is pinned under the name of
+/// [`PROG_SK_LOOKUP`].
+pub const PROG_SK_LOOKUP_STUB: &str = "l5d_sk_pod";
+
 /// The kernel hook a program runs at, which also says what it is attached to: every hook but
 /// [`Hook::SkLookup`] is a cgroup hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,15 +146,23 @@ pub const MAP_CONN_DST: &str = "l5d_conn_dst";
 /// netns cookie → [`crate::PodStats`] (per CPU): live counters.
 pub const MAP_POD_STATS: &str = "l5d_pod_stats";
 
-/// pod address (IPv6 words, IPv4 v4-mapped) → netns cookie: how `sk_lookup` finds the pod.
+/// pod address (IPv6 words, IPv4 v4-mapped) → netns cookie: the pods' known addresses.
 pub const MAP_POD_BY_IP: &str = "l5d_pod_by_ip";
 /// SOCKHASH of [`crate::ListenerKey`]: each pod's inbound proxy listener, inserted by sockops
 /// when the proxy calls `listen()`, gone when it closes.
 pub const MAP_LISTENERS: &str = "l5d_listeners";
 
+/// Socket-local storage ([`crate::OrigDst`]) of the proxy's accepted sockets: their original
+/// destination, for as long as the socket exists.
+pub const MAP_ACC_DST: &str = "l5d_acc_dst";
+/// Per-CPU slot 0: the netns cookie a pod's `sk_lookup` stub hands to the shared program.
+pub const MAP_LOOKUP_NS: &str = "l5d_lookup_ns";
+/// Program array, slot 0: the shared `sk_lookup` program the pods' stubs tail-call.
+pub const MAP_LOOKUP_PROG: &str = "l5d_lookup_prog";
+
 /// Every map, as pinned under `paths::PIN_MAPS`. The map macro of `ebpf/` takes only string
 /// literals: the agent's tests check the built object against this list.
-pub const MAPS: [&str; 8] = [
+pub const MAPS: [&str; 11] = [
     MAP_POD_CONFIG,
     MAP_PORT_SETS,
     MAP_ADDRS,
@@ -158,6 +171,9 @@ pub const MAPS: [&str; 8] = [
     MAP_POD_STATS,
     MAP_POD_BY_IP,
     MAP_LISTENERS,
+    MAP_ACC_DST,
+    MAP_LOOKUP_NS,
+    MAP_LOOKUP_PROG,
 ];
 
 // The kernel keeps 15 characters of a name (`BPF_OBJ_NAME_LEN` with its NUL): a longer one

@@ -2,9 +2,13 @@
 //! `SOL_IPV6, IP6T_SO_ORIGINAL_DST`) on the proxy's accepted sockets, as conntrack would after
 //! an iptables REDIRECT, so an unmodified proxy learns where each connection was going.
 //!
-//! The accepted socket's peer is the app side of a connection [`crate::sockops`] recorded.
-//! Other options pass through untouched, and an answer already given (`retval == 0`, e.g. by
-//! conntrack or another program) is never overwritten.
+//! The answer comes from the accepted socket's own storage, where [`crate::sockops`] moved it
+//! when the handshake completed, or else from the 4-tuple map (the socket's peer is the app
+//! side of the connection; TCP Fast Open reaches the proxy before that move). Whenever we hold
+//! a destination for the socket, ours wins, even over an answer already given: with conntrack
+//! active in the pod's netns the kernel answers by itself (`retval == 0`) with the proxy's own
+//! address, since the connection was redirected before any packet existed. With nothing held,
+//! the kernel's answer stands. Other options pass through untouched.
 //!
 //! # Minimum kernel version
 //! 5.3 (cgroup sockopt hooks).
@@ -14,7 +18,7 @@ use core::ptr::{read_volatile, write_volatile};
 use aya_ebpf::{
     EbpfContext,
     bindings::{bpf_sock, bpf_sockopt},
-    helpers::generated::bpf_get_netns_cookie,
+    helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get},
     macros::cgroup_sockopt,
     programs::SockoptContext,
 };
@@ -22,7 +26,7 @@ use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, FAMILY_V4, OrigDst, v4_mapp
 
 use crate::{
     addr::read_ip6,
-    maps::{CONN_DST, count},
+    maps::{ACC_DST, CONN_DST, count},
 };
 
 const SOL_IP: i32 = 0;
@@ -68,14 +72,47 @@ unsafe fn getsockopt(ctx: &SockoptContext) {
         }
         return;
     }
-    if unsafe { (*so).retval } == 0 {
-        return;
-    }
     let sk: *mut bpf_sock = unsafe { (*so).__bindgen_anon_1.sk };
     if sk.is_null() {
         return;
     }
     let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: `sk` is the context's full socket, checked for null; lookup only.
+    let stored = unsafe {
+        bpf_sk_storage_get(
+            core::ptr::from_ref(&ACC_DST).cast_mut().cast(),
+            sk.cast(),
+            core::ptr::null_mut(),
+            0,
+        )
+    } as *const OrigDst;
+    let dst = if stored.is_null() {
+        match unsafe { tuple_dst(sk, netns) } {
+            Some(dst) => dst,
+            None => {
+                if unsafe { (*so).retval } != 0 {
+                    count(netns, |s| &mut s.orig_dst_missed);
+                }
+                return;
+            }
+        }
+    } else {
+        // SAFETY: the storage holds an `OrigDst` and lives as long as the socket.
+        unsafe { *stored }
+    };
+    let written = if level == SOL_IP {
+        unsafe { answer_v4(so, &dst) }
+    } else {
+        unsafe { answer_v6(so, &dst) }
+    };
+    if written {
+        count(netns, |s| &mut s.orig_dst_answered);
+    }
+}
+
+/// The original destination recorded under the accepted socket's 4-tuple, if any.
+#[inline(always)]
+unsafe fn tuple_dst(sk: *mut bpf_sock, netns: u64) -> Option<OrigDst> {
     // Volatile loads at fixed offsets, for the same reason as in `sockops::Tuple::read`.
     let key = unsafe {
         let (family, ip4, ip6) = (
@@ -95,18 +132,7 @@ unsafe fn getsockopt(ctx: &SockoptContext) {
         }
     };
     // SAFETY: the value is copied out at once.
-    let Some(dst) = (unsafe { CONN_DST.get(&key) }).copied() else {
-        count(netns, |s| &mut s.orig_dst_missed);
-        return;
-    };
-    let written = if level == SOL_IP {
-        unsafe { answer_v4(so, &dst) }
-    } else {
-        unsafe { answer_v6(so, &dst) }
-    };
-    if written {
-        count(netns, |s| &mut s.orig_dst_answered);
-    }
+    (unsafe { CONN_DST.get(&key) }).copied()
 }
 
 /// Writes a `sockaddr_in`; only for an IPv4 original destination, like conntrack.

@@ -3,8 +3,9 @@
 //! only literals, so the agent's unit tests check the built object against that list.
 
 use aya_ebpf::{
-    macros::map,
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
+    btf_maps::SkStorage,
+    macros::{btf_map, map},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, SockHash},
 };
 use linkerd_cni_common::{
     AddrKey, ConnKey, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
@@ -34,6 +35,22 @@ pub static POD_BY_IP: HashMap<[u32; 4], u64> = HashMap::pinned(MAX_ADDRS, 0);
 
 #[map(name = "l5d_listeners")]
 pub static LISTENERS: SockHash<ListenerKey> = SockHash::pinned(MAX_PODS * 2, 0);
+
+/// Socket-local storage of the proxy's accepted sockets: the original destination, moved here
+/// from [`CONN_DST`] when the handshake completes. Lives and dies with the socket. A BTF map
+/// (the kernel takes socket storage only with BTF); the agent pins it by name like the others.
+#[btf_map(name = "l5d_acc_dst")]
+pub static ACC_DST: SkStorage<OrigDst> = SkStorage::new();
+
+/// Per-CPU scratch slot 0: the netns cookie of the pod whose `sk_lookup` stub runs, written by
+/// the stub right before it tail-calls [`LOOKUP_PROG`]\[0\] on the same CPU.
+#[map(name = "l5d_lookup_ns")]
+pub static LOOKUP_NS: PerCpuArray<u64> = PerCpuArray::pinned(1, 0);
+
+/// Slot 0: the shared `sk_lookup` program every pod's stub tail-calls (set by the agent).
+/// No program of this object uses it; the agent's stubs do.
+#[map(name = "l5d_lookup_prog")]
+pub static LOOKUP_PROG: ProgramArray = ProgramArray::pinned(1, 0);
 
 /// Bumps one counter of the pod's stats, if the agent created its entry.
 #[inline(always)]

@@ -7,8 +7,12 @@
 //! The accepted socket keeps the address the client dialled as its local address, and the
 //! connection is recorded so `SO_ORIGINAL_DST` answers it (see [`crate::getsockopt`]).
 //!
-//! Attached to each pod's network namespace. `bpf_get_netns_cookie` is not available here, so
-//! the pod is found from the destination address.
+//! `bpf_get_netns_cookie` is not available to `sk_lookup` programs, so the pod is known by
+//! where the program runs: the agent attaches to each pod's network namespace a stub of a few
+//! instructions carrying that netns's cookie, which writes it to the per-CPU slot
+//! [`LOOKUP_NS`] and tail-calls this program (if the tail call fails, the stub refuses the
+//! connection). Every local address of the pod counts, whether it was known at ADD or not:
+//! the destination address plays no part in finding the pod.
 //!
 //! # Minimum kernel version
 //! 5.9.
@@ -28,7 +32,7 @@ use linkerd_cni_common::{
 
 use crate::{
     addr::{addr_in_set, port_in_set, read_ip6},
-    maps::{CONN_DST, LISTENERS, POD_BY_IP, POD_CONFIG, count},
+    maps::{CONN_DST, LISTENERS, LOOKUP_NS, POD_CONFIG, count},
 };
 const LOOPBACK_IFINDEX: u32 = 1;
 
@@ -40,6 +44,14 @@ pub fn l5d_sk_lookup(ctx: SkLookupContext) -> u32 {
 
 unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
     let l = ctx.lookup;
+    // The stub wrote the pod's cookie just before the tail call, on this CPU (sk_lookup runs
+    // with bottom halves off: nothing runs in between). Cleared after reading, so a run that
+    // did not come through a stub finds no pod.
+    let Some(slot) = LOOKUP_NS.get_ptr_mut(0) else {
+        return SK_DROP;
+    };
+    // SAFETY: per-CPU value of this CPU.
+    let netns_cookie = unsafe { core::ptr::replace(slot, 0) };
     let v = |p: *const u32| unsafe { read_volatile(p) };
     // Every field is loaded before any choice (see `sockops::Tuple::read` for why).
     let (family, protocol, ifindex, rip4, lip4, local_port) = unsafe {
@@ -67,10 +79,6 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
         (v4_mapped_words(lip4), v4_mapped_words(rip4))
     } else {
         (lip6, rip6)
-    };
-    // SAFETY: values are copied out at once.
-    let Some(netns_cookie) = (unsafe { POD_BY_IP.get(&local) }).copied() else {
-        return SK_PASS;
     };
     let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }).copied() else {
         return SK_PASS;

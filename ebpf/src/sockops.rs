@@ -5,8 +5,14 @@
 //!   [`crate::connect`] redirected, so their entries are removed however the connection ends.
 //! - `ACTIVE_ESTABLISHED_CB`: the 4-tuple is now known; store the original destination under
 //!   the app side's address and port, which is the peer of the proxy's accepted socket.
-//! - `PASSIVE_ESTABLISHED_CB`: an inbound connection [`crate::sk_lookup`] handed to the proxy
-//!   is accepted; ask for state callbacks so its entry goes with it.
+//! - `PASSIVE_ESTABLISHED_CB`: the proxy's side of a redirected connection (outbound through
+//!   the outbound port, or inbound from [`crate::sk_lookup`]) completed its handshake: move the
+//!   original destination from the 4-tuple map into the accepted socket's own storage
+//!   ([`ACC_DST`]), where `SO_ORIGINAL_DST` finds it for as long as that socket exists, however
+//!   early the app closes and however late the proxy accepts. The kernel frees it with the
+//!   socket. The client's `ACTIVE_ESTABLISHED_CB` always runs first (it runs before the client
+//!   sends the final ACK), except with TCP Fast Open: then the 4-tuple entry stays, and
+//!   `getsockopt` falls back to it.
 //! - `TCP_LISTEN_CB`: a socket of a meshed pod listens on the inbound proxy port; put it in
 //!   the listener SOCKHASH (the kernel removes it when the socket closes).
 //! - `STATE_CB` to `TCP_CLOSE`: forget the connection's entries, so the maps hold no more
@@ -20,11 +26,11 @@ use core::ptr::read_volatile;
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        BPF_ANY, BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_ANY, BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
         BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_SOCK_OPS_TCP_LISTEN_CB, BPF_TCP_CLOSE,
     },
-    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_sk_storage_get},
     macros::sock_ops,
     programs::SockOpsContext,
 };
@@ -32,7 +38,7 @@ use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, ListenerKey, v4_mapped_word
 
 use crate::{
     addr::read_ip6,
-    maps::{CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST},
+    maps::{ACC_DST, CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST},
 };
 
 #[sock_ops]
@@ -61,9 +67,27 @@ unsafe fn sockops(ctx: &SockOpsContext) {
             let _ = CONN_DST.insert(&tuple.app_side_key(), &dst, 0);
         }
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
-            let tuple = unsafe { Tuple::read(ctx) };
-            // SAFETY: lookup only.
-            if unsafe { CONN_DST.get(&tuple.accepted_key()) }.is_some() {
+            let key = unsafe { Tuple::read(ctx) }.accepted_key();
+            // SAFETY: the value is copied out at once.
+            let Some(mut dst) = (unsafe { CONN_DST.get(&key) }).copied() else {
+                return;
+            };
+            // SAFETY: the context's socket, checked for null; `dst` initialises new storage.
+            let stored = unsafe {
+                let sk = (*ctx.ops).__bindgen_anon_2.sk;
+                !sk.is_null()
+                    && !bpf_sk_storage_get(
+                        core::ptr::from_ref(&ACC_DST).cast_mut().cast(),
+                        sk.cast(),
+                        core::ptr::from_mut(&mut dst).cast(),
+                        u64::from(BPF_SK_STORAGE_GET_F_CREATE),
+                    )
+                    .is_null()
+            };
+            if stored {
+                let _ = CONN_DST.remove(&key);
+            } else {
+                // No memory for the storage: keep the 4-tuple entry until the socket closes.
                 watch_state(ctx);
             }
         }
