@@ -30,6 +30,7 @@ pub mod cgroup;
 pub mod child;
 pub mod client;
 pub mod cniruntime;
+pub mod diag;
 pub mod echo;
 pub mod error;
 pub mod iptables;

@@ -94,6 +94,14 @@ pub struct Options {
     /// Copy with read/write instead of splice.
     #[arg(long, env = "LINKERD_CNI_TEST_PROXY_NO_SPLICE")]
     pub no_splice: bool,
+    /// Wait this long after becoming ready before the first `accept()` (a busy proxy):
+    /// connections made meanwhile wait in the accept queue.
+    #[arg(
+        long,
+        default_value_t = 0,
+        env = "LINKERD_CNI_TEST_PROXY_ACCEPT_DELAY_MS"
+    )]
+    pub accept_delay_ms: u64,
 }
 
 impl Options {
@@ -110,6 +118,7 @@ impl Options {
             ready_file: None,
             connect_timeout_ms: 3000,
             no_splice: false,
+            accept_delay_ms: 0,
         }
     }
 
@@ -138,6 +147,8 @@ impl Options {
             self.inbound_port.to_string(),
             "--connect-timeout-ms".to_string(),
             self.connect_timeout_ms.to_string(),
+            "--accept-delay-ms".to_string(),
+            self.accept_delay_ms.to_string(),
         ];
         if self.ipv6 {
             args.push("--ipv6".into());
@@ -753,6 +764,7 @@ pub fn serve(opts: &Options) -> Result<()> {
     if let Some(ready) = &opts.ready_file {
         File::create(ready).ctx(|| format!("creating ready file {}", ready.display()))?;
     }
+    std::thread::sleep(Duration::from_millis(opts.accept_delay_ms));
     let mut threads = Vec::new();
     for (bound, listener) in listeners {
         let ctx = Arc::clone(&ctx);

@@ -11,10 +11,12 @@ use std::{
     time::Duration,
 };
 
+use linkerd_cni_common::names;
 use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
 use linkerd_cni_tests::{
     AgentHarness, Bridge, EchoServer, NetnsGuard, Pod, PodAndPeer, TestProxy,
     client::{Options as ClientOptions, Report, run_client},
+    diag,
     proxy::{self, Event, PROXY_UID},
 };
 
@@ -355,4 +357,143 @@ fn meshed_pods_on_one_node_traverse_both_proxies() {
         app.wait_for(1, TIMEOUT).expect("app")[0].peer.ip(),
         IpAddr::V4(server_port.v4())
     );
+}
+
+/// An address added to the pod after ADD (Multus, SLAAC, another plugin) is the pod's too:
+/// refused while the proxy does not listen, then through the proxy with that address as
+/// `SO_ORIGINAL_DST`; the app never sees the connection directly.
+#[test]
+fn an_address_added_after_add_goes_through_the_proxy() {
+    let h = AgentHarness::new(None);
+    let w = World::new(&[8080]);
+    let record = h.register(&w.net.pod, LinkerdConfig::default(), true);
+    let extra = Ipv4Addr::new(10, 251, 0, 99);
+    linkerd_cni_tests::link::add_address(
+        w.net.pod.netns.name(),
+        w.net.veth.a_ifname(),
+        linkerd_cni_tests::IfAddr::new(extra, 32),
+    )
+    .expect("add an address in the pod");
+    linkerd_cni_tests::link::add_route(&w.net.peer, "10.251.0.99/32", w.net.pod_v4().into())
+        .expect("route to it from the peer");
+
+    let r = request(&w.net.peer, sock(extra, 8080));
+    assert_eq!(r.connect.errno, Some(ECONNREFUSED), "no listener: {r:?}");
+    assert!(w.app(8080).received().is_empty(), "the app must not see it");
+
+    let proxy = proxy_in(&w.net.pod, false);
+    for n in 1..=3 {
+        let r = request(&w.net.peer, sock(extra, 8080));
+        assert_eq!(r.succeeded, 1, "{r:?}");
+        // The proxy forwarded from the pod itself, never the peer directly.
+        w.app_saw(8080, n, IpAddr::V4(extra));
+    }
+    assert_eq!(
+        wait_accepted(&proxy, 3),
+        vec![(sock(Ipv4Addr::UNSPECIFIED, 4143), sock(extra, 8080)); 3]
+    );
+    assert!(
+        w.app(8080)
+            .received()
+            .iter()
+            .all(|c| c.peer.ip() != IpAddr::V4(w.net.peer_v4())),
+        "the app saw the peer directly: {:?}",
+        w.app(8080).received()
+    );
+    let stats = h.maps().stats(record.netns_cookie);
+    assert_eq!((stats.in_redirected, stats.in_refused), (3, 1), "{stats:?}");
+}
+
+/// Clients that connect, send and close at once, the proxy accepting `delay` later: every
+/// accepted socket still answers `SO_ORIGINAL_DST`, the answer lives in the accepted socket's
+/// storage (not in the 4-tuple map), and it is gone once the proxy closed the socket.
+fn late_accept(delay: Duration) {
+    const N: u64 = 20;
+    // Time the clients get to finish before the proxy's accept delay runs out.
+    let budget = Duration::from_secs(2);
+    let h = AgentHarness::new(None);
+    let w = World::new(&[8080]);
+    let record = h.register(&w.net.pod, LinkerdConfig::default(), true);
+    let proxy = w
+        .net
+        .pod
+        .start_proxy(&proxy::Options {
+            accept_delay_ms: (delay + budget).as_millis() as u64,
+            ..proxy::Options::new()
+        })
+        .expect("start the proxy");
+    let accept_starts = std::time::Instant::now() + delay + budget;
+    let mut opts = ClientOptions::new(sock(w.net.pod_v4(), 8080)).send("hello\n");
+    opts.no_read = true;
+    opts.count = N;
+    let r = run_client(&w.net.remote(APP_UID), &opts, TIMEOUT).expect("clients");
+    assert_eq!((r.succeeded, r.failed), (N, 0), "{r:?}");
+    let storage = h.config().pin_root.join("maps").join(names::MAP_ACC_DST);
+    let held = diag::sockets_with_storage(&w.net.pod.netns, &storage).expect("sock_diag");
+    let (_, conns) = h.maps().orig_dst_entries();
+    assert!(
+        std::time::Instant::now() + Duration::from_millis(100) < accept_starts,
+        "the clients took too long for the test to mean anything"
+    );
+    // Before the proxy accepted anything (the clients are gone): the destinations sit in
+    // the sockets waiting in the accept queue.
+    assert_eq!(held.len(), N as usize, "sockets with storage: {held:?}");
+    assert!(
+        held.iter().all(|(l, _)| *l == sock(w.net.pod_v4(), 8080)),
+        "{held:?}"
+    );
+    assert_eq!(conns, 0, "4-tuple entries left");
+
+    let events = proxy
+        .log()
+        .wait_for(TIMEOUT + delay, |e| {
+            e.iter()
+                .filter(|e| matches!(e, Event::Accepted { .. } | Event::OrigDstError { .. }))
+                .count()
+                >= N as usize
+        })
+        .expect("proxy accepted");
+    let errors: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, Event::OrigDstError { .. }))
+        .collect();
+    assert!(errors.is_empty(), "SO_ORIGINAL_DST failed: {errors:?}");
+    assert_eq!(
+        accepted(&proxy),
+        vec![
+            (
+                sock(Ipv4Addr::UNSPECIFIED, 4143),
+                sock(w.net.pod_v4(), 8080)
+            );
+            N as usize
+        ]
+    );
+    proxy
+        .log()
+        .wait_for_finished(N as usize, TIMEOUT)
+        .expect("proxy closed every connection");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let held = diag::sockets_with_storage(&w.net.pod.netns, &storage).expect("sock_diag");
+        if held.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "storage outlives the sockets: {held:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(h.maps().orig_dst_entries().1, 0);
+    assert_eq!(h.maps().stats(record.netns_cookie).orig_dst_answered, N);
+}
+
+#[test]
+fn original_destination_survives_a_300ms_late_accept() {
+    late_accept(Duration::from_millis(300));
+}
+
+#[test]
+fn original_destination_survives_a_5s_late_accept() {
+    late_accept(Duration::from_secs(5));
 }
