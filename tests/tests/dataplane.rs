@@ -18,6 +18,7 @@ use linkerd_cni_proto::config::LinkerdConfig;
 use linkerd_cni_tests::{
     AgentHarness, CgroupGuard, EchoServer, Pod, PodAndPeer, TestProxy, UdpEcho,
     client::{Options as ClientOptions, Report, run_client},
+    diag,
     proxy::{self, Event, PROXY_UID},
 };
 
@@ -498,4 +499,141 @@ fn original_destination_maps_are_cleaned_after_many_connections() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(maps.stats(record.netns_cookie).out_redirected, 10_000);
+}
+
+/// Apps that connect, send and close at once, the proxy accepting `delay` later: every
+/// accepted socket still answers `SO_ORIGINAL_DST` (the apps' sockets closed long before),
+/// the answer lives in the accepted socket's storage, not in the 4-tuple map, and it is gone
+/// once the proxy closed the socket.
+fn late_accept(delay: Duration) {
+    const N: u64 = 20;
+    // Time the clients get to finish before the proxy's accept delay runs out.
+    let budget = Duration::from_secs(2);
+    let h = AgentHarness::new(None);
+    let world = World::new();
+    let record = h.register(&world.net.pod, LinkerdConfig::default(), true);
+    let proxy = world
+        .net
+        .pod
+        .start_proxy(&proxy::Options {
+            accept_delay_ms: (delay + budget).as_millis() as u64,
+            ..proxy::Options::new()
+        })
+        .expect("start the proxy");
+    let accept_starts = Instant::now() + delay + budget;
+    let mut opts = ClientOptions::new(world.server.addr()).send("hello\n");
+    opts.no_read = true;
+    opts.count = N;
+    let r = run_client(&world.net.pod.container(APP_UID), &opts, TIMEOUT).expect("clients");
+    assert_eq!((r.succeeded, r.failed), (N, 0), "{r:?}");
+    let storage = h.config().pin_root.join("maps").join(names::MAP_ACC_DST);
+    let held = diag::sockets_with_storage(&world.net.pod.netns, &storage).expect("sock_diag");
+    let (_, conns) = h.maps().orig_dst_entries();
+    assert!(
+        Instant::now() + Duration::from_millis(100) < accept_starts,
+        "the clients took too long for the test to mean anything"
+    );
+    assert_eq!(held.len(), N as usize, "sockets with storage: {held:?}");
+    assert!(
+        held.iter()
+            .all(|(l, _)| *l == sock(Ipv4Addr::LOCALHOST, 4140)),
+        "{held:?}"
+    );
+    assert_eq!(conns, 0, "4-tuple entries left");
+
+    let events = proxy
+        .log()
+        .wait_for(TIMEOUT + delay, |e| {
+            e.iter()
+                .filter(|e| matches!(e, Event::Accepted { .. } | Event::OrigDstError { .. }))
+                .count()
+                >= N as usize
+        })
+        .expect("proxy accepted");
+    let errors: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, Event::OrigDstError { .. }))
+        .collect();
+    assert!(errors.is_empty(), "SO_ORIGINAL_DST failed: {errors:?}");
+    assert_eq!(
+        accepted(&events),
+        vec![(sock(Ipv4Addr::LOCALHOST, 4140), world.server.addr()); N as usize]
+    );
+    proxy
+        .log()
+        .wait_for_finished(N as usize, TIMEOUT)
+        .expect("proxy closed every connection");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let held = diag::sockets_with_storage(&world.net.pod.netns, &storage).expect("sock_diag");
+        if held.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "storage outlives the sockets: {held:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(h.maps().orig_dst_entries().1, 0);
+    assert_eq!(h.maps().stats(record.netns_cookie).orig_dst_answered, N);
+}
+
+#[test]
+fn original_destination_survives_a_300ms_late_accept() {
+    late_accept(Duration::from_millis(300));
+}
+
+#[test]
+fn original_destination_survives_a_5s_late_accept() {
+    late_accept(Duration::from_secs(5));
+}
+
+/// With conntrack active in the pod's netns (a nat REDIRECT rule on an unrelated port), the
+/// kernel answers `SO_ORIGINAL_DST` itself with the proxy's own address: ours must win.
+#[test]
+fn our_original_destination_wins_over_conntrack() {
+    let h = AgentHarness::new(None);
+    let world = World::new();
+    let record = h.register(&world.net.pod, LinkerdConfig::default(), true);
+    world
+        .net
+        .pod
+        .netns
+        .exec(
+            "iptables",
+            [
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "--dport",
+                "7",
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                "4140",
+            ],
+        )
+        .expect("a nat rule in the pod's netns");
+    let proxy = world.proxy(false);
+    for n in 1..=3 {
+        let report = world.connect(APP_UID, world.server.addr());
+        assert_eq!(report.succeeded, 1, "{report:?}");
+        assert_eq!(
+            proxied(&proxy, n)[n - 1],
+            (sock(Ipv4Addr::LOCALHOST, 4140), world.server.addr())
+        );
+    }
+    // conntrack was in play: it tracked the connections.
+    let count = world
+        .net
+        .pod
+        .netns
+        .exec("cat", ["/proc/sys/net/netfilter/nf_conntrack_count"])
+        .expect("conntrack count");
+    assert_ne!(count.trim(), "0", "conntrack is not active in the pod");
+    assert_eq!(h.maps().stats(record.netns_cookie).orig_dst_answered, 3);
 }
