@@ -115,7 +115,7 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
                     out,
                     "  counters: outbound redirected {}  exempt (proxy uid/gid) {}  skipped {}\n            \
                      inbound redirected {}  refused (no listener) {}  passed {}\n            \
-                     SO_ORIGINAL_DST answered {} missed {}  live connections {}",
+                     SO_ORIGINAL_DST answered {} missed {}  handshakes in flight {}",
                     s.out_redirected,
                     s.out_exempt_owner,
                     s.out_skipped,

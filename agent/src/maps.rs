@@ -196,6 +196,9 @@ pub struct PodView {
     /// The pod's own addresses.
     pub ips: Vec<IpAddr>,
     pub stats: PodStats,
+    /// Entries of the 4-tuple map: connections between the client's handshake and the
+    /// proxy side's (the destination then moves into the accepted socket's storage, which
+    /// userspace cannot list), plus TCP Fast Open ones.
     pub live_conns: usize,
     /// The inbound proxy listener is registered, per family (IPv4, IPv6).
     pub listener: (bool, bool),

@@ -497,3 +497,64 @@ fn original_destination_survives_a_300ms_late_accept() {
 fn original_destination_survives_a_5s_late_accept() {
     late_accept(Duration::from_secs(5));
 }
+
+/// The per-netns stub outlives the agent (pinned link) and reaches whichever shared program
+/// the running agent installed; unregistering removes it from the kernel.
+#[test]
+fn inbound_survives_the_agent_and_unregister_removes_the_stub() {
+    let mut h = AgentHarness::new(None);
+    let w = World::new(&[8080]);
+    let record = h.register(&w.net.pod, LinkerdConfig::default(), true);
+    let proxy = proxy_in(&w.net.pod, false);
+    let link_dir = h.agent().link_dir(&record).expect("per-pod link dir");
+    let link = linkerd_cni_agent::bpf_sys::obj_get(&link_dir.join(names::PROG_SK_LOOKUP))
+        .expect("pinned netns link");
+    let stub = linkerd_cni_agent::bpf_sys::link_info(&link)
+        .expect("link info")
+        .prog_id;
+    drop(link);
+    let bpftool_prog = |id: u32| {
+        std::process::Command::new("bpftool")
+            .args(["prog", "show", "id", &id.to_string()])
+            .output()
+            .expect("bpftool")
+    };
+    let shown = bpftool_prog(stub);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains(names::PROG_SK_LOOKUP_STUB),
+        "{shown:?}"
+    );
+
+    h.kill();
+    w.call(8080);
+    assert_eq!(wait_accepted(&proxy, 1).len(), 1, "agent down");
+    h.start_again();
+    w.call(8080);
+    assert_eq!(
+        wait_accepted(&proxy, 2),
+        vec![
+            (
+                sock(Ipv4Addr::UNSPECIFIED, 4143),
+                sock(w.net.pod_v4(), 8080)
+            );
+            2
+        ],
+        "after restart, through the new shared program"
+    );
+    h.agent().check(&record.id).expect("adopted and in force");
+    w.app_saw(8080, 2, IpAddr::V4(w.net.pod_v4()));
+
+    assert!(h.agent().unregister(&record.id).expect("unregister"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while bpftool_prog(stub).status.success() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stub {stub} still loaded"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Unmeshed: straight to the app.
+    w.call(8080);
+    w.app_saw(8080, 3, IpAddr::V4(w.net.peer_v4()));
+    assert_eq!(accepted(&proxy).len(), 2);
+}
