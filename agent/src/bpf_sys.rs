@@ -291,3 +291,41 @@ pub fn link_info(link: impl AsFd) -> io::Result<LinkInfo> {
         attach_type,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::BorrowedFd;
+
+    use super::*;
+
+    #[test]
+    fn stub_carries_the_cookie_and_fails_closed() {
+        // SAFETY: the fds are only copied into instructions, never used.
+        let (a, b) = unsafe { (BorrowedFd::borrow_raw(7), BorrowedFd::borrow_raw(9)) };
+        let cookie = 0x1234_5678_9abc_def0_u64;
+        let insns = sk_lookup_stub(cookie, a, b);
+        // The cookie, split over the two halves of its ld_imm64.
+        let ld = insns
+            .iter()
+            .position(|i| i.code == 0x18 && i.regs == 1)
+            .expect("ld_imm64 r1, cookie");
+        let got = u64::from(insns[ld].imm as u32) | (u64::from(insns[ld + 1].imm as u32) << 32);
+        assert_eq!(got, cookie);
+        // Maps by fd, in the registers the helpers take them.
+        assert_eq!(
+            (insns[4].regs, insns[4].imm),
+            (1 | (BPF_PSEUDO_MAP_FD << 4), 7)
+        );
+        assert_eq!(
+            (insns[12].regs, insns[12].imm),
+            (2 | (BPF_PSEUDO_MAP_FD << 4), 9)
+        );
+        // The null check jumps to `r0 = SK_DROP; exit`, which also follows a failed tail call.
+        let jump = 7;
+        let target = (jump as i16 + 1 + insns[jump].off) as usize;
+        assert_eq!(insns[target], insn(0xb7, 0, 0, 0, SK_DROP));
+        assert_eq!(insns[target - 1].imm, HELPER_TAIL_CALL);
+        assert_eq!(insns[target + 1].code, 0x95);
+        assert_eq!(target + 2, insns.len());
+    }
+}

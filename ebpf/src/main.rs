@@ -2,10 +2,12 @@
 //! ancestor, filtered by netns cookie):
 //!
 //! - [`connect`]: `cgroup/connect4`, `cgroup/connect6` send the pod's outbound TCP to the proxy.
-//! - [`sockops`]: records each redirected connection by its 4-tuple and forgets it on close.
+//! - [`sockops`]: records each redirected connection by its 4-tuple, then moves its original
+//!   destination into the proxy's accepted socket.
 //! - [`getsockopt`]: answers `SO_ORIGINAL_DST` on the proxy's accepted sockets.
 //! - [`getpeername`]: shows the app its original destination as the peer.
-//! - [`sk_lookup`]: hands connections arriving at the pod to the proxy's inbound listener.
+//! - [`sk_lookup`]: hands connections arriving at the pod to the proxy's inbound listener
+//!   (tail-called by a per-pod stub the agent builds).
 //!
 //! Every program returns 1 (allow): redirection never refuses a connection.
 #![no_std]

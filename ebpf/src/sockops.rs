@@ -15,8 +15,9 @@
 //!   `getsockopt` falls back to it.
 //! - `TCP_LISTEN_CB`: a socket of a meshed pod listens on the inbound proxy port; put it in
 //!   the listener SOCKHASH (the kernel removes it when the socket closes).
-//! - `STATE_CB` to `TCP_CLOSE`: forget the connection's entries, so the maps hold no more
-//!   entries than live connections.
+//! - `STATE_CB` to `TCP_CLOSE`: forget the connection's entries (the app socket's, and an
+//!   accepted socket's whose storage could not be allocated), so the maps hold no more entries
+//!   than live connections.
 //!
 //! # Minimum kernel version
 //! 4.13 (sock_ops), 5.7 for `bpf_get_netns_cookie` here.
