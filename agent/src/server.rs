@@ -12,7 +12,7 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use linkerd_cni_k8s::PodSource;
@@ -31,7 +31,8 @@ use crate::{
     netns::NetnsError,
 };
 
-/// How long one request may take, end to end (Kubernetes lookup included).
+/// How long one request may take, end to end (Kubernetes lookup included). An ADD whose
+/// plugin sent a shorter budget (`Envelope::budget_ms`) is abandoned at that budget instead.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Counters the metrics endpoint exposes.
@@ -90,7 +91,10 @@ impl Server {
                     env.version
                 ),
             ),
-            Ok(env) => self.handle(env.request).await,
+            Ok(env) => {
+                let deadline = env.agent_budget().map(|b| Instant::now() + b);
+                self.handle_until(env.request, deadline).await
+            }
             Err(e) => error(ErrorKind::BadRequest, e.to_string()),
         };
         if matches!(response, Response::Error { .. }) {
@@ -106,10 +110,16 @@ impl Server {
 
     /// Serves one request.
     pub async fn handle(&self, request: Request) -> Response {
+        self.handle_until(request, None).await
+    }
+
+    /// Serves one request; an ADD not finished by `deadline` (when the plugin stops waiting)
+    /// is abandoned and anything it registered rolled back.
+    pub async fn handle_until(&self, request: Request, deadline: Option<Instant>) -> Response {
         match request {
             Request::Add(add) => {
                 self.stats.adds.fetch_add(1, Ordering::Relaxed);
-                self.add(*add).await
+                self.add(*add, deadline).await
             }
             Request::Del(att) => {
                 self.stats.dels.fetch_add(1, Ordering::Relaxed);
@@ -146,7 +156,7 @@ impl Server {
         }
     }
 
-    async fn add(&self, add: AddRequest) -> Response {
+    async fn add(&self, add: AddRequest, deadline: Option<Instant>) -> Response {
         let span = tracing::info_span!(
             "add",
             container = %add.attachment.container_id,
@@ -156,10 +166,10 @@ impl Server {
         // `instrument`, not `enter`: the future moves between runtime threads at each await,
         // and an entered span guard held across one corrupts the span stack (a panic under
         // concurrent ADDs).
-        self.add_in_span(add).instrument(span).await
+        self.add_in_span(add, deadline).instrument(span).await
     }
 
-    async fn add_in_span(&self, add: AddRequest) -> Response {
+    async fn add_in_span(&self, add: AddRequest, deadline: Option<Instant>) -> Response {
         let AddRequest {
             attachment:
                 AttachmentRef {
@@ -178,11 +188,17 @@ impl Server {
                 "ADD without pod namespace and name".into(),
             );
         }
-        let decision = match self
+        let decide = self
             .pods
-            .decide(&pod.namespace, &pod.name, pod.uid.as_deref(), &config)
-            .await
-        {
+            .decide(&pod.namespace, &pod.name, pod.uid.as_deref(), &config);
+        let decided = match deadline {
+            Some(d) => match tokio::time::timeout_at(d.into(), decide).await {
+                Ok(decided) => decided,
+                Err(_) => return abandoned("while deciding from the Kubernetes API"),
+            },
+            None => decide.await,
+        };
+        let decision = match decided {
             Ok(d) => d,
             Err(e) if e.is_transient() => return error(ErrorKind::KubernetesApi, e.to_string()),
             Err(e) => return error(ErrorKind::BadRequest, e.to_string()),
@@ -203,15 +219,32 @@ impl Server {
             };
         }
         let reason = decision.reason;
-        let result = if decision.redirect {
-            self.blocking(move |a| a.register(reg)).await
-        } else {
-            let why = reason.clone();
-            self.blocking(move |a| a.record_unredirected(reg, why))
-                .await
-        };
+        let redirect = decision.redirect;
+        let why = reason.clone();
+        // Checked on the blocking thread, around the work itself: the request's task may be
+        // cancelled, the blocking work never is.
+        let past = move || deadline.is_some_and(|d| Instant::now() >= d);
+        let result = self
+            .blocking(move |a| {
+                if past() {
+                    return Ok(None);
+                }
+                let id = reg.id.clone();
+                let record = if redirect {
+                    a.register(reg)?
+                } else {
+                    a.record_unredirected(reg, why)?
+                };
+                if past() {
+                    a.unregister(&id)?;
+                    return Ok(None);
+                }
+                Ok(Some(record))
+            })
+            .await;
         match result {
-            Ok(record) => {
+            Ok(None) => abandoned("while registering (rolled back)"),
+            Ok(Some(record)) => {
                 tracing::info!(redirected = record.redirected(), reason = %reason, "pod added");
                 // An unredirected record's reason is the decision's: say it once.
                 let reason = if record.reason == reason {
@@ -249,6 +282,16 @@ async fn read_request(conn: &mut UnixStream) -> Result<Envelope, FrameError> {
     let mut body = vec![0u8; wire::frame_len(header)?];
     conn.read_exact(&mut body).await?;
     Ok(serde_json::from_slice(&body)?)
+}
+
+/// The answer to an ADD whose plugin has stopped waiting: nothing stays registered, the
+/// runtime sees the ADD fail and retries it.
+fn abandoned(when: &str) -> Response {
+    tracing::warn!(when, "ADD abandoned: the plugin's deadline passed");
+    error(
+        ErrorKind::Unavailable,
+        format!("the plugin's deadline passed {when}: nothing registered"),
+    )
 }
 
 fn error(kind: ErrorKind, message: String) -> Response {

@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use linkerd_cni_proto::wire::{self, Envelope, PROTOCOL_VERSION, Request, Response};
+use linkerd_cni_proto::wire::{self, Envelope, Request, Response};
 use linkerd_cni_tests::{
     ChildGuard, NetnsGuard, Placement,
     fake_apiserver::FakeApiServer,
@@ -263,10 +263,7 @@ impl Drop for AgentProc {
 fn status(socket: &Path) -> anyhow::Result<usize> {
     let mut s = UnixStream::connect(socket)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(&wire::encode(&Envelope {
-        version: PROTOCOL_VERSION,
-        request: Request::Status,
-    })?)?;
+    s.write_all(&wire::encode(&Envelope::new(Request::Status))?)?;
     let mut header = [0u8; 4];
     s.read_exact(&mut header)?;
     let mut body = vec![0u8; wire::frame_len(header)?];

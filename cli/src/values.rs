@@ -246,6 +246,7 @@ pub struct Values {
     pub disable_ipv6: bool,
     pub priority_class_name: String,
     pub install_namespace: bool,
+    pub excluded_namespaces: Vec<String>,
     pub image: Image,
     pub tolerations: Vec<Json>,
     pub resources: Resources,
@@ -388,6 +389,21 @@ pub fn validate(values: &Json) -> Result<Values, ValuesError> {
     if !["legacy", "nft"].contains(&v.iptables_mode.as_str()) {
         return Err(invalid("iptablesMode", "expected legacy or nft"));
     }
+    // A namespace name is a DNS label.
+    if let Some(bad) = v.excluded_namespaces.iter().find(|n| {
+        n.is_empty()
+            || n.len() > 63
+            || n.starts_with('-')
+            || n.ends_with('-')
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    }) {
+        return Err(invalid(
+            "excludedNamespaces",
+            format!("{bad:?} is not a namespace name"),
+        ));
+    }
     Ok(v)
 }
 
@@ -410,6 +426,10 @@ mod tests {
             ("/etc/cni/net.d", "/opt/cni/bin")
         );
         assert_eq!(v.log_level, "info");
+        assert_eq!(
+            v.excluded_namespaces,
+            linkerd_cni_proto::config::DEFAULT_EXCLUDED_NAMESPACES
+        );
         assert_eq!(v.agent.socket_path, linkerd_cni_common::paths::AGENT_SOCKET);
         assert_eq!(v.agent.bpffs_path, linkerd_cni_common::paths::BPFFS);
         assert_eq!(v.agent.pin_root, linkerd_cni_common::paths::PIN_ROOT);

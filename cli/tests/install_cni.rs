@@ -162,7 +162,8 @@ fn default_render_content() {
                 "incoming-proxy-port": 4143, "outgoing-proxy-port": 4140, "proxy-uid": 2102, "proxy-gid": -1,
                 "ports-to-redirect": [], "inbound-ports-to-ignore": ["4191", "4190"], "outbound-ports-to-ignore": [],
                 "simulate": false, "use-wait-flag": false, "iptables-mode": "nft", "ipv6": false,
-                "agent-socket": "/run/linkerd-cni/agent.sock"
+                "agent-socket": "/run/linkerd-cni/agent.sock",
+                "excluded-namespaces": ["linkerd-cni", "kube-system"]
             }
         })
     );
@@ -181,6 +182,9 @@ fn default_render_content() {
 
     let pod = &objs["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"];
     assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+    // The agent never waits for its own plugin: no pod network, cluster DNS still resolves.
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
     let c = &pod["containers"][0];
     assert_eq!(c["command"], json!(["linkerd-cni-agent", "run"]));
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");

@@ -79,8 +79,11 @@ impl AgentClient for UnixAgent {
             })
         };
 
-        set(stream.set_write_timeout(Some(remaining().ok_or_else(timed_out)?)))?;
-        wire::write_frame(&mut stream, &Envelope::new(request)).map_err(frame_err)?;
+        let budget = remaining().ok_or_else(timed_out)?;
+        set(stream.set_write_timeout(Some(budget)))?;
+        // The agent abandons the work it cannot finish within this budget (see `Envelope`).
+        wire::write_frame(&mut stream, &Envelope::with_budget(request, budget))
+            .map_err(frame_err)?;
         set(stream.set_read_timeout(Some(remaining().ok_or_else(timed_out)?)))?;
         match wire::read_frame::<Response>(&mut stream).map_err(frame_err)? {
             Response::Error { kind, message } => Err(AgentError::Refused { kind, message }),
@@ -161,7 +164,9 @@ mod tests {
             }
         );
         let seen = server.join().expect("server thread");
-        assert_eq!(seen, Envelope::new(Request::Status));
+        assert_eq!(seen.request, Request::Status);
+        let budget = seen.budget_ms.expect("the plugin sends its budget");
+        assert!((4_000..=5_000).contains(&budget), "budget {budget} ms");
 
         std::fs::remove_file(&path).expect("rm socket");
         let server = serve_once(

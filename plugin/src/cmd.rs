@@ -9,6 +9,18 @@
 //!   nothing (ADD still prints the result). STATUS still asks the agent.
 //! - GC refuses a config without `cni.dev/valid-attachments` (or `cni.dev/attachments`)
 //!   rather than treating it as "nothing is valid" and unregistering every pod.
+//! - Pods of `linkerd.excluded-namespaces` (default `linkerd-cni`, `kube-system`) are never
+//!   sent to the agent: ADD passes `prevResult` through, DEL and CHECK do nothing. The CNI's
+//!   own DaemonSet (hostNetwork anyway) and the cluster's system pods never wait for it.
+//! - The agent unavailable (socket missing, connection refused or broken, timeout) on ADD:
+//!   the plugin GETs the pod from the Kubernetes API itself (the conflist's kubeconfig) and
+//!   applies Linkerd's rule. Not meshed: `prevResult` passes through and the pod starts (the
+//!   agent would only have recorded it as unredirected). Meshed: error 11 naming the socket,
+//!   so the runtime retries until the agent is back. The API failing too: error 11 (the
+//!   plugin cannot know). The agent refusing or failing to register is never second-guessed.
+//! - DEL with the agent unavailable succeeds: libcni must reach the IPAM plugin's DEL, and
+//!   the agent drops the registration once it is back (it reaps registrations whose netns is
+//!   gone; one whose netns a runtime leaked goes with CNI GC).
 
 use std::{io::Read, time::Duration};
 
@@ -17,6 +29,7 @@ use serde_json::{Value, json};
 
 use crate::{
     agent::AgentClient,
+    apiserver::PodLookup,
     env::{self, Env},
     error::{AgentError, CniErrorBody, PluginError},
     log::{Level, Logger},
@@ -39,6 +52,7 @@ pub fn run(
     get: &dyn Fn(&str) -> Option<String>,
     stdin: &mut dyn Read,
     agent: &dyn AgentClient,
+    api: &dyn PodLookup,
     log: &mut Logger,
 ) -> Outcome {
     let input = netconf::read_limited(stdin);
@@ -47,7 +61,7 @@ pub fn run(
         .ok()
         .and_then(|b| netconf::peek_version(b))
         .unwrap_or(SpecVersion::LATEST);
-    match execute(get, input, agent, log) {
+    match execute(get, input, agent, api, log) {
         Ok(Some(value)) => Outcome {
             stdout: format!("{value}\n"),
             exit_code: 0,
@@ -76,6 +90,7 @@ fn execute(
     get: &dyn Fn(&str) -> Option<String>,
     input: Result<Vec<u8>, PluginError>,
     agent: &dyn AgentClient,
+    api: &dyn PodLookup,
     log: &mut Logger,
 ) -> Result<Option<Value>, PluginError> {
     let command = env::command(get)?;
@@ -106,6 +121,7 @@ fn execute(
         env: &env,
         conf: &conf,
         agent,
+        api,
         log,
     };
     match command {
@@ -135,7 +151,16 @@ struct Ctx<'a> {
     env: &'a Env,
     conf: &'a NetConf,
     agent: &'a dyn AgentClient,
+    api: &'a dyn PodLookup,
     log: &'a mut Logger,
+}
+
+/// Whether the agent could not be asked at all (as opposed to answering or refusing).
+fn agent_unavailable(e: &AgentError) -> bool {
+    matches!(
+        e,
+        AgentError::Unreachable { .. } | AgentError::Timeout { .. } | AgentError::Connection { .. }
+    )
 }
 
 fn unexpected(socket: &str, want: &str, got: &Response) -> PluginError {
@@ -147,6 +172,55 @@ fn unexpected(socket: &str, want: &str, got: &Response) -> PluginError {
 }
 
 impl Ctx<'_> {
+    /// Whether the pod named in `CNI_ARGS` is in an excluded namespace (logged once).
+    fn excluded(&mut self) -> bool {
+        let Some(ns) = self.env.args.pod_namespace.as_deref() else {
+            return false;
+        };
+        let excluded = self.conf.linkerd.is_excluded(ns);
+        if excluded {
+            self.log.info(format_args!(
+                "namespace {ns} is in linkerd.excluded-namespaces: not sent to the node agent"
+            ));
+        }
+        excluded
+    }
+
+    /// ADD with the agent unavailable: decide from the Kubernetes API whether the pod may
+    /// start without it.
+    fn add_without_agent(
+        &mut self,
+        pod: &linkerd_cni_proto::wire::PodRef,
+        agent: AgentError,
+        output: Value,
+    ) -> Result<Value, PluginError> {
+        let socket = self.conf.linkerd.agent_socket.clone();
+        self.log.warn(format_args!(
+            "{agent}; asking the Kubernetes API whether the pod is meshed"
+        ));
+        let meshed = match &self.conf.kubeconfig {
+            Some(kc) => self.api.is_meshed(kc, &pod.namespace, &pod.name),
+            None => Err(crate::apiserver::ApiError::NoKubeconfig),
+        };
+        match meshed {
+            Ok(false) => {
+                self.log.info(format_args!(
+                    "pod is not meshed: started without the node agent (not redirected)"
+                ));
+                Ok(output)
+            }
+            Ok(true) => Err(PluginError::MeshedAgentDown {
+                socket,
+                source: agent,
+            }),
+            Err(source) => Err(PluginError::AgentAndApiDown {
+                socket,
+                agent: Box::new(agent),
+                source,
+            }),
+        }
+    }
+
     fn attachment(&self) -> AttachmentRef {
         AttachmentRef {
             container_id: self.env.container_id.clone(),
@@ -184,6 +258,9 @@ impl Ctx<'_> {
             ));
             return Ok(output);
         };
+        if self.excluded() {
+            return Ok(output);
+        }
         netns::check(&self.env.netns)?;
         let pod_ips = prev.map(|r| r.pod_ips()).unwrap_or_default();
         if pod_ips.is_empty() {
@@ -193,7 +270,7 @@ impl Ctx<'_> {
         }
         let request = AddRequest {
             attachment: self.attachment(),
-            pod,
+            pod: pod.clone(),
             cgroup_path: self.conf.cgroup_path.clone(),
             pod_ips,
             config: self.conf.linkerd.clone(),
@@ -205,7 +282,11 @@ impl Ctx<'_> {
             ));
             return Ok(output);
         }
-        match self.call(Request::Add(Box::new(request)))? {
+        let answer = match self.call(Request::Add(Box::new(request))) {
+            Err(e) if agent_unavailable(&e) => return self.add_without_agent(&pod, e, output),
+            answer => answer?,
+        };
+        match answer {
             Response::Added { redirected, reason } => {
                 let verb = if redirected {
                     "redirected through its proxy"
@@ -226,13 +307,26 @@ impl Ctx<'_> {
             ));
             return Ok(());
         }
+        if self.excluded() {
+            return Ok(());
+        }
         let attachment = self.attachment();
         if self.conf.linkerd.simulate {
             self.log
                 .info(format_args!("simulate: would unregister {attachment:?}"));
             return Ok(());
         }
-        match self.call(Request::Del(attachment))? {
+        let answer = match self.call(Request::Del(attachment)) {
+            Err(e) if agent_unavailable(&e) => {
+                self.log.warn(format_args!(
+                    "{e}; DEL succeeds anyway: the agent drops the registration once it is back \
+                     (its netns is gone) or on CNI GC"
+                ));
+                return Ok(());
+            }
+            answer => answer?,
+        };
+        match answer {
             Response::Deleted { existed } => {
                 self.log
                     .info(format_args!("unregistered (was registered: {existed})"));
@@ -254,6 +348,9 @@ impl Ctx<'_> {
             self.log.debug(format_args!(
                 "no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: nothing to check"
             ));
+            return Ok(());
+        }
+        if self.excluded() {
             return Ok(());
         }
         netns::check(&self.env.netns)?;
@@ -347,7 +444,7 @@ mod tests {
     use linkerd_cni_proto::wire::ErrorKind;
 
     use super::*;
-    use crate::log::tests::Captured;
+    use crate::{apiserver::ApiError, log::tests::Captured};
 
     type Answer = dyn Fn(&Request) -> Result<Response, AgentError>;
 
@@ -472,12 +569,51 @@ mod tests {
         })
     }
 
+    /// A Kubernetes API that answers from a function and counts lookups.
+    struct MockApi {
+        seen: RefCell<Vec<(String, String, String)>>,
+        answer: fn(&str) -> Result<bool, ApiError>,
+    }
+
+    impl MockApi {
+        fn with(answer: fn(&str) -> Result<bool, ApiError>) -> Self {
+            Self {
+                seen: RefCell::new(Vec::new()),
+                answer,
+            }
+        }
+    }
+
+    impl PodLookup for MockApi {
+        fn is_meshed(&self, kubeconfig: &str, ns: &str, name: &str) -> Result<bool, ApiError> {
+            self.seen
+                .borrow_mut()
+                .push((kubeconfig.into(), ns.into(), name.into()));
+            (self.answer)(name)
+        }
+    }
+
     fn run_with(env: &[(&'static str, String)], stdin: &[u8], agent: &MockAgent) -> Run {
+        let api = MockApi::with(|_| {
+            Err(ApiError::Request {
+                url: "u".into(),
+                reason: "no API in this test".into(),
+            })
+        });
+        run_with_api(env, stdin, agent, &api)
+    }
+
+    fn run_with_api(
+        env: &[(&'static str, String)],
+        stdin: &[u8],
+        agent: &MockAgent,
+        api: &MockApi,
+    ) -> Run {
         let map: HashMap<&str, String> = env.iter().cloned().collect();
         let get = |k: &str| map.get(k).cloned();
         let sink = Captured::default();
         let mut log = Logger::new(Box::new(sink.clone()));
-        let outcome = run(&get, &mut &stdin[..], agent, &mut log);
+        let outcome = run(&get, &mut &stdin[..], agent, api, &mut log);
         let stderr = sink.text();
         for line in stderr.lines() {
             assert!(
@@ -828,6 +964,19 @@ mod tests {
             for &(name, make, code) in &failures {
                 let agent = MockAgent::with(move |_| Err(make()));
                 let r = run_conf(cmd, &base_conf(SpecVersion::V1_1_0), &agent);
+                if cmd == Command::Del && agent_unavailable(&make()) {
+                    assert_eq!(
+                        r.outcome,
+                        Outcome {
+                            stdout: String::new(),
+                            exit_code: 0
+                        },
+                        "DEL with agent {name} succeeds: {}",
+                        r.stderr
+                    );
+                    assert_eq!(agent.requests().len(), 1, "DEL {name}: one request");
+                    continue;
+                }
                 let want = if cmd == Command::Status { 50 } else { code };
                 assert_eq!(
                     r.code(),
@@ -859,6 +1008,137 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The agent down on ADD: the API decides. Unmeshed starts (prevResult through), meshed
+    /// and unknown fail with 11 naming the socket; the agent refusing is never second-guessed.
+    #[test]
+    fn add_without_the_agent_asks_the_api() {
+        let mut conf = base_conf(SpecVersion::V1_0_0);
+        conf["kubernetes"] = json!({"kubeconfig": "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"});
+        let down = || {
+            MockAgent::with(|_| {
+                Err(AgentError::Unreachable {
+                    socket: "/test/agent.sock".into(),
+                    source: io::Error::from(io::ErrorKind::ConnectionRefused),
+                })
+            })
+        };
+        let env = |pod: &str| {
+            let mut e = base_env(Command::Add);
+            e.retain(|(k, _)| *k != "CNI_ARGS");
+            e.push((
+                "CNI_ARGS",
+                format!("K8S_POD_NAMESPACE=shop;K8S_POD_NAME={pod}"),
+            ));
+            e
+        };
+        let api = MockApi::with(|name| match name {
+            "meshed" => Ok(true),
+            "plain" => Ok(false),
+            _ => Err(ApiError::Request {
+                url: "u".into(),
+                reason: "connection refused".into(),
+            }),
+        });
+        let stdin = conf.to_string();
+
+        let r = run_with_api(&env("plain"), stdin.as_bytes(), &down(), &api);
+        assert_eq!(r.outcome.exit_code, 0, "unmeshed starts: {}", r.stderr);
+        assert_eq!(
+            r.json(),
+            bridge_prev(SpecVersion::V1_0_0),
+            "prevResult through"
+        );
+
+        let r = run_with_api(&env("meshed"), stdin.as_bytes(), &down(), &api);
+        assert_eq!(r.code(), 11);
+        let msg = r.json()["msg"].as_str().unwrap_or_default().to_string();
+        assert!(
+            msg.contains("meshed") && msg.contains("/test/agent.sock") && msg.contains("retries"),
+            "{msg}"
+        );
+
+        let r = run_with_api(&env("unknown"), stdin.as_bytes(), &down(), &api);
+        assert_eq!(r.code(), 11);
+        let body = r.json();
+        assert!(
+            body["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("cannot tell")),
+            "{body}"
+        );
+        assert!(
+            body["details"]
+                .as_str()
+                .is_some_and(|d| d.contains("connection refused")),
+            "{body}"
+        );
+        assert_eq!(
+            api.seen
+                .borrow()
+                .iter()
+                .map(|(kc, ns, n)| format!("{kc} {ns}/{n}"))
+                .collect::<Vec<_>>(),
+            [
+                "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig shop/plain",
+                "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig shop/meshed",
+                "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig shop/unknown",
+            ]
+        );
+
+        // The agent answering (even refusing) is final: no API lookup.
+        let refusing = MockAgent::with(|_| {
+            Err(AgentError::Refused {
+                kind: ErrorKind::Internal,
+                message: "m".into(),
+            })
+        });
+        let before = api.seen.borrow().len();
+        let r = run_with_api(&env("plain"), stdin.as_bytes(), &refusing, &api);
+        assert_eq!(r.code(), 101);
+        assert_eq!(api.seen.borrow().len(), before);
+    }
+
+    /// Excluded namespaces never reach the agent, for any verb that would register or check.
+    #[test]
+    fn excluded_namespaces_never_reach_the_agent() {
+        for ns in ["kube-system", "linkerd-cni", "infra"] {
+            for cmd in [Command::Add, Command::Del, Command::Check] {
+                let mut conf = base_conf(SpecVersion::V1_0_0);
+                if ns == "infra" {
+                    conf["linkerd"]["excluded-namespaces"] = json!(["infra"]);
+                }
+                let mut env = base_env(cmd);
+                env.retain(|(k, _)| *k != "CNI_ARGS" && *k != "CNI_NETNS");
+                env.push(("CNI_ARGS", format!("K8S_POD_NAMESPACE={ns};K8S_POD_NAME=p")));
+                // Not even the netns is looked at.
+                env.push(("CNI_NETNS", "/nonexistent".into()));
+                let agent = MockAgent::healthy();
+                let r = run_conf_env(&env, &conf, &agent);
+                assert_eq!(r.outcome.exit_code, 0, "{cmd} {ns}: {}", r.stderr);
+                assert!(agent.requests().is_empty(), "{cmd} {ns}: sent to the agent");
+                if cmd == Command::Add {
+                    assert_eq!(r.json(), bridge_prev(SpecVersion::V1_0_0));
+                }
+            }
+        }
+        // Configured otherwise, kube-system goes to the agent.
+        let mut conf = base_conf(SpecVersion::V1_0_0);
+        conf["linkerd"]["excluded-namespaces"] = json!([]);
+        let mut env = base_env(Command::Add);
+        env.retain(|(k, _)| *k != "CNI_ARGS");
+        env.push((
+            "CNI_ARGS",
+            "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=p".into(),
+        ));
+        let agent = MockAgent::healthy();
+        run_conf_env(&env, &conf, &agent);
+        assert_eq!(agent.requests().len(), 1);
+    }
+
+    fn run_conf_env(env: &[(&'static str, String)], conf: &Value, agent: &MockAgent) -> Run {
+        run_with(env, conf.to_string().as_bytes(), agent)
     }
 
     #[test]

@@ -7,9 +7,10 @@
 //!   either way the container the runtime names is not there. The message says which.
 //! - A network config over [`crate::netconf::MAX_CONFIG_BYTES`] is code 6 (not decoded).
 //!   Broken JSON is 6; well-formed JSON with a wrong type or value is 7, naming the key.
-//! - The node agent unreachable, timing out or hanging up is 11 (try again later) for every
-//!   verb but STATUS, including DEL: a DEL that "succeeds" without the agent would leak the
-//!   pod's registration, and the runtime retries DEL. STATUS reports every failure as 50.
+//! - The node agent unreachable, timing out or hanging up is 11 (try again later) for ADD of a
+//!   meshed pod (or of a pod the Kubernetes API cannot tell about), CHECK and GC. ADD of an
+//!   unmeshed pod and DEL succeed without the agent (see `cmd`). STATUS reports every failure
+//!   as 50.
 //! - The agent answering `VersionMismatch` is 11, not 1: code 1 is about CNI spec versions,
 //!   while a plugin/agent protocol mismatch only happens during a rollout of the DaemonSet and
 //!   goes away on retry.
@@ -21,7 +22,10 @@ use std::io;
 use linkerd_cni_proto::wire::ErrorKind;
 use serde::Serialize;
 
-use crate::version::{Command, SpecVersion};
+use crate::{
+    apiserver::ApiError,
+    version::{Command, SpecVersion},
+};
 
 /// A failure of the plugin, as precise as the code that saw it.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +74,29 @@ pub enum PluginError {
     /// Talking to the node agent failed, or the agent refused.
     #[error(transparent)]
     Agent(#[from] AgentError),
+    /// ADD of a meshed pod while the node agent is unavailable: it is not started unmeshed.
+    #[error(
+        "pod is meshed (it has a linkerd-proxy container) and the linkerd-cni node agent at \
+         {socket} is unavailable: not starting it unredirected; the runtime retries the ADD and \
+         it starts once the agent is back"
+    )]
+    MeshedAgentDown {
+        socket: String,
+        #[source]
+        source: AgentError,
+    },
+    /// ADD while the node agent is unavailable and the Kubernetes API cannot say whether the
+    /// pod is meshed.
+    #[error(
+        "the linkerd-cni node agent at {socket} is unavailable ({agent}) and the Kubernetes API \
+         cannot tell whether the pod is meshed: not starting it; the runtime retries the ADD"
+    )]
+    AgentAndApiDown {
+        socket: String,
+        agent: Box<AgentError>,
+        #[source]
+        source: ApiError,
+    },
     /// STATUS: the plugin cannot serve ADDs now.
     #[error("linkerd-cni is not available: {reason}")]
     NotAvailable {
@@ -119,6 +146,7 @@ pub fn cni_code(err: &PluginError) -> u32 {
         PluginError::Decode { .. } | PluginError::ConfigTooLarge { .. } => 6,
         PluginError::InvalidConfig { .. } => 7,
         PluginError::NotAvailable { .. } => 50,
+        PluginError::MeshedAgentDown { .. } | PluginError::AgentAndApiDown { .. } => 11,
         PluginError::Agent(agent) => match agent {
             AgentError::Unreachable { .. }
             | AgentError::Timeout { .. }
@@ -260,6 +288,27 @@ mod tests {
                     source: io(),
                 }
                 .into(),
+                11,
+            ),
+            (
+                PluginError::MeshedAgentDown {
+                    socket: s(),
+                    source: AgentError::Unreachable {
+                        socket: s(),
+                        source: io(),
+                    },
+                },
+                11,
+            ),
+            (
+                PluginError::AgentAndApiDown {
+                    socket: s(),
+                    agent: Box::new(AgentError::Timeout {
+                        socket: s(),
+                        timeout_ms: 1,
+                    }),
+                    source: ApiError::NoKubeconfig,
+                },
                 11,
             ),
             (

@@ -3,15 +3,19 @@
 //! A chained plugin: it never touches interfaces or addresses. ADD hands the pod (identity,
 //! netns, cgroup, IPs from `prevResult`, the conflist's `linkerd` section) to the node agent
 //! over its Unix socket and prints `prevResult` back in the request's CNI version; DEL,
-//! CHECK, GC and STATUS ask the agent too. When the agent cannot be reached the answer is
-//! "try again later" (11), so a pod never starts unmeshed by accident.
+//! CHECK, GC and STATUS ask the agent too. Pods of excluded namespaces never reach the agent.
+//! When the agent cannot be reached, ADD asks the Kubernetes API itself ([`apiserver`]): an
+//! unmeshed pod starts, a meshed one gets "try again later" (11), so it never starts unmeshed
+//! by accident; DEL succeeds (the agent reaps the registration later).
 //!
 //! - [`cmd`]: the verbs. [`env`]: `CNI_*` variables. [`netconf`]: stdin.
 //! - [`result`]: `prevResult` conversion between spec versions. [`version`]: spec versions.
 //! - [`netns`]: is `CNI_NETNS` a network namespace. [`agent`]: the socket client.
+//! - [`apiserver`]: the fallback "is this pod meshed" lookup when the agent is down.
 //! - [`error`]: errors and the one mapping to CNI codes. [`log`]: stderr logging.
 
 pub mod agent;
+pub mod apiserver;
 pub mod cmd;
 pub mod env;
 pub mod error;
@@ -32,6 +36,7 @@ pub fn run_process() -> i32 {
         &get,
         &mut std::io::stdin().lock(),
         &agent::UnixAgent,
+        &apiserver::KubeApi,
         &mut log,
     );
     let mut stdout = std::io::stdout().lock();

@@ -23,7 +23,8 @@ pub struct NetConf {
     pub name: Option<String>,
     /// `log_level`, raw (see [`crate::log::Level::from_config`]).
     pub log_level: Option<String>,
-    /// `kubernetes.kubeconfig`: accepted for compatibility; the node agent talks to the API.
+    /// `kubernetes.kubeconfig`: read only while the node agent is unreachable, to ask the API
+    /// whether the pod is meshed (see `crate::apiserver`).
     pub kubeconfig: Option<String>,
     pub linkerd: LinkerdConfig,
     pub prev_result: Option<Value>,

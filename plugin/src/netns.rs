@@ -4,13 +4,20 @@
 //! under `/var/run/netns` or a `/proc/<pid>/ns/net` link; the `NS_GET_NSTYPE` ioctl then tells
 //! a network namespace from the other kinds.
 //!
+//! The file is opened read-only with `O_NONBLOCK | O_CLOEXEC` and inspected through that
+//! descriptor only: opening a FIFO never waits for a writer, a socket fails at once, and the
+//! checks cannot race with the path being replaced.
+//!
 //! # Minimum kernel version
 //! `NS_GET_NSTYPE` needs Linux 4.11; on older kernels any nsfs file is accepted.
 
 use std::{
-    fs::File,
+    fs::OpenOptions,
     io,
-    os::{fd::AsRawFd, unix::fs::FileTypeExt},
+    os::{
+        fd::AsRawFd,
+        unix::fs::{FileTypeExt, OpenOptionsExt},
+    },
 };
 
 use crate::error::PluginError;
@@ -22,10 +29,22 @@ const NS_GET_NSTYPE: u64 = 0xb703;
 
 /// Succeeds when `path` is a network namespace; says precisely what it is otherwise.
 pub fn check(path: &str) -> Result<(), PluginError> {
-    let file = match File::open(path) {
+    // std adds O_CLOEXEC itself; O_NONBLOCK keeps a FIFO from blocking the open.
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path);
+    let file = match opened {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(PluginError::NetnsMissing { path: path.into() });
+        }
+        // open(2) on a Unix socket.
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            return Err(PluginError::NotANetns {
+                path: path.into(),
+                what: "a socket".into(),
+            });
         }
         Err(source) => {
             return Err(PluginError::Io {
@@ -61,8 +80,10 @@ pub fn check(path: &str) -> Result<(), PluginError> {
             "a regular file".to_string()
         } else if ft.is_char_device() || ft.is_block_device() {
             "a device".to_string()
-        } else if ft.is_fifo() || ft.is_socket() {
-            "a pipe or socket".to_string()
+        } else if ft.is_fifo() {
+            "a FIFO".to_string()
+        } else if ft.is_socket() {
+            "a socket".to_string()
         } else {
             format!("a file on a filesystem with magic {magic:#x}")
         };
@@ -128,5 +149,33 @@ mod tests {
                 "{path}: {err} should say {what}"
             );
         }
+    }
+
+    /// A FIFO (no writer) or a socket at `CNI_NETNS` is a clear error at once, never a hang.
+    #[test]
+    fn fifo_and_socket_do_not_block() {
+        let dir = std::env::temp_dir().join(format!("l5d-netns-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("no NUL");
+        // SAFETY: `c` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        let sock = dir.join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+        for (path, what) in [(&fifo, "a FIFO"), (&sock, "a socket")] {
+            let path = path.to_str().expect("utf-8").to_string();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(check(&path).map_err(|e| (cni_code(&e), e.to_string())));
+            });
+            let got = rx
+                .recv_timeout(std::time::Duration::from_secs(2))
+                .unwrap_or_else(|_| panic!("checking {what} blocked"));
+            let (code, msg) = got.expect_err(what);
+            assert_eq!(code, 3, "{msg}");
+            assert!(msg.contains(what), "{msg} should say {what}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -13,6 +13,9 @@ pub const DEFAULT_OUTBOUND_PORT: u16 = 4140;
 pub const DEFAULT_PROXY_UID: u32 = 2102;
 /// Inbound ports never redirected by default: the proxy's control and admin ports.
 pub const DEFAULT_INBOUND_PORTS_TO_IGNORE: [&str; 2] = ["4191", "4190"];
+/// Namespaces whose pods the plugin never sends to the agent by default: the CNI's own (its
+/// DaemonSet must start while the agent is down) and `kube-system` (Linkerd never meshes it).
+pub const DEFAULT_EXCLUDED_NAMESPACES: [&str; 2] = ["linkerd-cni", "kube-system"];
 
 /// A parse error in a port, range or CIDR.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -226,8 +229,12 @@ pub struct LinkerdConfig {
     pub ipv6: bool,
     /// eBPF mode: the node agent's registration socket.
     pub agent_socket: String,
-    /// eBPF mode: how long the plugin waits for the agent, in milliseconds.
+    /// eBPF mode: how long the plugin waits for the agent, in milliseconds. The agent
+    /// abandons an ADD it cannot finish in that time (see `wire::Envelope::budget_ms`).
     pub agent_timeout_ms: u64,
+    /// eBPF mode: pods in these namespaces are never sent to the agent (ADD passes
+    /// `prevResult` through, DEL and CHECK do nothing), so they start while it is down.
+    pub excluded_namespaces: Vec<String>,
 }
 
 impl Default for LinkerdConfig {
@@ -251,6 +258,7 @@ impl Default for LinkerdConfig {
             ipv6: false,
             agent_socket: linkerd_cni_common::paths::AGENT_SOCKET.to_string(),
             agent_timeout_ms: 10_000,
+            excluded_namespaces: DEFAULT_EXCLUDED_NAMESPACES.map(String::from).to_vec(),
         }
     }
 }
@@ -265,6 +273,31 @@ impl LinkerdConfig {
     pub fn proxy_gid(&self) -> Option<u32> {
         u32::try_from(self.proxy_gid).ok()
     }
+
+    /// Whether pods of `namespace` are never sent to the agent.
+    pub fn is_excluded(&self, namespace: &str) -> bool {
+        self.excluded_namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+/// The proxy container Linkerd injects (a native sidecar in `initContainers`, or a container).
+pub const PROXY_CONTAINER: &str = "linkerd-proxy";
+/// The iptables init container: a pod that has it redirects its own traffic.
+pub const INIT_CONTAINER: &str = "linkerd-init";
+
+/// Linkerd's "is this pod meshed" rule (contract section 2, rule 3) on container names only:
+/// some container or init container is named `linkerd-proxy` and no init container is named
+/// `linkerd-init`.
+pub fn wants_redirect<'a>(
+    containers: impl IntoIterator<Item = &'a str>,
+    init_containers: impl IntoIterator<Item = &'a str> + Clone,
+) -> bool {
+    let has_proxy = containers.into_iter().any(|c| c == PROXY_CONTAINER)
+        || init_containers
+            .clone()
+            .into_iter()
+            .any(|c| c == PROXY_CONTAINER);
+    has_proxy && !init_containers.into_iter().any(|c| c == INIT_CONTAINER)
 }
 
 #[cfg(test)]
@@ -335,5 +368,27 @@ mod tests {
             }
         );
         assert!(serde_json::from_str::<LinkerdConfig>(r#"{"proxy-uid":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn excluded_namespaces() {
+        let c = LinkerdConfig::default();
+        assert!(c.is_excluded("kube-system") && c.is_excluded("linkerd-cni"));
+        assert!(!c.is_excluded("default"));
+        let c: LinkerdConfig =
+            serde_json::from_str(r#"{"excluded-namespaces":["infra"]}"#).unwrap();
+        assert!(c.is_excluded("infra") && !c.is_excluded("kube-system"));
+    }
+
+    #[test]
+    fn meshed_rule() {
+        let none: [&str; 0] = [];
+        assert!(wants_redirect(["app", "linkerd-proxy"], none));
+        assert!(wants_redirect(["app"], ["linkerd-proxy"]));
+        assert!(!wants_redirect(["app"], none));
+        assert!(!wants_redirect(["app", "linkerd-proxy"], ["linkerd-init"]));
+        assert!(!wants_redirect(["app"], ["linkerd-init", "linkerd-proxy"]));
+        // Only an init container named linkerd-init counts.
+        assert!(wants_redirect(["linkerd-proxy", "linkerd-init"], none));
     }
 }

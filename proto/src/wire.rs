@@ -8,6 +8,7 @@
 use std::{
     io::{self, Read, Write},
     net::IpAddr,
+    time::Duration,
 };
 
 use serde::{Deserialize, Serialize};
@@ -19,11 +20,21 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 1 << 20;
 
+/// How long before the plugin's deadline the agent stops working on a request, so that its
+/// answer (success, or "abandoned") reaches the plugin before the plugin gives up.
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(250);
+
 /// A request with its protocol version.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
     pub version: u32,
     pub request: Request,
+    /// How many milliseconds the plugin still waits for the answer when it sends the request.
+    /// The agent abandons (and rolls back) an ADD it cannot finish within this budget minus
+    /// [`DEADLINE_MARGIN`]: the runtime has seen the ADD fail by then and would never DEL a
+    /// registration that appears later. Absent (older plugins): the agent's own limit applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_ms: Option<u64>,
 }
 
 impl Envelope {
@@ -31,7 +42,23 @@ impl Envelope {
         Self {
             version: PROTOCOL_VERSION,
             request,
+            budget_ms: None,
         }
+    }
+
+    /// A request the plugin waits `budget` for.
+    pub fn with_budget(request: Request, budget: Duration) -> Self {
+        Self {
+            budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
+            ..Self::new(request)
+        }
+    }
+
+    /// How long the agent may work on this request, counted from when it read it: the
+    /// plugin's budget minus [`DEADLINE_MARGIN`] (at most half the budget), or `None`.
+    pub fn agent_budget(&self) -> Option<Duration> {
+        let budget = Duration::from_millis(self.budget_ms?);
+        Some(budget - DEADLINE_MARGIN.min(budget / 2))
     }
 }
 
@@ -216,6 +243,25 @@ mod tests {
         let bytes = encode(&req).unwrap();
         let back: Envelope = read_frame(&mut &bytes[..]).unwrap();
         assert_eq!(back, req);
+    }
+
+    #[test]
+    fn budget_travels_and_leaves_a_margin() {
+        let env = Envelope::with_budget(Request::Status, Duration::from_secs(10));
+        let bytes = encode(&env).unwrap();
+        let back: Envelope = read_frame(&mut &bytes[..]).unwrap();
+        assert_eq!(back.budget_ms, Some(10_000));
+        assert_eq!(
+            back.agent_budget(),
+            Some(Duration::from_secs(10) - DEADLINE_MARGIN)
+        );
+        let tiny = Envelope::with_budget(Request::Status, Duration::from_millis(100));
+        assert_eq!(tiny.agent_budget(), Some(Duration::from_millis(50)));
+        // An older plugin sends no budget.
+        let old: Envelope =
+            serde_json::from_str(r#"{"version":1,"request":{"op":"status"}}"#).unwrap();
+        assert_eq!(old.budget_ms, None);
+        assert_eq!(old.agent_budget(), None);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::{
 use serde_json::{Value, json};
 
 use super::{
-    AGENT_BIN, AgentCommand, AgentProcess, AgentState, ApiServerProcess, BPFFS, BRIDGE,
+    AGENT_BIN, AgentCommand, AgentProcess, AgentState, ApiForward, ApiServerProcess, BPFFS, BRIDGE,
     CNI_TIMEOUT, CNI_VERSION, IFNAME, NETWORK_NAME, NODE_NAME, NodeOptions, PLUGIN_BIN, POD_SUBNET,
     PluginOutcome, PodSpec, START_TIMEOUT, SimPod, free_port, http_get, read_state, run_plugin,
     wait_until, workspace_bin,
@@ -82,6 +82,8 @@ impl Drop for PinRoot {
 pub struct SimNode {
     agent: Option<AgentProcess>,
     apiserver: ApiServerProcess,
+    /// Held for its `Drop`, which stops the forwarder.
+    _api_forward: ApiForward,
     pins: PinRoot,
     netns: NetnsGuard,
     opts: NodeOptions,
@@ -133,9 +135,16 @@ impl SimNode {
             &dir.path().join("kubeconfig"),
             &dir.path().join("logs").join("apiserver.log"),
         )?;
+        let api_forward = ApiForward::start(&netns, apiserver.addr())?;
+        linkerd_cni_fake_apiserver::write_kubeconfig(
+            &dir.path().join("plugin-kubeconfig"),
+            &format!("http://{}", api_forward.addr()),
+        )
+        .ctx(|| "writing the plugin's kubeconfig")?;
         let mut node = Self {
             agent: None,
             apiserver,
+            _api_forward: api_forward,
             pins,
             netns,
             opts,
@@ -180,7 +189,7 @@ impl SimNode {
             "name": "linkerd-cni",
             "log_level": self.opts.plugin_log_level,
             "capabilities": {"cgroupPath": true},
-            "kubernetes": {"kubeconfig": self.kubeconfig()},
+            "kubernetes": {"kubeconfig": self.plugin_kubeconfig()},
             "linkerd": {
                 "incoming-proxy-port": proxy::INBOUND_PORT,
                 "outgoing-proxy-port": proxy::OUTBOUND_PORT,
@@ -210,6 +219,12 @@ impl SimNode {
     /// The kubeconfig the API server wrote.
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.path().join("kubeconfig")
+    }
+
+    /// The plugin's kubeconfig: the same API server, through a forwarder on the node netns's
+    /// loopback (libcni runs the plugin in the node netns; see [`ApiForward`]).
+    pub fn plugin_kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("plugin-kubeconfig")
     }
 
     /// The agent's registration socket.
@@ -293,6 +308,43 @@ impl SimNode {
         if let Some(mut a) = self.agent.take() {
             a.kill();
         }
+    }
+
+    /// A node reboot as the agent sees it: the agent SIGKILLed, bpffs empty (the pin root
+    /// removed, which detaches every link), the agent's `/run` state (registry, socket) gone.
+    /// The conflist, the plugin binary, the kubeconfig and the API server stay, as on a host
+    /// whose installer had patched `/etc/cni/net.d` before the reboot.
+    pub fn simulate_reboot(&mut self) -> Result<()> {
+        self.kill_agent();
+        for dir in [self.pin_root().to_path_buf(), self.state_dir()] {
+            match fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("removing {}", dir.display()), e)),
+            }
+        }
+        fs::create_dir(self.state_dir()).ctx(|| "recreating the empty state dir")?;
+        match fs::remove_file(self.socket()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("removing the agent socket", e)),
+        }
+    }
+
+    /// The addresses host-local holds for this node's network (one file per address).
+    pub fn allocated_ips(&self) -> Vec<String> {
+        let dir = self.dir.path().join("ipam").join(NETWORK_NAME);
+        let mut ips: Vec<String> = fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ips.sort();
+        ips
     }
 
     /// Writes `objects` to the API server's manifests and waits until it serves them.
