@@ -27,9 +27,8 @@ use k8s_openapi::{
 use linkerd_cni_proto::config::{self, LinkerdConfig, PortRange};
 
 use crate::names::{
-    CONTROL_PLANE_COMPONENT_LABEL, INIT_CONTAINER, PROXY_CONTAINER, PROXY_GID_ANNOTATION,
-    PROXY_UID_ANNOTATION, SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION,
-    SKIP_SUBNETS_ANNOTATION,
+    CONTROL_PLANE_COMPONENT_LABEL, PROXY_CONTAINER, PROXY_GID_ANNOTATION, PROXY_UID_ANNOTATION,
+    SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION, SKIP_SUBNETS_ANNOTATION,
 };
 
 /// Ports a control-plane pod skips when the `default/kubernetes` Service could not be read.
@@ -119,13 +118,12 @@ pub fn decide(
         reason: reason.to_string(),
         config: base.clone(),
     };
-    if !has_proxy(pod) {
-        return Ok(unchanged("no linkerd-proxy container"));
-    }
-    if has_init_container(pod) {
-        return Ok(unchanged(
-            "linkerd-init init container present: the pod redirects its own traffic",
-        ));
+    if !wants_redirect(pod) {
+        return Ok(unchanged(if has_proxy(pod) {
+            "linkerd-init init container present: the pod redirects its own traffic"
+        } else {
+            "no linkerd-proxy container"
+        }));
     }
 
     let overrides = Overrides { pod, namespace };
@@ -214,7 +212,16 @@ pub fn decide(
 
 /// Whether the pod is redirected at all (rule 3), before any override is read.
 pub fn wants_redirect(pod: &Pod) -> bool {
-    has_proxy(pod) && !has_init_container(pod)
+    let Some(spec) = &pod.spec else { return false };
+    let init_names = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str());
+    linkerd_cni_proto::config::wants_redirect(
+        spec.containers.iter().map(|c| c.name.as_str()),
+        init_names,
+    )
 }
 
 /// Whether some container or init container is named `linkerd-proxy`.
@@ -226,15 +233,6 @@ fn has_proxy(pod: &Pod) -> bool {
             .iter()
             .flatten()
             .any(|c| c.name == PROXY_CONTAINER)
-}
-
-/// Whether some init container is named `linkerd-init`.
-fn has_init_container(pod: &Pod) -> bool {
-    let Some(spec) = &pod.spec else { return false };
-    spec.init_containers
-        .iter()
-        .flatten()
-        .any(|c| c.name == INIT_CONTAINER)
 }
 
 /// Whether the pod carries the control-plane label (any value).

@@ -63,10 +63,10 @@ pub const PROXY_VERSION_OVERRIDE_ANNOTATION: &str = "config.linkerd.io/proxy-ver
 /// Overrides the proxy's log level.
 pub const PROXY_LOG_LEVEL_ANNOTATION: &str = "config.linkerd.io/proxy-log-level";
 
-/// The proxy container (a native sidecar: an init container with `restartPolicy: Always`).
-pub const PROXY_CONTAINER: &str = "linkerd-proxy";
-/// The iptables init container, present only when `cniEnabled` is false.
-pub const INIT_CONTAINER: &str = "linkerd-init";
+/// The proxy container (a native sidecar: an init container with `restartPolicy: Always`), and
+/// the iptables init container, present only when `cniEnabled` is false. Defined in `proto`,
+/// whose "is this pod meshed" rule the plugin applies without this crate.
+pub use linkerd_cni_proto::config::{INIT_CONTAINER, PROXY_CONTAINER};
 /// The network validator init container, present only when `cniEnabled` is true.
 pub const VALIDATOR_CONTAINER: &str = "linkerd-network-validator";
 /// Every container injection may add; `uninject` removes them all.
