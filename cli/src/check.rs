@@ -3,8 +3,8 @@
 //! ([`cluster`]); with `--node`, checks of the machine it runs on as a node ([`node`]: kernel
 //! features, bpffs, cgroup v2). Every check gives a [`result::CheckResult`], printed as
 //! Linkerd-style `√` / `×` lines (or Linkerd's JSON with `-o json`); exits non-zero on
-//! failure. `--wait` bounds how long a check that is retried (the DaemonSet's readiness) is
-//! tried again, as Linkerd's `--wait` does.
+//! failure. `--wait` bounds how long the readiness checks (the linkerd-cni DaemonSet, the
+//! proxy injector) are tried again, every 5 s, as Linkerd's `--wait` does.
 
 pub mod cluster;
 pub mod node;
@@ -84,8 +84,9 @@ pub struct CheckArgs {
     /// Namespace of the control plane (post-install checks).
     #[arg(long, env = "LINKERD_CHECK_LINKERD_NAMESPACE", default_value = names::CONTROL_PLANE_NAMESPACE)]
     pub linkerd_namespace: String,
-    /// Maximum allowed time for all checks to pass: the DaemonSet's readiness is retried every
-    /// 5s until then (Go duration: 300s, 5m0s, 1m30s; 0 for no retry).
+    /// Maximum allowed time for all checks to pass: readiness checks (the linkerd-cni
+    /// DaemonSet, the proxy injector) are retried every 5s until then (Go duration: 300s,
+    /// 5m0s, 1m30s; 0 for no retry).
     #[arg(long, env = "LINKERD_CHECK_WAIT", default_value = DEFAULT_WAIT, value_parser = parse_go_duration)]
     pub wait: Duration,
     /// Output format.
@@ -145,6 +146,8 @@ pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> any
             &args.linkerd_namespace,
             &args.cni_namespace,
             args.proxy,
+            retry,
+            &mut on_retry,
             &mut printer,
         )
         .await?;

@@ -520,6 +520,57 @@ fn post_install_check_honours_cni_enabled() {
     );
 }
 
+/// `linkerd install | kubectl apply -f - && linkerd check`: while the injector's Deployment
+/// has no available replica yet (and nothing else fails), the post-install checks are run
+/// again every 5 seconds, as Linkerd's are, until it has one.
+#[test]
+fn post_install_check_waits_for_the_injector() {
+    const INJECTOR: &str = "/apis/apps/v1/namespaces/linkerd/deployments/linkerd-proxy-injector";
+    let routes = cluster(true, vec![injected_pod("fresh", true)]);
+    let ready = routes[INJECTOR].clone();
+    let mut starting = ready.clone();
+    starting["status"] = json!({"replicas": 1, "unavailableReplicas": 1});
+    let api = FakeApi::start(routes);
+    api.server().route_sequence(INJECTOR, vec![starting, ready]);
+    let kubeconfig = api.kubeconfig("kubeconfig-check-wait");
+    let started = std::time::Instant::now();
+    let (success, stdout, stderr) = run(
+        &["check", "--kubeconfig", kubeconfig.to_str().expect("path")],
+        "",
+    );
+    let took = started.elapsed();
+    assert!(success, "{stdout}{stderr}");
+    assert_eq!(
+        marks(&stdout).get("proxy injector is available"),
+        Some(&'√'),
+        "{stdout}"
+    );
+    assert_eq!(api.server().hits(INJECTOR), 2);
+    assert!(
+        took >= std::time::Duration::from_secs(5) && took < std::time::Duration::from_secs(20),
+        "took {took:?}"
+    );
+
+    // With --wait=0s it is read once and reported.
+    let routes = cluster(true, vec![injected_pod("fresh", true)]);
+    let mut starting = routes[INJECTOR].clone();
+    starting["status"] = json!({"replicas": 1, "unavailableReplicas": 1});
+    let api = FakeApi::start(routes);
+    api.server().route(INJECTOR, starting);
+    let kubeconfig = api.kubeconfig("kubeconfig-check-nowait");
+    let (success, stdout, _) = run(
+        &[
+            "check",
+            "--wait=0s",
+            "--kubeconfig",
+            kubeconfig.to_str().expect("path"),
+        ],
+        "",
+    );
+    assert!(!success, "{stdout}");
+    assert_eq!(api.server().hits(INJECTOR), 1);
+}
+
 /// `linkerd install` asks the cluster first, as Linkerd's does: it refuses (printing nothing)
 /// when a control plane's `linkerd-config`, injector Deployment or webhook configuration is
 /// there, so it never prints what would overwrite a real Linkerd's; it renders on an empty

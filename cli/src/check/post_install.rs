@@ -5,7 +5,8 @@
 //! failed); when false, the CNI checks are skipped and pods injected for CNI are flagged.
 //!
 //! Gathering ([`gather`]) and judging ([`judge`]) are separate so the rules are tested on
-//! plain JSON.
+//! plain JSON. As Linkerd does, checks of something that becomes ready by itself
+//! ([`RETRIED`]) are retried until `--wait` runs out, when they are the only failures.
 
 use std::io::Write;
 
@@ -22,11 +23,21 @@ use linkerd_cni_k8s::names;
 
 use linkerd_injector::{decision, values::Values};
 
-use super::result::{CheckResult, Printer, Status};
+use super::{
+    cluster::Retry,
+    result::{CheckResult, Printer, Status},
+};
 use crate::kubernetes::KubeArgs;
 
 /// The data-plane category, printed only with `--proxy`.
 pub const DATA_PLANE: &str = "linkerd-data-plane";
+
+/// The checks retried (everything gathered again) while they are the only failures: the
+/// installation is complete and its pods are starting.
+pub const RETRIED: &[&str] = &[
+    "proxy injector is available",
+    "cni plugin is ready on all nodes",
+];
 
 /// Exit code of the network validator when redirection is not in place.
 pub const VALIDATOR_FAILED_EXIT_CODE: i64 = 95;
@@ -426,16 +437,31 @@ pub async fn post_install(
 }
 
 /// Runs the post-install checks and prints them by category (the data plane only when
-/// `with_data_plane`).
+/// `with_data_plane`); while the only failures are [`RETRIED`] checks, tries again as `retry`
+/// allows, showing each failed attempt to `on_retry`.
 pub async fn run(
     kube: &KubeArgs,
     linkerd_namespace: &str,
     cni_namespace: &str,
     with_data_plane: bool,
+    retry: Retry,
+    on_retry: &mut dyn FnMut(&CheckResult),
     printer: &mut Printer<impl Write>,
 ) -> anyhow::Result<()> {
+    let shown = |r: &CheckResult| with_data_plane || r.category != DATA_PLANE;
     let results = match kube.client().await {
-        Ok(client) => post_install(&client, linkerd_namespace, cni_namespace).await,
+        Ok(client) => loop {
+            let results = post_install(&client, linkerd_namespace, cni_namespace).await;
+            let failed: Vec<&CheckResult> =
+                results.iter().filter(|r| !r.passed() && shown(r)).collect();
+            let starting =
+                !failed.is_empty() && failed.iter().all(|r| RETRIED.contains(&r.name.as_str()));
+            if !starting || !retry.again() {
+                break results;
+            }
+            failed.into_iter().for_each(&mut *on_retry);
+            tokio::time::sleep(retry.interval).await;
+        },
         Err(e) => {
             let r = CheckResult::fail("kubernetes-api", "can initialize the client", e.to_string());
             printer.category(r.category, std::slice::from_ref(&r))?;
@@ -444,7 +470,7 @@ pub async fn run(
     };
     let mut categories: Vec<&str> = Vec::new();
     for r in &results {
-        if !categories.contains(&r.category) && (with_data_plane || r.category != DATA_PLANE) {
+        if !categories.contains(&r.category) && shown(r) {
             categories.push(r.category);
         }
     }
