@@ -62,11 +62,12 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
 /// The flags of `linkerd check`.
 #[derive(Args, Debug, Clone)]
 pub struct CheckArgs {
-    /// Checks to run before installing the control plane (accepted; the CNI checks are the same
-    /// before and after).
+    /// Pre-installation checks (with --linkerd-cni-enabled: the linkerd-cni installation the
+    /// control plane will rely on).
     #[arg(long, env = "LINKERD_CHECK_PRE")]
     pub pre: bool,
-    /// Check the linkerd-cni installation in the cluster.
+    /// With --pre: check the linkerd-cni installation in the cluster (its objects, and its
+    /// DaemonSet ready on every node, waited for up to --wait).
     #[arg(long, env = "LINKERD_CHECK_LINKERD_CNI_ENABLED")]
     pub linkerd_cni_enabled: bool,
     /// Namespace of the linkerd-cni objects.
