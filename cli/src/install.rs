@@ -2,12 +2,21 @@
 //! `linkerd`, ConfigMap `linkerd-config` carrying `cniEnabled`, the proxy injector and its
 //! MutatingWebhookConfiguration with TLS) for `kubectl apply -f -`. The objects themselves
 //! are defined in [`objects`].
+//!
+//! As Linkerd's `install` does, it first asks the cluster (unless `--ignore-cluster`) and
+//! refuses when a control plane is already there ([`check_no_control_plane`]), so it never
+//! prints what would overwrite a real Linkerd's `linkerd-config` or proxy injector.
 
 use std::path::PathBuf;
 
 use clap::Args;
 pub mod objects;
 
+use k8s_openapi::api::{
+    admissionregistration::v1::MutatingWebhookConfiguration, apps::v1::Deployment,
+    core::v1::ConfigMap,
+};
+use kube::{Api, Client};
 use linkerd_cni_k8s::names;
 use linkerd_injector::{
     tls,
@@ -32,6 +41,29 @@ pub enum InstallError {
     /// Rendering failed.
     #[error(transparent)]
     Render(#[from] objects::InstallError),
+    /// The cluster cannot be asked whether a control plane is installed.
+    #[error(
+        "Unable to install the Linkerd control plane. Cannot connect to the Kubernetes cluster:\n\n\
+         {0}\n\nYou can use the --ignore-cluster flag if you just want to generate the \
+         installation config."
+    )]
+    Cluster(String),
+    /// A control plane is already installed.
+    #[error(
+        "Can't install the Linkerd control plane in the '{namespace}' namespace. Reason: {} \
+         already exists.\n\
+         Applying this output would overwrite that control plane's configuration and proxy \
+         injector. With a control plane installed by Linkerd's own CLI or Helm chart, keep it and \
+         turn on the CNI there (Linkerd's `linkerd upgrade --linkerd-cni-enabled`, or Helm value \
+         cniEnabled=true): its injector's pods are redirected by this CNI as they are. To \
+         re-render this project's control plane anyway, use --ignore-cluster.",
+        found.join(", ")
+    )]
+    AlreadyInstalled {
+        namespace: String,
+        /// `Kind/name` of each control-plane object found.
+        found: Vec<String>,
+    },
 }
 
 /// The flags of `linkerd install`.
@@ -94,6 +126,9 @@ pub struct InstallArgs {
     /// into the webhook configuration) instead of rendering a generated one.
     #[arg(long, env = "LINKERD_INSTALL_CERT_MANAGER_ISSUER", value_name = "NAME")]
     pub cert_manager_issuer: Option<String>,
+    /// Do not ask the cluster whether a control plane is already installed; just render.
+    #[arg(long, env = "LINKERD_INSTALL_IGNORE_CLUSTER")]
+    pub ignore_cluster: bool,
     /// Kind of --cert-manager-issuer.
     #[arg(long, env = "LINKERD_INSTALL_CERT_MANAGER_ISSUER_KIND", default_value = "Issuer", value_parser = ["Issuer", "ClusterIssuer"])]
     pub cert_manager_issuer_kind: String,
@@ -141,6 +176,56 @@ impl InstallArgs {
                 FailurePolicy::Ignore
             },
             tls,
+        })
+    }
+}
+
+async fn found<K>(api: Api<K>, kind: &str, name: &str) -> Result<Option<String>, InstallError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.get_opt(name).await {
+        Ok(Some(_)) => Ok(Some(format!("{kind}/{name}"))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(InstallError::Cluster(format!(
+            "checking for an existing {kind}/{name}: {e}"
+        ))),
+    }
+}
+
+/// Refuses when the cluster already has a control plane: the ConfigMap `linkerd-config`
+/// (what Linkerd checks), the proxy injector's Deployment or its webhook configuration.
+pub async fn check_no_control_plane(client: &Client) -> Result<(), InstallError> {
+    let ns = names::CONTROL_PLANE_NAMESPACE;
+    let found: Vec<String> = [
+        found(
+            Api::<ConfigMap>::namespaced(client.clone(), ns),
+            "ConfigMap",
+            names::CONFIG_MAP,
+        )
+        .await?,
+        found(
+            Api::<Deployment>::namespaced(client.clone(), ns),
+            "Deployment",
+            names::INJECTOR,
+        )
+        .await?,
+        found(
+            Api::<MutatingWebhookConfiguration>::all(client.clone()),
+            "MutatingWebhookConfiguration",
+            names::WEBHOOK_CONFIG,
+        )
+        .await?,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if found.is_empty() {
+        Ok(())
+    } else {
+        Err(InstallError::AlreadyInstalled {
+            namespace: ns.to_string(),
+            found,
         })
     }
 }

@@ -13,11 +13,20 @@ use serde_json::Value as Json;
 
 use crate::{
     chart::{self, RenderError},
+    set_values::{self, SetError, SetKind, Step},
     values::{self, ValuesError},
 };
 
 /// Prefix of the environment variables of `install-cni`'s flags.
 pub const ENV_PREFIX: &str = "LINKERD_INSTALL_CNI_";
+
+/// Linkerd's environment variable for the image registry, the default of `--registry`.
+pub const DOCKER_REGISTRY_ENV: &str = "LINKERD_DOCKER_REGISTRY";
+
+/// The log levels `--cni-log-level` accepts: Linkerd's (logrus's, `warning` included, any case).
+pub const CNI_LOG_LEVELS: &[&str] = &[
+    "panic", "fatal", "error", "warn", "warning", "info", "debug", "trace",
+];
 
 /// Why `install-cni` could not produce manifests.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +35,17 @@ pub enum InstallCniError {
     Values(#[from] ValuesError),
     #[error(transparent)]
     Render(#[from] RenderError),
+    #[error(transparent)]
+    Set(#[from] SetError),
+    /// `--registry` (or `LINKERD_DOCKER_REGISTRY`) is not a registry.
+    #[error(
+        "{0} is not a valid Docker registry. The url can contain only letters, numbers, dash, dot, \
+         slash and colon"
+    )]
+    Registry(String),
+    /// `-v/--linkerd-version` is not a version.
+    #[error("{0} is not a valid version")]
+    Version(String),
 }
 
 fn port(s: &str) -> Result<u16, String> {
@@ -39,6 +59,45 @@ fn port_range(s: &str) -> Result<String, String> {
     s.parse::<PortRange>()
         .map(|r| r.to_string())
         .map_err(|e| e.to_string())
+}
+
+fn log_level(s: &str) -> Result<String, String> {
+    if CNI_LOG_LEVELS.iter().any(|l| l.eq_ignore_ascii_case(s)) {
+        Ok(s.to_string())
+    } else {
+        Err("--cni-log-level must be one of: panic, fatal, error, warn, info, debug, trace".into())
+    }
+}
+
+fn check_version(v: &str) -> Result<(), InstallCniError> {
+    if !v.is_empty()
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    {
+        Ok(())
+    } else {
+        Err(InstallCniError::Version(v.to_string()))
+    }
+}
+
+/// The registry to use: `--registry` (or its environment variable), else
+/// `LINKERD_DOCKER_REGISTRY` as Linkerd's CLI reads it; checked as Linkerd checks it.
+fn registry(args: &InstallCniArgs) -> Result<Option<String>, InstallCniError> {
+    let registry = match &args.registry {
+        Some(r) => r.clone(),
+        None => match std::env::var(DOCKER_REGISTRY_ENV) {
+            Ok(r) if !r.is_empty() => r,
+            _ => return Ok(None),
+        },
+    };
+    if registry.is_empty()
+        || !registry
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-./:".contains(c))
+    {
+        return Err(InstallCniError::Registry(registry));
+    }
+    Ok(Some(registry))
 }
 
 fn mode(s: &str) -> Result<String, String> {
@@ -92,11 +151,13 @@ pub struct InstallCniArgs {
     /// Tag of that image [default: the chart's appVersion].
     #[arg(long, env = "LINKERD_INSTALL_CNI_CNI_IMAGE_VERSION")]
     pub cni_image_version: Option<String>,
-    /// Log level of the CNI plugin (debug, info; anything else means warn).
+    /// Log level of the CNI plugin: panic, fatal, error, warn, info, debug, trace (the plugin
+    /// logs at debug, info, or else warn).
     #[arg(
         long,
         env = "LINKERD_INSTALL_CNI_CNI_LOG_LEVEL",
-        default_value = "info"
+        default_value = "info",
+        value_parser = log_level
     )]
     pub cni_log_level: String,
     /// Host directory of CNI network configs.
@@ -124,15 +185,27 @@ pub struct InstallCniArgs {
     #[arg(long, env = "LINKERD_INSTALL_CNI_USE_WAIT_FLAG", default_value_t = false, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub use_wait_flag: bool,
-    /// Registry of the image: replaces what comes before the last "/" of the image name.
+    /// Registry of the image: replaces what comes before the last "/" of the image name
+    /// [default: $LINKERD_DOCKER_REGISTRY, as for Linkerd's images].
     #[arg(long, env = "LINKERD_INSTALL_CNI_REGISTRY")]
     pub registry: Option<String>,
+    /// Linkerd's version (accepted and checked as Linkerd checks it; the image's tag is
+    /// --cni-image-version, as in Linkerd).
+    #[arg(short = 'v', long, env = "LINKERD_INSTALL_CNI_LINKERD_VERSION")]
+    pub linkerd_version: Option<String>,
     /// Values files (YAML), applied in order before the flags.
     #[arg(short = 'f', long = "values", value_name = "FILE")]
     pub values: Vec<PathBuf>,
-    /// Set values (key.sub=value[,key=value]), applied last; `{a,b}` is a list, `\,` escapes.
+    /// Set values (key.sub=value[,key=value]), applied last; `{a,b}` is a list, `key[0]` a list
+    /// element, `\,` escapes.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// Set string values (as --set, every value a string), applied after --set.
+    #[arg(long = "set-string", value_name = "KEY=VALUE")]
+    pub set_string: Vec<String>,
+    /// Set values from files (key=path[,key=path]), applied after --set-string.
+    #[arg(long = "set-file", value_name = "KEY=PATH")]
+    pub set_file: Vec<String>,
 }
 
 /// How a flag's raw value becomes a value.
@@ -182,8 +255,11 @@ pub fn flag_json(kind: FlagKind, raw: &[String]) -> Json {
     }
 }
 
-fn path(dotted: &str) -> Vec<String> {
-    dotted.split('.').map(str::to_string).collect()
+fn steps(dotted: &str) -> Vec<Step> {
+    dotted
+        .split('.')
+        .map(|k| Step::Key(k.to_string()))
+        .collect()
 }
 
 fn explicit(matches: &ArgMatches, id: &str) -> bool {
@@ -207,38 +283,59 @@ pub fn with_registry(image: &str, registry: &str) -> String {
 }
 
 /// Builds the merged values for these arguments (`matches` tells which flags were given).
-pub fn merged_values(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Json, ValuesError> {
-    let mut v = values::chart_defaults()?;
+///
+/// The user's overrides are gathered first (values files, then flags, then the registry, then
+/// `--set`, `--set-string`, `--set-file` in Helm's order) and then coalesced onto the chart's
+/// defaults, so a list the user sets replaces the chart's list as it does with Helm.
+pub fn merged_values(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Json, InstallCniError> {
+    let defaults = values::chart_defaults()?;
+    let mut overrides = Json::Object(Default::default());
     for file in &args.values {
-        values::coalesce(&mut v, values::read_values_file(file)?);
+        set_values::merge_file(&mut overrides, values::read_values_file(file)?);
     }
     for (id, key, kind) in FLAG_VALUES {
         if explicit(matches, id) {
-            values::set_path(&mut v, &path(key), flag_json(*kind, &raw(matches, id)));
+            set_values::set(
+                &mut overrides,
+                &steps(key),
+                flag_json(*kind, &raw(matches, id)),
+            );
         }
     }
-    if let Some(registry) = &args.registry {
-        let image = v
+    if let Some(registry) = registry(args)? {
+        let image = overrides
             .pointer("/image/name")
+            .or_else(|| defaults.pointer("/image/name"))
             .and_then(Json::as_str)
             .unwrap_or_default()
             .to_string();
-        values::set_path(
-            &mut v,
-            &path("image.name"),
-            Json::String(with_registry(&image, registry)),
+        set_values::set(
+            &mut overrides,
+            &steps("image.name"),
+            Json::String(with_registry(&image, &registry)),
         );
     }
-    for expr in &args.set {
-        for (key, value) in values::parse_set(expr)? {
-            values::set_path(&mut v, &key, value);
+    for (kind, exprs) in [
+        (SetKind::Typed, &args.set),
+        (SetKind::String, &args.set_string),
+        (SetKind::File, &args.set_file),
+    ] {
+        for expr in exprs {
+            for (key, value) in set_values::parse(kind, expr)? {
+                set_values::set(&mut overrides, &key, value);
+            }
         }
     }
+    let mut v = defaults;
+    values::coalesce(&mut v, overrides);
     Ok(v)
 }
 
 /// Renders the manifests for these arguments.
 pub fn render(args: &InstallCniArgs, matches: &ArgMatches) -> Result<String, InstallCniError> {
+    if let Some(version) = &args.linkerd_version {
+        check_version(version)?;
+    }
     let v = merged_values(args, matches)?;
     values::validate(&v)?;
     Ok(chart::render(&v)?)
@@ -293,7 +390,7 @@ mod tests {
     fn every_flag_has_a_prefixed_env_var() {
         for arg in Wrap::command().get_arguments() {
             let id = arg.get_id().as_str();
-            if ["values", "set"].contains(&id) {
+            if ["values", "set", "set_string", "set_file"].contains(&id) {
                 continue;
             }
             let env = arg

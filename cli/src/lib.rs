@@ -6,6 +6,7 @@ pub mod chart;
 pub mod check;
 pub mod install_cni;
 pub mod kubernetes;
+pub mod set_values;
 pub mod values;
 
 // `install` and `inject`/`uninject`, on top of `linkerd-injector`'s patch logic and values.

@@ -70,6 +70,20 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
             runtime.block_on(check::run(args, &cli.kube, &mut std::io::stdout().lock()))
         }
         Command::Install(args) => {
+            if !args.ignore_cluster {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("starting the async runtime")?;
+                runtime.block_on(async {
+                    let client = cli
+                        .kube
+                        .client()
+                        .await
+                        .map_err(|e| install::InstallError::Cluster(e.to_string()))?;
+                    install::check_no_control_plane(&client).await
+                })?;
+            }
             let yaml = install::render(args)?;
             std::io::stdout()
                 .lock()

@@ -31,9 +31,6 @@ pub enum ValuesError {
     /// A values file (or the chart's own) is not YAML, or its top level is not a map.
     #[error("parsing values from {origin}: {message}")]
     Parse { origin: String, message: String },
-    /// A `--set` expression is malformed.
-    #[error("invalid --set {expr:?}: {reason}")]
-    Set { expr: String, reason: &'static str },
     /// The merged values do not have the chart's shape (unknown key, wrong type).
     #[error("invalid values: {0}")]
     Shape(String),
@@ -109,100 +106,6 @@ pub fn set_path(values: &mut Json, path: &[String], value: Json) {
         patch = Json::Object(m);
     }
     coalesce(values, patch);
-}
-
-/// Splits `s` on `sep` where it is not escaped with a backslash and not inside `{...}`;
-/// `\<sep>` becomes `<sep>`.
-fn split_unescaped(s: &str, sep: char) -> Vec<String> {
-    let mut out = vec![String::new()];
-    let mut depth = 0usize;
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
-                Some(n) if n == sep => push_char(&mut out, n),
-                Some(n) => {
-                    push_char(&mut out, '\\');
-                    push_char(&mut out, n);
-                }
-                None => push_char(&mut out, '\\'),
-            },
-            '{' => {
-                depth += 1;
-                push_char(&mut out, c);
-            }
-            '}' => {
-                depth = depth.saturating_sub(1);
-                push_char(&mut out, c);
-            }
-            c if c == sep && depth == 0 => out.push(String::new()),
-            c => push_char(&mut out, c),
-        }
-    }
-    out
-}
-
-fn push_char(parts: &mut [String], c: char) {
-    if let Some(last) = parts.last_mut() {
-        last.push(c);
-    }
-}
-
-/// A scalar of `--set`, typed as Helm types it: `true`/`false`, `null`, integers (without a
-/// leading zero), else a string.
-fn set_scalar(s: &str) -> Json {
-    match s {
-        "true" => Json::Bool(true),
-        "false" => Json::Bool(false),
-        "null" => Json::Null,
-        _ => {
-            let digits = s.strip_prefix('-').unwrap_or(s);
-            let leading_zero = digits.len() > 1 && digits.starts_with('0');
-            match s.parse::<i64>() {
-                Ok(n) if !leading_zero => Json::from(n),
-                _ => Json::String(s.to_string()),
-            }
-        }
-    }
-}
-
-/// Parses one `--set` argument: `key.sub=value[,key2=value2...]`, where a value `{a,b}` is a
-/// list and `\,` / `\.` escape separators. Index syntax (`key[0]`) is not supported.
-pub fn parse_set(expr: &str) -> Result<Vec<(Vec<String>, Json)>, ValuesError> {
-    let err = |reason| ValuesError::Set {
-        expr: expr.to_string(),
-        reason,
-    };
-    let mut out = Vec::new();
-    for item in split_unescaped(expr, ',') {
-        if item.is_empty() {
-            continue;
-        }
-        let (key, raw) = item
-            .split_once('=')
-            .ok_or_else(|| err("expected key=value"))?;
-        if key.contains('[') {
-            return Err(err(
-                "list indexes (key[0]) are not supported; use -f with a values file",
-            ));
-        }
-        let path = split_unescaped(key, '.');
-        if path.iter().any(String::is_empty) {
-            return Err(err("empty key"));
-        }
-        let value = match raw.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
-            Some("") => Json::Array(Vec::new()),
-            Some(inner) => Json::Array(
-                split_unescaped(inner, ',')
-                    .iter()
-                    .map(|s| set_scalar(s))
-                    .collect(),
-            ),
-            None => set_scalar(raw),
-        };
-        out.push((path, value));
-    }
-    Ok(out)
 }
 
 /// Accepts a string or an integer (as `--set key=8080` types it) and keeps it as a string.
@@ -433,47 +336,6 @@ mod tests {
         assert_eq!(v.agent.socket_path, linkerd_cni_common::paths::AGENT_SOCKET);
         assert_eq!(v.agent.bpffs_path, linkerd_cni_common::paths::BPFFS);
         assert_eq!(v.agent.pin_root, linkerd_cni_common::paths::PIN_ROOT);
-    }
-
-    #[test]
-    fn set_expressions() {
-        type Case<'a> = (&'a str, Vec<(Vec<&'a str>, Json)>);
-        let cases: &[Case] = &[
-            ("a=1", vec![(vec!["a"], json!(1))]),
-            (
-                "a.b=x,c=true",
-                vec![(vec!["a", "b"], json!("x")), (vec!["c"], json!(true))],
-            ),
-            ("a=-1", vec![(vec!["a"], json!(-1))]),
-            ("a=0123", vec![(vec!["a"], json!("0123"))]),
-            ("a=1.2", vec![(vec!["a"], json!("1.2"))]),
-            ("a=null", vec![(vec!["a"], Json::Null)]),
-            (r"a=8080\,9090", vec![(vec!["a"], json!("8080,9090"))]),
-            (
-                "a={x,2},b=",
-                vec![(vec!["a"], json!(["x", 2])), (vec!["b"], json!(""))],
-            ),
-            ("a={}", vec![(vec!["a"], json!([]))]),
-            (r"a\.b.c=v", vec![(vec!["a.b", "c"], json!("v"))]),
-            (
-                "resources.ephemeral-storage.limit=1Gi",
-                vec![(
-                    vec!["resources", "ephemeral-storage", "limit"],
-                    json!("1Gi"),
-                )],
-            ),
-        ];
-        for (expr, want) in cases {
-            let got = parse_set(expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
-            let want: Vec<(Vec<String>, Json)> = want
-                .iter()
-                .map(|(p, v)| (p.iter().map(|s| s.to_string()).collect(), v.clone()))
-                .collect();
-            assert_eq!(got, want, "--set {expr}");
-        }
-        for bad in ["a", "a[0]=1", ".a=1", "a..b=1"] {
-            assert!(parse_set(bad).is_err(), "--set {bad} should be rejected");
-        }
     }
 
     #[test]

@@ -3,7 +3,10 @@
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use serde_json::{Value as Json, json};
 use support::{fake_api::FakeApi, *};
@@ -119,7 +122,8 @@ fn cluster_checks_against_a_fake_api_server() {
             vec![CHECKS[4], CHECKS[5]],
         ),
         ("one pod not ready", with_ds(3, 2), vec![CHECKS[5]]),
-        ("not scheduled anywhere", with_ds(0, 0), vec![CHECKS[5]]),
+        // Scheduled on no node (no node matches): nothing to wait for, as in Linkerd.
+        ("not scheduled anywhere", with_ds(0, 0), vec![]),
         ("nothing installed", BTreeMap::new(), CHECKS.to_vec()),
     ];
     for (case, routes, failing) in cases {
@@ -130,6 +134,7 @@ fn cluster_checks_against_a_fake_api_server() {
                 "check",
                 "--pre",
                 "--linkerd-cni-enabled",
+                "--wait=0s",
                 "--kubeconfig",
                 &kubeconfig.display().to_string(),
             ],
@@ -182,7 +187,10 @@ fn readiness_detail_and_kubeconfig_env() {
     // KUBECONFIG from the environment, as kubectl reads it.
     let out = linkerd(
         &["check", "--pre", "--linkerd-cni-enabled"],
-        &[("KUBECONFIG", &kubeconfig.display().to_string())],
+        &[
+            ("KUBECONFIG", &kubeconfig.display().to_string()),
+            ("LINKERD_CHECK_WAIT", "0"),
+        ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -214,6 +222,7 @@ fn unreachable_api_fails_every_check() {
     let out = linkerd(
         &[
             "check",
+            "--pre",
             "--linkerd-cni-enabled",
             "--api-timeout=2",
             "--kubeconfig",
@@ -227,6 +236,248 @@ fn unreachable_api_fails_every_check() {
         "{stdout}"
     );
     assert!(!out.status.success());
+}
+
+const DS_PATH: &str = "/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni";
+
+/// A DaemonSet as the API server shows it: `generation` 1, the controller's view in `status`
+/// (`observed: None` is a DaemonSet the controller has not looked at yet).
+fn daemonset_at(observed: Option<i64>, desired: i32, ready: i32) -> Json {
+    let mut ds = daemonset(desired, ready);
+    ds["metadata"]["generation"] = json!(1);
+    if let Some(g) = observed {
+        ds["status"]["observedGeneration"] = json!(g);
+    }
+    ds
+}
+
+fn check_cni(api: &FakeApi, name: &str, extra: &[&str]) -> (std::process::Output, Duration) {
+    let kubeconfig = api.kubeconfig(name);
+    let kubeconfig = kubeconfig.display().to_string();
+    let mut args = vec![
+        "check",
+        "--pre",
+        "--linkerd-cni-enabled",
+        "--kubeconfig",
+        &kubeconfig,
+    ];
+    args.extend_from_slice(extra);
+    let started = Instant::now();
+    let out = linkerd(&args, &[]);
+    (out, started.elapsed())
+}
+
+/// `kubectl apply` then `linkerd check --pre --linkerd-cni-enabled`: the DaemonSet is fresh
+/// (not yet seen by its controller), then scheduled but not ready, then ready. With the
+/// default --wait the readiness check is retried every 5 seconds (Linkerd's interval) and
+/// the command succeeds once the DaemonSet is ready.
+#[test]
+fn wait_retries_until_a_fresh_daemonset_is_ready() {
+    let api = FakeApi::start(healthy());
+    api.server().route_sequence(
+        DS_PATH,
+        vec![
+            daemonset_at(None, 0, 0),
+            daemonset_at(Some(1), 2, 0),
+            daemonset_at(Some(1), 2, 2),
+        ],
+    );
+    let (out, took) = check_cni(&api, "kubeconfig-wait", &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(marks(&stdout).get(CHECKS[5]), Some(&'√'), "{stdout}");
+    assert!(stdout.contains("(2/2 nodes)"), "{stdout}");
+    // Three reads of the DaemonSet (exists + two retries), five seconds apart.
+    assert_eq!(api.server().hits(DS_PATH), 3, "{:?}", api.requested());
+    assert!(
+        took >= Duration::from_secs(10) && took < Duration::from_secs(30),
+        "took {took:?}"
+    );
+}
+
+/// An API server that fails while the readiness check is retried: the failed read is one
+/// more failed attempt, retried like the others.
+#[test]
+fn wait_retries_through_api_errors() {
+    let api = FakeApi::start(healthy());
+    api.server().route_sequence(
+        DS_PATH,
+        vec![daemonset_at(Some(1), 2, 1), daemonset_at(Some(1), 2, 2)],
+    );
+    let kubeconfig = api.kubeconfig("kubeconfig-api-errors");
+    let mut child = linkerd_command(
+        &[
+            "check",
+            "--pre",
+            "--linkerd-cni-enabled",
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ],
+        &[],
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .expect("starting linkerd check");
+    // After the first read (not ready), and during the 5 s pause before the next one, the
+    // server starts failing the DaemonSet's path for one request.
+    let started = Instant::now();
+    while api.server().hits(DS_PATH) < 1 {
+        if started.elapsed() > Duration::from_secs(4) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("linkerd check never read the DaemonSet");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    api.server().fail_path_times(DS_PATH, 500, 1);
+    let out = child.wait_with_output().expect("linkerd check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    // Not ready, failed, ready: three reads.
+    assert_eq!(api.server().hits(DS_PATH), 3, "{stdout}");
+}
+
+/// A DaemonSet that never gets ready: retried until --wait runs out, then reported with the
+/// last reason; with --wait=0s it is read once.
+#[test]
+fn wait_gives_up_at_its_deadline() {
+    let mut routes = healthy();
+    routes.insert(DS_PATH.into(), daemonset_at(Some(1), 2, 1));
+    let api = FakeApi::start(routes);
+    let (out, took) = check_cni(&api, "kubeconfig-deadline", &["--wait=1s"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert_eq!(marks(&stdout).get(CHECKS[5]), Some(&'×'), "{stdout}");
+    assert!(
+        stdout.contains("1 of 2 linkerd-cni pods are ready"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("see https://linkerd.io/2/checks/#cni-plugin-ready for hints"),
+        "{stdout}"
+    );
+    // Read at 0s (retried: before the deadline) and at 5s (past it: reported).
+    assert_eq!(api.server().hits(DS_PATH), 2);
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(20),
+        "took {took:?}"
+    );
+
+    api.server().clear_requests();
+    let (out, took) = check_cni(&api, "kubeconfig-deadline", &["--wait", "0"]);
+    assert!(!out.status.success());
+    assert_eq!(api.server().hits(DS_PATH), 1);
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+
+    // A missing object is not waited for (Linkerd retries only the readiness), even with the
+    // default --wait of five minutes.
+    let mut routes = healthy();
+    routes.remove(&format!("{NS}/configmaps/linkerd-cni-config"));
+    routes.insert(DS_PATH.into(), daemonset_at(Some(1), 2, 1));
+    let api = FakeApi::start(routes);
+    let (out, took) = check_cni(&api, "kubeconfig-missing", &[]);
+    assert!(!out.status.success());
+    assert_eq!(api.server().hits(DS_PATH), 1);
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+/// `-o json`: Linkerd's document (success, categories with their checks' description,
+/// result, error and hint), nothing else on stdout.
+#[test]
+fn json_output_has_linkerds_shape() {
+    let mut routes = healthy();
+    routes.remove("/apis/rbac.authorization.k8s.io/v1/clusterroles/linkerd-cni");
+    let api = FakeApi::start(routes);
+    let (out, _) = check_cni(&api, "kubeconfig-json", &["-o", "json", "--wait=0s"]);
+    assert!(!out.status.success());
+    let doc: Json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON document ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    let checks: Vec<Json> = CHECKS
+        .iter()
+        .map(|c| {
+            if *c == CHECKS[1] {
+                json!({
+                    "description": c,
+                    "result": "error",
+                    "error": "ClusterRole \"linkerd-cni\" not found",
+                    "hint": "https://linkerd.io/2/checks/#cni-plugin-cr-exists",
+                })
+            } else {
+                json!({"description": c, "result": "success"})
+            }
+        })
+        .collect();
+    assert_eq!(
+        doc,
+        json!({
+            "success": false,
+            "categories": [{"categoryName": "linkerd-cni-plugin", "checks": checks}],
+        })
+    );
+
+    let api = FakeApi::start(healthy());
+    let (out, _) = check_cni(&api, "kubeconfig-json-ok", &["--output=json"]);
+    assert!(out.status.success());
+    let doc: Json = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(doc["success"], true);
+    assert_eq!(
+        doc["categories"][0]["checks"].as_array().map(Vec::len),
+        Some(6)
+    );
+
+    // short: only what did not pass.
+    let mut routes = healthy();
+    routes.insert(DS_PATH.into(), daemonset(3, 2));
+    let api = FakeApi::start(routes);
+    let (out, _) = check_cni(&api, "kubeconfig-short", &["-o", "short", "--wait=0s"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        marks(&stdout),
+        BTreeMap::from([(CHECKS[5].to_string(), '×')]),
+        "{stdout}"
+    );
+}
+
+/// Linkerd's flag rules: --linkerd-cni-enabled only with --pre, --pre not with --proxy; an
+/// unknown output format is refused. Nothing is asked of the cluster.
+#[test]
+fn flag_rules_are_linkerds() {
+    let api = FakeApi::start(healthy());
+    let kubeconfig = api.kubeconfig("kubeconfig-rules");
+    let kubeconfig = kubeconfig.display().to_string();
+    for (args, want) in [
+        (
+            vec!["check", "--linkerd-cni-enabled"],
+            "--linkerd-cni-enabled can only be used with --pre",
+        ),
+        (
+            vec!["check", "--linkerd-cni-enabled", "--node"],
+            "--linkerd-cni-enabled can only be used with --pre",
+        ),
+        (
+            vec!["check", "--pre", "--proxy"],
+            "--pre and --proxy flags are mutually exclusive",
+        ),
+        (vec!["check", "-o", "yaml"], "invalid value 'yaml'"),
+        (vec!["check", "--wait", "5"], "invalid duration"),
+    ] {
+        let mut all = args.clone();
+        all.extend(["--kubeconfig", &kubeconfig]);
+        let out = linkerd(&all, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    assert_eq!(api.requested(), Vec::<String>::new());
 }
 
 #[test]

@@ -108,7 +108,7 @@ fn install_renders_the_cni_enabled_control_plane() {
         (&[][..], false, "privileged"),
         (&["--linkerd-cni-enabled"][..], true, "restricted"),
     ] {
-        let mut args = vec!["install"];
+        let mut args = vec!["install", "--ignore-cluster"];
         args.extend_from_slice(flags);
         let yaml = ok(&args, "");
         let objs = docs(&yaml);
@@ -158,8 +158,8 @@ fn install_renders_the_cni_enabled_control_plane() {
         validate(&format!("install-cni-{cni}.yaml"), &yaml);
     }
     // Two renders generate two different CAs.
-    let a = docs(&ok(&["install"], ""));
-    let b = docs(&ok(&["install"], ""));
+    let a = docs(&ok(&["install", "--ignore-cluster"], ""));
+    let b = docs(&ok(&["install", "--ignore-cluster"], ""));
     assert_ne!(
         find(&a, "Secret")["data"]["ca.crt"],
         find(&b, "Secret")["data"]["ca.crt"]
@@ -168,6 +168,7 @@ fn install_renders_the_cni_enabled_control_plane() {
     let yaml = ok(
         &[
             "install",
+            "--ignore-cluster",
             "--linkerd-cni-enabled",
             "--cert-manager-issuer",
             "webhook-ca",
@@ -383,9 +384,12 @@ fn api_path(o: &Json) -> String {
 fn cluster(cni: bool, pods: Vec<Json>) -> BTreeMap<String, Json> {
     let mut routes = BTreeMap::new();
     let install = if cni {
-        ok(&["install", "--linkerd-cni-enabled"], "")
+        ok(
+            &["install", "--ignore-cluster", "--linkerd-cni-enabled"],
+            "",
+        )
     } else {
-        ok(&["install"], "")
+        ok(&["install", "--ignore-cluster"], "")
     };
     let install_cni = ok(&["install-cni"], "");
     for mut o in docs(&install).into_iter().chain(docs(&install_cni)) {
@@ -513,5 +517,186 @@ fn post_install_check_honours_cni_enabled() {
         marks(&stdout).get("linkerd-config is readable"),
         Some(&'×'),
         "{stdout}"
+    );
+}
+
+/// `linkerd install | kubectl apply -f - && linkerd check`: while the injector's Deployment
+/// has no available replica yet (and nothing else fails), the post-install checks are run
+/// again every 5 seconds, as Linkerd's are, until it has one.
+#[test]
+fn post_install_check_waits_for_the_injector() {
+    const INJECTOR: &str = "/apis/apps/v1/namespaces/linkerd/deployments/linkerd-proxy-injector";
+    let routes = cluster(true, vec![injected_pod("fresh", true)]);
+    let ready = routes[INJECTOR].clone();
+    let mut starting = ready.clone();
+    starting["status"] = json!({"replicas": 1, "unavailableReplicas": 1});
+    let api = FakeApi::start(routes);
+    api.server().route_sequence(INJECTOR, vec![starting, ready]);
+    let kubeconfig = api.kubeconfig("kubeconfig-check-wait");
+    let started = std::time::Instant::now();
+    let (success, stdout, stderr) = run(
+        &["check", "--kubeconfig", kubeconfig.to_str().expect("path")],
+        "",
+    );
+    let took = started.elapsed();
+    assert!(success, "{stdout}{stderr}");
+    assert_eq!(
+        marks(&stdout).get("proxy injector is available"),
+        Some(&'√'),
+        "{stdout}"
+    );
+    assert_eq!(api.server().hits(INJECTOR), 2);
+    assert!(
+        took >= std::time::Duration::from_secs(5) && took < std::time::Duration::from_secs(20),
+        "took {took:?}"
+    );
+
+    // With --wait=0s it is read once and reported.
+    let routes = cluster(true, vec![injected_pod("fresh", true)]);
+    let mut starting = routes[INJECTOR].clone();
+    starting["status"] = json!({"replicas": 1, "unavailableReplicas": 1});
+    let api = FakeApi::start(routes);
+    api.server().route(INJECTOR, starting);
+    let kubeconfig = api.kubeconfig("kubeconfig-check-nowait");
+    let (success, stdout, _) = run(
+        &[
+            "check",
+            "--wait=0s",
+            "--kubeconfig",
+            kubeconfig.to_str().expect("path"),
+        ],
+        "",
+    );
+    assert!(!success, "{stdout}");
+    assert_eq!(api.server().hits(INJECTOR), 1);
+}
+
+/// `linkerd install` asks the cluster first, as Linkerd's does: it refuses (printing nothing)
+/// when a control plane's `linkerd-config`, injector Deployment or webhook configuration is
+/// there, so it never prints what would overwrite a real Linkerd's; it renders on an empty
+/// cluster, and with --ignore-cluster without asking.
+#[test]
+fn install_refuses_an_existing_control_plane() {
+    const CONFIG: &str = "/api/v1/namespaces/linkerd/configmaps/linkerd-config";
+    const INJECTOR: &str = "/apis/apps/v1/namespaces/linkerd/deployments/linkerd-proxy-injector";
+    const WEBHOOK: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/linkerd-proxy-injector-webhook-config";
+    // Linkerd's own linkerd-config, as its CLI installs it.
+    let real_config = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {
+            "name": "linkerd-config", "namespace": "linkerd",
+            "labels": {"linkerd.io/control-plane-component": "controller", "linkerd.io/control-plane-ns": "linkerd"},
+            "annotations": {"linkerd.io/created-by": "linkerd/cli edge-25.1.1"},
+        },
+        "data": {"values": "cniEnabled: false\n"},
+    });
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "linkerd-proxy-injector", "namespace": "linkerd"}});
+    let webhook = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "linkerd-proxy-injector-webhook-config"}});
+    let install = |api: &FakeApi, name: &str, extra: &[&str]| {
+        let kubeconfig = api.kubeconfig(name).display().to_string();
+        let mut args = vec![
+            "install",
+            "--linkerd-cni-enabled",
+            "--kubeconfig",
+            &kubeconfig,
+        ];
+        args.extend_from_slice(extra);
+        run(&args, "")
+    };
+
+    type Case = (&'static str, Vec<(&'static str, Json)>, &'static str);
+    let cases: Vec<Case> = vec![
+        (
+            "linkerd-config",
+            vec![(CONFIG, real_config.clone())],
+            "Reason: ConfigMap/linkerd-config already exists",
+        ),
+        (
+            "injector",
+            vec![(INJECTOR, deployment.clone())],
+            "Reason: Deployment/linkerd-proxy-injector already exists",
+        ),
+        (
+            "webhook",
+            vec![(WEBHOOK, webhook.clone())],
+            "Reason: MutatingWebhookConfiguration/linkerd-proxy-injector-webhook-config already exists",
+        ),
+        (
+            "everything",
+            vec![
+                (CONFIG, real_config.clone()),
+                (INJECTOR, deployment),
+                (WEBHOOK, webhook),
+            ],
+            "Reason: ConfigMap/linkerd-config, Deployment/linkerd-proxy-injector, \
+             MutatingWebhookConfiguration/linkerd-proxy-injector-webhook-config already exists",
+        ),
+    ];
+    for (case, routes, want) in cases {
+        let api = FakeApi::start(
+            routes
+                .into_iter()
+                .map(|(p, b)| (p.to_string(), b))
+                .collect(),
+        );
+        let (success, stdout, stderr) = install(&api, &format!("kubeconfig-install-{case}"), &[]);
+        assert!(!success, "{case}: install must refuse");
+        assert!(stdout.is_empty(), "{case}: printed manifests:\n{stdout}");
+        assert!(
+            stderr.contains("Can't install the Linkerd control plane in the 'linkerd' namespace.")
+                && stderr.contains(want)
+                && stderr.contains("linkerd upgrade --linkerd-cni-enabled"),
+            "{case}: {stderr}"
+        );
+    }
+
+    // An empty cluster: asked, then rendered.
+    let api = FakeApi::start(BTreeMap::new());
+    let (success, stdout, stderr) = install(&api, "kubeconfig-install-empty", &[]);
+    assert!(success, "{stderr}");
+    assert!(
+        docs(&stdout)
+            .iter()
+            .any(|o| o["kind"] == "MutatingWebhookConfiguration")
+    );
+    let asked = api.requested();
+    for path in [CONFIG, INJECTOR, WEBHOOK] {
+        assert!(
+            asked.iter().any(|p| p == path),
+            "never asked {path}: {asked:?}"
+        );
+    }
+
+    // --ignore-cluster renders without asking, as Linkerd's.
+    let api = FakeApi::start(BTreeMap::from([(CONFIG.to_string(), real_config)]));
+    let (success, stdout, _) = install(&api, "kubeconfig-install-ignore", &["--ignore-cluster"]);
+    assert!(success && !stdout.is_empty());
+    assert_eq!(api.requested(), Vec::<String>::new());
+
+    // No cluster to ask: Linkerd's message, pointing at --ignore-cluster.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dead = temp_file(
+        "kubeconfig-install-dead",
+        &linkerd_cni_fake_apiserver::kubeconfig(&format!("http://127.0.0.1:{port}")),
+    );
+    let (success, stdout, stderr) = run(
+        &[
+            "install",
+            "--api-timeout=2",
+            "--kubeconfig",
+            &dead.display().to_string(),
+        ],
+        "",
+    );
+    assert!(!success && stdout.is_empty());
+    assert!(
+        stderr.contains("Cannot connect to the Kubernetes cluster")
+            && stderr.contains("--ignore-cluster"),
+        "{stderr}"
     );
 }

@@ -236,6 +236,10 @@ fn flags_change_what_they_should() {
     };
     let file_6000 = temp_file("inbound-6000.yaml", "inboundProxyPort: 6000\n");
     let file_6000 = file_6000.display().to_string();
+    let tolerations = temp_file("tolerations.yaml", "tolerations:\n  - operator: Exists\n");
+    let tolerations = tolerations.display().to_string();
+    let priority = temp_file("priority.txt", "from-a-file");
+    let set_file = format!("priorityClassName={}", priority.display());
 
     type Row<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, Vec<(String, Json)>);
     let rows: Vec<Row> = vec![
@@ -318,6 +322,78 @@ fn flags_change_what_they_should() {
             vec!["--cni-log-level=debug"],
             vec![],
             vec![(format!("{conf}/log_level"), json!("debug"))],
+        ),
+        // Linkerd's CLI: -v, LINKERD_DOCKER_REGISTRY, every log level it accepts.
+        (vec!["-v", "stable-2.14.10"], vec![], vec![]),
+        (vec!["--linkerd-version=edge-25.1.1"], vec![], vec![]),
+        (
+            vec!["--cni-log-level=trace"],
+            vec![],
+            vec![(format!("{conf}/log_level"), json!("trace"))],
+        ),
+        (
+            vec!["--cni-log-level=WARNING"],
+            vec![],
+            vec![(format!("{conf}/log_level"), json!("WARNING"))],
+        ),
+        (
+            vec![],
+            vec![("LINKERD_DOCKER_REGISTRY", "my.reg:5000/mirror")],
+            images("my.reg:5000/mirror/linkerd-cni-ebpf:v0.1.0"),
+        ),
+        (
+            vec!["--registry=flag.reg"],
+            vec![("LINKERD_DOCKER_REGISTRY", "env.reg")],
+            images("flag.reg/linkerd-cni-ebpf:v0.1.0"),
+        ),
+        (
+            vec![],
+            vec![
+                ("LINKERD_INSTALL_CNI_REGISTRY", "ours.reg"),
+                ("LINKERD_DOCKER_REGISTRY", "env.reg"),
+            ],
+            images("ours.reg/linkerd-cni-ebpf:v0.1.0"),
+        ),
+        // Helm's list index syntax: a list set by --set replaces the chart's list (Helm
+        // coalesces lists whole), an index into a list from a values file keeps its elements.
+        (
+            vec!["--set", "tolerations[0].effect=NoSchedule"],
+            vec![],
+            vec![
+                (format!("{ds}/spec/tolerations/0/operator"), Json::Null),
+                (
+                    format!("{ds}/spec/tolerations/0/effect"),
+                    json!("NoSchedule"),
+                ),
+            ],
+        ),
+        (
+            vec![
+                "-f",
+                &tolerations,
+                "--set",
+                "tolerations[1].key=node-role.kubernetes.io/control-plane,tolerations[1].operator=Exists",
+            ],
+            vec![],
+            vec![
+                (
+                    format!("{ds}/spec/tolerations/1/key"),
+                    json!("node-role.kubernetes.io/control-plane"),
+                ),
+                (format!("{ds}/spec/tolerations/1/operator"), json!("Exists")),
+            ],
+        ),
+        // --set-string keeps strings (--set would type `true` as a boolean, refused below),
+        // --set-file reads the value from a file; both after --set.
+        (
+            vec!["--set-string", "agent.logLevel=true"],
+            vec![],
+            vec![(format!("{ds}/spec/containers/0/env/6/value"), json!("true"))],
+        ),
+        (
+            vec!["--set-file", &set_file, "--set", "priorityClassName=x"],
+            vec![],
+            vec![(format!("{ds}/spec/priorityClassName"), json!("from-a-file"))],
         ),
         (
             vec!["--dest-cni-net-dir=/x/net"],
@@ -511,7 +587,22 @@ fn errors() {
         (&["--redirect-ports=80-90"], "not a port"),
         (&["--proxy-uid=-1"], "-1"),
         (&["--set", "nope=1"], "unknown field"),
-        (&["--set", "a[0]=1"], "not supported"),
+        (&["--set", "a[-1]=1"], "negative list index"),
+        (&["--set", "tolerations[x]=1"], "not a number"),
+        (&["--set", "agent.logLevel=true"], "expected a string"),
+        (
+            &["--set-file", "priorityClassName=/nonexistent/f"],
+            "/nonexistent/f",
+        ),
+        (
+            &["--cni-log-level=verbose"],
+            "--cni-log-level must be one of: panic, fatal, error, warn, info, debug, trace",
+        ),
+        (&["-v", "stable/2"], "stable/2 is not a valid version"),
+        (
+            &["--registry=bad reg"],
+            "bad reg is not a valid Docker registry",
+        ),
         (&["--set", "agent.pinRoot=/tmp/x"], "agent.pinRoot"),
         (&["--dest-cni-net-dir=relative"], "absolute"),
         (
@@ -534,8 +625,14 @@ fn errors() {
             "{args:?}: stderr should mention {want:?}:\n{stderr}"
         );
     }
+    let out = linkerd(&["install-cni"], &[("LINKERD_DOCKER_REGISTRY", "bad!")]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bad! is not a valid Docker registry"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
-
 /// Every render passes the official schemas of Kubernetes 1.30-1.34, strictly.
 #[test]
 fn kubernetes_validate_strict() {

@@ -22,7 +22,10 @@
 //! [`FakeApiServer::requests`] and [`FakeApiServer::hits`] (what clients asked),
 //! [`FakeApiServer::pause_watches`] (hold watch events back, to reproduce a watch that lags
 //! behind the kubelet), [`FakeApiServer::fail_requests`] (answer every request with an error),
-//! [`FakeApiServer::fail_path`] (answer one path with an error).
+//! [`FakeApiServer::fail_path`] (answer one path with an error),
+//! [`FakeApiServer::fail_path_times`] (answer one path with an error a number of times), and
+//! [`FakeApiServer::route_sequence`] (answers that change with each request, as an object's
+//! status does).
 //!
 //! The server runs on its own thread and Tokio runtime, so it works from synchronous tests and
 //! from any async runtime alike; dropping it closes the port and every open watch.
@@ -185,6 +188,11 @@ struct State {
     routes: BTreeMap<String, Value>,
     /// URL paths answered with an error status.
     failing_paths: BTreeMap<String, StatusCode>,
+    /// URL paths answered with an error status a number of times more.
+    failing_times: BTreeMap<String, (StatusCode, usize)>,
+    /// Answers by exact URL path that change with each GET: the bodies, and how many GETs
+    /// were answered so far.
+    sequences: BTreeMap<String, (Vec<Value>, usize)>,
 }
 
 struct Shared {
@@ -348,12 +356,31 @@ impl FakeApiServer {
     pub fn route(&self, path: &str, body: Value) {
         let mut state = self.shared.lock();
         state.failing_paths.remove(path);
+        state.sequences.remove(path);
         state.routes.insert(path.to_string(), body);
     }
 
-    /// Stops answering `path` from [`FakeApiServer::route`].
+    /// Like [`FakeApiServer::route`], but the answer changes over time: the n-th GET of `path`
+    /// (from 0) gets `bodies[n]`, and every GET after the last body gets the last one again
+    /// (an object whose status changes, e.g. a DaemonSet becoming ready). Empty `bodies`
+    /// removes the sequence.
+    pub fn route_sequence(&self, path: &str, bodies: Vec<Value>) {
+        let mut state = self.shared.lock();
+        state.failing_paths.remove(path);
+        state.routes.remove(path);
+        if bodies.is_empty() {
+            state.sequences.remove(path);
+        } else {
+            state.sequences.insert(path.to_string(), (bodies, 0));
+        }
+    }
+
+    /// Stops answering `path` from [`FakeApiServer::route`] or
+    /// [`FakeApiServer::route_sequence`].
     pub fn remove_route(&self, path: &str) {
-        self.shared.lock().routes.remove(path);
+        let mut state = self.shared.lock();
+        state.routes.remove(path);
+        state.sequences.remove(path);
     }
 
     /// Answers requests of exactly `path` with `status` (an error `Status` body) until called
@@ -363,6 +390,16 @@ impl FakeApiServer {
         match status.and_then(|s| StatusCode::from_u16(s).ok()) {
             Some(code) => state.failing_paths.insert(path.to_string(), code),
             None => state.failing_paths.remove(path),
+        };
+    }
+
+    /// Answers the next `times` requests of exactly `path` with `status` (an error `Status`
+    /// body), then answers as before: an API server that fails for a while.
+    pub fn fail_path_times(&self, path: &str, status: u16, times: usize) {
+        let mut state = self.shared.lock();
+        match StatusCode::from_u16(status) {
+            Ok(code) if times > 0 => state.failing_times.insert(path.to_string(), (code, times)),
+            _ => state.failing_times.remove(path),
         };
     }
 
@@ -781,12 +818,29 @@ async fn handle(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>) -> Re
     let (failing, route) = {
         let mut state = shared.lock();
         state.requests.push(record.clone());
-        let failing = state
+        let mut failing = state
             .failing_paths
             .get(&record.path)
             .copied()
             .or(state.failing);
-        (failing, state.routes.get(&record.path).cloned())
+        if failing.is_none()
+            && let Some((code, left)) = state.failing_times.get_mut(&record.path)
+        {
+            failing = Some(*code);
+            *left -= 1;
+            if *left == 0 {
+                state.failing_times.remove(&record.path);
+            }
+        }
+        let mut route = state.routes.get(&record.path).cloned();
+        if failing.is_none()
+            && record.method == "GET"
+            && let Some((bodies, served)) = state.sequences.get_mut(&record.path)
+        {
+            route = bodies.get(*served).or(bodies.last()).cloned();
+            *served += 1;
+        }
+        (failing, route)
     };
     log(&format!(
         "{} {} {:?}",

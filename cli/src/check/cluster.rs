@@ -1,6 +1,12 @@
 //! The contract's checks of an installation in the cluster: the linkerd-cni ConfigMap,
 //! ClusterRole, ClusterRoleBinding, ServiceAccount and DaemonSet exist, and the DaemonSet is
 //! ready on every node it is scheduled to.
+//!
+//! As in Linkerd, the existence checks run once, and the readiness check is retried every
+//! [`RETRY_INTERVAL`] until it passes or `--wait` runs out (when everything before it passed),
+//! so `kubectl apply` followed by `linkerd check` waits for a fresh DaemonSet.
+
+use std::time::{Duration, Instant};
 
 use k8s_openapi::{
     api::{
@@ -19,7 +25,51 @@ use super::result::CheckResult;
 /// The category these checks are printed under.
 pub const CATEGORY: &str = "linkerd-cni-plugin";
 
-async fn exists<K>(api: Api<K>, what: &str, name: &str, where_: &str) -> (CheckResult, Option<K>)
+/// How long a failing check that is retried waits before the next attempt (Linkerd's).
+pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The check retried until `--wait` runs out.
+pub const READY_CHECK: &str = "cni plugin pod is running on all nodes";
+
+/// Until when, and how often, a failing check is tried again.
+#[derive(Clone, Copy, Debug)]
+pub struct Retry {
+    /// No attempt starts after this.
+    pub deadline: Instant,
+    /// Pause between attempts.
+    pub interval: Duration,
+}
+
+impl Retry {
+    /// Retries for `wait` from now, at Linkerd's interval.
+    pub fn for_wait(wait: Duration) -> Self {
+        Self {
+            deadline: Instant::now() + wait,
+            interval: RETRY_INTERVAL,
+        }
+    }
+
+    /// Whether a check that just failed is tried again.
+    pub fn again(&self) -> bool {
+        Instant::now() < self.deadline
+    }
+}
+
+async fn exists<K>(
+    api: Api<K>,
+    what: &str,
+    name: &str,
+    where_: &str,
+    hint: &'static str,
+) -> (CheckResult, Option<K>)
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let (check, obj) = get(api, what, name, where_).await;
+    (check.with_hint(hint), obj)
+}
+
+async fn get<K>(api: Api<K>, what: &str, name: &str, where_: &str) -> (CheckResult, Option<K>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -45,15 +95,26 @@ where
     }
 }
 
-/// Whether the DaemonSet runs a ready pod on every node it should run on.
+/// Whether the DaemonSet runs a ready pod on every node it should run on. A DaemonSet the
+/// controller has not looked at yet (a fresh one) is not ready; one that the controller
+/// schedules on no node is (there is nothing to wait for), and says so.
 pub fn daemonset_ready(ds: &DaemonSet) -> Result<String, String> {
     let status = ds
         .status
         .as_ref()
         .ok_or("the DaemonSet has no status yet")?;
+    if let Some(generation) = ds.metadata.generation {
+        let observed = status.observed_generation.unwrap_or(0);
+        if observed < generation {
+            return Err(format!(
+                "the DaemonSet controller has not yet seen the DaemonSet's latest spec \
+                 (observedGeneration {observed}, generation {generation})"
+            ));
+        }
+    }
     let (desired, ready) = (status.desired_number_scheduled, status.number_ready);
     if desired == 0 {
-        return Err("the DaemonSet is not scheduled on any node".into());
+        return Ok("scheduled on no node: no node matches its nodeSelector and tolerations".into());
     }
     if ready < desired {
         return Err(format!(
@@ -65,8 +126,14 @@ pub fn daemonset_ready(ds: &DaemonSet) -> Result<String, String> {
     Ok(format!("{ready}/{desired} nodes"))
 }
 
-/// Runs the checks against the cluster behind `client`.
-pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
+/// Runs the checks against the cluster behind `client`; `on_retry` sees each failed attempt
+/// of a check that is tried again.
+pub async fn run(
+    client: &Client,
+    namespace: &str,
+    retry: Retry,
+    on_retry: &mut dyn FnMut(&CheckResult),
+) -> Vec<CheckResult> {
     let in_ns = format!(" in namespace {namespace}");
     let mut results = vec![
         exists(
@@ -74,6 +141,7 @@ pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
             "ConfigMap",
             names::CNI_CONFIG_MAP,
             &in_ns,
+            "cni-plugin-cm-exists",
         )
         .await
         .0,
@@ -82,6 +150,7 @@ pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
             "ClusterRole",
             names::CNI_NAME,
             "",
+            "cni-plugin-cr-exists",
         )
         .await
         .0,
@@ -90,6 +159,7 @@ pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
             "ClusterRoleBinding",
             names::CNI_NAME,
             "",
+            "cni-plugin-crb-exists",
         )
         .await
         .0,
@@ -98,22 +168,52 @@ pub async fn run(client: &Client, namespace: &str) -> Vec<CheckResult> {
             "ServiceAccount",
             names::CNI_NAME,
             &in_ns,
+            "cni-plugin-sa-exists",
         )
         .await
         .0,
     ];
+    let api = Api::<DaemonSet>::namespaced(client.clone(), namespace);
     let (ds_check, ds) = exists(
-        Api::<DaemonSet>::namespaced(client.clone(), namespace),
+        api.clone(),
         "DaemonSet",
         names::CNI_NAME,
         &in_ns,
+        "cni-plugin-ds-exists",
     )
     .await;
     results.push(ds_check);
-    let ready = "cni plugin pod is running on all nodes";
-    results.push(match ds {
-        Some(ds) => CheckResult::from_outcome(CATEGORY, ready, daemonset_ready(&ds)),
-        None => CheckResult::fail(CATEGORY, ready, "no DaemonSet to check"),
-    });
-    results
+    let Some(ds) = ds else {
+        results.push(
+            CheckResult::fail(CATEGORY, READY_CHECK, "no DaemonSet to check")
+                .with_hint("cni-plugin-ready"),
+        );
+        return results;
+    };
+    // Waiting makes sense only for an installation that is complete but not ready yet.
+    let may_wait = results.iter().all(CheckResult::passed);
+    let mut attempt: Result<DaemonSet, String> = Ok(ds);
+    loop {
+        let ready = CheckResult::from_outcome(
+            CATEGORY,
+            READY_CHECK,
+            attempt.and_then(|ds| daemonset_ready(&ds)),
+        )
+        .with_hint("cni-plugin-ready");
+        if ready.passed() || !may_wait || !retry.again() {
+            results.push(ready);
+            return results;
+        }
+        on_retry(&ready);
+        tokio::time::sleep(retry.interval).await;
+        // A failed read is a failed attempt, tried again as well (as Linkerd does).
+        attempt = match api.get_opt(names::CNI_NAME).await {
+            Ok(Some(ds)) => Ok(ds),
+            Ok(None) => Err(format!("DaemonSet {:?} not found{in_ns}", names::CNI_NAME)),
+            Err(e) => Err(format!(
+                "getting DaemonSet {:?}{in_ns}: {e}",
+                names::CNI_NAME
+            )),
+        };
+    }
 }

@@ -5,7 +5,8 @@
 //! failed); when false, the CNI checks are skipped and pods injected for CNI are flagged.
 //!
 //! Gathering ([`gather`]) and judging ([`judge`]) are separate so the rules are tested on
-//! plain JSON.
+//! plain JSON. As Linkerd does, checks of something that becomes ready by itself
+//! ([`RETRIED`]) are retried until `--wait` runs out, when they are the only failures.
 
 use std::io::Write;
 
@@ -22,11 +23,21 @@ use linkerd_cni_k8s::names;
 
 use linkerd_injector::{decision, values::Values};
 
-use super::result::{CheckResult, Status, print_category};
+use super::{
+    cluster::Retry,
+    result::{CheckResult, Printer, Status},
+};
 use crate::kubernetes::KubeArgs;
 
 /// The data-plane category, printed only with `--proxy`.
 pub const DATA_PLANE: &str = "linkerd-data-plane";
+
+/// The checks retried (everything gathered again) while they are the only failures: the
+/// installation is complete and its pods are starting.
+pub const RETRIED: &[&str] = &[
+    "proxy injector is available",
+    "cni plugin is ready on all nodes",
+];
 
 /// Exit code of the network validator when redirection is not in place.
 pub const VALIDATOR_FAILED_EXIT_CODE: i64 = 95;
@@ -346,27 +357,14 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
         });
     }
     if let Some((_, _, Ok(Some(ds)))) = o.cni.iter().find(|(k, _, _)| k == "DaemonSet") {
-        let n = |f: &str| {
-            ds.pointer(&format!("/status/{f}"))
-                .and_then(Value::as_i64)
-                .unwrap_or(0)
-        };
-        let (desired, ready) = (n("desiredNumberScheduled"), n("numberReady"));
-        out.push(if desired > 0 && ready >= desired {
-            CheckResult::new(
-                CNI,
-                "cni plugin is ready on all nodes",
-                Status::Ok,
-                format!("{ready}/{desired}"),
-            )
-        } else {
-            CheckResult::new(
-                CNI,
-                "cni plugin is ready on all nodes",
-                Status::Fail,
-                format!("{ready} of {desired} ready"),
-            )
-        });
+        let outcome = serde_json::from_value::<DaemonSet>(ds.clone())
+            .map_err(|e| format!("unexpected DaemonSet: {e}"))
+            .and_then(|ds| super::cluster::daemonset_ready(&ds));
+        out.push(CheckResult::from_outcome(
+            CNI,
+            "cni plugin is ready on all nodes",
+            outcome,
+        ));
     }
     if let Ok(Some(ns)) = &o.control_plane_namespace {
         let level = decision::label(ns, names::PSA_ENFORCE_LABEL).unwrap_or("(none)");
@@ -438,27 +436,41 @@ pub async fn post_install(
     judge(&gather(client, control_plane_ns, cni_ns).await)
 }
 
-/// Runs the post-install checks, prints them by category (the data plane only when
-/// `with_data_plane`), and says whether all passed.
+/// Runs the post-install checks and prints them by category (the data plane only when
+/// `with_data_plane`); while the only failures are [`RETRIED`] checks, tries again as `retry`
+/// allows, showing each failed attempt to `on_retry`.
 pub async fn run(
     kube: &KubeArgs,
     linkerd_namespace: &str,
     cni_namespace: &str,
     with_data_plane: bool,
-    out: &mut impl Write,
-) -> anyhow::Result<bool> {
+    retry: Retry,
+    on_retry: &mut dyn FnMut(&CheckResult),
+    printer: &mut Printer<impl Write>,
+) -> anyhow::Result<()> {
+    let shown = |r: &CheckResult| with_data_plane || r.category != DATA_PLANE;
     let results = match kube.client().await {
-        Ok(client) => post_install(&client, linkerd_namespace, cni_namespace).await,
+        Ok(client) => loop {
+            let results = post_install(&client, linkerd_namespace, cni_namespace).await;
+            let failed: Vec<&CheckResult> =
+                results.iter().filter(|r| !r.passed() && shown(r)).collect();
+            let starting =
+                !failed.is_empty() && failed.iter().all(|r| RETRIED.contains(&r.name.as_str()));
+            if !starting || !retry.again() {
+                break results;
+            }
+            failed.into_iter().for_each(&mut *on_retry);
+            tokio::time::sleep(retry.interval).await;
+        },
         Err(e) => {
             let r = CheckResult::fail("kubernetes-api", "can initialize the client", e.to_string());
-            print_category(out, r.category, std::slice::from_ref(&r))?;
-            return Ok(false);
+            printer.category(r.category, std::slice::from_ref(&r))?;
+            return Ok(());
         }
     };
-    let mut all = true;
     let mut categories: Vec<&str> = Vec::new();
     for r in &results {
-        if !categories.contains(&r.category) && (with_data_plane || r.category != DATA_PLANE) {
+        if !categories.contains(&r.category) && shown(r) {
             categories.push(r.category);
         }
     }
@@ -468,10 +480,9 @@ pub async fn run(
             .filter(|r| r.category == category)
             .cloned()
             .collect();
-        all &= printed.iter().all(CheckResult::passed);
-        print_category(out, category, &printed)?;
+        printer.category(category, &printed)?;
     }
-    Ok(all)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -35,6 +35,11 @@ impl FakeApi {
         )
     }
 
+    /// The server itself, for its test hooks (changing answers, failures, hit counts).
+    pub fn server(&self) -> &FakeApiServer {
+        &self.server
+    }
+
     /// The URL paths requested so far, oldest first.
     pub fn requested(&self) -> Vec<String> {
         self.server.requests().into_iter().map(|r| r.path).collect()

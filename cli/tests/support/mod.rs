@@ -34,8 +34,9 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Runs `linkerd` with `args` and `env` (on top of a clean environment for our prefixes).
-pub fn linkerd(args: &[&str], env: &[(&str, &str)]) -> Output {
+/// The `linkerd` command with `args` and `env` (on top of a clean environment for our
+/// prefixes).
+pub fn linkerd_command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_linkerd"));
     cmd.args(args);
     for (k, _) in std::env::vars() {
@@ -44,7 +45,13 @@ pub fn linkerd(args: &[&str], env: &[(&str, &str)]) -> Output {
         }
     }
     cmd.envs(env.iter().copied());
-    cmd.output()
+    cmd
+}
+
+/// Runs `linkerd` with `args` and `env` (on top of a clean environment for our prefixes).
+pub fn linkerd(args: &[&str], env: &[(&str, &str)]) -> Output {
+    linkerd_command(args, env)
+        .output()
         .unwrap_or_else(|e| panic!("running linkerd {args:?}: {e}"))
 }
 
