@@ -5,7 +5,8 @@
 //! kernel-facing work (netns, bpf syscalls, registry files) runs on blocking threads.
 //!
 //! Hardening: only root peers are served (`SO_PEERCRED`, whatever the socket's mode says);
-//! at most [`MAX_CONNECTIONS`] are served at once (more wait in the listen backlog); a request's
+//! at most [`MAX_CONNECTIONS`] are served at once (more wait in the listen backlog), each must
+//! send its request within [`READ_TIMEOUT`]; a request's
 //! buffer grows with the bytes that actually arrive, never to the size a peer announces; an
 //! accept error (EMFILE, ENFILE, ENOBUFS) is logged and retried after a pause, never fatal.
 
@@ -41,7 +42,10 @@ use crate::{
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Connections served at once; more wait in the listen backlog.
-pub const MAX_CONNECTIONS: usize = 128;
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a peer may take to send its request (the plugin sends it at once).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The pause after a failed `accept` (fd exhaustion and the like) before the next one.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
@@ -137,7 +141,10 @@ impl Server {
                 return;
             }
         }
-        let response = match read_request(&mut conn).await {
+        let request = tokio::time::timeout(READ_TIMEOUT, read_request(&mut conn))
+            .await
+            .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut).into()));
+        let response = match request {
             Ok(env) if env.version != PROTOCOL_VERSION => error(
                 ErrorKind::VersionMismatch,
                 format!(
