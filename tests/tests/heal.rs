@@ -105,6 +105,17 @@ impl Scene {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Repairs of `kind` so far (0 before the agent counted any, or if it does not count).
+    fn repairs_before(&self, kind: &str) -> u64 {
+        self.node
+            .agent()
+            .expect("agent")
+            .metric(&format!(
+                "linkerd_cni_agent_repairs_total{{kind=\"{kind}\"}}"
+            ))
+            .unwrap_or(0)
+    }
+
     fn repairs(&self, kind: &str) -> u64 {
         self.metric(&format!(
             "linkerd_cni_agent_repairs_total{{kind=\"{kind}\"}}"
@@ -150,7 +161,7 @@ fn bpftool_detach(link: &Path) {
 #[test]
 fn removed_link_pins_are_restored() {
     let s = scene(NodeOptions::default());
-    let before = s.repairs("cgroup_link");
+    let before = s.repairs_before("cgroup_link");
     std::fs::remove_dir_all(s.link_dir()).expect("rm -rf the pod's link pins");
     let t = Instant::now();
     s.assert_healed(t);
@@ -168,13 +179,13 @@ fn removed_link_pins_are_restored() {
 #[test]
 fn detached_link_is_reattached() {
     let s = scene(NodeOptions::default());
-    let before = s.repairs("cgroup_link");
+    let before = s.repairs_before("cgroup_link");
     bpftool_detach(&s.link_dir().join(names::PROG_CONNECT4));
     let t = Instant::now();
     s.assert_healed(t);
     assert_eq!(s.repairs("cgroup_link"), before + 1, "one link re-attached");
     // The inbound link too.
-    let before = s.repairs("netns_link");
+    let before = s.repairs_before("netns_link");
     bpftool_detach(&s.link_dir().join(names::PROG_SK_LOOKUP));
     let t = Instant::now();
     s.assert_healed(t);
