@@ -178,6 +178,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Result<()> {
+    // Before anything serves: SIGHUP's default action would end the agent.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let agent = Arc::new(tokio::task::spawn_blocking(move || Agent::start(config)).await??);
     let node = match args.node_name {
         Some(n) => n,
@@ -245,7 +247,6 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
             }
         }
     });
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let every = args.reconcile_interval;
     tokio::spawn(async move {
         loop {

@@ -17,7 +17,10 @@ use linkerd_cni_common::names;
 use linkerd_cni_tests::{
     EchoServer,
     client::{Options, run_client},
-    node::{NodeOptions, PodSpec, SimNode, SimPod, http_get, namespace_manifest, wait_until},
+    cniruntime::Verb,
+    node::{
+        NodeOptions, PodSpec, SimNode, SimPod, http_get, namespace_manifest, signal, wait_until,
+    },
     proxy::{Event, TestProxy},
 };
 
@@ -261,4 +264,48 @@ fn unmounted_bpffs_is_mounted_again_and_repaired() {
         (ready() == Some(200)).then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", s.node.agent_log()));
+}
+
+/// Periodic passes far apart: the repairs below can only come from the on-demand paths.
+fn on_demand_only() -> NodeOptions {
+    NodeOptions {
+        reconcile_interval: Some(Duration::from_secs(3600)),
+        ..NodeOptions::default()
+    }
+}
+
+#[test]
+fn cni_check_reports_and_repairs() {
+    let s = scene(on_demand_only());
+    bpftool_detach(&s.link_dir().join(names::PROG_CONNECT4));
+    let t = Instant::now();
+    let out = s.node.cni(Verb::Check, &s.client).expect("CHECK");
+    let err = out
+        .error()
+        .unwrap_or_else(|| panic!("CHECK reports what it found: {}", out.stdout));
+    assert_eq!(err.code, 100, "{err:?}");
+    assert!(
+        err.msg.contains("detached") && err.msg.contains("repaired"),
+        "{err:?}"
+    );
+    s.assert_healed(t);
+    let out = s.node.cni(Verb::Check, &s.client).expect("CHECK");
+    assert!(out.ok(), "CHECK passes once repaired: {}", out.stdout);
+    assert_eq!(s.repairs("cgroup_link"), 1);
+}
+
+#[test]
+fn sighup_runs_a_pass_at_once() {
+    let s = scene(on_demand_only());
+    std::fs::remove_dir_all(s.link_dir()).expect("rm -rf the pod's link pins");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(s.repairs("cgroup_link"), 0, "no pass before SIGHUP");
+    let pid = s.node.agent().expect("agent").pid();
+    signal(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+    let t = Instant::now();
+    s.assert_healed(t);
+    assert_eq!(
+        s.repairs("cgroup_link"),
+        names::CGROUP_PROGRAMS.len() as u64
+    );
 }

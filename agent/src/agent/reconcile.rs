@@ -15,6 +15,7 @@
 //! restored, [`Reconciler::not_ready`] says why, so `/ready` fails.
 
 use std::{
+    collections::HashMap,
     os::fd::AsFd,
     path::Path,
     sync::{
@@ -95,6 +96,9 @@ pub struct Reconciler {
     passes: AtomicU64,
     /// Why the data plane cannot be restored, if it cannot.
     problem: Mutex<Option<String>>,
+    /// The last failure logged per registration: a pod that cannot be repaired (its cgroup
+    /// is being removed) is logged once, not at every pass.
+    logged: Mutex<HashMap<String, String>>,
 }
 
 impl Reconciler {
@@ -107,6 +111,7 @@ impl Reconciler {
             failures: AtomicU64::new(0),
             passes: AtomicU64::new(0),
             problem: Mutex::new(None),
+            logged: Mutex::new(HashMap::new()),
         }
     }
 
@@ -185,6 +190,10 @@ impl Reconciler {
                 return all;
             }
         };
+        self.logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| records.iter().any(|r| &r.id == id));
         for record in records.iter().filter(|r| r.redirected()) {
             all.extend(self.repair_pod(&record.id));
         }
@@ -193,14 +202,21 @@ impl Reconciler {
 
     /// Verifies one registration and repairs it (blocking). Failures are logged and counted.
     pub fn repair_pod(&self, id: &str) -> Vec<Repair> {
-        match self.agent.repair(id) {
+        let result = self.agent.repair(id);
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
             Ok((record, repairs)) => {
+                logged.remove(id);
                 self.count(record.as_ref(), &repairs);
                 repairs
             }
             Err(e) => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(container = id, error = %e, "reconcile: repair failed");
+                let message = e.to_string();
+                if logged.get(id) != Some(&message) {
+                    tracing::warn!(container = id, error = %message, "reconcile: repair failed");
+                    logged.insert(id.into(), message);
+                }
                 Vec::new()
             }
         }
