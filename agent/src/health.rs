@@ -57,27 +57,26 @@ impl Health {
     fn metrics(&self) -> String {
         let s = &self.server.stats;
         let mut out = String::new();
-        let mut counter = |name: &str, help: &str, v: u64| {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
-            ));
-        };
         counter(
+            &mut out,
             "linkerd_cni_agent_add_total",
             "CNI ADD requests served.",
             s.adds.load(Ordering::Relaxed),
         );
         counter(
+            &mut out,
             "linkerd_cni_agent_del_total",
             "CNI DEL requests served.",
             s.dels.load(Ordering::Relaxed),
         );
         counter(
+            &mut out,
             "linkerd_cni_agent_check_total",
             "CNI CHECK requests served.",
             s.checks.load(Ordering::Relaxed),
         );
         counter(
+            &mut out,
             "linkerd_cni_agent_errors_total",
             "Requests answered with an error.",
             s.errors.load(Ordering::Relaxed),
@@ -95,11 +94,13 @@ impl Health {
             })
         });
         counter(
+            &mut out,
             "linkerd_cni_outbound_redirected_total",
             "Outbound connections sent to a proxy (live pods).",
             redirected,
         );
         counter(
+            &mut out,
             "linkerd_cni_orig_dst_answered_total",
             "SO_ORIGINAL_DST answers given (live pods).",
             answered,
@@ -116,22 +117,20 @@ impl Health {
                 kind.label()
             ));
         }
-        let mut counter = |name: &str, help: &str, v: u64| {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
-            ));
-        };
         counter(
+            &mut out,
             "linkerd_cni_agent_repair_failures_total",
             "Repairs that failed (retried at the next pass).",
             self.reconciler.failures(),
         );
         counter(
+            &mut out,
             "linkerd_cni_agent_reconcile_passes_total",
             "Whole verification passes over every registered pod.",
             self.reconciler.passes(),
         );
         counter(
+            &mut out,
             "linkerd_cni_agent_refused_total",
             "Registration connections refused (peer not root).",
             s.refused.load(Ordering::Relaxed),
@@ -203,4 +202,11 @@ impl Health {
             });
         }
     }
+}
+
+/// Appends one counter in the Prometheus text format.
+fn counter(out: &mut String, name: &str, help: &str, v: u64) {
+    out.push_str(&format!(
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
+    ));
 }

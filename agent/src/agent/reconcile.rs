@@ -409,3 +409,18 @@ fn repair_entries(maps: &mut Maps, record: &PodRecord) -> Result<Option<Repair>,
         ),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_indexed_by_kind() {
+        for (i, kind) in RepairKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i, "{kind:?} counts in its own slot");
+        }
+        let labels: std::collections::BTreeSet<_> =
+            RepairKind::ALL.iter().map(|k| k.label()).collect();
+        assert_eq!(labels.len(), RepairKind::ALL.len(), "labels are distinct");
+    }
+}
