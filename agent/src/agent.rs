@@ -23,6 +23,8 @@ use crate::{
     registry::{Attachment, PodRecord, Registry},
 };
 
+pub mod reconcile;
+
 /// Where the agent keeps its state.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {

@@ -195,6 +195,40 @@ impl Dataplane {
 }
 
 impl Dataplane {
+    /// Pins again whatever map or program pin is missing (bpffs remounted, pins removed by
+    /// hand), from the objects this process holds. Returns how many pins it made.
+    pub fn restore_pins(&self) -> Result<usize, DataplaneError> {
+        let mut made = 0;
+        for sub in [
+            paths::PIN_MAPS,
+            paths::PIN_PROGS,
+            paths::PIN_PODS,
+            paths::PIN_SHARED,
+        ] {
+            let dir = self.pin_root.join(sub);
+            fs::create_dir_all(&dir)
+                .map_err(|source| DataplaneError::PinDir { path: dir, source })?;
+        }
+        for (name, map) in self.ebpf.maps() {
+            let path = self.pin_root.join(paths::PIN_MAPS).join(name);
+            if !path.exists() {
+                map.pin(&path).map_err(|e| DataplaneError::Pin {
+                    path,
+                    source: io::Error::other(e.to_string()),
+                })?;
+                made += 1;
+            }
+        }
+        for name in names::ALL_PROGRAMS {
+            let path = self.pin_root.join(paths::PIN_PROGS).join(name);
+            if !path.exists() {
+                replace_pin(self.prog_fd(name)?, &path)?;
+                made += 1;
+            }
+        }
+        Ok(made)
+    }
+
     /// Attaches the inbound `sk_lookup` to a pod's network namespace and pins the link in
     /// `link_dir`, under the shared program's name.
     ///

@@ -2,7 +2,8 @@
 //! plugin registers, and keeps their redirection in force.
 //!
 //! - [`agent`]: the library API (register, unregister, check, gc) over the three stores of
-//!   state: pinned maps, pinned links and the registry.
+//!   state: pinned maps, pinned links and the registry; [`agent::reconcile`] re-verifies every
+//!   registered pod and repairs what was removed behind the agent's back.
 //! - [`dataplane`]: loading the object, pinning, attaching. [`maps`]: the pinned maps.
 //! - [`netns`], [`cgroup`], [`kernel`]: the host facts registration depends on.
 //! - [`inspect`]: the human view of the pinned state.

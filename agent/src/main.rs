@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use linkerd_cni_agent::{
     Agent, AgentConfig,
+    agent::reconcile::Reconciler,
     health::Health,
     inspect,
     server::{self, Server},
@@ -49,6 +50,10 @@ enum Command {
     Load,
     /// Mount bpffs (if not mounted yet) and exit: the DaemonSet's privileged init step.
     MountBpffs,
+    /// Remove linkerd-cni from every CNI config, then the kubeconfig and the plugin binary
+    /// (configured by Linkerd's installer environment variables), and exit. `run` keeps the
+    /// plugin in the conflists when it stops: this is the uninstall step.
+    Uninstall,
 }
 
 #[derive(clap::Args)]
@@ -70,7 +75,11 @@ struct RunArgs {
     /// mounts them under /host): netns and cgroup paths from the runtime are host paths.
     #[arg(long, env = "LINKERD_CNI_AGENT_HOST_ROOT")]
     host_root: Option<PathBuf>,
-    /// Address of the /live, /ready and /metrics endpoint.
+    /// Address of the /live, /ready and /metrics endpoint. With `hostNetwork` the default
+    /// (every address of the node, port 9990) is where kubelet's probes (which go to the pod IP,
+    /// the node's IP) and Prometheus reach it, and also anything else on the node's network:
+    /// the endpoint only reads, bounds its connections and times idle ones out. To keep it on
+    /// the node itself, use 127.0.0.1:9990 and set `host: 127.0.0.1` in the probes.
     #[arg(
         long,
         env = "LINKERD_CNI_AGENT_HEALTH_ADDR",
@@ -84,6 +93,16 @@ struct RunArgs {
     /// How often registrations whose netns is gone are dropped.
     #[arg(long, env = "LINKERD_CNI_AGENT_REAP_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     reap_interval: Duration,
+    /// How often every registered pod's links, map entries and the pins are verified, and
+    /// what is missing put back (SIGHUP asks for a pass at once; CNI CHECK repairs its pod).
+    #[arg(long, env = "LINKERD_CNI_AGENT_RECONCILE_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    reconcile_interval: Duration,
+    /// With --install, remove linkerd-cni from the CNI configs on SIGTERM. Off by default: a
+    /// rolling update's SIGTERM must not open a window where new pods start without the
+    /// plugin (they wait for the new agent instead). Uninstall with `linkerd-cni-agent
+    /// uninstall` or this flag. Any other stop (crash, SIGKILL) always leaves the configs.
+    #[arg(long, env = "LINKERD_CNI_AGENT_CLEANUP_ON_SIGTERM")]
+    cleanup_on_sigterm: bool,
 }
 
 /// glibc gives each thread that allocates its own arena; the agent's short-lived blocking
@@ -130,6 +149,12 @@ fn main() -> anyhow::Result<()> {
             println!("bpffs mounted at {}", cli.bpffs.display());
             Ok(())
         }
+        Command::Uninstall => {
+            let cfg = linkerd_cni_installer::InstallerConfig::from_env()?;
+            linkerd_cni_installer::Installer::new(cfg)?.cleanup()?;
+            println!("linkerd-cni removed from the CNI configs");
+            Ok(())
+        }
         Command::Load => {
             Agent::start(config)?;
             println!(
@@ -147,12 +172,14 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
-                .block_on(run(config, args))
+                .block_on(run(config, args, cli.bpffs))
         }
     }
 }
 
-async fn run(config: AgentConfig, args: RunArgs) -> anyhow::Result<()> {
+async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Result<()> {
+    // Before anything serves: SIGHUP's default action would end the agent.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let agent = Arc::new(tokio::task::spawn_blocking(move || Agent::start(config)).await??);
     let node = match args.node_name {
         Some(n) => n,
@@ -160,10 +187,12 @@ async fn run(config: AgentConfig, args: RunArgs) -> anyhow::Result<()> {
     };
     let client = linkerd_cni_k8s::client::client(args.kubeconfig.as_deref()).await?;
     let pods = linkerd_cni_k8s::PodSource::new(client, node.clone());
+    let reconciler = Arc::new(Reconciler::new(agent.clone(), &bpffs));
     let server = Arc::new(Server {
         agent: agent.clone(),
         pods,
         stats: Default::default(),
+        reconciler: reconciler.clone(),
     });
     let listener =
         server::bind(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
@@ -176,20 +205,29 @@ async fn run(config: AgentConfig, args: RunArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    // Install and keep the installation until told to stop; the cleanup (if any) is decided
+    // below, from why the agent stops.
     let installer_task = installer.clone().map(|i| {
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            if let Err(e) = i.run(shutdown).await {
+            let first = i.clone();
+            match tokio::task::spawn_blocking(move || first.install_once()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "node installer: first install failed"),
+                Err(e) => tracing::error!(error = %e, "node installer: first install panicked"),
+            }
+            if let Err(e) = i.watch_until(shutdown).await {
                 tracing::error!(error = %e, "node installer failed");
             }
         })
     });
     let health = Arc::new(Health {
         server: server.clone(),
-        installer,
+        installer: installer.clone(),
+        reconciler: reconciler.clone(),
     });
     tokio::spawn(async move {
         if let Err(e) = health.serve(args.health_addr).await {
@@ -209,17 +247,52 @@ async fn run(config: AgentConfig, args: RunArgs) -> anyhow::Result<()> {
             }
         }
     });
+    let every = args.reconcile_interval;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = hup.recv() => tracing::info!("SIGHUP: verifying every pod now"),
+            }
+            let r = reconciler.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || r.run_once()).await {
+                tracing::warn!(error = %e, "reconcile pass failed");
+            }
+        }
+    });
     let serving = tokio::spawn(server.clone().serve(listener));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down (redirection stays in force)"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down (redirection stays in force)"),
-        r = serving => tracing::error!(result = ?r, "registration service stopped"),
-    }
+    let sigterm = tokio::select! {
+        _ = term.recv() => {
+            tracing::info!("SIGTERM: shutting down (redirection stays in force)");
+            true
+        }
+        _ = tokio::signal::ctrl_c() => {
+            tracing::info!("interrupted: shutting down (redirection stays in force)");
+            false
+        }
+        r = serving => {
+            // Cannot happen (accept errors are retried); if it does, fail closed: the
+            // conflists stay as they are and the exit status says something went wrong.
+            tracing::error!(result = ?r, "registration service stopped");
+            anyhow::bail!("the registration service stopped: {r:?}");
+        }
+    };
     let _ = stop_tx.send(true);
     if let Some(task) = installer_task {
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+    match (installer, sigterm && args.cleanup_on_sigterm) {
+        (Some(i), true) => {
+            tracing::info!("removing linkerd-cni from the host (--cleanup-on-sigterm)");
+            tokio::task::spawn_blocking(move || i.cleanup()).await??;
+        }
+        (Some(_), false) => tracing::info!(
+            "linkerd-cni stays in the CNI configs: new pods wait for the next agent \
+             (uninstall: `linkerd-cni-agent uninstall` or --cleanup-on-sigterm)"
+        ),
+        (None, _) => {}
     }
     let _ = std::fs::remove_file(&args.socket);
     Ok(())

@@ -3,6 +3,12 @@
 //! One request per connection, framed as in `linkerd_cni_proto::wire`. Each connection is
 //! served on its own task with a deadline, so a stuck plugin cannot hold the agent; the
 //! kernel-facing work (netns, bpf syscalls, registry files) runs on blocking threads.
+//!
+//! Hardening: only root peers are served (`SO_PEERCRED`, whatever the socket's mode says);
+//! at most [`MAX_CONNECTIONS`] are served at once (more wait in the listen backlog), each must
+//! send its request within [`READ_TIMEOUT`]; a request's
+//! buffer grows with the bytes that actually arrive, never to the size a peer announces; an
+//! accept error (EMFILE, ENFILE, ENOBUFS) is logged and retried after a pause, never fatal.
 
 use std::{
     io,
@@ -20,6 +26,7 @@ use linkerd_cni_proto::wire::{
     self, AddRequest, AttachmentRef, Envelope, ErrorKind, FrameError, PROTOCOL_VERSION, Request,
     Response,
 };
+use tokio::sync::Semaphore;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
@@ -27,13 +34,22 @@ use tokio::{
 use tracing::Instrument;
 
 use crate::{
-    agent::{Agent, AgentError, Registration},
+    agent::{Agent, AgentError, Registration, reconcile::Reconciler},
     netns::NetnsError,
 };
 
 /// How long one request may take, end to end (Kubernetes lookup included). An ADD whose
 /// plugin sent a shorter budget (`Envelope::budget_ms`) is abandoned at that budget instead.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Connections served at once; more wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a peer may take to send its request (the plugin sends it at once).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The pause after a failed `accept` (fd exhaustion and the like) before the next one.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
 
 /// Counters the metrics endpoint exposes.
 #[derive(Debug, Default)]
@@ -42,6 +58,8 @@ pub struct ServerStats {
     pub dels: AtomicU64,
     pub checks: AtomicU64,
     pub errors: AtomicU64,
+    /// Connections refused (peer not root).
+    pub refused: AtomicU64,
 }
 
 /// What serves requests.
@@ -49,6 +67,8 @@ pub struct Server {
     pub agent: Arc<Agent>,
     pub pods: PodSource,
     pub stats: ServerStats,
+    /// Repairs a pod whose CHECK finds its redirection not in force.
+    pub reconciler: Arc<Reconciler>,
 }
 
 /// Binds the socket: parent directory created 0700, stale socket replaced, socket 0600.
@@ -68,12 +88,24 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 }
 
 impl Server {
-    /// Accepts connections until the listener fails.
-    pub async fn serve(self: Arc<Self>, listener: UnixListener) -> io::Result<()> {
+    /// Accepts connections for ever: accept errors are logged and retried.
+    pub async fn serve(self: Arc<Self>, listener: UnixListener) {
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         loop {
-            let (conn, _) = listener.accept().await?;
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return; // The semaphore is never closed.
+            };
+            let conn = match listener.accept().await {
+                Ok((conn, _)) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "registration socket: accept failed; retrying");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            };
             let this = self.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 if let Err(e) = tokio::time::timeout(REQUEST_DEADLINE, this.connection(conn)).await
                 {
                     tracing::warn!(error = %e, "request exceeded its deadline");
@@ -83,7 +115,37 @@ impl Server {
     }
 
     async fn connection(&self, mut conn: UnixStream) {
-        let response = match read_request(&mut conn).await {
+        match conn.peer_cred() {
+            Ok(cred) if cred.uid() == 0 => {}
+            Ok(cred) => {
+                tracing::warn!(
+                    uid = cred.uid(),
+                    pid = ?cred.pid(),
+                    "registration socket: refused a peer that is not root"
+                );
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                let refusal = error(
+                    ErrorKind::BadRequest,
+                    format!(
+                        "permission denied: only root may use the registration socket (peer uid {})",
+                        cred.uid()
+                    ),
+                );
+                if let Ok(bytes) = wire::encode(&refusal) {
+                    let _ = conn.write_all(&bytes).await;
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "registration socket: no peer credentials; refused");
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        let request = tokio::time::timeout(READ_TIMEOUT, read_request(&mut conn))
+            .await
+            .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut).into()));
+        let response = match request {
             Ok(env) if env.version != PROTOCOL_VERSION => error(
                 ErrorKind::VersionMismatch,
                 format!(
@@ -136,9 +198,30 @@ impl Server {
                     Ok(record) => Response::Checked {
                         redirected: record.redirected(),
                     },
+                    Err(AgentError::NotInForce { id, why }) => {
+                        // Report what was found, and put it back (counted and logged).
+                        let reconciler = self.reconciler.clone();
+                        let rid = id.clone();
+                        let repaired =
+                            tokio::task::spawn_blocking(move || reconciler.repair_pod(&rid))
+                                .await
+                                .unwrap_or_default();
+                        let why = match repaired.is_empty() {
+                            true => why,
+                            false => format!("{why} (repaired)"),
+                        };
+                        agent_error(AgentError::NotInForce { id, why })
+                    }
                     Err(e) => agent_error(e),
                 }
             }
+            // An empty list would drop every registration (a runtime that lost its state):
+            // refused, as the plugin refuses a GC without a list. Dead pods are reaped anyway.
+            Request::Gc(gc) if gc.valid.is_empty() => error(
+                ErrorKind::BadRequest,
+                "GC with an empty list of valid attachments refused: it would unregister every pod"
+                    .into(),
+            ),
             Request::Gc(gc) => {
                 let valid: Vec<String> = gc.valid.into_iter().map(|a| a.container_id).collect();
                 match self.blocking(move |a| a.gc(&valid)).await {
@@ -279,8 +362,13 @@ impl Server {
 async fn read_request(conn: &mut UnixStream) -> Result<Envelope, FrameError> {
     let mut header = [0u8; 4];
     conn.read_exact(&mut header).await?;
-    let mut body = vec![0u8; wire::frame_len(header)?];
-    conn.read_exact(&mut body).await?;
+    let len = wire::frame_len(header)?;
+    // Grows with what arrives: an announced length allocates nothing by itself.
+    let mut body = Vec::with_capacity(len.min(64 * 1024));
+    (&mut *conn).take(len as u64).read_to_end(&mut body).await?;
+    if body.len() < len {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
     Ok(serde_json::from_slice(&body)?)
 }
 

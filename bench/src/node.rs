@@ -162,6 +162,8 @@ impl AgentProc {
             node_name: NODE_NAME.into(),
             log_level: "warn".into(),
             reap_interval: None,
+            reconcile_interval: None,
+            bpffs: None,
             health: SocketAddr::from(([127, 0, 0, 1], 0)),
             shared_cgroup: Some(shared_cgroup.into()),
             log: dir.path().join("agent.log"),

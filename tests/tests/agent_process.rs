@@ -1,8 +1,10 @@
 //! The node agent as the DaemonSet runs it (root required): `linkerd-cni-agent run` with the
 //! node installer on, against a fake Kubernetes API and a temporary host CNI layout. It becomes
 //! ready only once the plugin is in every conflist, serves metrics, re-patches a conflist
-//! another CNI rewrites, and on SIGTERM removes its entry, kubeconfig and binary (the uninstall
-//! path: `kubectl delete` of the DaemonSet sends exactly that signal).
+//! another CNI rewrites. However it stops (SIGTERM of a rolling update, SIGKILL, a crash) the
+//! plugin stays in the conflists, so no pod starts unmeshed in between; `linkerd-cni-agent
+//! uninstall` (or `--cleanup-on-sigterm`) removes it. Its endpoints survive fd exhaustion and
+//! idle connections, and the registration socket serves root peers only.
 //!
 //! Run: `cargo test -p linkerd-cni-tests --test agent_process -- --test-threads=1`
 
@@ -10,13 +12,15 @@ use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
     os::unix::fs::PermissionsExt,
+    os::unix::net::UnixStream,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use linkerd_cni_common::paths;
-use linkerd_cni_tests::{ChildGuard, bins, fake_apiserver::FakeApiServer};
+use linkerd_cni_proto::wire;
+use linkerd_cni_tests::{ChildGuard, Placement, bins, fake_apiserver::FakeApiServer};
 use serde_json::Value;
 
 const FLANNEL: &str = r#"{
@@ -88,74 +92,173 @@ impl Drop for Dirs {
     }
 }
 
-#[test]
-fn run_with_installer_becomes_ready_and_cleans_up_on_sigterm() {
-    let tag = format!("l5dt-agent-{}", std::process::id());
-    let dirs = Dirs {
-        root: std::env::temp_dir().join(&tag),
-    };
-    let (net_dir, bin_dir, sa_dir, state) = (
-        dirs.root.join("net.d"),
-        dirs.root.join("bin"),
-        dirs.root.join("sa"),
-        dirs.root.join("state"),
-    );
-    for d in [&net_dir, &bin_dir, &sa_dir] {
-        std::fs::create_dir_all(d).expect("mkdir");
+/// An agent run as the DaemonSet runs it, with its host layout. Dropping it kills the agent
+/// (by PID), removes its pins and its directories.
+struct Installed {
+    agent: ChildGuard,
+    health: SocketAddr,
+    socket: PathBuf,
+    conflist: PathBuf,
+    net_dir: PathBuf,
+    bin_dir: PathBuf,
+    pin_root: PathBuf,
+    env: Vec<(&'static str, PathBuf)>,
+    agent_bin: PathBuf,
+    _api: FakeApiServer,
+    _dirs: Dirs,
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        self.agent.kill();
+        let _ = std::fs::remove_dir_all(&self.pin_root);
     }
-    std::fs::write(sa_dir.join("token"), "test-token").expect("token");
-    std::fs::write(
-        sa_dir.join("ca.crt"),
-        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+}
+
+impl Installed {
+    /// Starts `linkerd-cni-agent run --install` (plus `extra` arguments) and waits until ready.
+    fn start(name: &str, extra: &[&str]) -> Self {
+        let tag = format!("l5dt-agent-{name}-{}", std::process::id());
+        let dirs = Dirs {
+            root: std::env::temp_dir().join(&tag),
+        };
+        let _ = std::fs::remove_dir_all(&dirs.root);
+        let (net_dir, bin_dir, sa_dir, state) = (
+            dirs.root.join("net.d"),
+            dirs.root.join("bin"),
+            dirs.root.join("sa"),
+            dirs.root.join("state"),
+        );
+        for d in [&net_dir, &bin_dir, &sa_dir] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        std::fs::write(sa_dir.join("token"), "test-token").expect("token");
+        std::fs::write(
+            sa_dir.join("ca.crt"),
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .expect("ca");
+        let conflist = net_dir.join("10-flannel.conflist");
+        std::fs::write(&conflist, FLANNEL).expect("conflist");
+        let pin_root = Path::new(paths::BPFFS).join(&tag);
+
+        let api = FakeApiServer::start().expect("fake API server");
+        let kubeconfig = dirs.root.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let health: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let agent_bin = bins::bin_path("linkerd-cni-agent").expect("agent binary");
+        let plugin_dir = agent_bin.parent().expect("bin dir").to_path_buf();
+        let socket = dirs.root.join("run").join("agent.sock");
+        let env: Vec<(&'static str, PathBuf)> = vec![
+            ("DEST_CNI_NET_DIR", net_dir.clone()),
+            ("DEST_CNI_BIN_DIR", bin_dir.clone()),
+            ("CONTAINER_MOUNT_PREFIX", PathBuf::new()),
+            ("CONTAINER_CNI_BIN_DIR", plugin_dir),
+            ("SERVICEACCOUNT_PATH", sa_dir),
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT", "443".into()),
+            ("CNI_NETWORK_CONFIG", TEMPLATE.into()),
+        ];
+        let mut cmd = Command::new(&agent_bin);
+        cmd.arg("run")
+            .args(["--pin-root".as_ref(), pin_root.as_os_str()])
+            .args(["--state-dir".as_ref(), state.as_os_str()])
+            .args(["--socket".as_ref(), socket.as_os_str()])
+            .args(["--kubeconfig".as_ref(), kubeconfig.as_os_str()])
+            .args([
+                "--node-name",
+                "node-1",
+                "--health-addr",
+                &health.to_string(),
+                "--install",
+            ])
+            .args(extra)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .env_remove("LINKERD_CNI_AGENT_CLEANUP_ON_SIGTERM")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let agent = ChildGuard::spawn(&mut cmd).expect("start the agent");
+        let me = Self {
+            agent,
+            health,
+            socket,
+            conflist,
+            net_dir,
+            bin_dir,
+            pin_root,
+            env,
+            agent_bin,
+            _api: api,
+            _dirs: dirs,
+        };
+        wait_until("the agent to be ready", Duration::from_secs(30), || {
+            matches!(get(me.health, "/ready"), Some((200, _)))
+        });
+        me
+    }
+
+    fn pid(&self) -> i32 {
+        self.agent.pid() as i32
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).expect("kill");
+    }
+
+    fn kubeconfig_file(&self) -> PathBuf {
+        self.net_dir.join("ZZZ-linkerd-cni-kubeconfig")
+    }
+
+    fn installed_binary(&self) -> PathBuf {
+        self.bin_dir.join("linkerd-cni")
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.agent.try_wait(), Ok(None))
+    }
+
+    /// One request on the registration socket as root: the response frame's JSON.
+    fn request(&self, frame: &[u8]) -> Value {
+        self.try_request(frame)
+            .unwrap_or_else(|| panic!("no response on {}", self.socket.display()))
+    }
+
+    fn try_request(&self, frame: &[u8]) -> Option<Value> {
+        let mut s = UnixStream::connect(&self.socket).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        s.write_all(frame).ok()?;
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        serde_json::from_slice(out.get(4..)?).ok()
+    }
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut out = (body.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+fn status_request() -> Vec<u8> {
+    frame(
+        serde_json::json!({"version": wire::PROTOCOL_VERSION, "request": {"op": "status"}})
+            .to_string()
+            .as_bytes(),
     )
-    .expect("ca");
-    let conflist = net_dir.join("10-flannel.conflist");
-    std::fs::write(&conflist, FLANNEL).expect("conflist");
-    let pin_root = Path::new(paths::BPFFS).join(&tag);
+}
 
-    let api = FakeApiServer::start().expect("fake API server");
-    let kubeconfig = dirs.root.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let health: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let agent_bin = bins::bin_path("linkerd-cni-agent").expect("agent binary");
-    let plugin_dir = agent_bin.parent().expect("bin dir").to_path_buf();
-    let socket = dirs.root.join("agent.sock");
-    let mut cmd = Command::new(&agent_bin);
-    cmd.arg("run")
-        .args(["--pin-root".as_ref(), pin_root.as_os_str()])
-        .args(["--state-dir".as_ref(), state.as_os_str()])
-        .args(["--socket".as_ref(), socket.as_os_str()])
-        .args(["--kubeconfig".as_ref(), kubeconfig.as_os_str()])
-        .args([
-            "--node-name",
-            "node-1",
-            "--health-addr",
-            &health.to_string(),
-            "--install",
-        ])
-        .env("DEST_CNI_NET_DIR", &net_dir)
-        .env("DEST_CNI_BIN_DIR", &bin_dir)
-        .env("CONTAINER_MOUNT_PREFIX", "")
-        .env("CONTAINER_CNI_BIN_DIR", &plugin_dir)
-        .env("SERVICEACCOUNT_PATH", &sa_dir)
-        .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
-        .env("KUBERNETES_SERVICE_PORT", "443")
-        .env("CNI_NETWORK_CONFIG", TEMPLATE)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut agent = ChildGuard::spawn(&mut cmd).expect("start the agent");
-
-    wait_until("the agent to be ready", Duration::from_secs(30), || {
-        matches!(get(health, "/ready"), Some((200, _)))
-    });
+#[test]
+fn run_with_installer_becomes_ready_and_keeps_the_plugin_on_sigterm() {
+    let mut node = Installed::start("term", &[]);
+    let health = node.health;
     assert_eq!(get(health, "/live").map(|r| r.0), Some(200));
     assert_eq!(
-        plugin_types(&conflist),
+        plugin_types(&node.conflist),
         vec!["flannel", "portmap", "linkerd-cni"],
         "appended last"
     );
-    let installed = bin_dir.join("linkerd-cni");
+    let installed = node.installed_binary();
     assert!(
         installed
             .metadata()
@@ -165,7 +268,7 @@ fn run_with_installer_becomes_ready_and_cleans_up_on_sigterm() {
             & 0o111
             != 0
     );
-    let kc = net_dir.join("ZZZ-linkerd-cni-kubeconfig");
+    let kc = node.kubeconfig_file();
     assert_eq!(
         kc.metadata()
             .expect("kubeconfig written")
@@ -174,37 +277,252 @@ fn run_with_installer_becomes_ready_and_cleans_up_on_sigterm() {
             & 0o777,
         0o600
     );
-    assert!(socket.exists(), "registration socket");
+    assert!(node.socket.exists(), "registration socket");
     let (_, metrics) = get(health, "/metrics").expect("metrics");
     assert!(metrics.contains("linkerd_cni_agent_pods 0"), "{metrics}");
 
     // Another CNI rewrites its file without us: we are back within a second.
-    std::fs::write(&conflist, FLANNEL).expect("rewrite");
+    std::fs::write(&node.conflist, FLANNEL).expect("rewrite");
     wait_until("the entry to be re-added", Duration::from_secs(1), || {
-        plugin_types(&conflist).last().map(String::as_str) == Some("linkerd-cni")
+        plugin_types(&node.conflist).last().map(String::as_str) == Some("linkerd-cni")
     });
 
-    // SIGTERM: the entry, kubeconfig and binary go; the original plugin list is back.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.pid() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("SIGTERM");
-    let status = agent
+    // SIGTERM (a rolling update): the plugin stays, so new pods wait for the next agent
+    // instead of starting unmeshed.
+    node.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = node
+        .agent
         .wait_timeout(Duration::from_secs(20))
         .expect("agent exits");
     assert!(status.success(), "agent exit status {status}");
-    assert_eq!(plugin_types(&conflist), vec!["flannel", "portmap"]);
-    assert!(
-        !kc.exists() && !installed.exists() && !socket.exists(),
-        "installer left files behind"
+    assert_eq!(
+        plugin_types(&node.conflist),
+        vec!["flannel", "portmap", "linkerd-cni"],
+        "SIGTERM keeps the plugin in the conflist"
     );
-    // The programs stay pinned (redirection outlives the agent); remove them for the test.
     assert!(
-        pin_root
+        kc.exists() && installed.exists(),
+        "SIGTERM keeps the installation"
+    );
+    assert!(!node.socket.exists(), "the socket is removed");
+    // The programs stay pinned (redirection outlives the agent).
+    assert!(
+        node.pin_root
             .join(paths::PIN_PROGS)
             .join(linkerd_cni_common::names::PROG_CONNECT4)
             .exists()
     );
-    std::fs::remove_dir_all(&pin_root).expect("remove pins");
+
+    // Uninstall: the entry, kubeconfig and binary go; the original plugin list is back.
+    let out = Command::new(&node.agent_bin)
+        .arg("uninstall")
+        .envs(node.env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("linkerd-cni-agent uninstall");
+    assert!(
+        out.status.success(),
+        "uninstall: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(plugin_types(&node.conflist), vec!["flannel", "portmap"]);
+    assert!(
+        !kc.exists() && !installed.exists(),
+        "uninstall left files behind"
+    );
+}
+
+#[test]
+fn cleanup_on_sigterm_flag_removes_the_plugin() {
+    let mut node = Installed::start("cleanup", &["--cleanup-on-sigterm"]);
+    node.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = node
+        .agent
+        .wait_timeout(Duration::from_secs(20))
+        .expect("agent exits");
+    assert!(status.success(), "agent exit status {status}");
+    assert_eq!(plugin_types(&node.conflist), vec!["flannel", "portmap"]);
+    assert!(!node.kubeconfig_file().exists() && !node.installed_binary().exists());
+}
+
+#[test]
+fn sigkill_leaves_the_conflists_patched() {
+    let mut node = Installed::start("kill", &[]);
+    node.agent.kill();
+    assert_eq!(
+        plugin_types(&node.conflist),
+        vec!["flannel", "portmap", "linkerd-cni"],
+        "a killed agent fails closed"
+    );
+}
+
+/// 300 idle connections to the health port and 200 to the registration socket under a 256-fd
+/// limit: the agent keeps running and serving (/ready, the registration socket), closes idle
+/// connections, and the conflists stay patched.
+#[test]
+fn idle_connections_and_fd_exhaustion_do_not_stop_the_agent() {
+    let mut node = Installed::start("fds", &[]);
+    let out = Command::new("prlimit")
+        .arg(format!("--pid={}", node.pid()))
+        .arg("--nofile=256:256")
+        .output()
+        .expect("prlimit");
+    assert!(
+        out.status.success(),
+        "prlimit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let started = Instant::now();
+    let mut idle: Vec<TcpStream> = (0..300)
+        .filter_map(|_| TcpStream::connect_timeout(&node.health, Duration::from_secs(2)).ok())
+        .collect();
+    assert!(
+        idle.len() >= 200,
+        "the kernel queued the connections: {}",
+        idle.len()
+    );
+    // The registration socket is reached too (held open, nothing sent).
+    let held: Vec<UnixStream> = (0..200)
+        .filter_map(|_| UnixStream::connect(&node.socket).ok())
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(node.running(), "the agent survives");
+    // Probes get through while the idle connections are open.
+    wait_until("/ready under load", Duration::from_secs(3), || {
+        matches!(get(node.health, "/ready"), Some((200, _)))
+    });
+
+    // The newest idle health connections (the oldest were closed to make room; too few
+    // connections came after these to close them that way) are closed by the agent after its
+    // idle timeout (EOF), well within 12 s of their start.
+    for conn in idle.iter_mut().rev().take(20) {
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut buf = [0u8; 16];
+        match conn.read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("an idle connection must be closed by the agent: {other:?}"),
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "closed after the idle timeout: {:?}",
+        started.elapsed()
+    );
+    drop(held);
+    drop(idle);
+    // The registration socket serves again once the held connections are gone.
+    wait_until(
+        "a registration request served",
+        Duration::from_secs(25),
+        || {
+            node.try_request(&status_request())
+                .is_some_and(|r| r["result"] == "status")
+        },
+    );
+    assert!(node.running(), "the agent is still running");
+    assert_eq!(
+        plugin_types(&node.conflist),
+        vec!["flannel", "portmap", "linkerd-cni"],
+        "the conflist stays patched"
+    );
+    assert!(matches!(get(node.health, "/ready"), Some((200, _))));
+}
+
+/// A peer that is not root is refused even when the socket's mode would let it in.
+#[test]
+fn registration_socket_refuses_non_root_peers() {
+    let node = Installed::start("peer", &[]);
+    // As if the socket's directory and mode were loosened (a hostPath mounted elsewhere).
+    std::fs::set_permissions(
+        node.socket.parent().expect("dir"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod dir");
+    std::fs::set_permissions(&node.socket, std::fs::Permissions::from_mode(0o666))
+        .expect("chmod socket");
+    let script = r#"
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+body = sys.argv[2].encode()
+try:
+    s.sendall(struct.pack(">I", len(body)) + body)
+except (BrokenPipeError, ConnectionResetError):
+    pass  # refused before the request was read
+data = b""
+while True:
+    try:
+        chunk = s.recv(65536)
+    except ConnectionResetError:
+        break
+    if not chunk:
+        break
+    data += chunk
+print(data[4:].decode())
+"#;
+    let body = String::from_utf8(status_request()[4..].to_vec()).expect("utf8");
+    let mut cmd = Placement::new()
+        .uid(1000)
+        .command("/usr/bin/python3")
+        .expect("command");
+    cmd.arg("-c")
+        .arg(script)
+        .arg(&node.socket)
+        .arg(&body)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = ChildGuard::spawn(&mut cmd)
+        .expect("spawn as uid 1000")
+        .wait_output(Duration::from_secs(20))
+        .expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the client ran: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let response: Value = serde_json::from_str(stdout.trim()).expect("response JSON");
+    assert_eq!(response["result"], "error", "refused: {response}");
+    assert!(
+        response["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("only root")),
+        "{response}"
+    );
+    // Root is still served.
+    assert_eq!(node.request(&status_request())["result"], "status");
+    let (_, metrics) = get(node.health, "/metrics").expect("metrics");
+    assert!(
+        metrics.contains("linkerd_cni_agent_refused_total 1"),
+        "{metrics}"
+    );
+}
+
+/// Oversized frames and a GC with an empty list are refused.
+#[test]
+fn oversized_requests_and_empty_gc_are_refused() {
+    let node = Installed::start("limits", &[]);
+    let header = ((wire::MAX_FRAME + 1) as u32).to_be_bytes();
+    let response = node.request(&header);
+    assert_eq!(response["result"], "error", "{response}");
+    assert!(
+        response["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("exceeds")),
+        "{response}"
+    );
+    let gc = serde_json::json!({
+        "version": wire::PROTOCOL_VERSION,
+        "request": {"op": "gc", "valid": []},
+    });
+    let response = node.request(&frame(gc.to_string().as_bytes()));
+    assert_eq!(response["result"], "error", "{response}");
+    assert!(
+        response["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("empty list")),
+        "{response}"
+    );
 }

@@ -387,7 +387,12 @@ fn check_fails(node: &SimNode, pod: &SimPod) -> linkerd_cni_tests::cniruntime::C
 
 #[test]
 fn check_detects_redirection_removed_behind_the_agents_back() {
-    let node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
+    // The agent's own periodic repair (see tests/heal.rs) must not get there before CHECK.
+    let opts = NodeOptions {
+        reconcile_interval: Some(Duration::from_secs(3600)),
+        ..NodeOptions::default()
+    };
+    let node = start_node(opts, &[namespace_manifest("shop", &[])]);
 
     // 1. A link detached with bpftool.
     let pod = add_pod(&node, PodSpec::meshed("shop", "detached"));
@@ -1043,9 +1048,25 @@ fn gc_and_status_invoked_directly() {
         assert_forgotten(&node, pod, *c);
     }
 
-    // The older key, with nothing valid any more.
+    // An empty list (a runtime that lost its state) would unmesh every pod: the agent
+    // refuses it and keeps everything.
+    let before = state(&node);
     let out = node
         .run_plugin(&gc_env, &conf(Some(("cni.dev/attachments", vec![]))))
+        .expect("plugin");
+    assert!(
+        !out.status.success() && out.stdout.contains("empty list"),
+        "GC with an empty list must be refused: {} {}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(state(&node), before, "an empty GC drops nothing");
+    // The older key, with another pod valid.
+    let out = node
+        .run_plugin(
+            &gc_env,
+            &conf(Some(("cni.dev/attachments", vec![&pods[1]]))),
+        )
         .expect("plugin");
     assert!(out.status.success(), "GC: {} {}", out.stdout, out.stderr);
     assert!(state(&node).is_empty(), "{:?}", state(&node));

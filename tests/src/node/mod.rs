@@ -87,6 +87,11 @@ pub struct NodeOptions {
     pub plugin_log_level: String,
     /// The agent's `--log-level`.
     pub agent_log_level: String,
+    /// The agent's `--reconcile-interval`, when not its default.
+    pub reconcile_interval: Option<Duration>,
+    /// Pin under a bpffs of the node's own, mounted in its scratch directory (so a test can
+    /// unmount it without touching the host's `/sys/fs/bpf`); the agent gets `--bpffs`.
+    pub private_bpffs: bool,
 }
 
 impl Default for NodeOptions {
@@ -96,6 +101,8 @@ impl Default for NodeOptions {
             agent_timeout_ms: 10_000,
             plugin_log_level: "debug".into(),
             agent_log_level: "info,linkerd_cni_agent=debug".into(),
+            reconcile_interval: None,
+            private_bpffs: false,
         }
     }
 }

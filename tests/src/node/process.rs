@@ -123,6 +123,10 @@ pub struct AgentCommand {
     pub log_level: String,
     /// `--reap-interval`, when not the agent's default.
     pub reap_interval: Option<Duration>,
+    /// `--reconcile-interval`, when not the agent's default.
+    pub reconcile_interval: Option<Duration>,
+    /// `--bpffs`, when not the agent's default.
+    pub bpffs: Option<PathBuf>,
     /// `--health-addr`.
     pub health: SocketAddr,
     /// `--shared-cgroup`, when not the agent's default.
@@ -150,6 +154,9 @@ impl AgentProcess {
             .open(log)
             .ctx(|| format!("opening {}", log.display()))?;
         let mut cmd = std::process::Command::new(&command.bin);
+        if let Some(bpffs) = &command.bpffs {
+            cmd.arg("--bpffs").arg(bpffs);
+        }
         cmd.arg("--pin-root")
             .arg(&command.pin_root)
             .arg("--state-dir")
@@ -161,6 +168,9 @@ impl AgentProcess {
             .args(["--node-name", &command.node_name]);
         if let Some(reap) = command.reap_interval {
             cmd.args(["--reap-interval", &format!("{}ms", reap.as_millis())]);
+        }
+        if let Some(every) = command.reconcile_interval {
+            cmd.args(["--reconcile-interval", &format!("{}ms", every.as_millis())]);
         }
         cmd.args(["--health-addr", &command.health.to_string()]);
         if let Some(cgroup) = &command.shared_cgroup {

@@ -76,6 +76,34 @@ impl Drop for PinRoot {
     }
 }
 
+/// A bpffs mounted for one node (see [`NodeOptions::private_bpffs`]), unmounted on drop.
+#[derive(Debug)]
+struct BpffsMount {
+    path: PathBuf,
+}
+
+impl BpffsMount {
+    fn new(path: PathBuf) -> Result<Self> {
+        fs::create_dir_all(&path).ctx(|| format!("creating {}", path.display()))?;
+        nix::mount::mount(
+            Some("bpf"),
+            &path,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .map_err(|e| Error::io(format!("mounting bpffs at {}", path.display()), e.into()))?;
+        Ok(Self { path })
+    }
+}
+
+impl Drop for BpffsMount {
+    fn drop(&mut self) {
+        // The test may have unmounted it already (or mounted it again): unmount every layer.
+        while nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+    }
+}
+
 /// A simulated node. Fields drop in declaration order: processes first, then pins, the node
 /// netns and the scratch directory.
 #[derive(Debug)]
@@ -85,6 +113,7 @@ pub struct SimNode {
     /// Held for its `Drop`, which stops the forwarder.
     _api_forward: ApiForward,
     pins: PinRoot,
+    bpffs: Option<BpffsMount>,
     netns: NetnsGuard,
     opts: NodeOptions,
     plugin_dirs: Vec<PathBuf>,
@@ -126,7 +155,15 @@ impl SimNode {
         // Build (or find) the runtime now, so its first use is not timed.
         cniruntime::tool()?;
         let netns = NetnsGuard::new()?;
-        let pins = PinRoot::new();
+        let (pins, bpffs) = if opts.private_bpffs {
+            let mount = BpffsMount::new(dir.path().join("bpffs"))?;
+            let pins = PinRoot {
+                path: mount.path.join("linkerd-cni"),
+            };
+            (pins, Some(mount))
+        } else {
+            (PinRoot::new(), None)
+        };
         for object in objects {
             write_manifest(&dir.path().join("manifests"), object)?;
         }
@@ -146,6 +183,7 @@ impl SimNode {
             apiserver,
             _api_forward: api_forward,
             pins,
+            bpffs,
             netns,
             opts,
             plugin_dirs,
@@ -242,6 +280,11 @@ impl SimNode {
         &self.pins.path
     }
 
+    /// The node's own bpffs mount point, with [`NodeOptions::private_bpffs`].
+    pub fn bpffs(&self) -> Option<&Path> {
+        self.bpffs.as_ref().map(|b| b.path.as_path())
+    }
+
     /// The node's network namespace (where the bridge is).
     pub fn netns(&self) -> &NetnsGuard {
         &self.netns
@@ -287,6 +330,8 @@ impl SimNode {
             node_name: NODE_NAME.into(),
             log_level: self.opts.agent_log_level.clone(),
             reap_interval: Some(self.opts.reap_interval),
+            reconcile_interval: self.opts.reconcile_interval,
+            bpffs: self.bpffs.as_ref().map(|b| b.path.clone()),
             health: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
             shared_cgroup: None,
             log: self.dir.path().join("logs").join("agent.log"),

@@ -1,0 +1,429 @@
+//! Self-healing: the agent re-verifies every registered pod and puts back what is missing.
+//!
+//! Removing a pod's link pins (`rm -rf`), `bpftool link detach`, deleting map entries or
+//! unmounting bpffs would otherwise turn a meshed pod's redirection off without anyone noticing.
+//! The registry is the source of truth: from a pod's record the agent knows which links must be
+//! in force (per pod or shared cgroup links, the netns `sk_lookup` link) and which map entries
+//! must be present, and restores exactly those: a missing or detached link is re-created and
+//! re-pinned one program at a time (the others keep running), a missing entry is re-written
+//! (the pod's counters are kept unless their entry was lost too). A lost bpffs is mounted again
+//! and the maps and programs this process holds are pinned again before the pods are repaired.
+//!
+//! [`Reconciler::run_once`] does a whole pass (the agent runs one every
+//! `--reconcile-interval`, and on SIGHUP); [`Reconciler::repair_pod`] one pod (CNI CHECK). Each
+//! repair is logged with the pod and counted per [`RepairKind`]; while the pins cannot be
+//! restored, [`Reconciler::not_ready`] says why, so `/ready` fails.
+
+use std::{
+    collections::HashMap,
+    os::fd::AsFd,
+    path::Path,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use aya::maps::{MapError, PerCpuValues, lpm_trie::Key};
+use linkerd_cni_common::{
+    names::{self, Program},
+    paths,
+    types::PodStats,
+};
+
+use super::{Agent, AgentError};
+use crate::{
+    bpf_sys::{self, AttachType},
+    dataplane::DataplaneError,
+    kernel,
+    maps::{Maps, PodEntries},
+    netns::{self, Netns},
+    registry::{Attachment, PodRecord},
+};
+
+/// What a repair put back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RepairKind {
+    /// A cgroup link of a pod (missing pin or detached link), re-attached and re-pinned.
+    CgroupLink,
+    /// The shared attachment's cgroup link.
+    SharedLink,
+    /// The pod's netns (`sk_lookup`) link.
+    NetnsLink,
+    /// Map entries of a pod (config, ignore lists, addresses, counters), re-written.
+    MapEntries,
+    /// bpffs mounted again, or map and program pins made again.
+    Pins,
+}
+
+impl RepairKind {
+    /// Every kind, in the order `/metrics` lists them.
+    pub const ALL: [Self; 5] = [
+        Self::CgroupLink,
+        Self::SharedLink,
+        Self::NetnsLink,
+        Self::MapEntries,
+        Self::Pins,
+    ];
+
+    /// The `kind` label in `/metrics` and the logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::CgroupLink => "cgroup_link",
+            Self::SharedLink => "shared_link",
+            Self::NetnsLink => "netns_link",
+            Self::MapEntries => "map_entries",
+            Self::Pins => "pins",
+        }
+    }
+}
+
+/// One thing put back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Repair {
+    pub kind: RepairKind,
+    /// What was found, in words.
+    pub what: String,
+}
+
+/// Runs the checks and keeps the counters `/metrics` and `/ready` read.
+pub struct Reconciler {
+    agent: Arc<Agent>,
+    /// Where bpffs is mounted (mounted again there when it is lost).
+    bpffs: std::path::PathBuf,
+    repairs: [AtomicU64; RepairKind::ALL.len()],
+    failures: AtomicU64,
+    passes: AtomicU64,
+    /// Why the data plane cannot be restored, if it cannot.
+    problem: Mutex<Option<String>>,
+    /// The last failure logged per registration: a pod that cannot be repaired (its cgroup
+    /// is being removed) is logged once, not at every pass.
+    logged: Mutex<HashMap<String, String>>,
+}
+
+impl Reconciler {
+    /// A reconciler for `agent` whose bpffs is (to be) mounted at `bpffs`.
+    pub fn new(agent: Arc<Agent>, bpffs: &Path) -> Self {
+        Self {
+            agent,
+            bpffs: bpffs.into(),
+            repairs: Default::default(),
+            failures: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            problem: Mutex::new(None),
+            logged: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Repairs counted so far, per kind.
+    pub fn repairs(&self) -> impl Iterator<Item = (RepairKind, u64)> + '_ {
+        RepairKind::ALL
+            .into_iter()
+            .zip(&self.repairs)
+            .map(|(k, n)| (k, n.load(Ordering::Relaxed)))
+    }
+
+    /// Repairs that failed (the pod stays as it is until the next pass).
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Whole passes done.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
+    }
+
+    /// Why the data plane cannot be restored, while it cannot.
+    pub fn not_ready(&self) -> Option<String> {
+        self.problem
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_problem(&self, problem: Option<String>) {
+        *self.problem.lock().unwrap_or_else(|p| p.into_inner()) = problem;
+    }
+
+    fn count(&self, record: Option<&PodRecord>, repairs: &[Repair]) {
+        for r in repairs {
+            self.repairs[r.kind as usize].fetch_add(1, Ordering::Relaxed);
+            let (namespace, pod) = record
+                .and_then(|rec| rec.pod.as_ref())
+                .map_or(("", ""), |p| (p.namespace.as_str(), p.name.as_str()));
+            tracing::warn!(
+                kind = r.kind.label(),
+                container = record.map_or("", |rec| rec.id.as_str()),
+                namespace,
+                pod,
+                found = %r.what,
+                "data plane repaired"
+            );
+        }
+    }
+
+    /// One whole pass (blocking): pins first, then every registered pod. Returns the repairs.
+    pub fn run_once(&self) -> Vec<Repair> {
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        let mut all = Vec::new();
+        match self.agent.restore_pins(&self.bpffs) {
+            Ok(repairs) => {
+                self.set_problem(None);
+                self.count(None, &repairs);
+                all.extend(repairs);
+            }
+            Err(e) => {
+                let why = format!("the data plane cannot be restored: {e}");
+                if self.not_ready().as_deref() != Some(why.as_str()) {
+                    tracing::error!(error = %e, "the data plane cannot be restored");
+                }
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                self.set_problem(Some(why));
+                return all;
+            }
+        }
+        let records = match self.agent.pods() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "reconcile: reading the registry");
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                return all;
+            }
+        };
+        self.logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| records.iter().any(|r| &r.id == id));
+        for record in records.iter().filter(|r| r.redirected()) {
+            all.extend(self.repair_pod(&record.id));
+        }
+        all
+    }
+
+    /// Verifies one registration and repairs it (blocking). Failures are logged and counted.
+    pub fn repair_pod(&self, id: &str) -> Vec<Repair> {
+        let result = self.agent.repair(id);
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok((record, repairs)) => {
+                logged.remove(id);
+                self.count(record.as_ref(), &repairs);
+                repairs
+            }
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                let message = e.to_string();
+                if logged.get(id) != Some(&message) {
+                    tracing::warn!(container = id, error = %message, "reconcile: repair failed");
+                    logged.insert(id.into(), message);
+                }
+                Vec::new()
+            }
+        }
+    }
+}
+
+impl Agent {
+    /// Makes sure bpffs is mounted and the map and program pins exist, mounting and pinning
+    /// again what is missing.
+    pub fn restore_pins(&self, bpffs: &Path) -> Result<Vec<Repair>, AgentError> {
+        let pin_root = &self.config.pin_root;
+        let complete = pin_root.join(paths::PIN_PODS).is_dir()
+            && names::MAPS
+                .iter()
+                .all(|m| pin_root.join(paths::PIN_MAPS).join(m).exists())
+            && names::ALL_PROGRAMS
+                .iter()
+                .all(|p| pin_root.join(paths::PIN_PROGS).join(p).exists());
+        if complete {
+            return Ok(Vec::new());
+        }
+        let pin_dir = |source| DataplaneError::PinDir {
+            path: pin_root.clone(),
+            source,
+        };
+        let _guard = self.lock();
+        if pin_root.starts_with(bpffs) {
+            kernel::ensure_bpffs_at(bpffs).map_err(pin_dir)?;
+        }
+        kernel::ensure_bpffs(pin_root).map_err(pin_dir)?;
+        let made = self.dataplane.restore_pins()?;
+        Ok(vec![Repair {
+            kind: RepairKind::Pins,
+            what: format!(
+                "pins under {} were missing ({made} made again)",
+                pin_root.display()
+            ),
+        }])
+    }
+
+    /// Verifies the registration `id` against its record and puts back what is missing: the
+    /// record (if any) and what was repaired.
+    pub fn repair(&self, id: &str) -> Result<(Option<PodRecord>, Vec<Repair>), AgentError> {
+        let mut maps = self.lock();
+        // Read under the lock: a DEL in between must not be undone.
+        let Some(record) = self.registry.get(id)? else {
+            return Ok((None, Vec::new()));
+        };
+        if !record.redirected() || !netns::still_exists(&record.netns, record.netns_ino) {
+            // Nothing to keep in force; a gone netns is the reaper's.
+            return Ok((Some(record), Vec::new()));
+        }
+        let mut repairs = Vec::new();
+        if let Some(r) = repair_entries(&mut maps, &record)? {
+            repairs.push(r);
+        }
+        for (dir, programs) in self.links_of(&record) {
+            for name in programs {
+                if let Err(why) = crate::dataplane::links_in_force(&dir, &[name]) {
+                    let kind = self.relink(&record, &dir, name)?;
+                    repairs.push(Repair { kind, what: why });
+                }
+            }
+        }
+        Ok((Some(record), repairs))
+    }
+
+    /// Re-creates the link of program `name` for `record` and pins it in `dir`.
+    fn relink(
+        &self,
+        record: &PodRecord,
+        dir: &Path,
+        name: &'static str,
+    ) -> Result<RepairKind, AgentError> {
+        let path = dir.join(name);
+        let pin_err = |source| DataplaneError::Pin {
+            path: path.clone(),
+            source,
+        };
+        // A detached link's pin, or anything else in the way.
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(pin_err(e).into()),
+        }
+        std::fs::create_dir_all(dir).map_err(pin_err)?;
+        let Some(Program { hook, .. }) = names::PROGRAMS.iter().find(|p| p.name == name) else {
+            return Err(DataplaneError::MissingProgram(name).into());
+        };
+        let prog = bpf_sys::obj_get(&self.config.pin_root.join(paths::PIN_PROGS).join(name))
+            .map_err(pin_err)?;
+        let attach_err = |target: &Path| {
+            let target = target.to_path_buf();
+            move |source| DataplaneError::Attach {
+                program: name,
+                path: target,
+                source,
+                hint: "",
+            }
+        };
+        let (link, kind) = if hook.on_cgroup() {
+            let (cgroup, kind) = match &record.attachment {
+                Attachment::PerPod { cgroup } => (cgroup.clone(), RepairKind::CgroupLink),
+                _ => (self.shared_cgroup.clone(), RepairKind::SharedLink),
+            };
+            let cg = std::fs::File::open(&cgroup).map_err(|source| DataplaneError::Cgroup {
+                path: cgroup.clone(),
+                source,
+            })?;
+            let link = bpf_sys::link_create(prog.as_fd(), &cg, AttachType::of(*hook))
+                .map_err(attach_err(&cgroup))?;
+            (link, kind)
+        } else {
+            let ns = Netns::open(&record.netns)?;
+            if ns.ino != record.netns_ino {
+                return Err(AgentError::NotInForce {
+                    id: record.id.clone(),
+                    why: format!(
+                        "{} is another network namespace now",
+                        record.netns.display()
+                    ),
+                });
+            }
+            // The netns gets its own stub carrying the pod's cookie (see
+            // `Dataplane::attach_netns`), never the shared program itself, which would not
+            // know which pod it runs for.
+            self.dataplane
+                .attach_netns(ns.file(), record.netns_cookie, dir)?;
+            return Ok(RepairKind::NetnsLink);
+        };
+        bpf_sys::obj_pin(link.as_fd(), &path).map_err(pin_err)?;
+        Ok(kind)
+    }
+}
+
+/// Re-writes whatever entry of `record` the maps lack (its config last, as at registration).
+fn repair_entries(maps: &mut Maps, record: &PodRecord) -> Result<Option<Repair>, AgentError> {
+    let cookie = record.netns_cookie;
+    let entries = PodEntries::new(cookie, &record.config, &record.pod_ips);
+    let mut missing = Vec::new();
+    let update = |name| move |source| crate::maps::MapsError::Update { name, source };
+    if maps.pod_stats.get(&cookie, 0).is_err() {
+        missing.push("counters");
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(_, e)| update(names::MAP_POD_STATS)(MapError::IoError(e)))?;
+        let zeros = PerCpuValues::try_from(vec![PodStats::default(); cpus])
+            .map_err(|e| update(names::MAP_POD_STATS)(MapError::IoError(e)))?;
+        maps.pod_stats
+            .insert(cookie, zeros, 0)
+            .map_err(update(names::MAP_POD_STATS))?;
+    }
+    for (k, v) in &entries.port_blocks {
+        if maps.port_sets.get(k, 0).ok().as_ref() != Some(v) {
+            missing.push("port set");
+            maps.port_sets
+                .insert(k, v, 0)
+                .map_err(update(names::MAP_PORT_SETS))?;
+        }
+    }
+    for (prefix, k) in &entries.addrs {
+        let key = Key::new(*prefix, *k);
+        if maps.addrs.get(&key, 0).is_err() {
+            missing.push("address");
+            maps.addrs
+                .insert(&key, 1, 0)
+                .map_err(update(names::MAP_ADDRS))?;
+        }
+    }
+    for ip in &entries.ips {
+        // Absent only: another pod may hold a reused address by now.
+        if maps.pod_by_ip.get(ip, 0).is_err() {
+            missing.push("pod address");
+            maps.pod_by_ip
+                .insert(ip, cookie, 0)
+                .map_err(update(names::MAP_POD_BY_IP))?;
+        }
+    }
+    if maps.pod_config(cookie) != Some(entries.config) {
+        missing.push("config");
+        maps.pod_config
+            .insert(cookie, entries.config, 0)
+            .map_err(update(names::MAP_POD_CONFIG))?;
+    }
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    missing.dedup();
+    Ok(Some(Repair {
+        kind: RepairKind::MapEntries,
+        what: format!(
+            "map entries of netns cookie {cookie} missing or changed: {}",
+            missing.join(", ")
+        ),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_indexed_by_kind() {
+        for (i, kind) in RepairKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i, "{kind:?} counts in its own slot");
+        }
+        let labels: std::collections::BTreeSet<_> =
+            RepairKind::ALL.iter().map(|k| k.label()).collect();
+        assert_eq!(labels.len(), RepairKind::ALL.len(), "labels are distinct");
+    }
+}
