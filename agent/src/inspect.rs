@@ -30,6 +30,12 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
         "registered attachments: {}   original-destination entries: {sock} sockets, {conn} connections",
         records.len()
     );
+    let fill: Vec<String> = maps
+        .fill_levels()
+        .iter()
+        .map(|f| format!("{} {}/{}", f.name, f.entries, f.max_entries))
+        .collect();
+    let _ = writeln!(out, "map fill (entries/max): {}", fill.join("  "));
     for r in &records {
         let pod = r
             .pod

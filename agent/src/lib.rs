@@ -4,7 +4,8 @@
 //! - [`agent`]: the library API (register, unregister, check, gc) over the three stores of
 //!   state: pinned maps, pinned links and the registry.
 //! - [`dataplane`]: loading the object, pinning, attaching. [`maps`]: the pinned maps.
-//! - [`netns`], [`cgroup`], [`kernel`]: the host facts registration depends on.
+//! - [`netns`], [`userns`], [`cgroup`], [`kernel`]: the host facts registration depends on.
+//! - [`limits`]: how much of the node-wide maps one pod may take.
 //! - [`inspect`]: the human view of the pinned state.
 
 pub mod agent;
@@ -14,9 +15,11 @@ pub mod dataplane;
 pub mod health;
 pub mod inspect;
 pub mod kernel;
+pub mod limits;
 pub mod maps;
 pub mod netns;
 pub mod registry;
 pub mod server;
+pub mod userns;
 
 pub use agent::{Agent, AgentConfig, AgentError, Registration};

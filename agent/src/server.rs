@@ -29,6 +29,7 @@ use tracing::Instrument;
 use crate::{
     agent::{Agent, AgentError, Registration},
     netns::NetnsError,
+    userns::UsernsError,
 };
 
 /// How long one request may take, end to end (Kubernetes lookup included).
@@ -263,6 +264,10 @@ fn agent_error(e: AgentError) -> Response {
         }
         AgentError::UnknownContainer(_) => ErrorKind::UnknownContainer,
         AgentError::NotInForce { .. } => ErrorKind::NotInForce,
+        // The pod's own configuration is at fault: retrying the same ADD cannot help.
+        AgentError::Limit(_) | AgentError::Userns(UsernsError::Unmapped { .. }) => {
+            ErrorKind::BadRequest
+        }
         _ => ErrorKind::Internal,
     };
     error(kind, e.to_string())
