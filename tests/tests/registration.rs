@@ -410,15 +410,6 @@ fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
             pod_ips: vec![],
         })
         .expect("register the user-namespaced pod");
-    let in_map = h
-        .maps()
-        .pod_config(record.netns_cookie)
-        .expect("config entry");
-    assert_eq!(
-        (in_map.proxy_uid, in_map.proxy_gid),
-        (102_102, 102_102),
-        "the proxy's host IDs are stored"
-    );
     // An address added after ADD: not one of the pod's own, not loopback.
     pod.ip(&["addr", "add", "10.77.0.1/32", "dev", "lo"]);
     let target = SocketAddr::from(([10, 77, 0, 1], 8080));
@@ -450,6 +441,15 @@ fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
         (stats.out_exempt_owner, stats.out_redirected),
         (1, 1),
         "one exempt, one redirected: {stats:?}"
+    );
+    let in_map = h
+        .maps()
+        .pod_config(record.netns_cookie)
+        .expect("config entry");
+    assert_eq!(
+        (in_map.proxy_uid, in_map.proxy_gid),
+        (102_102, 102_102),
+        "the proxy's host IDs are stored"
     );
     // An unmapped proxy UID is refused with a clear error.
     let err = h
