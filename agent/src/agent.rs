@@ -460,6 +460,12 @@ impl Agent {
         Ok(self.registry.all()?)
     }
 
+    /// How full each node-wide map is. Walks the maps through handles of its own, so a
+    /// metrics scrape never holds up a registration.
+    pub fn fill_levels(&self) -> Result<Vec<crate::maps::Fill>, AgentError> {
+        Ok(Maps::open(&self.config.pin_root.join(paths::PIN_MAPS))?.fill_levels())
+    }
+
     /// Runs `f` with the maps (for inspection and tests).
     pub fn with_maps<T>(&self, f: impl FnOnce(&Maps) -> T) -> T {
         f(&self.lock())

@@ -79,7 +79,7 @@ impl Health {
             "SO_ORIGINAL_DST answers given (live pods).",
             answered,
         );
-        let fill = self.server.agent.with_maps(|maps| maps.fill_levels());
+        let fill = self.server.agent.fill_levels().unwrap_or_default();
         for (metric, help) in [
             ("linkerd_cni_map_entries", "Entries in each node-wide map."),
             (

@@ -77,6 +77,16 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
                 } else {
                     "-".into()
                 };
+                if let Some(ids) = &r.host_ids {
+                    let _ = writeln!(
+                        out,
+                        "  user namespace: proxy uid {} gid {} of the pod are host uid {} gid {}",
+                        r.config.proxy_uid,
+                        r.config.proxy_gid,
+                        ids.uid.map_or("-".into(), |u| u.to_string()),
+                        ids.gid.map_or("-".into(), |g| g.to_string()),
+                    );
+                }
                 let _ = writeln!(
                     out,
                     "  config: outbound port {}  inbound port {}  proxy uid {uid}  gid {gid}  ipv6 {}",
