@@ -470,3 +470,69 @@ fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
     assert!(err.to_string().contains("70000 is not mapped"), "{err}");
     h.agent().unregister("userns-pod").expect("unregister");
 }
+
+#[test]
+fn repeated_add_with_a_changed_config_updates_the_entries_in_place() {
+    let h = AgentHarness::new(None);
+    let pod = Pod::new().expect("pod");
+    let config = |port: &str, subnet: &str| -> LinkerdConfig {
+        serde_json::from_value(serde_json::json!({
+            "outbound-ports-to-ignore": [port],
+            "outbound-subnets-to-ignore": [subnet],
+        }))
+        .expect("config")
+    };
+    let first = h.register(&pod, config("25", "10.0.0.0/8"), true);
+    let c = first.netns_cookie;
+    let links = |h: &AgentHarness| {
+        linkerd_cni_tests::node::read_state(&h.config().pin_root, &h.config().state_dir)
+            .expect("state")
+    };
+    let ino_of = |st: &AgentState| -> Vec<(String, u64)> {
+        st.links
+            .iter()
+            .filter_map(|l| {
+                use std::os::unix::fs::MetadataExt;
+                let m = fs::metadata(h.config().pin_root.join(l)).ok()?;
+                m.is_file().then(|| (l.clone(), m.ino()))
+            })
+            .collect()
+    };
+    let before = links(&h);
+    let pinned_before = ino_of(&before);
+    // One redirected connection before the second ADD: its count must survive it.
+    let target = SocketAddr::from(([192, 0, 2, 2], 80));
+    run_client(
+        &pod.container(APP_UID),
+        &Options::new(target),
+        Duration::from_secs(10),
+    )
+    .expect("client");
+    assert_eq!(h.maps().stats(c).out_redirected, 1);
+    let second = h.register(&pod, config("9000-9001", "192.168.0.0/16"), true);
+    assert_eq!(second.netns_cookie, c);
+    let after = links(&h);
+    assert_eq!(
+        ino_of(&after),
+        pinned_before,
+        "the same links stay pinned (not re-made)"
+    );
+    assert_eq!(
+        after.addrs,
+        [format!("{c}:1:192.168.0.0/16")].into_iter().collect(),
+        "only the new subnet is left"
+    );
+    // Block 35 holds 9000-9001; block 0 (port 25) is gone; block 16 is the inbound default.
+    assert_eq!(
+        after.port_sets,
+        [format!("{c}:1:35"), format!("{c}:2:16")]
+            .into_iter()
+            .collect(),
+        "only the new port blocks are left"
+    );
+    assert_eq!(h.maps().stats(c).out_redirected, 1, "counters kept");
+    assert!(
+        h.agent().check(&second.id).is_ok(),
+        "CHECK passes after the update"
+    );
+}
