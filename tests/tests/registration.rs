@@ -274,8 +274,12 @@ fn hostile_pods_are_refused_alone_and_leave_nothing_behind() {
     );
     assert!(st.pod_config.contains_key(&cookie(&next)));
 
-    // Fill levels: in inspect, and in /metrics.
+    // Fill levels: in inspect, and in /metrics; inspect sees no entry without a registration.
     let inspect = node.inspect().expect("inspect");
+    assert!(
+        !inspect.contains("map entries with no registration"),
+        "no orphaned entries: {inspect}"
+    );
     assert!(
         inspect.contains(&format!("{} 1/{}", names::MAP_ADDRS, names::MAX_ADDRS)),
         "inspect shows the fill level of l5d_addrs: {inspect}"
@@ -413,18 +417,20 @@ fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
     // An address added after ADD: not one of the pod's own, not loopback.
     pod.ip(&["addr", "add", "10.77.0.1/32", "dev", "lo"]);
     let target = SocketAddr::from(([10, 77, 0, 1], 8080));
-    let run = |uid: u32| {
+    let run_as = |uid: u32, gid: u32| {
         let placement = Placement::new()
             .userns_path(pod.path("user"))
             .netns_path(pod.path("net"))
             .cgroup(&cgroup)
-            .uid(uid);
+            .uid(uid)
+            .gid(gid);
         let mut opts = Options::new(target);
         opts.listen = Some(target);
         opts.timeout_ms = 2000;
         run_client(&placement, &opts, Duration::from_secs(20))
-            .unwrap_or_else(|e| panic!("client as in-ns uid {uid}: {e}"))
+            .unwrap_or_else(|e| panic!("client as in-ns uid {uid} gid {gid}: {e}"))
     };
+    let run = |uid: u32| run_as(uid, uid);
     let proxy = run(PROXY_UID);
     assert_eq!(proxy.uid, PROXY_UID, "in-ns UID as the process sees it");
     assert!(
@@ -436,11 +442,17 @@ fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
         !app.accepted.as_ref().is_some_and(|a| a.reached_self),
         "an app connection (in-ns 1000) is redirected: {app:?}"
     );
+    // The GID exemption too: an app UID with the proxy's group (in-ns 2102 = host 102102).
+    let by_group = run_as(APP_UID, PROXY_UID);
+    assert!(
+        by_group.accepted.as_ref().is_some_and(|a| a.reached_self),
+        "a connection of the proxy's group is not redirected: {by_group:?}"
+    );
     let stats = h.maps().stats(record.netns_cookie);
     assert_eq!(
         (stats.out_exempt_owner, stats.out_redirected),
-        (1, 1),
-        "one exempt, one redirected: {stats:?}"
+        (2, 1),
+        "two exempt (UID, GID), one redirected: {stats:?}"
     );
     let in_map = h
         .maps()
