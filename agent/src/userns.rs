@@ -157,12 +157,13 @@ fn read_maps(userns: &File) -> Result<(String, String), UsernsError> {
             libc::close(r);
             // Killed with the agent's thread should the agent die before killing it.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            let status: u8 = if libc::setns(userns_fd, libc::CLONE_NEWUSER) == 0 {
-                b'y'
+            // 0, or the errno of setns.
+            let status: i32 = if libc::setns(userns_fd, libc::CLONE_NEWUSER) == 0 {
+                0
             } else {
-                b'n'
+                *libc::__errno_location()
             };
-            libc::write(w, (&raw const status).cast(), 1);
+            libc::write(w, (&raw const status).cast(), 4);
             loop {
                 libc::pause();
             }
@@ -170,15 +171,19 @@ fn read_maps(userns: &File) -> Result<(String, String), UsernsError> {
     }
     drop(ready_w);
     let result = (|| {
-        let mut status = 0u8;
-        // SAFETY: reading one byte into a local.
-        let n = unsafe { libc::read(r, (&raw mut status).cast(), 1) };
-        if n != 1 || status != b'y' {
-            return Err(io_err("setns(CLONE_NEWUSER) in a child")(if n < 0 {
-                io::Error::last_os_error()
-            } else {
-                io::Error::other("the child could not enter the user namespace")
-            }));
+        let mut status = 0i32;
+        // SAFETY: reading four bytes into a local i32.
+        let n = unsafe { libc::read(r, (&raw mut status).cast(), 4) };
+        let step = "setns(CLONE_NEWUSER) in a child";
+        match n {
+            4 if status == 0 => {}
+            4 => return Err(io_err(step)(io::Error::from_raw_os_error(status))),
+            n if n < 0 => return Err(io_err(step)(io::Error::last_os_error())),
+            _ => {
+                return Err(io_err(step)(io::Error::other(
+                    "the child died before answering",
+                )));
+            }
         }
         let read = |what| {
             std::fs::read_to_string(format!("/proc/{pid}/{what}"))
