@@ -17,10 +17,12 @@ use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 use crate::{
     cgroup,
     dataplane::{self, Dataplane, DataplaneError},
-    kernel,
+    kernel, limits,
+    limits::LimitError,
     maps::{Maps, MapsError, PodEntries},
     netns::{self, Netns, NetnsError},
     registry::{Attachment, PodRecord, Registry},
+    userns::{self, UsernsError},
 };
 
 pub mod reconcile;
@@ -82,6 +84,12 @@ pub enum AgentError {
     /// The registry could not be read or written.
     #[error("registry: {0}")]
     Registry(#[from] std::io::Error),
+    /// The pod's configuration needs more map entries than one pod may have.
+    #[error("pod configuration refused: {0}")]
+    Limit(#[from] LimitError),
+    /// The pod's user namespace could not be read, or does not map the proxy's IDs.
+    #[error(transparent)]
+    Userns(#[from] UsernsError),
     /// CHECK: the redirection decided at ADD is not in force.
     #[error("redirection of {id} is not in force: {why}")]
     NotInForce { id: String, why: String },
@@ -149,8 +157,16 @@ impl Agent {
         }
     }
 
-    /// Meshes a pod: map entries, then the attachment, then the record. Re-registering an id
-    /// replaces the earlier registration.
+    /// Meshes a pod: map entries, then the attachment, then the record.
+    ///
+    /// Re-registering an id (a runtime retrying ADD) with the same netns updates the pod in
+    /// place: its map entries are rewritten without ever being absent, its links are kept
+    /// (re-made only if they are no longer in force or the cgroup changed), and what the
+    /// programs recorded themselves (the proxy's inbound listener, live connections,
+    /// counters) is kept. With another netns, the earlier registration is removed first.
+    ///
+    /// A configuration over a per-pod limit ([`limits`]) is refused before anything is
+    /// written, and a failed write is rolled back: a failed registration leaves no entries.
     pub fn register(&self, mut reg: Registration) -> Result<PodRecord, AgentError> {
         reg.netns = self.host_path(&reg.netns);
         let ns = Netns::open(&reg.netns)?;
@@ -176,30 +192,10 @@ impl Agent {
             hint.as_deref(),
             reg.pod.as_ref().and_then(|p| p.uid.as_deref()),
         );
-        let entries = PodEntries::new(netns_cookie, &reg.config, &pod_ips);
-
-        let mut maps = self.lock();
-        if let Some(old) = self.registry.get(&reg.id)? {
-            self.unregister_locked(&mut maps, &old)?;
-        }
-        // Links left by a crash between steps of an earlier registration of this id.
-        let _ = dataplane::detach(&self.pod_link_dir(&reg.id));
-        maps.write_pod(netns_cookie, &entries)?;
-        let attached = self.attach(&reg.id, cgroup).and_then(|a| {
-            // Inbound: the netns link lives with the pod's links whatever the cgroup mode.
-            self.dataplane
-                .attach_netns(ns.file(), netns_cookie, &self.pod_link_dir(&reg.id))?;
-            Ok(a)
-        });
-        let attachment = match attached {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = dataplane::detach(&self.pod_link_dir(&reg.id));
-                let _ = maps.remove_pod(netns_cookie, &entries);
-                return Err(e);
-            }
-        };
-        let reason = attachment.describe();
+        let host_ids = userns::host_ids(ns.file(), reg.config.proxy_uid(), reg.config.proxy_gid())?;
+        let entries =
+            PodEntries::new(netns_cookie, &reg.config, &pod_ips).with_host_ids(host_ids.as_ref());
+        limits::check(&entries)?;
         let record = PodRecord {
             id: reg.id,
             ifname: reg.ifname,
@@ -207,16 +203,107 @@ impl Agent {
             netns_ino: ns.ino,
             netns_cookie,
             pod: reg.pod,
-            attachment,
-            reason,
+            attachment: Attachment::None,
+            reason: String::new(),
             config: reg.config,
             pod_ips,
+            host_ids,
         };
+
+        let mut maps = self.lock();
+        match self.registry.get(&record.id)? {
+            Some(old) if old.redirected() && old.netns_cookie == netns_cookie => {
+                return self.update_in_place(&mut maps, old, record, &ns, cgroup, &entries);
+            }
+            Some(old) => self.unregister_locked(&mut maps, &old)?,
+            None => {}
+        }
+        // Links left by a crash between steps of an earlier registration of this id.
+        let _ = dataplane::detach(&self.pod_link_dir(&record.id));
+        maps.write_pod(netns_cookie, &entries)?;
+        self.attach_and_record(&mut maps, record, &ns, cgroup, &entries)
+    }
+
+    /// The last steps of a registration whose entries are written: attach (cgroup and netns
+    /// links), then the record. On failure, the links and `entries` are removed again.
+    fn attach_and_record(
+        &self,
+        maps: &mut Maps,
+        mut record: PodRecord,
+        ns: &Netns,
+        cgroup: Option<PathBuf>,
+        entries: &PodEntries,
+    ) -> Result<PodRecord, AgentError> {
+        let attached = self.attach(&record.id, cgroup).and_then(|a| {
+            // Inbound: the netns link lives with the pod's links whatever the cgroup mode.
+            self.dataplane.attach_netns(
+                ns.file(),
+                record.netns_cookie,
+                &self.pod_link_dir(&record.id),
+            )?;
+            Ok(a)
+        });
+        match attached {
+            Ok(a) => record.attachment = a,
+            Err(e) => {
+                let _ = dataplane::detach(&self.pod_link_dir(&record.id));
+                let _ = maps.remove_pod(record.netns_cookie, entries);
+                let _ = self.registry.remove(&record.id);
+                return Err(e);
+            }
+        }
+        record.reason = record.attachment.describe();
         if let Err(e) = self.registry.put(&record) {
-            let _ = self.unregister_locked(&mut maps, &record);
+            let _ = self.unregister_locked(maps, &record);
             return Err(e.into());
         }
-        tracing::info!(id = %record.id, netns_cookie, reason = %record.reason, "pod registered");
+        tracing::info!(id = %record.id, netns_cookie = record.netns_cookie, reason = %record.reason, "pod registered");
+        Ok(record)
+    }
+
+    /// A repeated registration of the same pod (same id, same netns): see [`Self::register`].
+    fn update_in_place(
+        &self,
+        maps: &mut Maps,
+        old: PodRecord,
+        mut record: PodRecord,
+        ns: &Netns,
+        cgroup: Option<PathBuf>,
+        entries: &PodEntries,
+    ) -> Result<PodRecord, AgentError> {
+        let old_entries = entries_of(&old);
+        maps.update_pod(record.netns_cookie, Some(&old_entries), entries)?;
+        let wanted = match &cgroup {
+            Some(cgroup) => Attachment::PerPod {
+                cgroup: cgroup.clone(),
+            },
+            None => Attachment::Shared {
+                cgroup: self.shared_cgroup.clone(),
+            },
+        };
+        let in_force = self
+            .links_of(&old)
+            .into_iter()
+            .all(|(dir, programs)| dataplane::links_in_force(&dir, programs).is_ok());
+        if wanted != old.attachment || !in_force {
+            // Repair or move: the only case where the links are re-made.
+            tracing::info!(id = %record.id, in_force, "re-ADD: re-attaching");
+            dataplane::detach(&self.pod_link_dir(&record.id)).map_err(|source| {
+                DataplaneError::Pin {
+                    path: self.pod_link_dir(&record.id),
+                    source,
+                }
+            })?;
+            return self.attach_and_record(maps, record, ns, cgroup, entries);
+        }
+        record.attachment = old.attachment.clone();
+        record.reason = record.attachment.describe();
+        if let Err(e) = self.registry.put(&record) {
+            // Back to what the kept record describes.
+            let _ = maps.update_pod(record.netns_cookie, Some(entries), &old_entries);
+            return Err(e.into());
+        }
+        tracing::info!(id = %record.id, netns_cookie = record.netns_cookie, "pod registered again: updated in place");
         Ok(record)
     }
 
@@ -245,6 +332,7 @@ impl Agent {
             reason,
             config: reg.config,
             pod_ips: reg.pod_ips,
+            host_ids: None,
         };
         self.registry.put(&record)?;
         Ok(record)
@@ -267,6 +355,11 @@ impl Agent {
                 })
             }
         }
+    }
+
+    /// The registration of container `id`, if any.
+    pub fn record(&self, id: &str) -> Result<Option<PodRecord>, AgentError> {
+        Ok(self.registry.get(id)?)
     }
 
     /// Removes every trace of a registration: links, map entries, record. Returns whether
@@ -298,8 +391,7 @@ impl Agent {
             r.netns_cookie == record.netns_cookie && r.redirected()
         });
         if record.redirected() && !cookie_shared {
-            let entries = PodEntries::new(record.netns_cookie, &record.config, &record.pod_ips);
-            maps.remove_pod(record.netns_cookie, &entries)?;
+            maps.remove_pod(record.netns_cookie, &entries_of(record))?;
         }
         self.registry.remove(&record.id)?;
         let shared_left = self.registry.any_other(&record.id, |r| {
@@ -328,7 +420,7 @@ impl Agent {
         if !record.redirected() {
             return Ok(record);
         }
-        let expected = PodEntries::new(record.netns_cookie, &record.config, &record.pod_ips).config;
+        let expected = entries_of(&record).config;
         match self.lock().pod_config(record.netns_cookie) {
             None => {
                 return Err(not_in_force(
@@ -378,6 +470,12 @@ impl Agent {
         Ok(self.registry.all()?)
     }
 
+    /// How full each node-wide map is. Walks the maps through handles of its own, so a
+    /// metrics scrape never holds up a registration.
+    pub fn fill_levels(&self) -> Result<Vec<crate::maps::Fill>, AgentError> {
+        Ok(Maps::open(&self.config.pin_root.join(paths::PIN_MAPS))?.fill_levels())
+    }
+
     /// Runs `f` with the maps (for inspection and tests).
     pub fn with_maps<T>(&self, f: impl FnOnce(&Maps) -> T) -> T {
         f(&self.lock())
@@ -393,6 +491,12 @@ impl Agent {
     pub fn links_of(&self, record: &PodRecord) -> Vec<(PathBuf, &'static [&'static str])> {
         links_of(&self.config.pin_root, record)
     }
+}
+
+/// The map entries a registration wrote.
+pub fn entries_of(record: &PodRecord) -> PodEntries {
+    PodEntries::new(record.netns_cookie, &record.config, &record.pod_ips)
+        .with_host_ids(record.host_ids.as_ref())
 }
 
 /// The directory of a registration's own links under `pin_root`.

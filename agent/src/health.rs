@@ -105,6 +105,23 @@ impl Health {
             "SO_ORIGINAL_DST answers given (live pods).",
             answered,
         );
+        let fill = self.server.agent.fill_levels().unwrap_or_default();
+        for (metric, help) in [
+            ("linkerd_cni_map_entries", "Entries in each node-wide map."),
+            (
+                "linkerd_cni_map_max_entries",
+                "Capacity of each node-wide map.",
+            ),
+        ] {
+            out.push_str(&format!("# HELP {metric} {help}\n# TYPE {metric} gauge\n"));
+            for f in &fill {
+                let v = match metric {
+                    "linkerd_cni_map_entries" => f.entries as u64,
+                    _ => u64::from(f.max_entries),
+                };
+                out.push_str(&format!("{metric}{{map=\"{}\"}} {v}\n", f.name));
+            }
+        }
         out.push_str(&format!(
             "# HELP linkerd_cni_agent_pods Registered CNI attachments.\n# TYPE linkerd_cni_agent_pods gauge\nlinkerd_cni_agent_pods {pods}\n"
         ));

@@ -30,6 +30,12 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
         "registered attachments: {}   original-destination entries: {sock} sockets, {conn} connections",
         records.len()
     );
+    let fill: Vec<String> = maps
+        .fill_levels()
+        .iter()
+        .map(|f| format!("{} {}/{}", f.name, f.entries, f.max_entries))
+        .collect();
+    let _ = writeln!(out, "map fill (entries/max): {}", fill.join("  "));
     for r in &records {
         let pod = r
             .pod
@@ -71,6 +77,16 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
                 } else {
                     "-".into()
                 };
+                if let Some(ids) = &r.host_ids {
+                    let _ = writeln!(
+                        out,
+                        "  user namespace: proxy uid {} gid {} of the pod are host uid {} gid {}",
+                        r.config.proxy_uid,
+                        r.config.proxy_gid,
+                        ids.uid.map_or("-".into(), |u| u.to_string()),
+                        ids.gid.map_or("-".into(), |g| g.to_string()),
+                    );
+                }
                 let _ = writeln!(
                     out,
                     "  config: outbound port {}  inbound port {}  proxy uid {uid}  gid {gid}  ipv6 {}",

@@ -5,7 +5,8 @@
 //!   state: pinned maps, pinned links and the registry; [`agent::reconcile`] re-verifies every
 //!   registered pod and repairs what was removed behind the agent's back.
 //! - [`dataplane`]: loading the object, pinning, attaching. [`maps`]: the pinned maps.
-//! - [`netns`], [`cgroup`], [`kernel`]: the host facts registration depends on.
+//! - [`netns`], [`userns`], [`cgroup`], [`kernel`]: the host facts registration depends on.
+//! - [`limits`]: how much of the node-wide maps one pod may take.
 //! - [`inspect`]: the human view of the pinned state.
 
 pub mod agent;
@@ -15,9 +16,11 @@ pub mod dataplane;
 pub mod health;
 pub mod inspect;
 pub mod kernel;
+pub mod limits;
 pub mod maps;
 pub mod netns;
 pub mod registry;
 pub mod server;
+pub mod userns;
 
 pub use agent::{Agent, AgentConfig, AgentError, Registration};

@@ -20,6 +20,8 @@ use linkerd_cni_common::{
 };
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
 
+use crate::userns::HostIds;
+
 /// A pinned map could not be opened or used.
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -54,22 +56,39 @@ pub struct Maps {
     pub listeners: SockHash<MapData, ListenerKey>,
     /// Possible CPUs: the length of every per-CPU value.
     cpus: usize,
+    /// Each map's capacity, as the kernel reports it.
+    max_entries: BTreeMap<&'static str, u32>,
 }
 
-fn open(dir: &Path, name: &'static str) -> Result<Map, MapsError> {
+/// How full one node-wide map is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fill {
+    /// The map's name (`l5d_...`).
+    pub name: &'static str,
+    pub entries: usize,
+    pub max_entries: u32,
+}
+
+fn open(
+    dir: &Path,
+    name: &'static str,
+    max_entries: &mut BTreeMap<&'static str, u32>,
+) -> Result<Map, MapsError> {
     let path = dir.join(name);
     let err = |source| MapsError::Open {
         name,
         path: path.clone(),
         source,
     };
-    Map::from_map_data(MapData::from_pin(&path).map_err(err)?).map_err(err)
+    let data = MapData::from_pin(&path).map_err(err)?;
+    max_entries.insert(name, data.info().map_err(err)?.max_entries());
+    Map::from_map_data(data).map_err(err)
 }
 
 macro_rules! typed {
-    ($dir:expr, $name:expr, $ty:ident) => {{
+    ($dir:expr, $name:expr, $ty:ident, $max:expr) => {{
         let path = $dir.join($name);
-        $ty::try_from(open($dir, $name)?).map_err(|source| MapsError::Open {
+        $ty::try_from(open($dir, $name, $max)?).map_err(|source| MapsError::Open {
             name: $name,
             path,
             source,
@@ -151,6 +170,21 @@ impl PodEntries {
     }
 }
 
+impl PodEntries {
+    /// For a pod in its own user namespace: the programs compare the proxy's host IDs.
+    pub fn with_host_ids(mut self, ids: Option<&HostIds>) -> Self {
+        if let Some(ids) = ids {
+            if let Some(uid) = ids.uid {
+                self.config.proxy_uid = uid;
+            }
+            if let Some(gid) = ids.gid {
+                self.config.proxy_gid = gid;
+            }
+        }
+        self
+    }
+}
+
 /// An address as the programs store it: IPv6 words in network order, IPv4 v4-mapped.
 pub fn ip_words(ip: IpAddr) -> [u32; 4] {
     let octets = match ip {
@@ -204,52 +238,172 @@ pub struct PodView {
     pub listener: (bool, bool),
 }
 
+/// `BPF_NOEXIST`: insert only if the key is absent.
+const BPF_NOEXIST: u64 = 1;
+
+/// One journalled write of [`Maps::update_pod`] and what it replaced (`None`: nothing).
+enum Undo {
+    Stats(u64),
+    PortSet(PortSetKey, Option<PortBlock>),
+    Addr(u32, AddrKey),
+    PodByIp([u32; 4], Option<u64>),
+    Config(u64, Option<PodConfig>),
+}
+
 impl Maps {
     /// Opens every map pinned in `dir`.
     pub fn open(dir: &Path) -> Result<Self, MapsError> {
+        let max = &mut BTreeMap::new();
         Ok(Self {
-            pod_config: typed!(dir, names::MAP_POD_CONFIG, HashMap),
-            port_sets: typed!(dir, names::MAP_PORT_SETS, HashMap),
-            addrs: typed!(dir, names::MAP_ADDRS, LpmTrie),
-            sock_dst: typed!(dir, names::MAP_SOCK_DST, HashMap),
-            conn_dst: typed!(dir, names::MAP_CONN_DST, HashMap),
-            pod_stats: typed!(dir, names::MAP_POD_STATS, PerCpuHashMap),
-            pod_by_ip: typed!(dir, names::MAP_POD_BY_IP, HashMap),
-            listeners: typed!(dir, names::MAP_LISTENERS, SockHash),
+            pod_config: typed!(dir, names::MAP_POD_CONFIG, HashMap, max),
+            port_sets: typed!(dir, names::MAP_PORT_SETS, HashMap, max),
+            addrs: typed!(dir, names::MAP_ADDRS, LpmTrie, max),
+            sock_dst: typed!(dir, names::MAP_SOCK_DST, HashMap, max),
+            conn_dst: typed!(dir, names::MAP_CONN_DST, HashMap, max),
+            pod_stats: typed!(dir, names::MAP_POD_STATS, PerCpuHashMap, max),
+            pod_by_ip: typed!(dir, names::MAP_POD_BY_IP, HashMap, max),
+            listeners: typed!(dir, names::MAP_LISTENERS, SockHash, max),
             cpus: aya::util::nr_cpus().map_err(|(_, e)| MapsError::Update {
                 name: names::MAP_POD_STATS,
                 source: MapError::IoError(e),
             })?,
+            max_entries: std::mem::take(max),
         })
+    }
+
+    /// Entries against capacity for every node-wide map (for `inspect` and `/metrics`). Walks
+    /// every map: fine for a scrape or a human, not for a hot path.
+    pub fn fill_levels(&self) -> Vec<Fill> {
+        let counts = [
+            (names::MAP_POD_CONFIG, self.pod_config.keys().count()),
+            (names::MAP_POD_STATS, self.pod_stats.keys().count()),
+            (names::MAP_PORT_SETS, self.port_sets.keys().count()),
+            (names::MAP_ADDRS, self.addrs.keys().count()),
+            (names::MAP_POD_BY_IP, self.pod_by_ip.keys().count()),
+            (names::MAP_LISTENERS, self.listeners.keys().count()),
+            (names::MAP_SOCK_DST, self.sock_dst.keys().count()),
+            (names::MAP_CONN_DST, self.conn_dst.keys().count()),
+        ];
+        counts
+            .into_iter()
+            .map(|(name, entries)| Fill {
+                name,
+                entries,
+                max_entries: self.max_entries.get(name).copied().unwrap_or(0),
+            })
+            .collect()
     }
 
     /// Writes a pod's entries, its config last: the programs act on a pod only once every
     /// list it refers to is in place. A netns cookie is never reused, so a new pod has no
-    /// entries to clear.
+    /// entries to clear. All or nothing: see [`Self::update_pod`].
     pub fn write_pod(&mut self, netns_cookie: u64, entries: &PodEntries) -> Result<(), MapsError> {
-        let zeros = PerCpuValues::try_from(vec![PodStats::default(); self.cpus])
-            .map_err(|e| update(names::MAP_POD_STATS)(MapError::IoError(e)))?;
-        self.pod_stats
-            .insert(netns_cookie, zeros, 0)
-            .map_err(update(names::MAP_POD_STATS))?;
+        self.update_pod(netns_cookie, None, entries)
+    }
+
+    /// Writes `new` for the pod `netns_cookie`, which currently holds `old` (`None`: nothing),
+    /// in place: new and changed entries first, the config next, then the entries only `old`
+    /// had are removed. Redirection never pauses, and the entries the programs add themselves
+    /// (the proxy's inbound listener, live connections, counters) are kept.
+    ///
+    /// All or nothing: when any write fails (a full map), every entry written so far is put
+    /// back as it was (restored or removed), so a failed write leaves no trace.
+    pub fn update_pod(
+        &mut self,
+        netns_cookie: u64,
+        old: Option<&PodEntries>,
+        new: &PodEntries,
+    ) -> Result<(), MapsError> {
+        let mut undo = Vec::new();
+        if let Err(e) = self.try_write(netns_cookie, new, &mut undo) {
+            self.undo(undo);
+            return Err(e);
+        }
+        let Some(old) = old else { return Ok(()) };
+        for k in old.port_blocks.keys() {
+            if !new.port_blocks.contains_key(k) {
+                let _ = self.port_sets.remove(k);
+            }
+        }
+        for (prefix, k) in &old.addrs {
+            if !new.addrs.contains(&(*prefix, *k)) {
+                let _ = self.addrs.remove(&Key::new(*prefix, *k));
+            }
+        }
+        for ip in &old.ips {
+            if !new.ips.contains(ip) && self.pod_by_ip.get(ip, 0).is_ok_and(|c| c == netns_cookie) {
+                let _ = self.pod_by_ip.remove(ip);
+            }
+        }
+        Ok(())
+    }
+
+    /// The writes of [`Self::update_pod`], each journalled in `undo` with what it replaced.
+    fn try_write(
+        &mut self,
+        netns_cookie: u64,
+        entries: &PodEntries,
+        undo: &mut Vec<Undo>,
+    ) -> Result<(), MapsError> {
+        if self.pod_stats.get(&netns_cookie, 0).is_err() {
+            let zeros = PerCpuValues::try_from(vec![PodStats::default(); self.cpus])
+                .map_err(|e| update(names::MAP_POD_STATS)(MapError::IoError(e)))?;
+            self.pod_stats
+                .insert(netns_cookie, zeros, 0)
+                .map_err(update(names::MAP_POD_STATS))?;
+            undo.push(Undo::Stats(netns_cookie));
+        }
         for (k, v) in &entries.port_blocks {
-            self.port_sets
-                .insert(k, v, 0)
-                .map_err(update(names::MAP_PORT_SETS))?;
+            let before = self.port_sets.get(k, 0).ok();
+            if before.as_ref() != Some(v) {
+                self.port_sets
+                    .insert(k, v, 0)
+                    .map_err(update(names::MAP_PORT_SETS))?;
+                undo.push(Undo::PortSet(*k, before));
+            }
         }
         for (prefix, k) in &entries.addrs {
-            self.addrs
-                .insert(&Key::new(*prefix, *k), 1, 0)
-                .map_err(update(names::MAP_ADDRS))?;
+            // A trie's lookup is longest-prefix, not exact: ask the insert whether the exact
+            // key was there (the value is always 1, nothing to restore).
+            match self.addrs.insert(&Key::new(*prefix, *k), 1, BPF_NOEXIST) {
+                Ok(()) => undo.push(Undo::Addr(*prefix, *k)),
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(update(names::MAP_ADDRS)(e)),
+            }
         }
         for ip in &entries.ips {
-            self.pod_by_ip
-                .insert(ip, netns_cookie, 0)
-                .map_err(update(names::MAP_POD_BY_IP))?;
+            let before = self.pod_by_ip.get(ip, 0).ok();
+            if before != Some(netns_cookie) {
+                self.pod_by_ip
+                    .insert(ip, netns_cookie, 0)
+                    .map_err(update(names::MAP_POD_BY_IP))?;
+                undo.push(Undo::PodByIp(*ip, before));
+            }
         }
+        let before = self.pod_config(netns_cookie);
         self.pod_config
             .insert(netns_cookie, entries.config, 0)
-            .map_err(update(names::MAP_POD_CONFIG))
+            .map_err(update(names::MAP_POD_CONFIG))?;
+        undo.push(Undo::Config(netns_cookie, before));
+        Ok(())
+    }
+
+    /// Puts back what the journalled writes replaced, newest first. Best effort: these
+    /// restore entries that fitted a moment ago, or delete.
+    fn undo(&mut self, undo: Vec<Undo>) {
+        for step in undo.into_iter().rev() {
+            let _ = match step {
+                Undo::Stats(cookie) => self.pod_stats.remove(&cookie),
+                Undo::PortSet(k, Some(v)) => self.port_sets.insert(k, v, 0),
+                Undo::PortSet(k, None) => self.port_sets.remove(&k),
+                Undo::Addr(prefix, k) => self.addrs.remove(&Key::new(prefix, k)),
+                Undo::PodByIp(ip, Some(c)) => self.pod_by_ip.insert(ip, c, 0),
+                Undo::PodByIp(ip, None) => self.pod_by_ip.remove(&ip),
+                Undo::Config(cookie, Some(c)) => self.pod_config.insert(cookie, c, 0),
+                Undo::Config(cookie, None) => self.pod_config.remove(&cookie),
+            };
+        }
     }
 
     /// Removes every entry of the pod, its config first (the programs stop acting on it at

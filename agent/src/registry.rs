@@ -12,6 +12,8 @@ use std::{
 use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 use serde::{Deserialize, Serialize};
 
+use crate::userns::HostIds;
+
 /// How a pod's traffic is steered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
@@ -57,6 +59,10 @@ pub struct PodRecord {
     pub reason: String,
     pub config: LinkerdConfig,
     pub pod_ips: Vec<IpAddr>,
+    /// For a pod in its own user namespace: the proxy's IDs as host IDs (what the programs
+    /// compare), read from the namespace's maps at registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ids: Option<HostIds>,
 }
 
 impl PodRecord {
@@ -182,6 +188,7 @@ mod tests {
             reason: "test".into(),
             config: LinkerdConfig::default(),
             pod_ips: vec![],
+            host_ids: None,
         };
         let reg = Registry::open(&dir).unwrap();
         reg.put(&record).unwrap();

@@ -36,6 +36,7 @@ use tracing::Instrument;
 use crate::{
     agent::{Agent, AgentError, Registration, reconcile::Reconciler},
     netns::NetnsError,
+    userns::UsernsError,
 };
 
 /// How long one request may take, end to end (Kubernetes lookup included). An ADD whose
@@ -313,13 +314,20 @@ impl Server {
                     return Ok(None);
                 }
                 let id = reg.id.clone();
+                let before = a.record(&id)?;
                 let record = if redirect {
                     a.register(reg)?
                 } else {
                     a.record_unredirected(reg, why)?
                 };
                 if past() {
-                    a.unregister(&id)?;
+                    // A retry for a pod already redirected in this netns was an update in
+                    // place: undoing it would un-mesh a pod that was meshed before this ADD.
+                    let kept = before
+                        .is_some_and(|b| b.redirected() && b.netns_cookie == record.netns_cookie);
+                    if !kept {
+                        a.unregister(&id)?;
+                    }
                     return Ok(None);
                 }
                 Ok(Some(record))
@@ -394,6 +402,10 @@ fn agent_error(e: AgentError) -> Response {
         }
         AgentError::UnknownContainer(_) => ErrorKind::UnknownContainer,
         AgentError::NotInForce { .. } => ErrorKind::NotInForce,
+        // The pod's own configuration is at fault: retrying the same ADD cannot help.
+        AgentError::Limit(_) | AgentError::Userns(UsernsError::Unmapped { .. }) => {
+            ErrorKind::BadRequest
+        }
         _ => ErrorKind::Internal,
     };
     error(kind, e.to_string())

@@ -82,7 +82,7 @@ impl<'a> InjectContext<'a> {
 }
 
 /// A `config.linkerd.io/*` override: the pod's annotation, else (when the pod does not carry
-/// it at all) the namespace's; an empty value means no override.
+/// it, or carries it empty) the namespace's; empty on both means no override.
 fn config_override<'a>(
     pod: &'a Value,
     ctx: &InjectContext<'a>,
@@ -795,10 +795,11 @@ mod tests {
                 None,
             ),
             (
+                // An empty pod annotation falls through to the namespace's, as in Linkerd.
                 json!({names::SKIP_OUTBOUND_PORTS_ANNOTATION: ""}),
                 json!({names::SKIP_OUTBOUND_PORTS_ANNOTATION: "26"}),
                 "4190,4191,4567,4568",
-                Some("4567,4568"),
+                Some("26"),
                 None,
             ),
         ];

@@ -5,7 +5,8 @@
 //! - redirected when a container **or** an init container is named `linkerd-proxy` and no init
 //!   container is named `linkerd-init` (that pod programs its own iptables); only names count;
 //! - overrides come from the pod's annotation, or, when the pod does not carry that annotation
-//!   at all, from its namespace's. A present but empty value means "no override";
+//!   or carries it empty, from its namespace's (as Linkerd's plugin and injector do). An empty
+//!   value on both means "no override";
 //! - `config.linkerd.io/skip-outbound-ports` replaces the outbound ignore list,
 //!   `config.linkerd.io/skip-inbound-ports` is appended to the inbound ignore list,
 //!   `config.linkerd.io/skip-subnets` replaces the subnets to ignore,
@@ -88,18 +89,18 @@ pub enum OverrideOrigin {
 }
 
 /// Linkerd's rule for `config.linkerd.io/*` overrides, shared by this decision and the proxy
-/// injector: the pod's annotation, or, when the pod does not carry that annotation at all, its
-/// namespace's (`on_namespace`, only called then). A present but empty (or blank) value means
-/// "no override" (`None`), and a pod's empty value still hides its namespace's.
+/// injector: the pod's annotation when it is set and not blank, else its namespace's
+/// (`on_namespace`, only called then), else none. Linkerd reads both with `!= ""`, so an empty
+/// value on the pod falls through to the namespace's rather than hiding it.
 pub fn override_value<'a>(
     on_pod: Option<&'a str>,
     on_namespace: impl FnOnce() -> Option<&'a str>,
 ) -> Option<(&'a str, OverrideOrigin)> {
-    let found = match on_pod {
-        Some(value) => (value, OverrideOrigin::Pod),
-        None => (on_namespace()?, OverrideOrigin::Namespace),
-    };
-    (!found.0.trim().is_empty()).then_some(found)
+    let set = |v: &&str| !v.trim().is_empty();
+    match on_pod.filter(set) {
+        Some(value) => Some((value, OverrideOrigin::Pod)),
+        None => Some((on_namespace().filter(set)?, OverrideOrigin::Namespace)),
+    }
 }
 
 /// Decides whether `pod` is redirected and computes its configuration from `base`.
@@ -270,8 +271,8 @@ struct Overrides<'a> {
 }
 
 impl<'a> Overrides<'a> {
-    /// The override's value and where it came from; `None` when unset or empty. A pod that
-    /// carries the annotation (even empty) hides its namespace's.
+    /// The override's value and where it came from; `None` when unset or empty on both (an
+    /// empty value on the pod falls through to the namespace's).
     fn get(&self, key: &str) -> Option<(&'a str, AnnotationSource)> {
         let annotation = |meta: &'a ObjectMeta| Some(meta.annotations.as_ref()?.get(key)?.as_str());
         let (value, origin) = override_value(annotation(&self.pod.metadata), || {
@@ -448,7 +449,11 @@ mod tests {
                 Expect { redirect: true, uid: Some(0), gid: Some(-1), ..Default::default() }),
             ("proxy-uid on both: pod wins, gid from namespace", pod(PROXY, &[], json!({PROXY_UID_ANNOTATION: "1337"}), none.clone()), Some(namespace(json!({PROXY_UID_ANNOTATION: "7", PROXY_GID_ANNOTATION: "8"}))), None,
                 Expect { redirect: true, uid: Some(1337), gid: Some(8), ..Default::default() }),
-            ("empty annotation on pod hides namespace's and changes nothing", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS_ANNOTATION: ""}), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "11211"}))), None,
+            ("empty annotation on pod falls through to the namespace's", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS_ANNOTATION: ""}), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS_ANNOTATION: "11211"}))), None,
+                Expect { redirect: true, outbound: Some("11211"), ..Default::default() }),
+            ("blank annotation on pod falls through to the namespace's", pod(PROXY, &[], json!({SKIP_SUBNETS_ANNOTATION: "  "}), none.clone()), Some(namespace(json!({SKIP_SUBNETS_ANNOTATION: "172.16.0.0/12"}))), None,
+                Expect { redirect: true, subnets: Some("172.16.0.0/12"), ..Default::default() }),
+            ("empty annotation on pod and namespace changes nothing", pod(PROXY, &[], json!({SKIP_OUTBOUND_PORTS_ANNOTATION: ""}), none.clone()), Some(namespace(json!({SKIP_OUTBOUND_PORTS_ANNOTATION: ""}))), None,
                 Expect { redirect: true, ..Default::default() }),
             ("control plane: service port and integer targetPort", pod(PROXY, &[], none.clone(), json!({CONTROL_PLANE_COMPONENT_LABEL: "destination"})), None, Some(&api_svc),
                 Expect { redirect: true, outbound: Some("25,443,6443"), ..Default::default() }),

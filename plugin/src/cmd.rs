@@ -106,6 +106,9 @@ fn execute(
     );
     let conf = NetConf::parse(&input)?;
     log.set_level(Level::from_config(conf.log_level.as_deref()));
+    for dropped in &conf.dropped_entries {
+        log.warn(format_args!("network config: {dropped}"));
+    }
     if conf.cni_version < command.since() {
         return Err(PluginError::VerbTooNew {
             command,

@@ -27,6 +27,9 @@ pub struct NetConf {
     /// whether the pod is meshed (see `crate::apiserver`).
     pub kubeconfig: Option<String>,
     pub linkerd: LinkerdConfig,
+    /// Malformed entries of the `linkerd` section's lists, dropped (Linkerd skips a bad
+    /// port rather than fail every pod): one message each, for the log.
+    pub dropped_entries: Vec<String>,
     pub prev_result: Option<Value>,
     /// `runtimeConfig.cgroupPath` (the installer declares the `cgroupPath` capability).
     pub cgroup_path: Option<String>,
@@ -97,14 +100,19 @@ fn object<'a>(
     }
 }
 
-/// Parses the `linkerd` section; on failure, finds the key at fault so the message names it.
-fn linkerd_section(section: &Map<String, Value>) -> Result<LinkerdConfig, PluginError> {
+/// Parses the `linkerd` section, dropping malformed list entries (returned, for the log);
+/// on failure, finds the key at fault so the message names it.
+fn linkerd_section(
+    section: &Map<String, Value>,
+) -> Result<(LinkerdConfig, Vec<String>), PluginError> {
+    let mut section = section.clone();
+    let dropped = linkerd_cni_proto::config::drop_malformed_entries(&mut section);
     let whole = LinkerdConfig::deserialize(&Value::Object(section.clone()));
     let err = match whole {
-        Ok(cfg) => return validate_linkerd(cfg),
+        Ok(cfg) => return validate_linkerd(cfg).map(|cfg| (cfg, dropped)),
         Err(e) => e,
     };
-    for (key, value) in section {
+    for (key, value) in &section {
         let alone = Value::Object(Map::from_iter([(key.clone(), value.clone())]));
         if let Err(e) = LinkerdConfig::deserialize(&alone) {
             return Err(invalid(format!("linkerd.{key}"), e.to_string()));
@@ -181,9 +189,9 @@ impl NetConf {
             Some(k) => opt(k, "kubeconfig", "kubernetes.kubeconfig")?,
             None => None,
         };
-        let linkerd = match object(&obj, "linkerd")? {
+        let (linkerd, dropped_entries) = match object(&obj, "linkerd")? {
             Some(section) => linkerd_section(section)?,
-            None => LinkerdConfig::default(),
+            None => (LinkerdConfig::default(), Vec::new()),
         };
         let cgroup_path = match object(&obj, "runtimeConfig")? {
             Some(rc) => opt(rc, "cgroupPath", "runtimeConfig.cgroupPath")?,
@@ -199,6 +207,7 @@ impl NetConf {
             log_level: opt(&obj, "log_level", "log_level")?,
             kubeconfig,
             linkerd,
+            dropped_entries,
             prev_result: obj.get("prevResult").filter(|v| !v.is_null()).cloned(),
             cgroup_path,
             valid_attachments,
@@ -208,6 +217,7 @@ impl NetConf {
 
 #[cfg(test)]
 mod tests {
+    use linkerd_cni_proto::config::PortRange;
     use serde_json::json;
 
     use super::*;
@@ -309,12 +319,12 @@ mod tests {
                 "linkerd.simulate",
             ),
             (
-                r#"{"cniVersion":"1.0.0","linkerd":{"inbound-ports-to-ignore":["0"]}}"#,
+                r#"{"cniVersion":"1.0.0","linkerd":{"inbound-ports-to-ignore":"4190"}}"#,
                 7,
                 "linkerd.inbound-ports-to-ignore",
             ),
             (
-                r#"{"cniVersion":"1.0.0","linkerd":{"subnets-to-ignore":["nope"]}}"#,
+                r#"{"cniVersion":"1.0.0","linkerd":{"subnets-to-ignore":"nope"}}"#,
                 7,
                 "linkerd.subnets-to-ignore",
             ),
@@ -363,6 +373,30 @@ mod tests {
                 "{input}: {err:?} should mention {needle}"
             );
         }
+    }
+
+    #[test]
+    fn malformed_list_entries_are_dropped_not_fatal() {
+        let nc = NetConf::parse(
+            br#"{"cniVersion":"1.0.0","linkerd":{"inbound-ports-to-ignore":["4191","0","http","4190"],
+                "subnets-to-ignore":["nope","10.0.0.0/8"],"outbound-ports-to-ignore":["9100-9000","25"]}}"#,
+        )
+        .expect("one bad entry does not fail the config");
+        assert_eq!(
+            nc.linkerd.inbound_ports_to_ignore,
+            vec![PortRange::single(4191), PortRange::single(4190)]
+        );
+        assert_eq!(
+            nc.linkerd.outbound_ports_to_ignore,
+            vec![PortRange::single(25)]
+        );
+        assert_eq!(nc.linkerd.subnets_to_ignore.len(), 1);
+        assert_eq!(nc.dropped_entries.len(), 4, "{:#?}", nc.dropped_entries);
+        assert!(
+            nc.dropped_entries
+                .iter()
+                .any(|d| d.contains("linkerd.inbound-ports-to-ignore") && d.contains("\"http\""))
+        );
     }
 
     #[test]

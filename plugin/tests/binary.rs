@@ -501,9 +501,10 @@ fn bad_input_corpus_changes_nothing() {
             "linkerd.proxy-uid",
         ),
         (
-            "bad port range",
+            // One bad entry is dropped (as Linkerd does); a list that is no list is refused.
+            "port list as an object",
             env("ADD"),
-            with_linkerd("inbound-ports-to-ignore", json!(["9100-9000"])),
+            with_linkerd("inbound-ports-to-ignore", json!({"9100": "9000"})),
             7,
             "linkerd.inbound-ports-to-ignore",
         ),

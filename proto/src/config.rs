@@ -201,6 +201,50 @@ pub fn parse_cidr_list(s: &str) -> Result<Vec<Cidr>, ParseError> {
         .collect()
 }
 
+/// The port lists of the `linkerd` section.
+pub const PORT_LIST_KEYS: [&str; 3] = [
+    "ports-to-redirect",
+    "inbound-ports-to-ignore",
+    "outbound-ports-to-ignore",
+];
+/// The subnet lists of the `linkerd` section.
+pub const SUBNET_LIST_KEYS: [&str; 2] = ["subnets-to-ignore", "outbound-subnets-to-ignore"];
+
+/// Linkerd's tolerance for the node's conflist: one malformed entry of a port or subnet list
+/// (`"http"`, `"0"`, `"9100-9000"`, `"10.0.0.0/33"`) is dropped from `section` rather than
+/// failing every pod on the node, as Linkerd's plugin skips a bad port. Returns one message
+/// per dropped entry, naming the key, for the plugin's log. A list that is not a list is left
+/// alone (the whole section is then refused, naming the key).
+pub fn drop_malformed_entries(
+    section: &mut serde_json::Map<String, serde_json::Value>,
+) -> Vec<String> {
+    let mut dropped = Vec::new();
+    let keys = PORT_LIST_KEYS
+        .iter()
+        .map(|k| (k, true))
+        .chain(SUBNET_LIST_KEYS.iter().map(|k| (k, false)));
+    for (key, ports) in keys {
+        let Some(serde_json::Value::Array(items)) = section.get_mut(*key) else {
+            continue;
+        };
+        items.retain(|item| {
+            let parsed = if ports {
+                PortRange::deserialize(item).map(drop)
+            } else {
+                Cidr::deserialize(item).map(drop)
+            };
+            match parsed {
+                Ok(()) => true,
+                Err(e) => {
+                    dropped.push(format!("linkerd.{key}: skipping entry {item}: {e}"));
+                    false
+                }
+            }
+        });
+    }
+    dropped
+}
+
 /// The `linkerd` section of the `linkerd-cni` conflist entry. Every key is optional; unknown
 /// keys are ignored (Linkerd adds keys over time). Defaults are Linkerd's.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -342,6 +386,40 @@ mod tests {
         assert_eq!("fd00::1".parse::<Cidr>().unwrap().prefix, 128);
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("nope/8".parse::<Cidr>().is_err());
+    }
+
+    #[test]
+    fn malformed_list_entries_are_dropped_and_named() {
+        let mut section = serde_json::json!({
+            "inbound-ports-to-ignore": ["4191", "http", "0", 4190, "9100-9000"],
+            "outbound-ports-to-ignore": ["25"],
+            "ports-to-redirect": [70000, 8080],
+            "subnets-to-ignore": ["10.0.0.0/8", "10.0.0.0/33", "nope"],
+            "outbound-subnets-to-ignore": "not a list",
+            "proxy-uid": 2102,
+        });
+        let dropped = drop_malformed_entries(section.as_object_mut().unwrap());
+        assert_eq!(dropped.len(), 6, "{dropped:#?}");
+        assert!(dropped[0].starts_with("linkerd.ports-to-redirect: skipping entry 70000"));
+        assert!(dropped.iter().any(|d| d.starts_with(r#"linkerd.inbound-ports-to-ignore: skipping entry "http""#)));
+        assert!(
+            dropped
+                .iter()
+                .any(|d| d.starts_with(r#"linkerd.subnets-to-ignore: skipping entry "nope""#))
+        );
+        // A list key that is not a list is still refused as a whole; the rest parses.
+        assert!(serde_json::from_value::<LinkerdConfig>(section.clone()).is_err());
+        section
+            .as_object_mut()
+            .unwrap()
+            .remove("outbound-subnets-to-ignore");
+        let c: LinkerdConfig = serde_json::from_value(section).unwrap();
+        assert_eq!(
+            c.inbound_ports_to_ignore,
+            vec![PortRange::single(4191), PortRange::single(4190)]
+        );
+        assert_eq!(c.ports_to_redirect, vec![PortRange::single(8080)]);
+        assert_eq!(c.subnets_to_ignore, vec!["10.0.0.0/8".parse().unwrap()]);
     }
 
     #[test]

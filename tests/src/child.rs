@@ -2,8 +2,9 @@
 //! killed (by PID) on drop.
 //!
 //! The placement is done between `fork` and `exec` (`pre_exec`), in this order: join the cgroup
-//! (write `0` to its `cgroup.procs`), join the netns (`setns`), drop supplementary groups, set
-//! the GID, set the UID. Everything the child needs is opened beforehand, so the pre-exec code
+//! (write `0` to its `cgroup.procs`), join the user namespace if one is given (`setns`; UIDs
+//! and GIDs below are then the namespace's), join the netns (`setns`), drop supplementary
+//! groups, set the GID, set the UID. Everything the child needs is opened beforehand, so the pre-exec code
 //! only makes async-signal-safe system calls.
 
 use std::{
@@ -27,6 +28,7 @@ use crate::{
 /// Where and as whom a child process runs.
 #[derive(Debug, Clone, Default)]
 pub struct Placement {
+    userns: Option<PathBuf>,
     netns: Option<PathBuf>,
     cgroup: Option<PathBuf>,
     uid: Option<u32>,
@@ -48,6 +50,13 @@ impl Placement {
     /// Runs inside the netns at `path` (any netns file: `/run/netns/x`, `/proc/<pid>/ns/net`).
     pub fn netns_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.netns = Some(path.into());
+        self
+    }
+
+    /// Runs inside the user namespace at `path` (`/proc/<pid>/ns/user`): the UID and GID given
+    /// are then IDs of that namespace (a user-namespaced pod's container).
+    pub fn userns_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.userns = Some(path.into());
         self
     }
 
@@ -136,6 +145,12 @@ impl Placement {
             }
             None => None,
         };
+        let userns: Option<OwnedFd> = match &self.userns {
+            Some(ns) => Some(OwnedFd::from(
+                File::open(ns).ctx(|| format!("opening {}", ns.display()))?,
+            )),
+            None => None,
+        };
         let netns: Option<OwnedFd> = match &self.netns {
             Some(ns) => Some(OwnedFd::from(
                 File::open(ns).ctx(|| format!("opening {}", ns.display()))?,
@@ -154,6 +169,11 @@ impl Placement {
                     if libc::write(fd.as_raw_fd(), b"0\n".as_ptr().cast(), 2) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
+                }
+                if let Some(fd) = &userns
+                    && libc::setns(fd.as_raw_fd(), libc::CLONE_NEWUSER) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
                 }
                 if let Some(fd) = &netns
                     && libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) != 0

@@ -1,0 +1,550 @@
+//! Registration semantics (root required): a repeated ADD never opens a gap, a hostile or
+//! oversized configuration hurts only its own pod (per-pod limits, rollback of failed writes,
+//! fill levels), and a user-namespaced pod's proxy stays exempt. End to end through the
+//! plugin and the agent process (`SimNode`), or with the agent library where a map must be
+//! filled by hand.
+//!
+//! Run: `cargo build --bins && cargo test -p linkerd-cni-tests --test registration -- --test-threads=1`
+
+use std::{
+    fs,
+    net::{Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    process::Command,
+    time::Duration,
+};
+
+use linkerd_cni_agent::{Registration, maps::Maps};
+use linkerd_cni_common::{AF_INET, names, paths};
+use linkerd_cni_proto::config::{Cidr, LinkerdConfig};
+use linkerd_cni_tests::{
+    CgroupGuard, EchoServer,
+    agent::AgentHarness,
+    child::{ChildGuard, Placement},
+    client::{Options, run_client},
+    node::{AgentState, NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest, wait_until},
+    pod::Pod,
+};
+use serde_json::Value;
+
+const APP_UID: u32 = 1000;
+const PROXY_UID: u32 = 2102;
+const SKIP_SUBNETS: &str = "config.linkerd.io/skip-subnets";
+const SKIP_INBOUND: &str = "config.linkerd.io/skip-inbound-ports";
+
+fn start_node(objects: &[Value]) -> SimNode {
+    SimNode::start(NodeOptions::default(), objects)
+        .unwrap_or_else(|e| panic!("starting the simulated node: {e}"))
+}
+
+fn add_pod(node: &SimNode, spec: PodSpec) -> SimPod {
+    let name = format!("{}/{}", spec.namespace, spec.name);
+    let mut pod = node
+        .new_pod(spec)
+        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+    if let Err(e) = node.add(&mut pod) {
+        panic!("CNI ADD of {name}: {e}\n{}", node.diagnostics());
+    }
+    pod
+}
+
+fn state(node: &SimNode) -> AgentState {
+    node.state()
+        .unwrap_or_else(|e| panic!("reading the agent's state: {e}"))
+}
+
+fn cookie(pod: &SimPod) -> u64 {
+    pod.cookie()
+        .unwrap_or_else(|e| panic!("netns cookie of {}: {e}", pod.spec.name))
+}
+
+/// Runs the plugin's ADD for `pod` directly, as a runtime retrying ADD does (the chain's
+/// earlier plugins already ran: `prevResult` is the pod's ADD result), with `env` changed.
+fn plugin_add(
+    node: &SimNode,
+    pod: &SimPod,
+    netns: Option<&str>,
+) -> linkerd_cni_tests::node::PluginOutcome {
+    let mut env = node.plugin_env("ADD", pod);
+    if let Some(ns) = netns {
+        for (k, v) in &mut env {
+            if k == "CNI_NETNS" {
+                *v = ns.to_string();
+            }
+        }
+    }
+    let stdin = node
+        .plugin_stdin(pod, pod.result.clone())
+        .unwrap_or_else(|e| panic!("plugin stdin: {e}"));
+    node.run_plugin(&env, stdin.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("running the plugin: {e}"))
+}
+
+#[test]
+fn repeated_add_keeps_inbound_reaching_the_proxy_with_no_refused_connection() {
+    let node = start_node(&[namespace_manifest("shop", &[])]);
+    let server_pod = add_pod(&node, PodSpec::meshed("shop", "server"));
+    let client_pod = add_pod(&node, PodSpec::unmeshed("shop", "client"));
+    let ip = server_pod.ip().expect("server ip");
+    let dst = SocketAddr::from((ip, 8080));
+    let netns = server_pod.netns().expect("server netns");
+    let server = EchoServer::bind_in(netns, dst, "app-8080").expect("echo server");
+    let proxy = server_pod.start_proxy().expect("proxy in the server pod");
+    let c = cookie(&server_pod);
+    let listener = format!("{c}:{AF_INET}");
+    wait_until(
+        "the proxy's inbound listener is registered",
+        Duration::from_secs(10),
+        || state(&node).listeners.contains(&listener).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
+    let record_before = state(&node)
+        .record(&server_pod.container_id)
+        .expect("record");
+
+    // Client loops from another pod, before, across and after five repeated ADDs.
+    const BATCH: u64 = 200;
+    let placement = client_pod.container(APP_UID);
+    let mut opts = Options::new(dst).send("ping\n");
+    opts.count = BATCH;
+    opts.timeout_ms = 2000;
+    let adds_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = adds_done.clone();
+    let client = std::thread::spawn(move || {
+        let (mut batches, mut succeeded, mut failed, mut first_failure) = (0u64, 0, 0, None);
+        // Until the ADDs are done, then one more batch.
+        loop {
+            let last = done.load(std::sync::atomic::Ordering::SeqCst);
+            let report = run_client(&placement, &opts, Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("client loop: {e}"));
+            batches += 1;
+            succeeded += report.succeeded;
+            failed += report.failed;
+            first_failure = first_failure.or(report.first_failure);
+            if last || batches > 500 {
+                return (batches, succeeded, failed, first_failure);
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    for i in 0..5 {
+        let out = plugin_add(&node, &server_pod, None);
+        assert!(
+            out.status.success(),
+            "repeated ADD #{i} must succeed: {}\n{}\n{}",
+            out.stdout,
+            out.stderr,
+            node.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let listener_right_after = state(&node).listeners.contains(&listener);
+    adds_done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (batches, succeeded, failed, first_failure) = client.join().expect("client thread");
+    assert!(batches >= 2, "the client loop ran across the repeated ADDs");
+    assert!(
+        listener_right_after,
+        "the proxy's listener entry is kept by a repeated ADD"
+    );
+    assert_eq!(
+        (succeeded, failed),
+        (batches * BATCH, 0),
+        "every inbound connection across the repeated ADDs reached the app (through the proxy); \
+         first failure: {first_failure:?}"
+    );
+    let total = batches * BATCH;
+    // Through the proxy: it accepted inbound connections with the original destination.
+    let accepted = proxy
+        .events()
+        .expect("proxy events")
+        .iter()
+        .filter(|e| {
+            matches!(e, linkerd_cni_tests::proxy::Event::Accepted { orig_dst, .. } if *orig_dst == dst)
+        })
+        .count();
+    assert!(
+        accepted as u64 >= total,
+        "the proxy accepted every connection ({accepted} of {total})"
+    );
+    assert!(server.received().len() as u64 >= total);
+
+    // Same registration, same links, counters kept.
+    let st = state(&node);
+    assert_eq!(
+        st.record(&server_pod.container_id).expect("record")["netns_cookie"],
+        record_before["netns_cookie"]
+    );
+    assert!(st.listeners.contains(&listener), "listener kept after");
+    let stats = Maps::open(&node.pin_root().join(paths::PIN_MAPS))
+        .expect("maps")
+        .stats(c);
+    assert!(
+        stats.in_redirected >= total,
+        "counters were not reset by the repeated ADDs: {stats:?}"
+    );
+
+    // A different netns under the same container id replaces the registration cleanly.
+    let other = linkerd_cni_tests::NetnsGuard::new().expect("another netns");
+    let out = plugin_add(
+        &node,
+        &server_pod,
+        Some(&other.path().display().to_string()),
+    );
+    assert!(
+        out.status.success(),
+        "ADD in another netns: {}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let st = state(&node);
+    let new_cookie = other.cookie().expect("cookie");
+    assert_eq!(
+        st.record(&server_pod.container_id).expect("record")["netns_cookie"],
+        serde_json::json!(new_cookie)
+    );
+    assert!(
+        st.entries_for(c).is_empty(),
+        "nothing of the old netns is left: {:?}",
+        st.entries_for(c)
+    );
+    assert!(st.pod_config.contains_key(&new_cookie));
+    drop(proxy);
+}
+
+/// `n` distinct `/32`s, comma-separated.
+fn many_subnets(n: u32) -> String {
+    (0..n)
+        .map(|i| format!("{}/32", Ipv4Addr::from(0x0a40_0000 + i)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+fn hostile_pods_are_refused_alone_and_leave_nothing_behind() {
+    let hostile = [
+        (
+            PodSpec::meshed("shop", "subnets").annotate(SKIP_SUBNETS, &many_subnets(70_000)),
+            SKIP_SUBNETS,
+        ),
+        (
+            PodSpec::meshed("shop", "all-ports").annotate(SKIP_INBOUND, "1-65535"),
+            SKIP_INBOUND,
+        ),
+    ];
+    let node = start_node(&[namespace_manifest("shop", &[])]);
+    for (spec, annotation) in hostile {
+        let name = spec.name.clone();
+        let pod = node.new_pod(spec).expect("pod");
+        let c = cookie(&pod);
+        let out = node
+            .cni(linkerd_cni_tests::cniruntime::Verb::Add, &pod)
+            .expect("cni");
+        assert!(!out.ok(), "{name}: the ADD must fail: {}", out.stdout);
+        let text = format!("{}{}", out.stdout, out.stderr);
+        assert!(
+            text.contains(annotation) && text.contains("per-pod limit"),
+            "{name}: the error names the limit and {annotation}: {text}"
+        );
+        let st = state(&node);
+        assert!(
+            st.entries_for(c).is_empty(),
+            "{name}: no map entries left: {:?}",
+            st.entries_for(c)
+        );
+        assert!(
+            !st.registered().contains(&pod.container_id),
+            "{name}: not registered"
+        );
+        assert!(
+            st.links_of(&pod.container_id).is_empty(),
+            "{name}: no links"
+        );
+    }
+    // The next ordinary pod (with an ignored subnet of its own) registers.
+    let next = add_pod(
+        &node,
+        PodSpec::meshed("shop", "next").annotate(SKIP_SUBNETS, "192.168.0.0/16"),
+    );
+    let st = state(&node);
+    assert_eq!(
+        st.addrs.len(),
+        1,
+        "only the next pod's subnet is in l5d_addrs: {:?}",
+        st.addrs
+    );
+    assert!(st.pod_config.contains_key(&cookie(&next)));
+
+    // Fill levels: in inspect, and in /metrics; inspect sees no entry without a registration.
+    let inspect = node.inspect().expect("inspect");
+    assert!(
+        !inspect.contains("map entries with no registration"),
+        "no orphaned entries: {inspect}"
+    );
+    assert!(
+        inspect.contains(&format!("{} 1/{}", names::MAP_ADDRS, names::MAX_ADDRS)),
+        "inspect shows the fill level of l5d_addrs: {inspect}"
+    );
+    let agent = node.agent().expect("agent running");
+    let metric = |m: &str| {
+        agent
+            .metric(&format!("{m}{{map=\"{}\"}}", names::MAP_ADDRS))
+            .unwrap_or_else(|e| panic!("{m}: {e}"))
+    };
+    assert_eq!(metric("linkerd_cni_map_entries"), 1);
+    assert_eq!(
+        metric("linkerd_cni_map_max_entries"),
+        u64::from(names::MAX_ADDRS)
+    );
+}
+
+#[test]
+fn a_failed_write_is_rolled_back_entirely() {
+    let h = AgentHarness::new(None);
+    let pod = Pod::new().expect("pod");
+    // Fill l5d_addrs from outside until 3 entries are left, under a cookie no pod has.
+    let mut maps = h.maps();
+    let filler = LinkerdConfig {
+        outbound_subnets_to_ignore: (0..names::MAX_ADDRS - 3)
+            .map(|i| Cidr::host(Ipv4Addr::from(0x0b00_0000 + i).into()))
+            .collect(),
+        ..LinkerdConfig::default()
+    };
+    let filler_entries = linkerd_cni_agent::maps::PodEntries::new(u64::MAX, &filler, &[]);
+    maps.write_pod(u64::MAX, &filler_entries)
+        .expect("filler entries fit");
+    // A pod with 10 ignored subnets (under the per-pod limit): the 4th write fails.
+    let config = LinkerdConfig {
+        outbound_subnets_to_ignore: (0..10)
+            .map(|i| Cidr::host(Ipv4Addr::new(192, 0, 2, i).into()))
+            .collect(),
+        ..LinkerdConfig::default()
+    };
+    let c = pod.netns.cookie().expect("cookie");
+    let err = h
+        .agent()
+        .register(Registration {
+            id: "rollback".into(),
+            ifname: "eth0".into(),
+            netns: pod.netns.path().into(),
+            cgroup_hint: Some(pod.cgroup.path().display().to_string()),
+            pod: None,
+            config,
+            pod_ips: vec![],
+        })
+        .expect_err("l5d_addrs is full: the registration fails");
+    assert!(err.to_string().contains(names::MAP_ADDRS), "{err}");
+    let st = linkerd_cni_tests::node::read_state(&h.config().pin_root, &h.config().state_dir)
+        .expect("state");
+    assert!(
+        st.entries_for(c).is_empty(),
+        "no entry of the failed pod is left: {:?}",
+        st.entries_for(c)
+    );
+    assert!(st.registry.is_empty() && st.links.iter().all(|l| !l.contains("rollback")));
+    // Clean the filler.
+    maps.remove_pod(u64::MAX, &filler_entries)
+        .expect("remove the filler");
+    assert_eq!(h.maps().addrs.keys().count(), 0);
+}
+
+/// A process holding a new user namespace mapping in-ns 0-65535 to host 100000-165535 and a
+/// network namespace owned by it, like a `hostUsers: false` pod's sandbox.
+struct UsernsPod {
+    holder: ChildGuard,
+}
+
+impl UsernsPod {
+    fn new() -> Self {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("600");
+        // SAFETY: unshare is async-signal-safe; the child is single-threaded.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let holder = ChildGuard::spawn(&mut cmd).expect("spawn the namespace holder");
+        let pid = holder.pid();
+        for map in ["uid_map", "gid_map"] {
+            fs::write(format!("/proc/{pid}/{map}"), "0 100000 65536\n")
+                .unwrap_or_else(|e| panic!("writing {map}: {e}"));
+        }
+        let this = Self { holder };
+        this.ip(&["link", "set", "lo", "up"]);
+        this
+    }
+
+    fn path(&self, ns: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/{ns}", self.holder.pid()))
+    }
+
+    fn ip(&self, args: &[&str]) {
+        let out = Placement::new()
+            .netns_path(self.path("net"))
+            .command("ip")
+            .expect("ip")
+            .args(args)
+            .output()
+            .expect("run ip");
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
+    let h = AgentHarness::new(None);
+    let pod = UsernsPod::new();
+    let cgroup = CgroupGuard::new().expect("cgroup");
+    let config = LinkerdConfig {
+        proxy_gid: i64::from(PROXY_UID),
+        ..LinkerdConfig::default()
+    };
+    let record = h
+        .agent()
+        .register(Registration {
+            id: "userns-pod".into(),
+            ifname: "eth0".into(),
+            netns: pod.path("net"),
+            cgroup_hint: Some(cgroup.path().display().to_string()),
+            pod: None,
+            config,
+            pod_ips: vec![],
+        })
+        .expect("register the user-namespaced pod");
+    // An address added after ADD: not one of the pod's own, not loopback.
+    pod.ip(&["addr", "add", "10.77.0.1/32", "dev", "lo"]);
+    let target = SocketAddr::from(([10, 77, 0, 1], 8080));
+    let run_as = |uid: u32, gid: u32| {
+        let placement = Placement::new()
+            .userns_path(pod.path("user"))
+            .netns_path(pod.path("net"))
+            .cgroup(&cgroup)
+            .uid(uid)
+            .gid(gid);
+        let mut opts = Options::new(target);
+        opts.listen = Some(target);
+        opts.timeout_ms = 2000;
+        run_client(&placement, &opts, Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("client as in-ns uid {uid} gid {gid}: {e}"))
+    };
+    let run = |uid: u32| run_as(uid, uid);
+    let proxy = run(PROXY_UID);
+    assert_eq!(proxy.uid, PROXY_UID, "in-ns UID as the process sees it");
+    assert!(
+        proxy.accepted.as_ref().is_some_and(|a| a.reached_self),
+        "the proxy's own connection (in-ns 2102 = host 102102) is not redirected: {proxy:?}"
+    );
+    let app = run(APP_UID);
+    assert!(
+        !app.accepted.as_ref().is_some_and(|a| a.reached_self),
+        "an app connection (in-ns 1000) is redirected: {app:?}"
+    );
+    // The GID exemption too: an app UID with the proxy's group (in-ns 2102 = host 102102).
+    let by_group = run_as(APP_UID, PROXY_UID);
+    assert!(
+        by_group.accepted.as_ref().is_some_and(|a| a.reached_self),
+        "a connection of the proxy's group is not redirected: {by_group:?}"
+    );
+    let stats = h.maps().stats(record.netns_cookie);
+    assert_eq!(
+        (stats.out_exempt_owner, stats.out_redirected),
+        (2, 1),
+        "two exempt (UID, GID), one redirected: {stats:?}"
+    );
+    let in_map = h
+        .maps()
+        .pod_config(record.netns_cookie)
+        .expect("config entry");
+    assert_eq!(
+        (in_map.proxy_uid, in_map.proxy_gid),
+        (102_102, 102_102),
+        "the proxy's host IDs are stored"
+    );
+    // An unmapped proxy UID is refused with a clear error.
+    let err = h
+        .agent()
+        .register(Registration {
+            id: "userns-unmapped".into(),
+            ifname: "eth0".into(),
+            netns: pod.path("net"),
+            cgroup_hint: None,
+            pod: None,
+            config: LinkerdConfig {
+                proxy_uid: 70_000,
+                ..LinkerdConfig::default()
+            },
+            pod_ips: vec![],
+        })
+        .expect_err("proxy UID 70000 is not mapped");
+    assert!(err.to_string().contains("70000 is not mapped"), "{err}");
+    h.agent().unregister("userns-pod").expect("unregister");
+}
+
+#[test]
+fn repeated_add_with_a_changed_config_updates_the_entries_in_place() {
+    let h = AgentHarness::new(None);
+    let pod = Pod::new().expect("pod");
+    let config = |port: &str, subnet: &str| -> LinkerdConfig {
+        serde_json::from_value(serde_json::json!({
+            "outbound-ports-to-ignore": [port],
+            "outbound-subnets-to-ignore": [subnet],
+        }))
+        .expect("config")
+    };
+    let first = h.register(&pod, config("25", "10.0.0.0/8"), true);
+    let c = first.netns_cookie;
+    let links = |h: &AgentHarness| {
+        linkerd_cni_tests::node::read_state(&h.config().pin_root, &h.config().state_dir)
+            .expect("state")
+    };
+    let ino_of = |st: &AgentState| -> Vec<(String, u64)> {
+        st.links
+            .iter()
+            .filter_map(|l| {
+                use std::os::unix::fs::MetadataExt;
+                let m = fs::metadata(h.config().pin_root.join(l)).ok()?;
+                m.is_file().then(|| (l.clone(), m.ino()))
+            })
+            .collect()
+    };
+    let before = links(&h);
+    let pinned_before = ino_of(&before);
+    // One redirected connection before the second ADD: its count must survive it.
+    let target = SocketAddr::from(([192, 0, 2, 2], 80));
+    run_client(
+        &pod.container(APP_UID),
+        &Options::new(target),
+        Duration::from_secs(10),
+    )
+    .expect("client");
+    assert_eq!(h.maps().stats(c).out_redirected, 1);
+    let second = h.register(&pod, config("9000-9001", "192.168.0.0/16"), true);
+    assert_eq!(second.netns_cookie, c);
+    let after = links(&h);
+    assert_eq!(
+        ino_of(&after),
+        pinned_before,
+        "the same links stay pinned (not re-made)"
+    );
+    assert_eq!(
+        after.addrs,
+        [format!("{c}:1:192.168.0.0/16")].into_iter().collect(),
+        "only the new subnet is left"
+    );
+    // Block 35 holds 9000-9001; block 0 (port 25) is gone; block 16 is the inbound default.
+    assert_eq!(
+        after.port_sets,
+        [format!("{c}:1:35"), format!("{c}:2:16")]
+            .into_iter()
+            .collect(),
+        "only the new port blocks are left"
+    );
+    assert_eq!(h.maps().stats(c).out_redirected, 1, "counters kept");
+    assert!(
+        h.agent().check(&second.id).is_ok(),
+        "CHECK passes after the update"
+    );
+}
