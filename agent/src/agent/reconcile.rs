@@ -36,7 +36,7 @@ use crate::{
     bpf_sys::{self, AttachType},
     dataplane::DataplaneError,
     kernel,
-    maps::{Maps, PodEntries},
+    maps::Maps,
     netns::{self, Netns},
     registry::{Attachment, PodRecord},
 };
@@ -355,7 +355,7 @@ impl Agent {
 /// Re-writes whatever entry of `record` the maps lack (its config last, as at registration).
 fn repair_entries(maps: &mut Maps, record: &PodRecord) -> Result<Option<Repair>, AgentError> {
     let cookie = record.netns_cookie;
-    let entries = PodEntries::new(cookie, &record.config, &record.pod_ips);
+    let entries = super::entries_of(record);
     let mut missing = Vec::new();
     let update = |name| move |source| crate::maps::MapsError::Update { name, source };
     if maps.pod_stats.get(&cookie, 0).is_err() {
