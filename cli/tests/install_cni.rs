@@ -415,6 +415,18 @@ fn flags_change_what_they_should() {
             vec![],
             vec![(format!("{ds}/spec/containers/0/env/6/value"), json!("true"))],
         ),
+        // Linkerd's values: iptablesMode plain reaches the conflist (ignored in eBPF mode);
+        // privileged and enablePSP are accepted and change nothing.
+        (
+            vec!["--set", "iptablesMode=plain"],
+            vec![],
+            vec![(linkerd("iptables-mode"), json!("plain"))],
+        ),
+        (
+            vec!["--set", "privileged=true,enablePSP=true"],
+            vec![],
+            vec![],
+        ),
         // A class named like a YAML boolean stays a string once rendered.
         (
             vec!["--set-string", "priorityClassName=true"],
