@@ -43,7 +43,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Load the programs, serve the registration socket, keep registrations in force.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print every registered pod with its config and live counters.
     Inspect,
     /// Check the kernel, load and pin the programs, then exit.
@@ -97,13 +97,27 @@ struct RunArgs {
     /// what is missing put back (SIGHUP asks for a pass at once; CNI CHECK repairs its pod).
     #[arg(long, env = "LINKERD_CNI_AGENT_RECONCILE_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     reconcile_interval: Duration,
-    /// With --install, remove linkerd-cni from the CNI configs on SIGTERM. Off by default: a
-    /// rolling update's SIGTERM must not open a window where new pods start without the
-    /// plugin (they wait for the new agent instead). Uninstall with `linkerd-cni-agent
-    /// uninstall` or this flag. Any other stop (crash, SIGKILL) always leaves the configs.
+    /// With --install, always remove linkerd-cni from the CNI configs on SIGTERM. Without it,
+    /// SIGTERM asks the API whether the agent's DaemonSet is being deleted (uninstall: remove)
+    /// or not (a rolling update: keep, so that no pod starts without the plugin before the
+    /// next agent is up); when the API cannot say, the plugin stays. `linkerd-cni-agent
+    /// uninstall` removes it by hand. Any other stop (crash, SIGKILL) always leaves the configs.
     #[arg(long, env = "LINKERD_CNI_AGENT_CLEANUP_ON_SIGTERM")]
     cleanup_on_sigterm: bool,
+    /// Namespace of the agent's DaemonSet (the downward API's metadata.namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "linkerd-cni")]
+    pod_namespace: String,
+    /// Name of the agent's DaemonSet, read on SIGTERM.
+    #[arg(
+        long,
+        env = "LINKERD_CNI_AGENT_DAEMONSET",
+        default_value = "linkerd-cni"
+    )]
+    daemonset: String,
 }
+
+/// How long SIGTERM waits for the API to say whether the DaemonSet is being deleted.
+const TERMINATION_API_BOUND: Duration = Duration::from_secs(2);
 
 /// glibc gives each thread that allocates its own arena; the agent's short-lived blocking
 /// threads (netns work, bpf syscalls) would leave several megabytes of fragmented arenas
@@ -172,7 +186,7 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
-                .block_on(run(config, args, cli.bpffs))
+                .block_on(run(config, *args, cli.bpffs))
         }
     }
 }
@@ -186,7 +200,7 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
         None => nix::unistd::gethostname()?.to_string_lossy().into_owned(),
     };
     let client = linkerd_cni_k8s::client::client(args.kubeconfig.as_deref()).await?;
-    let pods = linkerd_cni_k8s::PodSource::new(client, node.clone());
+    let pods = linkerd_cni_k8s::PodSource::new(client.clone(), node.clone());
     let reconciler = Arc::new(Reconciler::new(agent.clone(), &bpffs));
     let server = Arc::new(Server {
         agent: agent.clone(),
@@ -283,16 +297,47 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
     if let Some(task) = installer_task {
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }
-    match (installer, sigterm && args.cleanup_on_sigterm) {
-        (Some(i), true) => {
-            tracing::info!("removing linkerd-cni from the host (--cleanup-on-sigterm)");
+    if let Some(i) = installer {
+        let remove = if !sigterm {
+            None
+        } else if args.cleanup_on_sigterm {
+            Some("--cleanup-on-sigterm".to_string())
+        } else {
+            use linkerd_cni_k8s::termination::{Termination, termination};
+            match termination(
+                client,
+                &args.pod_namespace,
+                &args.daemonset,
+                TERMINATION_API_BOUND,
+            )
+            .await
+            {
+                Termination::Uninstall(why) => Some(why),
+                Termination::Rollout => {
+                    tracing::info!(
+                        daemonset = %args.daemonset,
+                        namespace = %args.pod_namespace,
+                        "the DaemonSet stays (rollout): linkerd-cni stays in the CNI configs, \
+                         new pods wait for the next agent"
+                    );
+                    None
+                }
+                Termination::Unknown(why) => {
+                    tracing::warn!(
+                        reason = %why,
+                        "cannot tell a rollout from an uninstall: linkerd-cni stays in the CNI \
+                         configs; if the DaemonSet is being removed, run \
+                         `linkerd-cni-agent uninstall` on this node (or remove the linkerd-cni \
+                         entry from its conflists)"
+                    );
+                    None
+                }
+            }
+        };
+        if let Some(why) = remove {
+            tracing::info!(reason = %why, "uninstall: removing linkerd-cni from the host");
             tokio::task::spawn_blocking(move || i.cleanup()).await??;
         }
-        (Some(_), false) => tracing::info!(
-            "linkerd-cni stays in the CNI configs: new pods wait for the next agent \
-             (uninstall: `linkerd-cni-agent uninstall` or --cleanup-on-sigterm)"
-        ),
-        (None, _) => {}
     }
     let _ = std::fs::remove_file(&args.socket);
     Ok(())

@@ -6,7 +6,10 @@
 //! validate the result (unknown keys, wrong types, bad ports and paths are errors here, where
 //! Helm would silently render them).
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use linkerd_cni_proto::config::{PortRange, parse_port_list};
 use serde::{Deserialize, Deserializer};
@@ -154,6 +157,19 @@ pub struct Values {
     pub tolerations: Vec<Json>,
     pub resources: Resources,
     pub agent: Agent,
+    pub common_labels: BTreeMap<String, String>,
+    pub pod_labels: BTreeMap<String, String>,
+    pub image_pull_secrets: Vec<Json>,
+    pub node_affinity: Map<String, Json>,
+    pub extra_init_containers: Vec<Json>,
+    pub update_strategy: Map<String, Json>,
+    pub revision_history_limit: u32,
+    pub cli_version: String,
+    /// Accepted (Linkerd's chart has it); the agent container is always privileged.
+    pub privileged: bool,
+    /// Accepted (Linkerd's chart has it); no PodSecurityPolicy is rendered.
+    #[serde(rename = "enablePSP")]
+    pub enable_psp: bool,
 }
 
 /// `image`.
@@ -289,8 +305,8 @@ pub fn validate(values: &Json) -> Result<Values, ValuesError> {
             "expected Always, IfNotPresent or Never",
         ));
     }
-    if !["legacy", "nft"].contains(&v.iptables_mode.as_str()) {
-        return Err(invalid("iptablesMode", "expected legacy or nft"));
+    if !["legacy", "nft", "plain"].contains(&v.iptables_mode.as_str()) {
+        return Err(invalid("iptablesMode", "expected legacy, nft or plain"));
     }
     // A namespace name is a DNS label.
     if let Some(bad) = v.excluded_namespaces.iter().find(|n| {

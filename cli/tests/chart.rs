@@ -53,6 +53,10 @@ fn cli_and_chart_render_the_same_objects() {
             "image:\n  name: r.io/x\n  version: v1\n  pullPolicy: Never\npriorityClassName: system-node-critical\n",
         ),
         (
+            "Linkerd's values",
+            "iptablesMode: plain\nprivileged: true\nenablePSP: true\ncliVersion: linkerd/cli x\nrevisionHistoryLimit: 0\npodLabels:\n  a: b\ncommonLabels:\n  c: d\nimagePullSecrets:\n  - name: s\nupdateStrategy:\n  type: OnDelete\n",
+        ),
+        (
             "no namespace, no tolerations",
             "installNamespace: false\ntolerations: []\n",
         ),

@@ -141,7 +141,11 @@ fn objects_and_labels() {
         let role = &objs["ClusterRole/linkerd-cni"];
         assert_eq!(
             role["rules"],
-            json!([{"apiGroups": [""], "resources": ["pods", "nodes", "namespaces", "services"], "verbs": ["get", "list", "watch"]}])
+            json!([
+                {"apiGroups": [""], "resources": ["pods", "nodes", "namespaces", "services"], "verbs": ["get", "list", "watch"]},
+                // SIGTERM: rollout (DaemonSet stands) or uninstall (deleting or gone).
+                {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]}
+            ])
         );
     }
 }
@@ -189,10 +193,31 @@ fn default_render_content() {
     assert_eq!(c["command"], json!(["linkerd-cni-agent", "run"]));
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready");
+    // The agent remounts bpffs when it is lost: only Bidirectional propagation makes that
+    // mount the host's, and Kubernetes allows it only in privileged containers.
+    let bpffs = c["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"] == "bpffs")
+        .expect("bpffs mount");
+    assert_eq!(bpffs["mountPropagation"], "Bidirectional");
     assert_eq!(
-        c["securityContext"]["privileged"], false,
-        "the long-running container is not privileged"
+        c["securityContext"]["privileged"], true,
+        "Bidirectional propagation requires privileged"
     );
+    // SIGTERM tells a rollout from an uninstall by reading the agent's own DaemonSet.
+    let env: BTreeMap<&str, &Json> = c["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|e| (e["name"].as_str().expect("name"), e))
+        .collect();
+    assert_eq!(
+        env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert_eq!(env["LINKERD_CNI_AGENT_DAEMONSET"]["value"], "linkerd-cni");
     let mounts: BTreeMap<&str, &str> = c["volumeMounts"]
         .as_array()
         .expect("mounts")
@@ -389,6 +414,24 @@ fn flags_change_what_they_should() {
             vec!["--set-string", "agent.logLevel=true"],
             vec![],
             vec![(format!("{ds}/spec/containers/0/env/6/value"), json!("true"))],
+        ),
+        // Linkerd's values: iptablesMode plain reaches the conflist (ignored in eBPF mode);
+        // privileged and enablePSP are accepted and change nothing.
+        (
+            vec!["--set", "iptablesMode=plain"],
+            vec![],
+            vec![(linkerd("iptables-mode"), json!("plain"))],
+        ),
+        (
+            vec!["--set", "privileged=true,enablePSP=true"],
+            vec![],
+            vec![],
+        ),
+        // A class named like a YAML boolean stays a string once rendered.
+        (
+            vec!["--set-string", "priorityClassName=true"],
+            vec![],
+            vec![(format!("{ds}/spec/priorityClassName"), json!("true"))],
         ),
         (
             vec!["--set-file", &set_file, "--set", "priorityClassName=x"],

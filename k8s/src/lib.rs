@@ -9,12 +9,15 @@
 //!   [`client::client`] is the agent's (in-cluster, or from a kubeconfig file).
 //! - [`names`]: Linkerd's vocabulary (container names, annotation and label keys, object
 //!   names, defaults), shared with the proxy injector and the CLI.
+//! - [`termination::termination`]: on SIGTERM, a rollout or an uninstall, from the agent's
+//!   own DaemonSet.
 
 pub mod client;
 pub mod decision;
 mod error;
 pub mod names;
 pub mod source;
+pub mod termination;
 
 pub use decision::{AnnotationError, Decision};
 pub use error::K8sError;

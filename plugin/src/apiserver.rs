@@ -42,6 +42,15 @@ pub enum ApiError {
     /// The API answered something other than the pod.
     #[error("GET {url}: {reason}")]
     Answer { url: String, reason: String },
+    /// The API rejects the kubeconfig's credentials: 401 (the token's ServiceAccount is gone)
+    /// or 403 (its RBAC is gone). After an uninstall that left the conflist patched, this is
+    /// what every lookup gets.
+    #[error("GET {url}: status {status} (the API rejects linkerd-cni's credentials): {reason}")]
+    Rejected {
+        url: String,
+        status: u16,
+        reason: String,
+    },
 }
 
 /// The real lookup.
@@ -245,11 +254,15 @@ impl Target {
             .read_to_vec()
             .map_err(|e| request_err(format!("reading the answer: {e}")))?;
         if status != 200 {
-            let text = String::from_utf8_lossy(&body);
-            return Err(answer(format!(
-                "status {status}: {}",
-                text.chars().take(200).collect::<String>()
-            )));
+            let text: String = String::from_utf8_lossy(&body).chars().take(200).collect();
+            if status == 401 || status == 403 {
+                return Err(ApiError::Rejected {
+                    url: url.clone(),
+                    status,
+                    reason: text,
+                });
+            }
+            return Err(answer(format!("status {status}: {text}")));
         }
         serde_json::from_slice(&body).map_err(|e| answer(format!("not a pod object: {e}")))
     }
@@ -354,5 +367,21 @@ mod tests {
         assert!(err.to_string().contains("404"), "{err}");
         h.join().expect("server");
         assert!(t.get_pod("shop", "../x").is_err());
+
+        // Credentials rejected: told apart from other answers.
+        for status in ["401 Unauthorized", "403 Forbidden"] {
+            let (server, h) = serve_once(status, r#"{"kind":"Status"}"#);
+            let t = Target {
+                server,
+                ..t.clone()
+            };
+            let err = t.get_pod("shop", "web-0").expect_err(status);
+            let code: u16 = status[..3].parse().expect("code");
+            assert!(
+                matches!(err, ApiError::Rejected { status, .. } if status == code),
+                "{err:?}"
+            );
+            h.join().expect("server");
+        }
     }
 }

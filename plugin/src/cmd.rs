@@ -216,6 +216,17 @@ impl Ctx<'_> {
                 socket,
                 source: agent,
             }),
+            // No agent at all (not merely slow) and credentials rejected: uninstalled, with
+            // the entry left behind. Still fail closed, with the way out in the message.
+            Err(source @ crate::apiserver::ApiError::Rejected { status, .. })
+                if matches!(agent, AgentError::Unreachable { .. }) =>
+            {
+                Err(PluginError::Orphaned {
+                    status,
+                    agent: Box::new(agent),
+                    source,
+                })
+            }
             Err(source) => Err(PluginError::AgentAndApiDown {
                 socket,
                 agent: Box::new(agent),
@@ -1101,6 +1112,64 @@ mod tests {
         let r = run_with_api(&env("plain"), stdin.as_bytes(), &refusing, &api);
         assert_eq!(r.code(), 101);
         assert_eq!(api.seen.borrow().len(), before);
+    }
+
+    /// Uninstalled with the entry left behind: no agent socket and the API rejecting the
+    /// plugin's token (401/403). Still fails closed (11), and the message says how to get out;
+    /// a slow agent (timeout) with the same API answer keeps the generic message.
+    #[test]
+    fn add_without_the_agent_and_rejected_credentials_says_how_to_uninstall() {
+        let mut conf = base_conf(SpecVersion::V1_0_0);
+        conf["kubernetes"] = json!({"kubeconfig": "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"});
+        let mut env = base_env(Command::Add);
+        env.retain(|(k, _)| *k != "CNI_ARGS");
+        env.push(("CNI_ARGS", "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web".into()));
+        let stdin = conf.to_string();
+        for status in [401, 403] {
+            let api = MockApi::with(if status == 401 {
+                |_| {
+                    Err(ApiError::Rejected {
+                        url: "u".into(),
+                        status: 401,
+                        reason: "Unauthorized".into(),
+                    })
+                }
+            } else {
+                |_| {
+                    Err(ApiError::Rejected {
+                        url: "u".into(),
+                        status: 403,
+                        reason: "Forbidden".into(),
+                    })
+                }
+            });
+            let gone = MockAgent::with(|_| {
+                Err(AgentError::Unreachable {
+                    socket: "/test/agent.sock".into(),
+                    source: io::Error::from(io::ErrorKind::NotFound),
+                })
+            });
+            let r = run_with_api(&env, stdin.as_bytes(), &gone, &api);
+            assert_eq!(r.code(), 11, "fail closed: {}", r.stderr);
+            let msg = r.json()["msg"].as_str().unwrap_or_default().to_string();
+            assert!(
+                msg.contains("linkerd-cni-agent uninstall")
+                    && msg.contains("remove the linkerd-cni entry")
+                    && msg.contains(&format!("status {status}")),
+                "{msg}"
+            );
+
+            let slow = MockAgent::with(|_| {
+                Err(AgentError::Timeout {
+                    socket: "/test/agent.sock".into(),
+                    timeout_ms: 1,
+                })
+            });
+            let r = run_with_api(&env, stdin.as_bytes(), &slow, &api);
+            assert_eq!(r.code(), 11);
+            let msg = r.json()["msg"].as_str().unwrap_or_default().to_string();
+            assert!(msg.contains("cannot tell"), "{msg}");
+        }
     }
 
     /// Excluded namespaces never reach the agent, for any verb that would register or check.

@@ -97,6 +97,25 @@ pub enum PluginError {
         #[source]
         source: ApiError,
     },
+    /// ADD with no node agent running (its socket absent) and the Kubernetes API rejecting
+    /// the plugin's credentials (401/403): what a node looks like when linkerd-cni was
+    /// uninstalled but its entry stayed in the conflist. Fails closed like
+    /// [`Self::AgentAndApiDown`] (the pod may be meshed), and says how to get out.
+    #[error(
+        "the linkerd-cni node agent is not running ({agent}) and the Kubernetes API rejects \
+         linkerd-cni's credentials (status {status}): linkerd-cni looks uninstalled (its \
+         ServiceAccount or RBAC deleted) while this node's CNI config still lists it. Not \
+         starting the pod, it may be meshed. If linkerd-cni was removed, run \
+         `linkerd-cni-agent uninstall` on this node, or remove the linkerd-cni entry from the \
+         conflists in the CNI config directory (and its ZZZ-linkerd-cni-kubeconfig); otherwise \
+         reinstall linkerd-cni so its agent comes back"
+    )]
+    Orphaned {
+        status: u16,
+        agent: Box<AgentError>,
+        #[source]
+        source: ApiError,
+    },
     /// STATUS: the plugin cannot serve ADDs now.
     #[error("linkerd-cni is not available: {reason}")]
     NotAvailable {
@@ -146,7 +165,9 @@ pub fn cni_code(err: &PluginError) -> u32 {
         PluginError::Decode { .. } | PluginError::ConfigTooLarge { .. } => 6,
         PluginError::InvalidConfig { .. } => 7,
         PluginError::NotAvailable { .. } => 50,
-        PluginError::MeshedAgentDown { .. } | PluginError::AgentAndApiDown { .. } => 11,
+        PluginError::MeshedAgentDown { .. }
+        | PluginError::AgentAndApiDown { .. }
+        | PluginError::Orphaned { .. } => 11,
         PluginError::Agent(agent) => match agent {
             AgentError::Unreachable { .. }
             | AgentError::Timeout { .. }

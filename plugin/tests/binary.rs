@@ -337,6 +337,37 @@ fn missing_agent_is_try_again_later_but_del_succeeds() {
     );
 }
 
+/// Uninstalled with the conflist left patched: no agent socket, and the API rejects the
+/// plugin's token (its ServiceAccount or RBAC deleted). ADD still fails closed (11) and tells
+/// the operator the way out; the API was really asked.
+#[test]
+fn no_agent_and_rejected_credentials_names_the_way_out() {
+    let dir = TempDir::new();
+    let socket = dir.path().join("absent.sock");
+    let socket = socket.to_str().unwrap_or_else(|| panic!("utf-8"));
+    let api = linkerd_cni_fake_apiserver::FakeApiServer::start().expect("fake API server");
+    let kubeconfig = dir.path().join("ZZZ-linkerd-cni-kubeconfig");
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    // The pod env() names in CNI_ARGS.
+    let pod_path = "/api/v1/namespaces/emojivoto/pods/web-5d8f";
+    for status in [401u16, 403] {
+        api.fail_path(pod_path, Some(status));
+        let mut c = conf("1.1.0", socket);
+        c["kubernetes"]["kubeconfig"] = kubeconfig.to_str().expect("utf-8").into();
+        let before = api.hits(pod_path);
+        let r = run("ADD", &c);
+        assert_eq!(api.hits(pod_path), before + 1, "the plugin asked the API");
+        assert_eq!(r.code(), 11, "fail closed: {r:?}");
+        let msg = r.msg();
+        assert!(
+            msg.contains("linkerd-cni-agent uninstall")
+                && msg.contains("remove the linkerd-cni entry")
+                && msg.contains(&format!("status {status}")),
+            "{r:?}"
+        );
+    }
+}
+
 #[test]
 fn silent_or_garbled_agent() {
     let agent = FakeAgent::start(Behaviour::Silent(Duration::from_secs(3)));

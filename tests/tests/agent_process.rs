@@ -1,9 +1,11 @@
 //! The node agent as the DaemonSet runs it (root required): `linkerd-cni-agent run` with the
 //! node installer on, against a fake Kubernetes API and a temporary host CNI layout. It becomes
 //! ready only once the plugin is in every conflist, serves metrics, re-patches a conflist
-//! another CNI rewrites. However it stops (SIGTERM of a rolling update, SIGKILL, a crash) the
-//! plugin stays in the conflists, so no pod starts unmeshed in between; `linkerd-cni-agent
-//! uninstall` (or `--cleanup-on-sigterm`) removes it. Its endpoints survive fd exhaustion and
+//! another CNI rewrites. SIGTERM reads the agent's DaemonSet: a rollout (it stands) keeps the
+//! plugin in the conflists, so no pod starts unmeshed in between, as do SIGKILL, a crash, or an
+//! API that cannot confirm a deletion; an uninstall (DaemonSet deleting or gone, the agent's
+//! ServiceAccount or binding gone) removes it, as do `linkerd-cni-agent uninstall` and
+//! `--cleanup-on-sigterm`. Its endpoints survive fd exhaustion and
 //! idle connections, and the registration socket serves root peers only.
 //!
 //! Run: `cargo test -p linkerd-cni-tests --test agent_process -- --test-threads=1`
@@ -35,6 +37,26 @@ const FLANNEL: &str = r#"{
 const TEMPLATE: &str = r#"{"name":"linkerd-cni","type":"linkerd-cni","log_level":"info",
   "kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"},
   "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102}}"#;
+
+/// Where the agent reads its own DaemonSet (`POD_NAMESPACE`, the default name).
+const DAEMONSET_PATH: &str = "/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni";
+
+fn daemonset(deleting: bool) -> Value {
+    let mut ds = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "linkerd-cni", "namespace": "linkerd-cni", "uid": "ds-uid-1"},
+        "spec": {
+            "selector": {"matchLabels": {"k8s-app": "linkerd-cni"}},
+            "template": {"metadata": {"labels": {"k8s-app": "linkerd-cni"}}}
+        }
+    });
+    if deleting {
+        ds["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+        ds["metadata"]["finalizers"] = serde_json::json!(["foregroundDeletion"]);
+    }
+    ds
+}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -104,7 +126,7 @@ struct Installed {
     pin_root: PathBuf,
     env: Vec<(&'static str, PathBuf)>,
     agent_bin: PathBuf,
-    _api: FakeApiServer,
+    api: FakeApiServer,
     _dirs: Dirs,
 }
 
@@ -143,6 +165,8 @@ impl Installed {
         let pin_root = Path::new(paths::BPFFS).join(&tag);
 
         let api = FakeApiServer::start().expect("fake API server");
+        // The agent's DaemonSet stands (a rollout's SIGTERM); tests change it before SIGTERM.
+        api.route(DAEMONSET_PATH, daemonset(false));
         let kubeconfig = dirs.root.join("kubeconfig");
         api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
         let health: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
@@ -175,6 +199,8 @@ impl Installed {
             .args(extra)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .env_remove("LINKERD_CNI_AGENT_CLEANUP_ON_SIGTERM")
+            .env_remove("LINKERD_CNI_AGENT_DAEMONSET")
+            .env("POD_NAMESPACE", "linkerd-cni")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -189,7 +215,7 @@ impl Installed {
             pin_root,
             env,
             agent_bin,
-            _api: api,
+            api,
             _dirs: dirs,
         };
         wait_until("the agent to be ready", Duration::from_secs(30), || {
@@ -333,6 +359,7 @@ fn run_with_installer_becomes_ready_and_keeps_the_plugin_on_sigterm() {
 
 #[test]
 fn cleanup_on_sigterm_flag_removes_the_plugin() {
+    // The DaemonSet stands (a rollout), yet the flag forces the removal.
     let mut node = Installed::start("cleanup", &["--cleanup-on-sigterm"]);
     node.signal(nix::sys::signal::Signal::SIGTERM);
     let status = node
@@ -342,6 +369,98 @@ fn cleanup_on_sigterm_flag_removes_the_plugin() {
     assert!(status.success(), "agent exit status {status}");
     assert_eq!(plugin_types(&node.conflist), vec!["flannel", "portmap"]);
     assert!(!node.kubeconfig_file().exists() && !node.installed_binary().exists());
+}
+
+impl Installed {
+    /// SIGTERM, wait for a clean exit; whether the installation stayed (conflist entry,
+    /// kubeconfig and binary all there) or went (all gone, the original plugin list back).
+    /// Panics on anything in between.
+    fn sigterm_keeps_the_plugin(&mut self) -> bool {
+        self.api.clear_requests();
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let status = self
+            .agent
+            .wait_timeout(Duration::from_secs(20))
+            .expect("agent exits");
+        assert!(status.success(), "agent exit status {status}");
+        let types = plugin_types(&self.conflist);
+        let types: Vec<&str> = types.iter().map(String::as_str).collect();
+        let files = (
+            self.kubeconfig_file().exists(),
+            self.installed_binary().exists(),
+        );
+        match (types.as_slice(), files) {
+            (["flannel", "portmap", "linkerd-cni"], (true, true)) => true,
+            (["flannel", "portmap"], (false, false)) => false,
+            _ => panic!("half an uninstall: {types:?}, kubeconfig/binary present: {files:?}"),
+        }
+    }
+}
+
+/// Uninstall (`kubectl delete`, `helm uninstall`): the DaemonSet carries a deletionTimestamp
+/// while its pods terminate (foreground deletion) -> the plugin goes.
+#[test]
+fn sigterm_removes_the_plugin_when_the_daemonset_is_being_deleted() {
+    let mut node = Installed::start("ds-deleting", &[]);
+    node.api.route(DAEMONSET_PATH, daemonset(true));
+    assert!(!node.sigterm_keeps_the_plugin());
+}
+
+/// Uninstall with background deletion: the DaemonSet is already gone (404) -> the plugin goes.
+#[test]
+fn sigterm_removes_the_plugin_when_the_daemonset_is_gone() {
+    let mut node = Installed::start("ds-gone", &[]);
+    node.api.remove_route(DAEMONSET_PATH);
+    assert!(!node.sigterm_keeps_the_plugin());
+    let ask = node
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == DAEMONSET_PATH)
+        .count();
+    assert!(ask >= 1, "the agent read its DaemonSet");
+}
+
+/// `helm uninstall` / `kubectl delete -f` delete the ServiceAccount and the ClusterRoleBinding
+/// right after the DaemonSet, before its pods get SIGTERM: 401 (the token's ServiceAccount is
+/// gone), or 403 on every read (the binding is gone) -> the plugin goes.
+#[test]
+fn sigterm_removes_the_plugin_when_the_agent_identity_is_gone() {
+    let mut node = Installed::start("sa-gone", &[]);
+    node.api.fail_path(DAEMONSET_PATH, Some(401));
+    assert!(!node.sigterm_keeps_the_plugin(), "401");
+    drop(node);
+
+    let mut node = Installed::start("crb-gone", &[]);
+    node.api.fail_path(DAEMONSET_PATH, Some(403));
+    node.api
+        .fail_path("/api/v1/namespaces/linkerd-cni", Some(403));
+    assert!(!node.sigterm_keeps_the_plugin(), "403 on everything");
+}
+
+/// When the API cannot confirm a deletion, the plugin stays (fail closed): a server error, a
+/// ClusterRole that lacks `get` on DaemonSets while other reads work, an unreachable server.
+#[test]
+fn sigterm_keeps_the_plugin_when_the_api_cannot_say() {
+    let mut node = Installed::start("api-500", &[]);
+    node.api.fail_path(DAEMONSET_PATH, Some(500));
+    assert!(node.sigterm_keeps_the_plugin(), "500");
+    drop(node);
+
+    let mut node = Installed::start("rbac-partial", &[]);
+    node.api.fail_path(DAEMONSET_PATH, Some(403));
+    assert!(node.sigterm_keeps_the_plugin(), "403 on DaemonSets only");
+    drop(node);
+
+    let mut node = Installed::start("api-down", &[]);
+    node.api.fail_requests(Some(503));
+    let started = Instant::now();
+    assert!(node.sigterm_keeps_the_plugin(), "API answering 503");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "SIGTERM took {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
