@@ -114,9 +114,21 @@ impl Agent {
     /// Loads the programs (reusing pinned maps) and opens the registry. Pods registered by an
     /// earlier run are adopted as they are: their links and map entries were never touched.
     pub fn start(config: AgentConfig) -> Result<Self, AgentError> {
-        let dataplane = Dataplane::load(&config.pin_root)?;
-        let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;
         let registry = Registry::open(&config.state_dir)?;
+        let dataplane = Dataplane::load(&config.pin_root)?;
+        // Registered pods, for maps a layout migration replaces (the registry is the source of
+        // truth for per-pod config).
+        let pods: Vec<_> = registry
+            .all()?
+            .iter()
+            .filter(|r| r.redirected())
+            .map(|r| {
+                let dir = pod_link_dir(&config.pin_root, &r.id);
+                (dir, r.netns_cookie, entries_of(r))
+            })
+            .collect();
+        dataplane.finish_load(&pods)?;
+        let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;
         let cgroup_root = kernel::cgroup2_mount(config.host_root.as_deref())?;
         let shared_cgroup = config
             .shared_cgroup

@@ -1,6 +1,8 @@
-//! The few `bpf(2)` commands the agent issues itself: creating, pinning, opening, inspecting
-//! and detaching bpf_links, setting a program array slot, and loading each pod's `sk_lookup`
-//! stub (a handful of instructions built here: a full object load per pod costs ~100 times more).
+//! The few `bpf(2)` commands the agent issues itself: creating, pinning, opening, inspecting,
+//! updating and detaching bpf_links, setting a program array slot, loading each pod's
+//! `sk_lookup` stub (a handful of instructions built here: a full object load per pod costs
+//! ~100 times more), and the raw map access layout migration needs (map info, creating the
+//! meta map, copying entries of any map whatever its types).
 //!
 //! aya 0.14 cannot turn every link type it creates into a pinnable link (cgroup sockopt and
 //! sock_addr links among them), so links are created here, uniformly, from aya-loaded program
@@ -21,12 +23,17 @@ use std::{
 
 use linkerd_cni_common::names::Hook;
 
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_LINK_DETACH: libc::c_long = 34;
 
 /// Kernel attach types (`enum bpf_attach_type`) of the programs we attach.
@@ -290,6 +297,168 @@ pub fn link_info(link: impl AsFd) -> io::Result<LinkInfo> {
         target,
         attach_type,
     })
+}
+
+/// `BPF_LINK_UPDATE`: atomically replaces the program of a link; the attachment itself (and
+/// its place among the target's programs) stays. Every packet or socket operation runs either
+/// the old program or the new one, never neither.
+///
+/// # Minimum kernel version
+/// 5.7 (cgroup links), 5.9 (netns links).
+pub fn link_update(link: impl AsFd, new_prog: impl AsFd) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, link.as_fd().as_raw_fd() as u32)
+        .put_u32(4, new_prog.as_fd().as_raw_fd() as u32);
+    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}
+
+/// `BPF_MAP_TYPE_ARRAY`.
+pub const MAP_TYPE_ARRAY: u32 = 2;
+/// `BPF_MAP_TYPE_PERCPU_HASH`.
+pub const MAP_TYPE_PERCPU_HASH: u32 = 5;
+/// `BPF_MAP_TYPE_PERCPU_ARRAY`.
+pub const MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+/// `BPF_MAP_TYPE_LRU_PERCPU_HASH`.
+pub const MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
+/// `BPF_MAP_TYPE_SOCKMAP`.
+pub const MAP_TYPE_SOCKMAP: u32 = 15;
+/// `BPF_MAP_TYPE_SOCKHASH`.
+pub const MAP_TYPE_SOCKHASH: u32 = 18;
+/// `BPF_MAP_TYPE_SK_STORAGE`.
+pub const MAP_TYPE_SK_STORAGE: u32 = 24;
+
+/// What the kernel says about a map (`struct bpf_map_info`, the part used here).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MapInfo {
+    pub map_type: u32,
+    pub id: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub map_flags: u32,
+    /// 0 when the map was created without BTF (`bpftool` then prints raw bytes).
+    pub btf_id: u32,
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` on a map.
+pub fn map_info(map: impl AsFd) -> io::Result<MapInfo> {
+    #[repr(C, align(8))]
+    struct Raw([u8; 96]);
+    let mut raw = Raw([0; 96]);
+    let mut attr = Attr::new();
+    attr.put_u32(0, map.as_fd().as_raw_fd() as u32)
+        .put_u32(4, 96)
+        .put_u64(8, raw.0.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let u32_at =
+        |o: usize| u32::from_ne_bytes([raw.0[o], raw.0[o + 1], raw.0[o + 2], raw.0[o + 3]]);
+    // type, id, key_size, value_size, max_entries, map_flags, name[16], ifindex,
+    // btf_vmlinux_value_type_id, netns_dev, netns_ino, btf_id (offset 64).
+    Ok(MapInfo {
+        map_type: u32_at(0),
+        id: u32_at(4),
+        key_size: u32_at(8),
+        value_size: u32_at(12),
+        max_entries: u32_at(16),
+        map_flags: u32_at(20),
+        btf_id: u32_at(64),
+    })
+}
+
+/// Key and value types of a map in a loaded BTF object.
+#[derive(Clone, Copy, Debug)]
+pub struct MapBtf<'a> {
+    pub btf: BorrowedFd<'a>,
+    pub key_type_id: u32,
+    pub value_type_id: u32,
+}
+
+/// `BPF_MAP_CREATE`, with key/value BTF when given.
+pub fn map_create(
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    name: &str,
+    btf: Option<MapBtf<'_>>,
+) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, map_type)
+        .put_u32(4, key_size)
+        .put_u32(8, value_size)
+        .put_u32(12, max_entries)
+        .put_u32(16, map_flags);
+    let name = name.as_bytes();
+    let len = name.len().min(15);
+    attr.0[28..28 + len].copy_from_slice(&name[..len]);
+    if let Some(b) = btf {
+        // btf_fd, btf_key_type_id, btf_value_type_id.
+        attr.put_u32(48, b.btf.as_raw_fd() as u32)
+            .put_u32(52, b.key_type_id)
+            .put_u32(56, b.value_type_id);
+    }
+    bpf(BPF_MAP_CREATE, &mut attr).map(owned)
+}
+
+/// `BPF_BTF_LOAD`: loads a raw BTF blob (header, types, strings).
+pub fn btf_load(blob: &[u8]) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.put_u64(0, blob.as_ptr() as u64)
+        .put_u32(16, blob.len() as u32);
+    bpf(BPF_BTF_LOAD, &mut attr).map(owned)
+}
+
+fn elem_attr(map: BorrowedFd<'_>, key: *const u8, value: u64, flags: u64) -> Attr {
+    let mut attr = Attr::new();
+    attr.put_u32(0, map.as_raw_fd() as u32)
+        .put_u64(8, key as u64)
+        .put_u64(16, value)
+        .put_u64(24, flags);
+    attr
+}
+
+/// `BPF_MAP_LOOKUP_ELEM` with raw bytes: `value` must hold the whole value (all CPUs' copies
+/// for per-CPU maps). `Ok(false)` when the key is absent.
+pub fn map_lookup(map: impl AsFd, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+    let mut attr = elem_attr(map.as_fd(), key.as_ptr(), value.as_mut_ptr() as u64, 0);
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `BPF_MAP_UPDATE_ELEM` with raw bytes and `BPF_ANY`.
+pub fn map_update(map: impl AsFd, key: &[u8], value: &[u8]) -> io::Result<()> {
+    let mut attr = elem_attr(map.as_fd(), key.as_ptr(), value.as_ptr() as u64, 0);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first one with `None`) into `next`.
+/// `Ok(false)` at the end.
+pub fn map_next_key(map: impl AsFd, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
+    let key = key.map_or(std::ptr::null(), <[u8]>::as_ptr);
+    let mut attr = elem_attr(map.as_fd(), key, next.as_mut_ptr() as u64, 0);
+    match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The kernel id of any bpf object (program, map or link): `BPF_OBJ_GET_INFO_BY_FD` reading
+/// only the common head of the info structs (type, id).
+pub fn obj_id(fd: impl AsFd) -> io::Result<u32> {
+    #[repr(C, align(8))]
+    struct Raw([u8; 8]);
+    let mut raw = Raw([0; 8]);
+    let mut attr = Attr::new();
+    attr.put_u32(0, fd.as_fd().as_raw_fd() as u32)
+        .put_u32(4, 8)
+        .put_u64(8, raw.0.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok(u32::from_ne_bytes([raw.0[4], raw.0[5], raw.0[6], raw.0[7]]))
 }
 
 #[cfg(test)]

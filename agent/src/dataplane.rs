@@ -1,10 +1,11 @@
 //! Loading the eBPF object, pinning its programs and maps, and attaching the programs to
 //! cgroups as pinned bpf_links.
 //!
-//! Maps are pinned by name under `<pin root>/maps` and reused by every later load, so pods
-//! registered by an earlier agent keep their state. Programs are loaded afresh at each start
-//! and pinned under `<pin root>/progs`; links made by an earlier run keep their programs alive
-//! until they are unpinned.
+//! Maps are pinned by name under `<pin root>/maps` and reused by every later load whose layout
+//! they have (see [`crate::layout`]: other maps are migrated, or the load is refused before
+//! anything changes), so pods registered by an earlier agent keep their state. Programs are
+//! loaded afresh at each start and pinned under `<pin root>/progs`; [`Dataplane::finish_load`]
+//! swaps the links made by an earlier run to them (`BPF_LINK_UPDATE`).
 
 use std::{
     fs, io,
@@ -24,6 +25,8 @@ use linkerd_cni_common::{
 use crate::{
     bpf_sys::{self, AttachType},
     kernel,
+    layout::{self, Action, Carry, LayoutError, MapSpec, Plan},
+    maps::{Maps, MapsError, PodEntries},
 };
 
 /// The object built from `ebpf/` (see `linkerd-cni-ebpf-build`).
@@ -38,6 +41,12 @@ pub enum DataplaneError {
     /// bpffs or the pin directories could not be set up.
     #[error("preparing the pin directory {path}: {source}")]
     PinDir { path: PathBuf, source: io::Error },
+    /// The pinned state has a layout this agent will not touch, or migrating it failed.
+    #[error(transparent)]
+    Layout(Box<LayoutError>),
+    /// Rewriting registered pods into migrated maps failed.
+    #[error(transparent)]
+    Maps(Box<MapsError>),
     /// The object or one of its maps failed to load.
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
@@ -66,6 +75,18 @@ pub enum DataplaneError {
     },
 }
 
+impl From<LayoutError> for DataplaneError {
+    fn from(e: LayoutError) -> Self {
+        Self::Layout(Box::new(e))
+    }
+}
+
+impl From<MapsError> for DataplaneError {
+    fn from(e: MapsError) -> Self {
+        Self::Maps(Box::new(e))
+    }
+}
+
 /// The loaded programs and the pin layout.
 pub struct Dataplane {
     pin_root: PathBuf,
@@ -74,15 +95,22 @@ pub struct Dataplane {
     /// program array holding the shared `sk_lookup` program.
     lookup_ns: OwnedFd,
     lookup_prog: OwnedFd,
+    /// What [`Self::load`] decided about the pinned maps; carried out by
+    /// [`Self::finish_load`].
+    plan: Plan,
 }
 
 impl Dataplane {
-    /// Checks the kernel, mounts bpffs if needed, loads the object (reusing pinned maps) and
-    /// pins the programs.
+    /// Checks the kernel, mounts bpffs if needed, plans what to do with the pinned maps
+    /// ([`layout::plan`]: an error here means nothing was touched), loads the object (reusing
+    /// the pinned maps it adopts, creating the others), stages every map under
+    /// `<pin root>/next` when some are replaced, and pins the programs. Running pods keep
+    /// their programs and maps until [`Self::finish_load`], which must follow.
     pub fn load(pin_root: &Path) -> Result<Self, DataplaneError> {
         kernel::check_kernel()?;
         let pin_dir = |path: PathBuf| move |source| DataplaneError::PinDir { path, source };
         kernel::ensure_bpffs(pin_root).map_err(pin_dir(pin_root.into()))?;
+        let plan = layout::plan(pin_root, &MapSpec::of_object(OBJECT)?)?;
         for sub in [
             paths::PIN_MAPS,
             paths::PIN_PROGS,
@@ -93,11 +121,12 @@ impl Dataplane {
             fs::create_dir_all(&dir).map_err(pin_dir(dir))?;
         }
         let maps_dir = pin_root.join(paths::PIN_MAPS);
-        // A BTF map carries no pinning flag: pin it by path.
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(&maps_dir)
-            .map_pin_path(names::MAP_ACC_DST, maps_dir.join(names::MAP_ACC_DST))
-            .load(OBJECT)?;
+        let adopted: Vec<(&str, PathBuf)> = plan.adopted().map(|n| (n, maps_dir.join(n))).collect();
+        let mut loader = EbpfLoader::new();
+        for (name, path) in &adopted {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(OBJECT)?;
         for Program { name, hook } in names::PROGRAMS {
             let program = ebpf
                 .program_mut(name)
@@ -115,8 +144,31 @@ impl Dataplane {
                 source,
             })?;
         }
+        // Stage: every map of the new generation under `next/` (a leftover of an interrupted
+        // migration is discarded first), so they can be opened and filled like the live ones.
+        let next_dir = pin_root.join(paths::PIN_NEXT);
+        remove_pins(&next_dir).map_err(pin_dir(next_dir.clone()))?;
+        if plan.migrates() {
+            fs::create_dir_all(&next_dir).map_err(pin_dir(next_dir.clone()))?;
+            for (spec, _) in &plan.maps {
+                let path = next_dir.join(&spec.name);
+                let map = ebpf
+                    .map(&spec.name)
+                    .ok_or_else(|| LayoutError::Object(format!("no map {}", spec.name)))?;
+                map.pin(&path).map_err(|e| DataplaneError::Pin {
+                    path: path.clone(),
+                    source: io::Error::other(e),
+                })?;
+            }
+        }
+        // The stubs' maps as this generation's programs use them: the pinned ones when
+        // adopted, the staged ones otherwise.
         let open_map = |name: &str| {
-            let path = maps_dir.join(name);
+            let dir = match plan.adopted().any(|a| a == name) {
+                true => &maps_dir,
+                false => &next_dir,
+            };
+            let path = dir.join(name);
             bpf_sys::obj_get(&path).map_err(|source| DataplaneError::Pin { path, source })
         };
         let this = Self {
@@ -124,15 +176,36 @@ impl Dataplane {
             ebpf,
             lookup_ns: open_map(names::MAP_LOOKUP_NS)?,
             lookup_prog: open_map(names::MAP_LOOKUP_PROG)?,
+            plan,
         };
         for name in names::ALL_PROGRAMS {
             let path = this.pin_root.join(paths::PIN_PROGS).join(name);
             replace_pin(this.prog_fd(name)?, &path)?;
         }
+        Ok(this)
+    }
+
+    /// Completes [`Self::load`]: when maps are replaced, writes the registered pods (`pods`:
+    /// link directory, netns cookie and entries of every redirected registration) into the new maps and
+    /// copies the carried-over entries; then swaps every pinned link to the new programs
+    /// (always: running pods get the new code); then copies once more what the old programs
+    /// wrote meanwhile, moves the new maps over the old pins and records the layout version.
+    pub fn finish_load(&self, pods: &[(PathBuf, u64, PodEntries)]) -> Result<(), DataplaneError> {
+        let maps_dir = self.pin_root.join(paths::PIN_MAPS);
+        let next_dir = self.pin_root.join(paths::PIN_NEXT);
+        let migrates = self.plan.migrates();
+        if migrates {
+            let mut next = Maps::open(&next_dir)?;
+            for (_, cookie, entries) in pods {
+                next.write_pod(*cookie, entries)?;
+            }
+            self.copy_pass(&maps_dir, &next_dir)?;
+        }
         // Every pod's stub, including those an earlier run attached, now tail-calls this run's
-        // shared program.
-        let main = this.prog_fd(names::PROG_SK_LOOKUP)?;
-        bpf_sys::map_update_u32(&this.lookup_prog, 0, main.as_raw_fd() as u32).map_err(
+        // shared program: a swap for every stub at once, done only now that the maps the new
+        // program reads are filled.
+        let main = self.prog_fd(names::PROG_SK_LOOKUP)?;
+        bpf_sys::map_update_u32(&self.lookup_prog, 0, main.as_raw_fd() as u32).map_err(
             |source| DataplaneError::Attach {
                 program: names::PROG_SK_LOOKUP,
                 path: maps_dir.join(names::MAP_LOOKUP_PROG),
@@ -140,7 +213,69 @@ impl Dataplane {
                 hint: "",
             },
         )?;
-        Ok(this)
+        // Inbound links run a per-pod stub (or, left by agents before stubs, the shared
+        // program itself): each gets a new stub bound to this generation's maps.
+        let shared_dir = self.pin_root.join(paths::PIN_SHARED);
+        let swapped = layout::swap_links(&self.pin_root, |dir, name| {
+            if name == names::PROG_SK_LOOKUP && dir != shared_dir {
+                let (_, cookie, _) = pods.iter().find(|(d, _, _)| d == dir)?;
+                return self.sk_lookup_stub(*cookie).ok();
+            }
+            let name = names::ALL_PROGRAMS.into_iter().find(|p| *p == name)?;
+            self.prog_fd(name).ok()?.try_clone_to_owned().ok()
+        })?;
+        if migrates {
+            self.copy_pass(&maps_dir, &next_dir)?;
+            for (spec, action) in &self.plan.maps {
+                let (from, to) = (next_dir.join(&spec.name), maps_dir.join(&spec.name));
+                let moved = match action {
+                    Action::Adopt => fs::remove_file(&from),
+                    Action::Replace(_) => fs::rename(&from, &to),
+                };
+                moved.map_err(|source| DataplaneError::Pin { path: to, source })?;
+            }
+            let _ = fs::remove_dir(&next_dir);
+        }
+        layout::write_meta(&self.pin_root)?;
+        let replaced: Vec<String> = self
+            .plan
+            .maps
+            .iter()
+            .filter_map(|(s, a)| match a {
+                Action::Adopt => None,
+                Action::Replace(carry) => Some(format!("{} ({carry:?})", s.name)),
+            })
+            .collect();
+        tracing::info!(
+            found_layout = ?self.plan.found.version(),
+            layout = linkerd_cni_common::LAYOUT_VERSION,
+            links_swapped = swapped,
+            ?replaced,
+            "pinned state adopted"
+        );
+        Ok(())
+    }
+
+    /// Copies the entries of every map carried over by copy from its old pin to its new one.
+    fn copy_pass(&self, maps_dir: &Path, next_dir: &Path) -> Result<(), DataplaneError> {
+        for (spec, action) in &self.plan.maps {
+            match action {
+                Action::Replace(Carry::Copy) => {
+                    let from = layout::open_pin(maps_dir, &spec.name)?;
+                    let to = layout::open_pin(next_dir, &spec.name)?;
+                    layout::copy_entries(&from, &to, spec).map_err(|source| LayoutError::Sys {
+                        what: "copying entries into",
+                        path: next_dir.join(&spec.name),
+                        source,
+                    })?;
+                }
+                Action::Replace(Carry::Drop) => {
+                    tracing::warn!(map = %spec.name, "map changed layout: its entries are not carried over");
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     fn prog_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, DataplaneError> {
@@ -256,20 +391,26 @@ impl Dataplane {
             source,
             hint: "",
         };
+        let stub = self.sk_lookup_stub(netns_cookie)?;
+        let link = bpf_sys::link_create(&stub, &netns, AttachType::SkLookup).map_err(attach_err)?;
+        pin_new(link.as_fd(), &link_dir.join(name))
+    }
+}
+
+impl Dataplane {
+    /// Loads a pod's `sk_lookup` stub: hands `netns_cookie` to the shared program.
+    fn sk_lookup_stub(&self, netns_cookie: u64) -> Result<OwnedFd, DataplaneError> {
         let insns = bpf_sys::sk_lookup_stub(
             netns_cookie,
             self.lookup_ns.as_fd(),
             self.lookup_prog.as_fd(),
         );
-        let stub =
-            bpf_sys::load_sk_lookup(names::PROG_SK_LOOKUP_STUB, &insns).map_err(|source| {
-                DataplaneError::Program {
-                    program: names::PROG_SK_LOOKUP_STUB,
-                    source: aya::programs::ProgramError::IOError(source),
-                }
-            })?;
-        let link = bpf_sys::link_create(&stub, &netns, AttachType::SkLookup).map_err(attach_err)?;
-        pin_new(link.as_fd(), &link_dir.join(name))
+        bpf_sys::load_sk_lookup(names::PROG_SK_LOOKUP_STUB, &insns).map_err(|source| {
+            DataplaneError::Program {
+                program: names::PROG_SK_LOOKUP_STUB,
+                source: aya::programs::ProgramError::IOError(source),
+            }
+        })
     }
 }
 
@@ -295,6 +436,20 @@ fn replace_pin(fd: BorrowedFd<'_>, path: &Path) -> Result<(), DataplaneError> {
     };
     bpf_sys::obj_pin(fd, &tmp).map_err(err)?;
     fs::rename(&tmp, path).map_err(err)
+}
+
+/// Unpins every object in `dir` and removes it; nothing to do when it does not exist.
+fn remove_pins(dir: &Path) -> io::Result<()> {
+    match fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries {
+                fs::remove_file(entry?.path())?;
+            }
+            fs::remove_dir(dir)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// A bpffs-safe name for a CNI container id: bpffs refuses dots, which the CNI spec allows.
@@ -390,6 +545,38 @@ mod tests {
             object.maps.len(),
             "no map name is listed twice"
         );
+    }
+
+    #[test]
+    fn object_maps_carry_key_and_value_btf_but_socket_maps() {
+        let specs = MapSpec::of_object(OBJECT).expect("map specs");
+        assert_eq!(specs.len(), names::MAPS.len());
+        for spec in specs {
+            assert_eq!(
+                spec.typed,
+                spec.name != names::MAP_LISTENERS,
+                "{}: a BTF map (bpftool prints its fields), unless a socket map",
+                spec.name
+            );
+        }
+        let object = object();
+        let btf = object.btf.as_ref().expect("the object carries BTF");
+        for ty in [
+            "PodConfig",
+            "PortSetKey",
+            "PortBlock",
+            "AddrKey",
+            "OrigDst",
+            "ConnKey",
+            "PodStats",
+            "ListenerKey",
+        ] {
+            assert!(
+                btf.id_by_type_name_kind(ty, aya_obj::btf::BtfKind::Struct)
+                    .is_ok(),
+                "struct {ty} is missing from the object's BTF"
+            );
+        }
     }
 
     #[test]

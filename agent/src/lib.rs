@@ -5,6 +5,7 @@
 //!   state: pinned maps, pinned links and the registry; [`agent::reconcile`] re-verifies every
 //!   registered pod and repairs what was removed behind the agent's back.
 //! - [`dataplane`]: loading the object, pinning, attaching. [`maps`]: the pinned maps.
+//!   [`layout`]: the pinned state's layout version, upgrades and rollbacks.
 //! - [`netns`], [`userns`], [`cgroup`], [`kernel`]: the host facts registration depends on.
 //! - [`limits`]: how much of the node-wide maps one pod may take.
 //! - [`inspect`]: the human view of the pinned state.
@@ -16,6 +17,7 @@ pub mod dataplane;
 pub mod health;
 pub mod inspect;
 pub mod kernel;
+pub mod layout;
 pub mod limits;
 pub mod maps;
 pub mod netns;

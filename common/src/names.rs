@@ -160,6 +160,10 @@ pub const MAP_LOOKUP_NS: &str = "l5d_lookup_ns";
 /// Program array, slot 0: the shared `sk_lookup` program the pods' stubs tail-call.
 pub const MAP_LOOKUP_PROG: &str = "l5d_lookup_prog";
 
+/// ARRAY of one [`crate::LayoutMeta`] (key `0u32`): the layout version of the pinned state.
+/// Created and pinned by the agent next to the maps; not part of the eBPF object.
+pub const MAP_META: &str = "l5d_meta";
+
 /// Every map, as pinned under `paths::PIN_MAPS`. The map macro of `ebpf/` takes only string
 /// literals: the agent's tests check the built object against this list.
 pub const MAPS: [&str; 11] = [

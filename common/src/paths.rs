@@ -6,6 +6,8 @@
 //! ```text
 //! /sys/fs/bpf/linkerd-cni/
 //!   maps/<map name>            the maps (names in `names`), shared by every program generation
+//!   maps/l5d_meta              the layout version of the pinned state
+//!   next/<map name>            during an upgrade only: the new maps, before they replace the old
 //!   progs/<program name>       the programs new pods are attached to
 //!   pods/<pod id>/<program>    one pinned cgroup link per program, per pod (per-pod attach)
 //!   shared/<program>           links on the shared ancestor cgroup (fallback attach)
@@ -19,6 +21,8 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/linkerd-cni";
 pub const PIN_MAPS: &str = "maps";
 /// Under the pin root: programs.
 pub const PIN_PROGS: &str = "progs";
+/// Under the pin root: the maps of a layout migration in progress.
+pub const PIN_NEXT: &str = "next";
 /// Under the pin root: per-pod link directories.
 pub const PIN_PODS: &str = "pods";
 /// Under the pin root: links of the shared (fallback) attachment.

@@ -206,6 +206,32 @@ pub struct ListenerKey {
 }
 const _: () = assert!(core::mem::size_of::<ListenerKey>() == 16);
 
+/// Version of the layout of the pinned state (maps and what their entries mean), recorded in
+/// the pinned [`crate::names::MAP_META`] map as a [`LayoutMeta`]. Bump it whenever a map's
+/// key, value, type, flags or the meaning of its entries changes; the agent migrates pinned
+/// state across versions (see the agent's `layout` module).
+///
+/// 1: maps without BTF and no meta map (agents before this record existed).
+/// 2: BTF-typed maps (`bpftool map dump` prints named fields) and the meta map.
+pub const LAYOUT_VERSION: u32 = 2;
+
+/// The oldest layout version whose agents can run on state of [`LAYOUT_VERSION`] as it is:
+/// layout 2 changed no key or value of layout 1, so a layout-1 agent (which reuses pinned maps
+/// by name) still works on it: rolling back is safe.
+pub const LAYOUT_OLDEST_READER: u32 = 1;
+
+/// The value of the meta map's single entry (key `0u32`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayoutMeta {
+    /// [`LAYOUT_VERSION`] of the agent that last wrote the state.
+    pub version: u32,
+    /// [`LAYOUT_OLDEST_READER`] of that agent: agents of an older layout must refuse the
+    /// state.
+    pub oldest_reader: u32,
+}
+const _: () = assert!(core::mem::size_of::<LayoutMeta>() == 8);
+
 /// `::ffff:a.b.c.d` words for an IPv4 address in network byte order.
 #[inline(always)]
 pub const fn v4_mapped_words(ip4_be: u32) -> [u32; 4] {
@@ -230,4 +256,5 @@ mod user {
     unsafe impl aya::Pod for ConnKey {}
     unsafe impl aya::Pod for PodStats {}
     unsafe impl aya::Pod for ListenerKey {}
+    unsafe impl aya::Pod for LayoutMeta {}
 }

@@ -1,40 +1,48 @@
-//! The maps, pinned by name so every program generation and the agent share them. Names must
-//! be `linkerd_cni_common::names::MAPS` (the agent fails to load otherwise): the macro takes
-//! only literals, so the agent's unit tests check the built object against that list.
+//! The maps, pinned by name by the agent so every program generation and the agent share
+//! them. Names must be `linkerd_cni_common::names::MAPS` (the agent fails to load otherwise):
+//! the macro takes only literals, so the agent's unit tests check the built object against
+//! that list.
 
 use aya_ebpf::{
-    btf_maps::SkStorage,
-    macros::{btf_map, map},
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, SockHash},
+    btf_maps::{
+        HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, SkStorage, SockHash,
+    },
+    macros::btf_map,
 };
 use linkerd_cni_common::{
     AddrKey, ConnKey, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
     names::{MAX_ADDRS, MAX_CONNS, MAX_PODS, MAX_PORT_BLOCKS},
 };
 
-#[map(name = "l5d_pod_config")]
-pub static POD_CONFIG: HashMap<u64, PodConfig> = HashMap::pinned(MAX_PODS, 0);
+// BTF-defined maps (section `.maps`): the object's BTF carries each key and value type with its
+// field names, the kernel records them with the map, and `bpftool map dump` prints named
+// fields. The agent pins them (BTF maps have no pinning attribute in aya-ebpf).
 
-#[map(name = "l5d_port_sets")]
-pub static PORT_SETS: HashMap<PortSetKey, PortBlock> = HashMap::pinned(MAX_PORT_BLOCKS, 0);
+#[btf_map(name = "l5d_pod_config")]
+pub static POD_CONFIG: HashMap<u64, PodConfig, { MAX_PODS as usize }> = HashMap::new();
 
-#[map(name = "l5d_addrs")]
-pub static ADDRS: LpmTrie<AddrKey, u32> = LpmTrie::pinned(MAX_ADDRS, 0);
+#[btf_map(name = "l5d_port_sets")]
+pub static PORT_SETS: HashMap<PortSetKey, PortBlock, { MAX_PORT_BLOCKS as usize }> = HashMap::new();
 
-#[map(name = "l5d_sock_dst")]
-pub static SOCK_DST: LruHashMap<u64, OrigDst> = LruHashMap::pinned(MAX_CONNS, 0);
+#[btf_map(name = "l5d_addrs")]
+pub static ADDRS: LpmTrie<AddrKey, u32, { MAX_ADDRS as usize }> = LpmTrie::new();
 
-#[map(name = "l5d_conn_dst")]
-pub static CONN_DST: LruHashMap<ConnKey, OrigDst> = LruHashMap::pinned(MAX_CONNS, 0);
+#[btf_map(name = "l5d_sock_dst")]
+pub static SOCK_DST: LruHashMap<u64, OrigDst, { MAX_CONNS as usize }> = LruHashMap::new();
 
-#[map(name = "l5d_pod_stats")]
-pub static POD_STATS: PerCpuHashMap<u64, PodStats> = PerCpuHashMap::pinned(MAX_PODS, 0);
+#[btf_map(name = "l5d_conn_dst")]
+pub static CONN_DST: LruHashMap<ConnKey, OrigDst, { MAX_CONNS as usize }> = LruHashMap::new();
 
-#[map(name = "l5d_pod_by_ip")]
-pub static POD_BY_IP: HashMap<[u32; 4], u64> = HashMap::pinned(MAX_ADDRS, 0);
+#[btf_map(name = "l5d_pod_stats")]
+pub static POD_STATS: PerCpuHashMap<u64, PodStats, { MAX_PODS as usize }> = PerCpuHashMap::new();
 
-#[map(name = "l5d_listeners")]
-pub static LISTENERS: SockHash<ListenerKey> = SockHash::pinned(MAX_PODS * 2, 0);
+#[btf_map(name = "l5d_pod_by_ip")]
+pub static POD_BY_IP: HashMap<[u32; 4], u64, { MAX_ADDRS as usize }> = HashMap::new();
+
+/// SOCKHASH: the kernel takes no key/value BTF for socket maps, so this one stays untyped in
+/// `bpftool` (its values are sockets anyway).
+#[btf_map(name = "l5d_listeners")]
+pub static LISTENERS: SockHash<ListenerKey, { MAX_PODS as usize * 2 }> = SockHash::new();
 
 /// Socket-local storage of the proxy's accepted sockets: the original destination, moved here
 /// from [`CONN_DST`] when the handshake completes. Lives and dies with the socket. A BTF map
@@ -44,13 +52,13 @@ pub static ACC_DST: SkStorage<OrigDst> = SkStorage::new();
 
 /// Per-CPU scratch slot 0: the netns cookie of the pod whose `sk_lookup` stub runs, written by
 /// the stub right before it tail-calls [`LOOKUP_PROG`]\[0\] on the same CPU.
-#[map(name = "l5d_lookup_ns")]
-pub static LOOKUP_NS: PerCpuArray<u64> = PerCpuArray::pinned(1, 0);
+#[btf_map(name = "l5d_lookup_ns")]
+pub static LOOKUP_NS: PerCpuArray<u64, 1> = PerCpuArray::new();
 
 /// Slot 0: the shared `sk_lookup` program every pod's stub tail-calls (set by the agent).
-/// No program of this object uses it; the agent's stubs do.
-#[map(name = "l5d_lookup_prog")]
-pub static LOOKUP_PROG: ProgramArray = ProgramArray::pinned(1, 0);
+/// No program of this object uses it; the agent's stubs do. A program array takes no BTF.
+#[btf_map(name = "l5d_lookup_prog")]
+pub static LOOKUP_PROG: ProgramArray<1> = ProgramArray::new();
 
 /// Bumps one counter of the pod's stats, if the agent created its entry.
 #[inline(always)]

@@ -47,6 +47,31 @@ impl AgentHarness {
         }
     }
 
+    /// A pin root and registry of its own for [`Self::start_on`], not started yet: tests
+    /// that prepare pinned state first (an older agent's, a tampered one) use it.
+    pub fn fresh_config() -> AgentConfig {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let tag = format!(
+            "l5dt-state-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        AgentConfig {
+            pin_root: Path::new(paths::BPFFS).join(&tag),
+            state_dir: std::env::temp_dir().join(&tag),
+            ..AgentConfig::default()
+        }
+    }
+
+    /// An agent not running yet on `config` (cleaned up on drop like any other): start it
+    /// with [`Self::start_again`].
+    pub fn stopped_on(config: AgentConfig) -> Self {
+        AgentHarness {
+            agent: None,
+            config,
+        }
+    }
+
     /// The running agent.
     ///
     /// # Panics

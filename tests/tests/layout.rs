@@ -1,0 +1,713 @@
+//! Typed maps and the lifecycle of pinned state across agent versions (root required):
+//! `bpftool` prints named fields of the maps, a node left by the previous agent version
+//! (untyped maps, layout 1, replayed from that version's eBPF object in
+//! `tests/fixtures/ebpf-layout-1.o`) is upgraded under connection load without a failed
+//! connection, a state of a newer readable layout is rolled back the same way, and an unknown
+//! newer layout, or a socket map whose sockets could not be carried over, is refused without
+//! touching anything.
+//!
+//! Run: `cargo test -p linkerd-cni-tests --test layout -- --test-threads=1`
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::Duration,
+};
+
+use aya::programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps};
+use linkerd_cni_agent::{
+    Agent, AgentConfig,
+    bpf_sys::{self, AttachType},
+    dataplane, kernel,
+    maps::{Maps, PodEntries},
+    netns::Netns,
+    registry::{Attachment, PodRecord, Registry},
+};
+use linkerd_cni_common::{
+    LAYOUT_VERSION, LayoutMeta,
+    names::{self, Hook, MAX_PODS, Program},
+    paths,
+};
+use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
+use linkerd_cni_tests::{
+    AgentHarness, EchoServer, Placement, Pod, PodAndPeer, TestProxy,
+    client::{Options as ClientOptions, Report, run_client},
+    proxy::{self, Event},
+};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const APP_UID: u32 = 1000;
+const OUT_PORT: u16 = 8080;
+const IN_PORT: u16 = 8081;
+
+/// The eBPF object of the previous agent version (layout 1: maps without BTF), DWARF stripped.
+static PREVIOUS_OBJECT: &[u8] = aya::include_bytes_aligned!("../fixtures/ebpf-layout-1.o");
+
+fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+/// A pod with an app listening on [`IN_PORT`], a peer with a server on [`OUT_PORT`].
+struct World {
+    net: PodAndPeer,
+    server: EchoServer,
+    _app: EchoServer,
+}
+
+impl World {
+    fn new() -> Self {
+        let net = PodAndPeer::new().expect("pod, peer and veth");
+        let server = EchoServer::bind_in(&net.peer, sock(net.peer_v4(), OUT_PORT), "server")
+            .expect("server in the peer");
+        let app = EchoServer::bind_in(&net.pod.netns, sock(Ipv4Addr::UNSPECIFIED, IN_PORT), "app")
+            .expect("app in the pod");
+        World {
+            net,
+            server,
+            _app: app,
+        }
+    }
+
+    fn proxy(&self) -> TestProxy {
+        self.net
+            .pod
+            .start_proxy(&proxy::Options::new())
+            .expect("start the forwarding proxy as UID 2102")
+    }
+
+    fn outbound(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    fn inbound(&self) -> SocketAddr {
+        sock(self.net.pod_v4(), IN_PORT)
+    }
+
+    /// `count` outbound connections from the pod's app, one after another.
+    fn out_client(&self, count: u64) -> (Placement, ClientOptions) {
+        let mut opts = ClientOptions::new(self.outbound()).send("hello\n");
+        opts.count = count;
+        (self.net.pod.container(APP_UID), opts)
+    }
+
+    /// `count` inbound connections from the peer to the pod's app.
+    fn in_client(&self, count: u64) -> (Placement, ClientOptions) {
+        let mut opts = ClientOptions::new(self.inbound()).send("hello\n");
+        opts.count = count;
+        (Placement::new().netns(&self.net.peer).uid(APP_UID), opts)
+    }
+}
+
+fn run(client: (Placement, ClientOptions)) -> Report {
+    run_client(&client.0, &client.1, TIMEOUT).expect("run the test client")
+}
+
+/// The proxy's accepted connections (listener, original destination) and how many
+/// `SO_ORIGINAL_DST` failures it logged.
+fn proxy_view(proxy: &TestProxy) -> (Vec<(SocketAddr, SocketAddr)>, usize) {
+    let events = proxy.events().expect("proxy log");
+    let accepted = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Accepted {
+                listener, orig_dst, ..
+            } => Some((*listener, *orig_dst)),
+            _ => None,
+        })
+        .collect();
+    let errors = events
+        .iter()
+        .filter(|e| matches!(e, Event::OrigDstError { .. }))
+        .count();
+    (accepted, errors)
+}
+
+fn wait_accepted(proxy: &TestProxy, n: usize) {
+    proxy
+        .log()
+        .wait_for(TIMEOUT, |events| {
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::Accepted { .. }))
+                .count()
+                >= n
+        })
+        .expect("proxy accepted");
+}
+
+/// `bpftool -j map dump pinned <path>`, each entry as bpftool formats it from BTF (its
+/// `formatted` member; raw hex bytes only when the map has no BTF).
+fn bpftool_dump(path: &Path) -> Vec<Value> {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(path)
+        .output()
+        .expect("run bpftool");
+    assert!(
+        out.status.success(),
+        "bpftool map dump {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let entries: Vec<Value> = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+    entries
+        .into_iter()
+        .map(|e| {
+            e.get("formatted").cloned().unwrap_or_else(|| {
+                panic!(
+                    "{}: bpftool printed raw bytes (no BTF): {e}",
+                    path.display()
+                )
+            })
+        })
+        .collect()
+}
+
+fn map_info(path: &Path) -> bpf_sys::MapInfo {
+    let fd = bpf_sys::obj_get(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    bpf_sys::map_info(fd).expect("map info")
+}
+
+fn meta(pin_root: &Path) -> Option<LayoutMeta> {
+    linkerd_cni_agent::layout::read_meta(pin_root).expect("read the meta map")
+}
+
+fn set_meta(pin_root: &Path, version: u32, oldest_reader: u32) {
+    let fd = bpf_sys::obj_get(&pin_root.join(paths::PIN_MAPS).join(names::MAP_META))
+        .expect("open the meta map");
+    let mut value = [0u8; 8];
+    value[..4].copy_from_slice(&version.to_ne_bytes());
+    value[4..].copy_from_slice(&oldest_reader.to_ne_bytes());
+    bpf_sys::map_update(fd, &0u32.to_ne_bytes(), &value).expect("write the meta map");
+}
+
+/// Every pinned object under `pin_root` (maps, programs, links) → its kernel id, and for
+/// links the id of the program they run.
+fn pinned_ids(pin_root: &Path) -> BTreeMap<PathBuf, (u32, Option<u32>)> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![pin_root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).expect("list pins") {
+            let path = entry.expect("pin").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let fd = bpf_sys::obj_get(&path).expect("open pin");
+            let id = bpf_sys::obj_id(&fd).expect("object id");
+            let prog = bpf_sys::link_info(&fd).ok().map(|l| l.prog_id);
+            let is_link = path.starts_with(pin_root.join(paths::PIN_PODS))
+                || path.starts_with(pin_root.join(paths::PIN_SHARED));
+            out.insert(path, (id, prog.filter(|_| is_link)));
+        }
+    }
+    out
+}
+
+/// The ids of the programs pinned under `progs/`, by name.
+fn pinned_programs(pin_root: &Path) -> BTreeMap<String, u32> {
+    names::ALL_PROGRAMS
+        .into_iter()
+        .map(|name| {
+            let fd = bpf_sys::obj_get(&pin_root.join(paths::PIN_PROGS).join(name))
+                .expect("pinned program");
+            (name.to_string(), bpf_sys::obj_id(fd).expect("program id"))
+        })
+        .collect()
+}
+
+/// The previous agent version's programs: its eBPF object loaded with its maps pinned by name
+/// (no BTF, no meta map) and its programs pinned.
+fn previous_agent_loads(config: &AgentConfig) -> aya::Ebpf {
+    let pin_root = &config.pin_root;
+    kernel::ensure_bpffs(pin_root).expect("bpffs");
+    for sub in [
+        paths::PIN_MAPS,
+        paths::PIN_PROGS,
+        paths::PIN_PODS,
+        paths::PIN_SHARED,
+    ] {
+        fs::create_dir_all(pin_root.join(sub)).expect("pin dirs");
+    }
+    let mut ebpf = aya::EbpfLoader::new()
+        .default_map_pin_directory(pin_root.join(paths::PIN_MAPS))
+        .load(PREVIOUS_OBJECT)
+        .expect("load the previous eBPF object");
+    for Program { name, hook } in names::PROGRAMS {
+        let program = ebpf.program_mut(name).expect("program in the object");
+        match hook {
+            Hook::SockOps => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
+            Hook::Getsockopt => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
+            Hook::SkLookup => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
+            _ => <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load()),
+        }
+        .unwrap_or_else(|e| panic!("load {name}: {e}"));
+        let prog = ebpf.program(name).expect("program").fd().expect("loaded");
+        bpf_sys::obj_pin(prog, &pin_root.join(paths::PIN_PROGS).join(name)).expect("pin prog");
+    }
+    ebpf
+}
+
+/// Registers `pod` the way the previous agent version did: the pod's entries written, links
+/// pinned (cgroup links per pod, or under `shared/` on the pod's cgroup standing for the
+/// shared ancestor), and its registry record.
+fn previous_agent_registers(
+    ebpf: &aya::Ebpf,
+    config: &AgentConfig,
+    pod: &Pod,
+    shared: bool,
+) -> PodRecord {
+    let pin_root = &config.pin_root;
+    let cfg = LinkerdConfig::default();
+    let ns = Netns::open(pod.netns.path()).expect("pod netns");
+    let (cookie, ips) = ns.cookie_and_addresses().expect("netns cookie");
+    let entries = PodEntries::new(cookie, &cfg, &ips);
+    Maps::open(&pin_root.join(paths::PIN_MAPS))
+        .expect("open the previous maps")
+        .write_pod(cookie, &entries)
+        .expect("write the pod");
+    let id = format!("ctr-{}", pod.netns.name());
+    let link_dir = pin_root
+        .join(paths::PIN_PODS)
+        .join(dataplane::pin_name(&id));
+    fs::create_dir_all(&link_dir).expect("link dir");
+    let cgroup = fs::File::open(pod.cgroup.path()).expect("pod cgroup");
+    for Program { name, hook } in names::PROGRAMS {
+        let prog = ebpf.program(name).expect("program").fd().expect("loaded");
+        let (link, dir) = if hook.on_cgroup() {
+            let dir = match shared {
+                true => pin_root.join(paths::PIN_SHARED),
+                false => link_dir.clone(),
+            };
+            (
+                bpf_sys::link_create(prog, &cgroup, AttachType::of(hook)),
+                dir,
+            )
+        } else {
+            let link = bpf_sys::link_create(prog, ns.file(), AttachType::of(hook));
+            (link, link_dir.clone())
+        };
+        let link = link.unwrap_or_else(|e| panic!("attach {name}: {e}"));
+        bpf_sys::obj_pin(&link, &dir.join(name)).expect("pin link");
+    }
+    let cgroup = pod.cgroup.path().into();
+    let attachment = match shared {
+        true => Attachment::Shared { cgroup },
+        false => Attachment::PerPod { cgroup },
+    };
+    let record = PodRecord {
+        id,
+        ifname: "eth0".into(),
+        netns: pod.netns.path().into(),
+        netns_ino: ns.ino,
+        netns_cookie: cookie,
+        pod: None,
+        reason: attachment.describe(),
+        attachment,
+        config: cfg,
+        pod_ips: ips,
+        host_ids: None,
+    };
+    Registry::open(&config.state_dir)
+        .expect("registry")
+        .put(&record)
+        .expect("record the pod");
+    record
+}
+
+/// Runs, for every pod, outbound and inbound clients (batches of [`BATCH`] connections one
+/// after another) from before `change` starts until every proxy has accepted 100 more
+/// connections after it finished, then checks that every connection succeeded and went
+/// through its pod's proxy with its original destination.
+fn under_load(pods: &[(&World, &TestProxy)], change: impl FnOnce()) {
+    const BATCH: u64 = 200;
+    let before: Vec<usize> = pods.iter().map(|(_, p)| proxy_view(p).0.len()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = pods
+        .iter()
+        .flat_map(|(w, _)| [w.out_client(BATCH), w.in_client(BATCH)])
+        .map(|c| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let (mut attempted, mut failures) = (0, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    let r = run(c.clone());
+                    attempted += r.count;
+                    if r.failed > 0 {
+                        failures.push(r);
+                    }
+                }
+                (attempted, failures)
+            })
+        })
+        .collect();
+    for ((_, proxy), before) in pods.iter().zip(&before) {
+        wait_accepted(proxy, before + 50);
+    }
+    change();
+    for (_, proxy) in pods {
+        let at_change = proxy_view(proxy).0.len();
+        wait_accepted(proxy, at_change + 100);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut attempted = Vec::new();
+    for client in clients {
+        let (n, failures) = client.join().expect("client");
+        assert!(failures.is_empty(), "failed connections: {failures:?}");
+        attempted.push(n);
+    }
+    for (i, ((world, proxy), before)) in pods.iter().zip(before).enumerate() {
+        let (out, inb) = (attempted[2 * i] as usize, attempted[2 * i + 1] as usize);
+        wait_accepted(proxy, before + out + inb);
+        let (accepted, errors) = proxy_view(proxy);
+        assert_eq!(errors, 0, "SO_ORIGINAL_DST failed on the proxy");
+        let during = &accepted[before..];
+        let outbound = during
+            .iter()
+            .filter(|(_, d)| *d == world.outbound())
+            .count();
+        let inbound = during.iter().filter(|(_, d)| *d == world.inbound()).count();
+        assert_eq!(
+            (during.len(), outbound, inbound),
+            (out + inb, out, inb),
+            "every connection went through the proxy with its original destination"
+        );
+    }
+}
+
+fn per_pod_config() -> LinkerdConfig {
+    LinkerdConfig {
+        outbound_ports_to_ignore: vec![PortRange {
+            first: 9999,
+            last: 9999,
+        }],
+        outbound_subnets_to_ignore: vec!["10.9.0.0/16".parse::<Cidr>().expect("cidr")],
+        ..LinkerdConfig::default()
+    }
+}
+
+#[test]
+fn bpftool_prints_named_fields_of_every_typed_map() {
+    let h = AgentHarness::new(None);
+    let world = World::new();
+    let record = h.register(&world.net.pod, per_pod_config(), true);
+    let proxy = world.proxy();
+    let r = run(world.out_client(1));
+    assert_eq!(r.succeeded, 1, "{r:?}");
+    wait_accepted(&proxy, 1);
+    let cookie = record.netns_cookie;
+    let maps = h.config().pin_root.join(paths::PIN_MAPS);
+
+    let config = bpftool_dump(&maps.join(names::MAP_POD_CONFIG));
+    let entry = config
+        .iter()
+        .find(|e| e["key"] == cookie)
+        .unwrap_or_else(|| panic!("no entry for cookie {cookie}: {config:?}"));
+    let value = &entry["value"];
+    assert_eq!(value["proxy_uid"], 2102, "{entry}");
+    assert_eq!(value["outbound_port"], 4140, "{entry}");
+    assert_eq!(value["inbound_port"], 4143, "{entry}");
+    let flags = value["flags"].as_u64().expect("flags is a number");
+    assert_eq!(
+        flags as u32,
+        PodEntries::new(cookie, &per_pod_config(), &record.pod_ips)
+            .config
+            .flags,
+        "{entry}"
+    );
+
+    let ports = bpftool_dump(&maps.join(names::MAP_PORT_SETS));
+    let block = ports
+        .iter()
+        .find(|e| e["key"]["netns_cookie"] == cookie && e["key"]["set"] == 1)
+        .unwrap_or_else(|| panic!("no outbound port block: {ports:?}"));
+    assert_eq!(block["key"]["block"], 9999 >> 8, "{block}");
+    assert_eq!(block["value"]["bits"][0], 1u64 << (9999 & 0xff), "{block}");
+
+    let addrs = bpftool_dump(&maps.join(names::MAP_ADDRS));
+    let subnet = addrs
+        .iter()
+        .find(|e| e["key"]["data"]["netns_cookie"] == cookie && e["key"]["data"]["set_be"] != 0)
+        .unwrap_or_else(|| panic!("no subnet: {addrs:?}"));
+    // 10.9.0.0/16 as v4-mapped: 96 fixed bits + 96 + 16.
+    assert_eq!(subnet["key"]["prefix_len"], 96 + 96 + 16, "{subnet}");
+    let addr: Vec<u64> = subnet["key"]["data"]["addr"]
+        .as_array()
+        .expect("addr bytes")
+        .iter()
+        .map(|b| b.as_u64().expect("byte"))
+        .collect();
+    assert_eq!(addr[10..14], [0xff, 0xff, 10, 9], "{subnet}");
+
+    let by_ip = bpftool_dump(&maps.join(names::MAP_POD_BY_IP));
+    assert!(
+        by_ip.iter().any(|e| e["value"] == cookie),
+        "pod address → cookie: {by_ip:?}"
+    );
+
+    let stats = bpftool_dump(&maps.join(names::MAP_POD_STATS));
+    let mine = stats
+        .iter()
+        .find(|e| e["key"] == cookie)
+        .unwrap_or_else(|| panic!("no stats: {stats:?}"));
+    let redirected: u64 = mine["values"]
+        .as_array()
+        .expect("per-CPU values")
+        .iter()
+        .map(|v| {
+            v["value"]["out_redirected"]
+                .as_u64()
+                .expect("named counter")
+        })
+        .sum();
+    assert_eq!(redirected, 1, "{mine}");
+
+    // The per-connection maps carry BTF too (their entries are gone once connections close);
+    // the listener SOCKHASH cannot (the kernel takes no BTF for socket maps).
+    for name in names::MAPS {
+        let info = map_info(&maps.join(name));
+        assert_eq!(
+            info.btf_id != 0,
+            name != names::MAP_LISTENERS,
+            "{name}: {info:?}"
+        );
+    }
+    // The layout record is typed too.
+    let meta = bpftool_dump(&maps.join(names::MAP_META));
+    assert_eq!(meta.len(), 1, "{meta:?}");
+    assert_eq!(meta[0]["key"], 0, "{meta:?}");
+    assert_eq!(meta[0]["value"]["version"], LAYOUT_VERSION, "{meta:?}");
+    assert_eq!(meta[0]["value"]["oldest_reader"], 1, "{meta:?}");
+    // `inspect` still decodes the maps.
+    let view = h.maps().view(cookie);
+    assert_eq!(view.config.map(|c| c.proxy_uid), Some(2102), "{view:?}");
+}
+
+#[test]
+fn upgrade_from_the_previous_layout_under_load_keeps_every_pod_redirected() {
+    // Two pods: one attached per pod, one through the shared attachment.
+    let world = World::new();
+    let world2 = World::new();
+    let config = AgentConfig {
+        shared_cgroup: Some(world2.net.pod.cgroup.path().into()),
+        ..AgentHarness::fresh_config()
+    };
+    let mut h = AgentHarness::stopped_on(config.clone());
+    let previous = previous_agent_loads(&config);
+    let record = previous_agent_registers(&previous, &config, &world.net.pod, false);
+    let record2 = previous_agent_registers(&previous, &config, &world2.net.pod, true);
+    drop(previous);
+    let proxy = world.proxy();
+    let proxy2 = world2.proxy();
+    let pin_root = &config.pin_root;
+    let maps = pin_root.join(paths::PIN_MAPS);
+    // The previous version's state: untyped maps, no layout record.
+    assert_eq!(meta(pin_root), None);
+    assert_eq!(map_info(&maps.join(names::MAP_POD_CONFIG)).btf_id, 0);
+    let live_before: Vec<_> = [
+        names::MAP_SOCK_DST,
+        names::MAP_CONN_DST,
+        names::MAP_LISTENERS,
+    ]
+    .into_iter()
+    .map(|name| (name, map_info(&maps.join(name)).id))
+    .collect();
+    let links_before = pinned_ids(pin_root);
+
+    // The new agent starts while clients keep connecting, both ways.
+    under_load(&[(&world, &proxy), (&world2, &proxy2)], || h.start_again());
+
+    assert_eq!(
+        meta(pin_root).map(|m| m.version),
+        Some(LAYOUT_VERSION),
+        "layout recorded"
+    );
+    // Maps holding connections in flight are kept (compatible entries); every other map is
+    // typed now.
+    let live = [
+        names::MAP_SOCK_DST,
+        names::MAP_CONN_DST,
+        names::MAP_LISTENERS,
+    ];
+    for name in names::MAPS {
+        let info = map_info(&maps.join(name));
+        assert_eq!(
+            info.btf_id != 0,
+            !live.contains(&name),
+            "{name} after the upgrade: {info:?}"
+        );
+    }
+    for (name, id) in live_before {
+        assert_eq!(
+            map_info(&maps.join(name)).id,
+            id,
+            "{name} is kept: connections in flight and proxies' listeners stay"
+        );
+    }
+    let programs = pinned_programs(pin_root);
+    for (path, (_, prog)) in pinned_ids(pin_root) {
+        if let Some(prog) = prog {
+            let name = path.file_name().expect("link name").to_string_lossy();
+            if name == names::PROG_SK_LOOKUP {
+                // The inbound link now runs a per-pod stub that tail-calls the new shared
+                // program (the previous version attached the shared program itself).
+                assert_ne!(
+                    Some(&prog),
+                    programs.get(name.as_ref()),
+                    "link {} runs a stub",
+                    path.display()
+                );
+            } else {
+                assert_eq!(
+                    Some(&prog),
+                    programs.get(name.as_ref()),
+                    "link {} runs the new program",
+                    path.display()
+                );
+            }
+            assert_ne!(
+                links_before[&path].1,
+                Some(prog),
+                "link {} was swapped",
+                path.display()
+            );
+            assert_eq!(
+                links_before[&path].0,
+                pinned_ids(pin_root)[&path].0,
+                "same link"
+            );
+        }
+    }
+    for r in [&record, &record2] {
+        h.agent().check(&r.id).expect("the pod is in force");
+    }
+    assert!(
+        !bpftool_dump(&maps.join(names::MAP_POD_CONFIG)).is_empty(),
+        "the pod's config was carried into the typed map"
+    );
+    assert!(!pin_root.join(paths::PIN_NEXT).exists(), "staging removed");
+
+    // Rollback from a newer layout that declares this agent able to read it, with a map of
+    // another capacity: migrated back the same way, under load.
+    h.kill();
+    set_meta(pin_root, LAYOUT_VERSION + 1, LAYOUT_VERSION);
+    let cfg_pin = maps.join(names::MAP_POD_CONFIG);
+    let info = map_info(&cfg_pin);
+    let newer = bpf_sys::map_create(
+        info.map_type,
+        info.key_size,
+        info.value_size,
+        MAX_PODS / 2,
+        info.map_flags,
+        names::MAP_POD_CONFIG,
+        None,
+    )
+    .expect("create a map of the newer layout");
+    fs::remove_file(&cfg_pin).expect("unpin");
+    bpf_sys::obj_pin(&newer, &cfg_pin).expect("pin the newer layout's map");
+    under_load(&[(&world, &proxy), (&world2, &proxy2)], || h.start_again());
+    let info = map_info(&cfg_pin);
+    assert_eq!(
+        (info.max_entries, info.btf_id != 0),
+        (MAX_PODS, true),
+        "{info:?}"
+    );
+    assert_eq!(meta(pin_root).map(|m| m.version), Some(LAYOUT_VERSION));
+    for r in [&record, &record2] {
+        h.agent().check(&r.id).expect("the pod is in force");
+    }
+}
+
+#[test]
+fn an_unknown_newer_layout_is_refused_and_nothing_is_touched() {
+    let mut h = AgentHarness::new(None);
+    let world = World::new();
+    h.register(&world.net.pod, LinkerdConfig::default(), true);
+    let proxy = world.proxy();
+    h.kill();
+    let pin_root = h.config().pin_root.clone();
+    set_meta(&pin_root, 99, 99);
+    let before = pinned_ids(&pin_root);
+
+    let err = match Agent::start(h.config().clone()) {
+        Ok(_) => panic!("an agent started on state of layout 99"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("layout version 99") && err.contains("refusing"),
+        "unclear error: {err}"
+    );
+    assert_eq!(pinned_ids(&pin_root), before, "pinned state changed");
+    assert_eq!(
+        meta(&pin_root),
+        Some(LayoutMeta {
+            version: 99,
+            oldest_reader: 99
+        })
+    );
+    // What runs keeps running.
+    let r = run(world.out_client(1));
+    assert_eq!(r.succeeded, 1, "{r:?}");
+    wait_accepted(&proxy, 1);
+    assert_eq!(proxy_view(&proxy).0, vec![(proxy_addr(), world.outbound())]);
+    // Let the harness clean up with an agent of this layout.
+    set_meta(&pin_root, LAYOUT_VERSION, 1);
+}
+
+fn proxy_addr() -> SocketAddr {
+    sock(Ipv4Addr::LOCALHOST, proxy::OUTBOUND_PORT)
+}
+
+#[test]
+fn a_socket_map_whose_sockets_cannot_be_carried_over_is_refused() {
+    let mut h = AgentHarness::new(None);
+    let world = World::new();
+    h.register(&world.net.pod, LinkerdConfig::default(), true);
+    let _proxy = world.proxy();
+    h.kill();
+    let pin_root = h.config().pin_root.clone();
+    let pin = pin_root.join(paths::PIN_MAPS).join(names::MAP_LISTENERS);
+    // A listener map of another key layout, holding a listening socket.
+    let info = map_info(&pin);
+    let other = bpf_sys::map_create(
+        info.map_type,
+        info.key_size + 8,
+        info.value_size,
+        info.max_entries,
+        info.map_flags,
+        names::MAP_LISTENERS,
+        None,
+    )
+    .expect("create a socket map of another layout");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let key = vec![0u8; (info.key_size + 8) as usize];
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&listener) as u32;
+    bpf_sys::map_update(&other, &key, &fd.to_ne_bytes()).expect("insert the listener");
+    let original = bpf_sys::obj_get(&pin).expect("open the original map");
+    fs::remove_file(&pin).expect("unpin");
+    bpf_sys::obj_pin(&other, &pin).expect("pin the other layout's map");
+    let before = pinned_ids(&pin_root);
+
+    let err = match Agent::start(h.config().clone()) {
+        Ok(_) => panic!("an agent dropped the sockets of a socket map"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(names::MAP_LISTENERS) && err.contains("1 sockets") && err.contains("refusing"),
+        "unclear error: {err}"
+    );
+    assert_eq!(pinned_ids(&pin_root), before, "pinned state changed");
+    // Put the original back so the harness cleans up with an agent.
+    fs::remove_file(&pin).expect("unpin");
+    bpf_sys::obj_pin(&original, &pin).expect("pin the original map back");
+    h.start_again();
+}
