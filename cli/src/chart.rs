@@ -183,13 +183,69 @@ fn dir(p: &str) -> String {
     }
 }
 
+/// YAML as Helm's `toYaml` writes it: strings that a YAML 1.1 reader (kubectl, the API server)
+/// would take for a boolean or a number are quoted. `serde_yaml_ng` follows YAML 1.2 and leaves
+/// `off`, `yes`, `n`, `1_000` or `1:30` plain, which Kubernetes then reads as `false`, `true`,
+/// `false`, `1000` and `90`.
+fn to_yaml_1_1_safe(mut json: Json) -> Result<String, serde_yaml_ng::Error> {
+    /// Appended to a string to quote (after it, so that map keys keep their order); plain in
+    /// `serde_yaml_ng`'s output, and never in chart values.
+    const MARK: char = '\u{E000}';
+    fn yaml_1_1_ambiguous(s: &str) -> bool {
+        const WORDS: &[&str] = &[
+            "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off",
+            "Off", "OFF",
+        ];
+        let numeric_with = |extra: char| {
+            s.contains(extra)
+                && s.chars().any(|c| c.is_ascii_digit())
+                && s.chars()
+                    .all(|c| c.is_ascii_digit() || c == extra || "+-.".contains(c))
+        };
+        WORDS.contains(&s) || numeric_with('_') || numeric_with(':')
+    }
+    fn mark(v: &mut Json, marked: &mut Vec<String>) {
+        match v {
+            Json::String(s) if yaml_1_1_ambiguous(s) => {
+                marked.push(s.clone());
+                s.push(MARK);
+            }
+            Json::Array(items) => items.iter_mut().for_each(|i| mark(i, marked)),
+            Json::Object(map) => {
+                let entries = std::mem::take(map);
+                for (mut k, mut item) in entries {
+                    mark(&mut item, marked);
+                    if yaml_1_1_ambiguous(&k) {
+                        marked.push(k.clone());
+                        k.push(MARK);
+                    }
+                    map.insert(k, item);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut marked = Vec::new();
+    if !json.to_string().contains(MARK) {
+        mark(&mut json, &mut marked);
+    }
+    let mut yaml = serde_yaml_ng::to_string(&json)?;
+    marked.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    marked.dedup();
+    for m in marked {
+        // Longest first: a marked `on` must not be taken for a marked `n`.
+        yaml = yaml.replace(&format!("{m}{MARK}"), &format!("'{m}'"));
+    }
+    Ok(yaml)
+}
+
 /// Registers the Helm/sprig functions the chart uses.
 fn with_funcs(t: Template) -> Template {
     t.func("toYaml", |a| {
         let json = to_json(arg("toYaml", a, 0, 1)?);
-        let yaml = serde_yaml_ng::to_string(&json)
-            .map_err(|e| TemplateError::Exec(format!("toYaml: {e}")))?;
-        Ok(string(yaml.trim_end_matches('\n')))
+        to_yaml_1_1_safe(json)
+            .map(|yaml| string(yaml.trim_end_matches('\n')))
+            .map_err(|e| TemplateError::Exec(format!("toYaml: {e}")))
     })
     .func("toJson", |a| {
         let json = to_json(arg("toJson", a, 0, 1)?);
@@ -319,6 +375,11 @@ mod tests {
                 r#"{{ .a | toYaml }}"#,
                 json!({"a": [{"operator": "Exists"}]}),
                 "- operator: Exists",
+            ),
+            (
+                r#"{{ .a | toYaml }}"#,
+                json!({"a": {"values": ["off", "yes", "n", "1_000", "1:30", "8080", "plain"], "on": "x"}}),
+                "'on': x\nvalues:\n- 'off'\n- 'yes'\n- 'n'\n- '1_000'\n- '1:30'\n- '8080'\n- plain",
             ),
             (
                 r#"{{ .a | toString | quote }}"#,
