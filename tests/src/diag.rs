@@ -8,6 +8,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::Path,
+    time::{Duration, Instant},
 };
 
 use crate::{Error, NetnsGuard, Result};
@@ -27,6 +28,23 @@ const HDR: usize = 16;
 const REQ: usize = 56;
 /// `struct inet_diag_msg`.
 const MSG: usize = 72;
+
+/// Waits up to `within` until no TCP socket in `netns` holds storage of the map pinned at
+/// `map`; panics, listing the sockets that still do, when they outlive it.
+pub fn wait_until_no_socket_holds_storage(netns: &NetnsGuard, map: &Path, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let held = sockets_with_storage(netns, map).expect("sock_diag");
+        if held.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "storage outlives the sockets: {held:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
 
 /// The (local, peer) addresses of every TCP socket (IPv4 and IPv6, any state) in `netns`
 /// that holds storage of the map pinned at `map`.

@@ -563,18 +563,11 @@ fn late_accept(delay: Duration) {
         .log()
         .wait_for_finished(N as usize, TIMEOUT)
         .expect("proxy closed every connection");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let held = diag::sockets_with_storage(&world.net.pod.netns, &storage).expect("sock_diag");
-        if held.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "storage outlives the sockets: {held:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    diag::wait_until_no_socket_holds_storage(
+        &world.net.pod.netns,
+        &storage,
+        Duration::from_secs(5),
+    );
     assert_eq!(h.maps().orig_dst_entries().1, 0);
     assert_eq!(h.maps().stats(record.netns_cookie).orig_dst_answered, N);
 }
