@@ -371,6 +371,18 @@ impl ProxyLog {
         }
     }
 
+    /// Waits until `n` connections were accepted or failed `SO_ORIGINAL_DST`, and returns all
+    /// events then.
+    pub fn wait_for_accepted(&self, n: usize, timeout: Duration) -> Result<Vec<Event>> {
+        self.wait_for(timeout, |events| {
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::Accepted { .. } | Event::OrigDstError { .. }))
+                .count()
+                >= n
+        })
+    }
+
     /// Waits until `n` connections are finished (closed, or refused for any reason), and
     /// returns all events then.
     pub fn wait_for_finished(&self, n: usize, timeout: Duration) -> Result<Vec<Event>> {

@@ -543,12 +543,7 @@ fn late_accept(delay: Duration) {
 
     let events = proxy
         .log()
-        .wait_for(TIMEOUT + delay, |e| {
-            e.iter()
-                .filter(|e| matches!(e, Event::Accepted { .. } | Event::OrigDstError { .. }))
-                .count()
-                >= N as usize
-        })
+        .wait_for_accepted(N as usize, TIMEOUT + delay)
         .expect("proxy accepted");
     let errors: Vec<_> = events
         .iter()
