@@ -17,6 +17,15 @@ use serde_json::{Map, Value as Json};
 /// The chart's name, as in `Chart.yaml`.
 pub const CHART_NAME: &str = "linkerd2-cni";
 
+/// The namespace the CLI renders the chart into, as Linkerd's `install-cni` does (Helm users
+/// choose theirs with `-n`; every template uses `.Release.Namespace`).
+pub const RELEASE_NAMESPACE: &str = linkerd_cni_k8s::names::CNI_NAMESPACE;
+
+/// `.Release.Service` of the CLI's render. As Linkerd's CLI, "CLI" rather than Helm's "Helm":
+/// the chart renders the Namespace object only then (Helm users create it with
+/// `--create-namespace`).
+pub const RELEASE_SERVICE: &str = "CLI";
+
 /// `Chart.yaml`.
 pub const CHART_YAML: &str = include_str!("../../deploy/charts/linkerd2-cni/Chart.yaml");
 
@@ -320,7 +329,7 @@ pub fn render(values: &Json) -> Result<String, RenderError> {
     let data = to_value(&serde_json::json!({
         "Values": values,
         "Chart": { "Name": meta.name, "Version": meta.version, "AppVersion": meta.app_version },
-        "Release": { "Name": CHART_NAME, "Namespace": "linkerd-cni", "Service": "Helm" },
+        "Release": { "Name": CHART_NAME, "Namespace": RELEASE_NAMESPACE, "Service": RELEASE_SERVICE },
     }));
     let mut out = String::new();
     for (file, source) in TEMPLATES {

@@ -331,14 +331,46 @@ pub fn merged_values(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Json
     Ok(v)
 }
 
+/// What `install-cni` prints: the manifests, and warnings for standard error.
+#[derive(Debug)]
+pub struct Rendered {
+    pub manifests: String,
+    /// One line per value the chart does not have (ignored, as Helm ignores it).
+    pub warnings: Vec<String>,
+}
+
 /// Renders the manifests for these arguments.
-pub fn render(args: &InstallCniArgs, matches: &ArgMatches) -> Result<String, InstallCniError> {
+pub fn render(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Rendered, InstallCniError> {
     if let Some(version) = &args.linkerd_version {
         check_version(version)?;
     }
-    let v = merged_values(args, matches)?;
-    values::validate(&v)?;
-    Ok(chart::render(&v)?)
+    let mut v = merged_values(args, matches)?;
+    let unknown = values::drop_unknown(&mut v, &values::chart_defaults()?);
+    let checked = values::validate(&v)?;
+    let mut warnings: Vec<String> = unknown
+        .iter()
+        .map(|k| values::unknown_key_warning(k))
+        .collect();
+    if checked.image.name.ends_with(LINKERD_IPTABLES_IMAGE) {
+        warnings.push(linkerd_image_warning(&checked.image.name));
+    }
+    Ok(Rendered {
+        manifests: chart::render(&v)?,
+        warnings,
+    })
+}
+
+/// The last part of the name of Linkerd's iptables plugin image (`cr.l5d.io/linkerd/cni-plugin`),
+/// which values files written for Linkerd's chart set as `image.name`.
+pub const LINKERD_IPTABLES_IMAGE: &str = "/cni-plugin";
+
+/// The warning for an `image.name` that looks like Linkerd's iptables plugin image.
+pub fn linkerd_image_warning(image: &str) -> String {
+    format!(
+        "warning: image.name {image:?} looks like Linkerd's iptables plugin image, which has no \
+         linkerd-cni-agent: the DaemonSet's pods would not start; remove image.name (and \
+         image.version) from the values to use this chart's image"
+    )
 }
 
 #[cfg(test)]

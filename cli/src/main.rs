@@ -55,10 +55,13 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
             let sub = matches
                 .subcommand_matches("install-cni")
                 .context("install-cni arguments")?;
-            let yaml = install_cni::render(args, sub)?;
+            let rendered = install_cni::render(args, sub)?;
+            for warning in &rendered.warnings {
+                eprintln!("{warning}");
+            }
             std::io::stdout()
                 .lock()
-                .write_all(yaml.as_bytes())
+                .write_all(rendered.manifests.as_bytes())
                 .context("writing the manifests")?;
             Ok(true)
         }

@@ -3,8 +3,9 @@
 //!
 //! Values stay an untyped JSON tree while they are merged, exactly as Helm keeps them, so the
 //! templates see what `helm template` would show them. [`Values`] is the typed view used only to
-//! validate the result (unknown keys, wrong types, bad ports and paths are errors here, where
-//! Helm would silently render them).
+//! validate the result (wrong types, bad ports and paths are errors here, where Helm would
+//! silently render them). Unknown keys are dropped with a warning ([`drop_unknown`]), as Helm
+//! ignores them, so that an operator's existing linkerd2-cni values file renders.
 
 use std::{
     collections::BTreeMap,
@@ -109,6 +110,49 @@ pub fn set_path(values: &mut Json, path: &[String], value: Json) {
         patch = Json::Object(m);
     }
     coalesce(values, patch);
+}
+
+/// Values whose contents are free-form (label maps, Kubernetes objects): any key is theirs.
+pub const FREE_FORM: &[&str] = &[
+    "commonLabels",
+    "podLabels",
+    "nodeAffinity",
+    "updateStrategy",
+];
+
+/// Takes out of `values` every key that the chart's `values.yaml` (`defaults`) does not have,
+/// outside the free-form values, and returns their dotted paths, sorted. Helm renders a chart
+/// with unknown keys as if they were absent (no template reads them), so an operator's
+/// existing linkerd2-cni values file renders here too; the CLI warns about each key instead of
+/// silently ignoring it.
+pub fn drop_unknown(values: &mut Json, defaults: &Json) -> Vec<String> {
+    fn walk(prefix: &str, values: &mut Json, defaults: &Json, out: &mut Vec<String>) {
+        let (Json::Object(v), Json::Object(d)) = (values, defaults) else {
+            return;
+        };
+        v.retain(|k, _| {
+            let known = d.contains_key(k);
+            if !known {
+                out.push(format!("{prefix}{k}"));
+            }
+            known
+        });
+        for (k, item) in v.iter_mut() {
+            let path = format!("{prefix}{k}");
+            if !FREE_FORM.contains(&path.as_str()) {
+                walk(&format!("{path}."), item, &d[k], out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk("", values, defaults, &mut out);
+    out.sort();
+    out
+}
+
+/// The warning the CLI prints for a key [`drop_unknown`] took out.
+pub fn unknown_key_warning(key: &str) -> String {
+    format!("warning: ignoring value {key:?}: the linkerd2-cni chart (eBPF mode) has no such value")
 }
 
 /// Accepts a string or an integer (as `--set key=8080` types it) and keeps it as a string.
@@ -345,8 +389,11 @@ mod tests {
             ("/etc/cni/net.d", "/opt/cni/bin")
         );
         assert_eq!(v.log_level, "info");
+        // With the release namespace, which the chart always puts first, the plugin's default.
+        let mut excluded = vec![linkerd_cni_k8s::names::CNI_NAMESPACE.to_string()];
+        excluded.extend(v.excluded_namespaces.iter().cloned());
         assert_eq!(
-            v.excluded_namespaces,
+            excluded,
             linkerd_cni_proto::config::DEFAULT_EXCLUDED_NAMESPACES
         );
         assert_eq!(v.agent.socket_path, linkerd_cni_common::paths::AGENT_SOCKET);
@@ -371,6 +418,40 @@ mod tests {
     }
 
     #[test]
+    fn unknown_keys_are_dropped_and_named() {
+        let defaults = chart_defaults().expect("defaults");
+        let mut v = defaults.clone();
+        coalesce(
+            &mut v,
+            json!({
+                "repairController": {"enabled": true},
+                "image": {"name": "x", "digest": "sha256:0"},
+                "resources": {"cpu": {"limit": "1", "burst": "2"}},
+                "commonLabels": {"any": "label"},
+                "podLabels": {"p": "q"},
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
+                "updateStrategy": {"type": "OnDelete", "rollingUpdate": null},
+                "tolerations": [{"operator": "Exists", "key": "k"}],
+            }),
+        );
+        let dropped = drop_unknown(&mut v, &defaults);
+        assert_eq!(
+            dropped,
+            ["image.digest", "repairController", "resources.cpu.burst"]
+        );
+        let kept = validate(&v).expect("what is left validates");
+        assert_eq!(kept.image.name, "x");
+        assert_eq!(kept.resources.cpu.limit, "1");
+        assert_eq!(kept.common_labels["any"], "label");
+        assert!(
+            kept.node_affinity
+                .contains_key("requiredDuringSchedulingIgnoredDuringExecution")
+        );
+        assert_eq!(kept.update_strategy["type"], "OnDelete");
+        assert_eq!(drop_unknown(&mut v, &defaults), Vec::<String>::new());
+    }
+
+    #[test]
     fn validation_rejects_what_the_chart_cannot_render() {
         let cases: &[(&str, Json, &str)] = &[
             ("mode", json!("iptables"), "not implemented"),
@@ -381,7 +462,7 @@ mod tests {
             ("portsToRedirect", json!("80-90"), "range"),
             ("proxyUID", json!(-5), "proxyUID"),
             ("destCNINetDir", json!("etc/cni"), "absolute"),
-            ("unknownKey", json!(1), "unknown field"),
+            ("image", json!({"version": true}), "expected a string"),
             ("image", json!({"pullPolicy": "Sometimes"}), "pullPolicy"),
             ("agent", json!({"pinRoot": "/elsewhere/x"}), "agent.pinRoot"),
         ];

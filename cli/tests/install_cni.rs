@@ -74,6 +74,69 @@ fn golden_full_render() {
     golden("install-cni-full.yaml", &full_render());
 }
 
+fn linkerd_values_render() -> std::process::Output {
+    let file = fixture("linkerd2-cni-values.yaml").display().to_string();
+    linkerd(&["install-cni", "-f", &file], &[])
+}
+
+/// An operator's values file for Linkerd's linkerd2-cni chart (every key it has) renders: what
+/// this chart lacks is ignored as Helm ignores it, with a warning naming each key.
+#[test]
+fn golden_linkerd_values_render() {
+    let out = linkerd_values_render();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            linkerd_cli::values::unknown_key_warning("repairController").as_str(),
+            &linkerd_cli::install_cni::linkerd_image_warning("cr.example.com/linkerd/cni-plugin"),
+        ],
+        "one warning per ignored key, and one for Linkerd's iptables image"
+    );
+    golden(
+        "install-cni-linkerd-values.yaml",
+        &String::from_utf8(out.stdout).expect("UTF-8"),
+    );
+}
+
+/// An unknown key changes nothing but a warning on standard error (Helm ignores it silently).
+#[test]
+fn unknown_values_are_ignored_with_a_warning() {
+    let out = linkerd(
+        &[
+            "install-cni",
+            "--set",
+            "nope=1,image.digest=x,agent.extra.deep=1",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8(out.stdout).expect("UTF-8"),
+        install_cni(&[], &[]),
+        "unknown keys change nothing"
+    );
+    for key in ["agent.extra", "image.digest", "nope"] {
+        assert!(
+            stderr.contains(&linkerd_cli::values::unknown_key_warning(key)),
+            "no warning for {key}:\n{stderr}"
+        );
+    }
+    assert_eq!(stderr.lines().count(), 3, "{stderr}");
+    // Free-form values (labels, Kubernetes objects) take any key without a warning.
+    let out = linkerd(
+        &[
+            "install-cni",
+            "--set",
+            "commonLabels.x=y,updateStrategy.rollingUpdate.maxSurge=1",
+        ],
+        &[],
+    );
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+}
+
 /// The contract's objects, in an order `kubectl apply` can follow, each labelled.
 #[test]
 fn objects_and_labels() {
@@ -629,7 +692,6 @@ fn errors() {
         (&["--skip-inbound-ports=9100-9000"], "invalid port range"),
         (&["--redirect-ports=80-90"], "not a port"),
         (&["--proxy-uid=-1"], "-1"),
-        (&["--set", "nope=1"], "unknown field"),
         (&["--set", "a[-1]=1"], "negative list index"),
         (&["--set", "tolerations[x]=1"], "not a number"),
         (&["--set", "agent.logLevel=true"], "expected a string"),
@@ -685,6 +747,10 @@ fn kubernetes_validate_strict() {
         (
             "no-namespace",
             install_cni(&["--set", "installNamespace=false"], &[]),
+        ),
+        (
+            "linkerd-values",
+            String::from_utf8(linkerd_values_render().stdout).expect("UTF-8"),
         ),
     ];
     for (name, yaml) in &renders {

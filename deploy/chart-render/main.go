@@ -6,7 +6,8 @@
 // Usage: chart-render CHART_DIR [-f VALUES.yaml]...
 //
 // It supports what the linkerd2-cni chart uses: .Values, .Chart (Name, Version, AppVersion),
-// .Release (Name, Namespace, Service). It does not implement include, tpl, lookup, required,
+// .Release (Name, Namespace, Service), the latter two as `linkerd install-cni` sets them
+// ("linkerd-cni", "CLI"; Helm's own path is tested with the real helm binary). It does not implement include, tpl, lookup, required,
 // .Capabilities or .Files.
 package main
 
@@ -124,7 +125,7 @@ func run(args []string) error {
 	data := map[string]interface{}{
 		"Values":  values,
 		"Chart":   map[string]interface{}{"Name": meta.Name, "Version": meta.Version, "AppVersion": meta.AppVersion},
-		"Release": map[string]interface{}{"Name": meta.Name, "Namespace": "linkerd-cni", "Service": "Helm"},
+		"Release": map[string]interface{}{"Name": meta.Name, "Namespace": "linkerd-cni", "Service": "CLI"},
 	}
 	var out bytes.Buffer
 	for _, name := range names {

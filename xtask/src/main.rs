@@ -26,7 +26,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install the toolchain and test dependencies (apt packages, bpf-linker, pip tools).
+    /// Install the toolchain and test dependencies (apt packages, bpf-linker, pip tools, helm).
     Setup,
     /// Build the eBPF object (target bpfel-unknown-none).
     BuildEbpf,

