@@ -57,6 +57,19 @@ const PACKAGES: &[(&str, &str)] = &[
         "YAML for the chart reference renderer",
     ),
     ("python3-pip", "installs kubernetes-validate"),
+    (
+        "containerd",
+        "the container runtime (CRI plugin) of the containerd end-to-end test",
+    ),
+    ("runc", "the OCI runtime containerd starts containers with"),
+    (
+        "busybox-static",
+        "the rootfs of the images the containerd test builds locally",
+    ),
+    (
+        "protobuf-compiler",
+        "protoc, which the CRI client crate (k8s-cri) compiles the CRI proto with",
+    ),
 ];
 
 /// PyPI packages: (import/command name, pip requirement).
