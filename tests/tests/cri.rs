@@ -253,6 +253,17 @@ fn assert_nothing_left(node: &CriNode, sandbox: &Sandbox, cookie: u64) {
         "address still allocated: {:?}",
         node.allocated_ips()
     );
+    // StopPodSandbox's DEL (with the netns) and RemovePodSandbox's (netns empty): both
+    // reached the plugin and both succeeded.
+    let dels = node
+        .containerd_log()
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("container={}", sandbox.id))
+                && l.contains("unregistered (was registered:")
+        })
+        .count();
+    assert_eq!(dels, 2, "two DELs for the sandbox\n{}", node.diagnostics());
     let listed = ok(node, "ListPodSandbox", node.list_pods());
     assert!(
         !listed.contains(&sandbox.id),

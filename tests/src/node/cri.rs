@@ -18,7 +18,7 @@ use std::{
     collections::BTreeSet,
     fs,
     net::{Ipv4Addr, SocketAddr},
-    os::unix::fs::PermissionsExt,
+    os::unix::{ffi::OsStrExt, fs::PermissionsExt},
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::Mutex,
@@ -116,6 +116,7 @@ impl CriNode {
     /// Starts the API server (serving `objects`), the agent with the installer (which patches
     /// the node's conflist), then containerd in the node netns, and imports the images.
     pub fn start(objects: &[Value]) -> Result<Self> {
+        reap_stale_nodes();
         let dir = TempDir::new()?;
         let d = dir.path().to_path_buf();
         for sub in [
@@ -269,6 +270,11 @@ impl CriNode {
             .filter(|(_, fstype)| fstype == "nsfs")
             .map(|(p, _)| p)
             .collect()
+    }
+
+    /// containerd's log (the CNI plugins' stderr included).
+    pub fn containerd_log(&self) -> String {
+        fs::read_to_string(self.dir().join("logs/containerd.log")).unwrap_or_default()
     }
 
     /// The agent's, the API server's and containerd's logs, for failure messages.
@@ -945,10 +951,7 @@ state = "{state}"
         // Shims outlive containerd (they are re-parented): ours name our socket.
         let sock = self.containerd_socket().display().to_string();
         for pid in processes_with_arg(&sock) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            kill_and_unlink_sockets(pid);
         }
         // Whatever still runs in the pods' cgroups (containers of a killed shim).
         let cgroups: Vec<PathBuf> = self
@@ -958,9 +961,10 @@ state = "{state}"
             .iter()
             .cloned()
             .collect();
-        let unified = Path::new(CGROUP_FS).join("unified");
+        let v2 =
+            crate::cgroup::cgroup2_root().unwrap_or_else(|_| Path::new(CGROUP_FS).join("unified"));
         for rel in &cgroups {
-            let kill = unified.join(rel).join("cgroup.kill");
+            let kill = v2.join(rel).join("cgroup.kill");
             if kill.exists() {
                 let _ = fs::write(&kill, "1");
             }
@@ -996,6 +1000,85 @@ impl Drop for CriNode {
             a.kill();
         }
     }
+}
+
+/// Removes, once per process, what nodes of test processes that died without cleaning up
+/// (SIGKILLed, interrupted) left: their containerd and shims (found by the config or socket
+/// path in their scratch directory), the processes left in their pod cgroups (the pod UID
+/// starts with the owner's PID), those cgroups, and the mounts below their scratch
+/// directories, so that the scratch directories themselves can go.
+fn reap_stale_nodes() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let tmp = std::env::temp_dir();
+        let stale_dir = |p: &Path| -> Option<PathBuf> {
+            let rel = p.strip_prefix(&tmp).ok()?;
+            let first = rel.components().next()?.as_os_str().to_str()?;
+            names::is_stale(first).then(|| tmp.join(first))
+        };
+        let mut killed = false;
+        if let Ok(entries) = fs::read_dir("/proc") {
+            for pid in entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            {
+                let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+                    continue;
+                };
+                let ours = cmdline.split(|b| *b == 0).any(|a| {
+                    let a = Path::new(std::ffi::OsStr::from_bytes(a));
+                    (a.ends_with("containerd.toml") || a.ends_with("run/containerd.sock"))
+                        && stale_dir(a).is_some()
+                });
+                if ours {
+                    kill_and_unlink_sockets(pid);
+                    killed = true;
+                }
+            }
+        }
+        let qos_dir = crate::cgroup::cgroup2_root()
+            .unwrap_or_else(|_| Path::new(CGROUP_FS).join("unified"))
+            .join("kubepods")
+            .join(QOS);
+        let stale_pods: Vec<String> = fs::read_dir(&qos_dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| {
+                        n.strip_prefix("pod")
+                            .and_then(|uid| uid.get(..8))
+                            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+                            .is_some_and(|pid| {
+                                pid != std::process::id()
+                                    && !Path::new(&format!("/proc/{pid}")).exists()
+                            })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for pod in &stale_pods {
+            let _ = fs::write(qos_dir.join(pod).join("cgroup.kill"), "1");
+        }
+        if killed || !stale_pods.is_empty() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for pod in &stale_pods {
+            let rel = Path::new("kubepods").join(QOS).join(pod);
+            for h in hierarchies() {
+                remove_cgroup_tree(&h.join(&rel), Duration::from_secs(2));
+            }
+        }
+        let mut mounts: Vec<PathBuf> = mounts_below(&tmp)
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| stale_dir(p).is_some())
+            .collect();
+        mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in mounts {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+    });
 }
 
 /// Every cgroup hierarchy mounted below `/sys/fs/cgroup` (v1 controllers and the unified v2
@@ -1091,6 +1174,43 @@ fn processes_with_arg(arg: &str) -> Vec<i32> {
                 .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
         })
         .collect()
+}
+
+/// SIGKILLs process `pid` (a containerd or a shim of ours), then removes the socket files it
+/// was listening on below `/run/containerd/s` (a shim's, which containerd 1.6 always puts
+/// there and which only a clean shim exit removes).
+fn kill_and_unlink_sockets(pid: i32) {
+    let inodes: BTreeSet<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| fs::read_link(e.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_str()?;
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // `Num RefCount Protocol Flags Type St Inode Path`
+    let sockets: Vec<PathBuf> = fs::read_to_string(format!("/proc/{pid}/net/unix"))
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let path = Path::new(f.get(7)?);
+            (inodes.contains(*f.get(6)?) && path.starts_with("/run/containerd/s/"))
+                .then(|| path.to_path_buf())
+        })
+        .collect();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    for s in sockets {
+        let _ = fs::remove_file(s);
+    }
 }
 
 /// The image architecture name of this machine.
