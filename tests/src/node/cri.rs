@@ -71,6 +71,8 @@ pub struct Sandbox {
     pub spec: PodSpec,
     /// The IP containerd reports for it.
     pub ip: Ipv4Addr,
+    /// How long `RunPodSandbox` took (CNI ADD included).
+    pub run_time: Duration,
     /// The config it was run with (`CreateContainer` repeats it).
     config: cri::PodSandboxConfig,
 }
@@ -116,6 +118,12 @@ impl CriNode {
     /// Starts the API server (serving `objects`), the agent with the installer (which patches
     /// the node's conflist), then containerd in the node netns, and imports the images.
     pub fn start(objects: &[Value]) -> Result<Self> {
+        Self::start_with(objects, true)
+    }
+
+    /// Like [`CriNode::start`]; with `linkerd` false no agent runs and the conflist stays
+    /// the primary CNI alone (bridge + host-local), the baseline of the benchmark.
+    pub fn start_with(objects: &[Value], linkerd: bool) -> Result<Self> {
         reap_stale_nodes();
         let dir = TempDir::new()?;
         let d = dir.path().to_path_buf();
@@ -195,7 +203,9 @@ impl CriNode {
             netns,
             dir,
         };
-        node.start_agent()?;
+        if linkerd {
+            node.start_agent()?;
+        }
         node.start_containerd()?;
         node.import_images()?;
         Ok(node)
@@ -678,6 +688,7 @@ state = "{state}"
             ..Default::default()
         };
         let mut client = self.client()?;
+        let started = Instant::now();
         let resp = self.call(
             "RunPodSandbox",
             client.run_pod_sandbox(cri::RunPodSandboxRequest {
@@ -688,6 +699,7 @@ state = "{state}"
         let id = resp
             .map_err(|e| Error::Missing(format!("{e}\n{}", self.diagnostics())))?
             .pod_sandbox_id;
+        let run_time = started.elapsed();
         self.sandboxes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -708,6 +720,7 @@ state = "{state}"
             id,
             spec: spec.clone(),
             ip,
+            run_time,
             config,
         })
     }
