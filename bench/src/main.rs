@@ -8,6 +8,7 @@
 //! Modules: [`traffic`] (scenarios 1-3), [`podsetup`] (4-5), [`restart`] (6), [`node`] (the
 //! agent, plugin, API server and placed processes), [`report`] (renderings).
 
+mod crisandbox;
 mod diag;
 mod fastns;
 mod load;
@@ -55,6 +56,13 @@ enum Cmd {
     Render {
         #[arg(long, default_value = ".")]
         out_dir: PathBuf,
+    },
+    /// RunPodSandbox time through a real containerd (CRI), with and without linkerd-cni in
+    /// the chain (printed, not part of the report).
+    CriSandbox {
+        /// Sandboxes per configuration.
+        #[arg(long, default_value_t = 20)]
+        pods: usize,
     },
     /// (internal) The load generator.
     Load(load::LoadArgs),
@@ -234,5 +242,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Proxy(args) => proxy::run(args),
         Cmd::Server { listen } => server::run(listen),
         Cmd::Probe { home } => probe::run(&home),
+        Cmd::CriSandbox { pods } => crisandbox::run(pods),
     }
 }

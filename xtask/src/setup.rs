@@ -37,6 +37,19 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "network namespaces and veth pairs"),
     ("iptables", "the iptables baseline in tests and benchmarks"),
     (
+        "containerd",
+        "the container runtime (CRI plugin) of the containerd end-to-end test",
+    ),
+    ("runc", "the OCI runtime containerd starts containers with"),
+    (
+        "busybox-static",
+        "the rootfs of the images the containerd test builds locally",
+    ),
+    (
+        "protobuf-compiler",
+        "protoc, which the CRI client crate (k8s-cri) compiles the CRI proto with",
+    ),
+    (
         "containernetworking-plugins",
         "bridge, host-local, loopback CNI plugins for the end-to-end chain",
     ),

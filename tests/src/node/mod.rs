@@ -10,6 +10,7 @@
 //! processes (by PID), then removes the pin tree (which detaches any link left), the node netns
 //! and the scratch directory; [`SimPod`]s remove their netns and cgroup.
 
+mod cri;
 mod forward;
 mod plugin;
 mod pods;
@@ -28,6 +29,7 @@ use linkerd_cni_common::paths;
 use nix::{sys::signal::Signal, unistd::Pid};
 
 pub use self::{
+    cri::{ContainerSpec, CriNode, Sandbox, build_image_archive},
     forward::ApiForward,
     plugin::{PluginOutcome, run_plugin},
     pods::{PodSpec, SimPod, namespace_manifest},

@@ -565,7 +565,7 @@ pub(super) fn api_path(object: &Value) -> Result<String> {
 
 /// Writes one object as `<kind>-<namespace>-<name>.json`, atomically (the API server rescans
 /// the directory and only reads `*.json`, so the temporary `.tmp` file is never half-read).
-fn write_manifest(dir: &Path, object: &Value) -> Result<()> {
+pub(super) fn write_manifest(dir: &Path, object: &Value) -> Result<()> {
     let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
     let stem = format!(
         "{}-{}-{}",

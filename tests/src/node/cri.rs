@@ -1,0 +1,1359 @@
+//! A node run by a real container runtime: Debian's containerd (CRI plugin) and runc, driven
+//! over the CRI v1 gRPC API as kubelet drives it, with `linkerd-cni` in the conflist the node
+//! installer patched, and the agent run as the DaemonSet runs it (`linkerd-cni-agent run` with
+//! the installer on and the DaemonSet's environment).
+//!
+//! Everything is the node's own: containerd's config, root, state, socket, runc root, CNI bin
+//! and conf dirs, the netns mounts (`netns_mounts_under_state_dir`) live in a scratch
+//! directory; containerd runs inside the node network namespace (`nsenter --net`, which unlike
+//! `ip netns exec` keeps the host's `/sys` and so its cgroups), so the bridge stays inside.
+//! Images are built here from Debian's busybox-static (an OCI archive imported with `ctr`).
+//!
+//! Dropping a [`CriNode`] stops and removes every sandbox through CRI, kills containerd, then
+//! (by PID) every shim it left and every process left in the pods' cgroups, unmounts whatever
+//! is still mounted below the scratch directory, removes the cgroups it made, and then the
+//! agent, API server, pins, node netns and scratch directory go as in [`super::SimNode`].
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    net::{Ipv4Addr, SocketAddr},
+    os::unix::{ffi::OsStrExt, fs::PermissionsExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::{
+    self as cri, image_service_client::ImageServiceClient,
+    runtime_service_client::RuntimeServiceClient,
+};
+use serde_json::{Value, json};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::{
+    AGENT_BIN, ApiServerProcess, BRIDGE, NETWORK_NAME, NODE_NAME, PLUGIN_BIN, POD_SUBNET, PodSpec,
+    START_TIMEOUT, free_port, http_get, read_state, sim::PinRoot, sim::write_manifest, wait_until,
+    workspace_bin,
+};
+use crate::{
+    bins,
+    child::ChildGuard,
+    error::{Error, IoContext, Result},
+    names::{self, TempDir},
+    netns::NetnsGuard,
+    proxy::{self, PROXY_UID},
+};
+
+/// The image the pods' containers run (busybox-static).
+pub const BUSYBOX_IMAGE: &str = "l5d.test/busybox:1";
+/// The sandbox ("pause") image: the same rootfs, `sleep` as its process.
+pub const PAUSE_IMAGE: &str = "l5d.test/pause:1";
+/// Where the test binaries (proxy, client) are mounted in containers.
+pub const BIN_MOUNT: &str = "/l5d";
+/// Where a pod's log directory is mounted in its containers.
+pub const LOG_MOUNT: &str = "/l5dlog";
+/// The cgroup v1 and v2 hierarchies live below this.
+const CGROUP_FS: &str = "/sys/fs/cgroup";
+/// How long one CRI call may take.
+const CRI_TIMEOUT: Duration = Duration::from_secs(60);
+/// The kubelet's QoS class of the test pods (no resources).
+const QOS: &str = "besteffort";
+
+/// A sandbox this node ran.
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    /// The sandbox id (`CNI_CONTAINERID`).
+    pub id: String,
+    /// The pod as the API server serves it.
+    pub spec: PodSpec,
+    /// The IP containerd reports for it.
+    pub ip: Ipv4Addr,
+    /// How long `RunPodSandbox` took (CNI ADD included).
+    pub run_time: Duration,
+    /// The config it was run with (`CreateContainer` repeats it).
+    config: cri::PodSandboxConfig,
+}
+
+/// A container to create in a sandbox.
+#[derive(Clone, Debug)]
+pub struct ContainerSpec {
+    /// Its name (as in the Pod object).
+    pub name: String,
+    /// `securityContext.runAsUser`.
+    pub run_as_user: i64,
+    /// Its command.
+    pub command: Vec<String>,
+}
+
+/// The node: containerd, the agent, the fake API server, the node netns.
+pub struct CriNode {
+    containerd: Option<ChildGuard>,
+    agent: Option<ChildGuard>,
+    agent_health: SocketAddr,
+    apiserver: ApiServerProcess,
+    rt: tokio::runtime::Runtime,
+    runtime: Option<RuntimeServiceClient<Channel>>,
+    /// Sandboxes run and not removed yet.
+    sandboxes: Mutex<BTreeSet<String>>,
+    /// Pod cgroups (relative to each hierarchy) this node created or told runc to create.
+    cgroups: Mutex<BTreeSet<PathBuf>>,
+    pins: PinRoot,
+    netns: NetnsGuard,
+    dir: TempDir,
+}
+
+impl std::fmt::Debug for CriNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CriNode")
+            .field("dir", &self.dir.path())
+            .field("netns", &self.netns.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CriNode {
+    /// Starts the API server (serving `objects`), the agent with the installer (which patches
+    /// the node's conflist), then containerd in the node netns, and imports the images.
+    pub fn start(objects: &[Value]) -> Result<Self> {
+        Self::start_with(objects, true)
+    }
+
+    /// Like [`CriNode::start`]; with `linkerd` false no agent runs and the conflist stays
+    /// the primary CNI alone (bridge + host-local), the baseline of the benchmark.
+    pub fn start_with(objects: &[Value], linkerd: bool) -> Result<Self> {
+        reap_stale_nodes();
+        let dir = TempDir::new()?;
+        let d = dir.path().to_path_buf();
+        for sub in [
+            "manifests",
+            "cni/bin",
+            "cni/net.d",
+            "ipam",
+            "state",
+            "run",
+            "logs",
+            "sa",
+            "containerd/root",
+            "containerd/state",
+            "containerd/opt",
+            "runc",
+            "pods",
+        ] {
+            fs::create_dir_all(d.join(sub)).ctx(|| format!("creating {sub}"))?;
+        }
+        // The primary CNI: bridge + host-local, the conflist our installer patches.
+        for p in ["bridge", "host-local", "loopback"] {
+            let src = Path::new(crate::cniruntime::SYSTEM_PLUGIN_DIR).join(p);
+            if !src.is_file() {
+                return Err(Error::Missing(format!(
+                    "{} not found: install containernetworking-plugins (`cargo xtask setup`)",
+                    src.display()
+                )));
+            }
+            std::os::unix::fs::symlink(&src, d.join("cni/bin").join(p))
+                .ctx(|| format!("linking {p}"))?;
+        }
+        let conflist = json!({
+            "cniVersion": "1.0.0",
+            "name": NETWORK_NAME,
+            "plugins": [{
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": true,
+                "ipMasq": false,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": d.join("ipam"),
+                },
+            }],
+        });
+        fs::write(
+            d.join("cni/net.d/10-containerd-net.conflist"),
+            conflist.to_string(),
+        )
+        .ctx(|| "writing the conflist")?;
+        for object in objects {
+            write_manifest(&d.join("manifests"), object)?;
+        }
+        let apiserver = ApiServerProcess::start(
+            &d.join("manifests"),
+            &d.join("kubeconfig"),
+            &d.join("logs/apiserver.log"),
+        )?;
+        let netns = NetnsGuard::new()?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ctx(|| "building the CRI client's runtime")?;
+        let mut node = Self {
+            containerd: None,
+            agent: None,
+            agent_health: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
+            apiserver,
+            rt,
+            runtime: None,
+            sandboxes: Mutex::new(BTreeSet::new()),
+            cgroups: Mutex::new(BTreeSet::new()),
+            pins: PinRoot::new(),
+            netns,
+            dir,
+        };
+        if linkerd {
+            node.start_agent()?;
+        }
+        node.start_containerd()?;
+        node.import_images()?;
+        Ok(node)
+    }
+
+    /// The scratch directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The node's network namespace (containerd's, the bridge's).
+    pub fn netns(&self) -> &NetnsGuard {
+        &self.netns
+    }
+
+    /// The conflist containerd reads (as the installer left it).
+    pub fn conflist(&self) -> PathBuf {
+        self.dir().join("cni/net.d/10-containerd-net.conflist")
+    }
+
+    /// The agent's pin root.
+    pub fn pin_root(&self) -> &Path {
+        self.pins.path()
+    }
+
+    /// The agent's registry.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir().join("state")
+    }
+
+    /// The agent's registration socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir().join("run/agent.sock")
+    }
+
+    /// The agent's registry, links and map entries now.
+    pub fn state(&self) -> Result<super::AgentState> {
+        read_state(self.pin_root(), &self.state_dir())
+    }
+
+    /// `linkerd-cni-agent inspect` for this node.
+    pub fn inspect(&self) -> Result<String> {
+        names::run(
+            Command::new(workspace_bin(AGENT_BIN)?)
+                .arg("--pin-root")
+                .arg(self.pin_root())
+                .arg("--state-dir")
+                .arg(self.state_dir())
+                .arg("inspect"),
+        )
+    }
+
+    /// The addresses host-local holds.
+    pub fn allocated_ips(&self) -> Vec<String> {
+        let mut ips: Vec<String> = fs::read_dir(self.dir().join("ipam").join(NETWORK_NAME))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ips.sort();
+        ips
+    }
+
+    /// Network namespaces containerd has mounted (below its state directory).
+    pub fn netns_mounts(&self) -> Vec<PathBuf> {
+        mounts_below(self.dir())
+            .into_iter()
+            .filter(|(_, fstype)| fstype == "nsfs")
+            .map(|(p, _)| p)
+            .collect()
+    }
+
+    /// containerd's log (the CNI plugins' stderr included).
+    pub fn containerd_log(&self) -> String {
+        fs::read_to_string(self.dir().join("logs/containerd.log")).unwrap_or_default()
+    }
+
+    /// The agent's, the API server's and containerd's logs, for failure messages.
+    pub fn diagnostics(&self) -> String {
+        let read = |p: &str| fs::read_to_string(self.dir().join(p)).unwrap_or_default();
+        let tail = |s: String| {
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        };
+        format!(
+            "--- agent log ---\n{}\n--- containerd log (tail) ---\n{}\n--- API server log ---\n{}",
+            tail(read("logs/agent.log")),
+            tail(read("logs/containerd.log")),
+            tail(self.apiserver.log())
+        )
+    }
+
+    /// The agent as the DaemonSet runs it: `linkerd-cni-agent run` with the installer on
+    /// (`LINKERD_CNI_AGENT_INSTALL`), the installer's variables and the chart's default
+    /// `cni_network_config` (with this node's agent socket); it is ready once the plugin is
+    /// in the conflist.
+    fn start_agent(&mut self) -> Result<()> {
+        let d = self.dir().to_path_buf();
+        fs::write(d.join("sa/token"), "test-token").ctx(|| "writing the token")?;
+        fs::write(
+            d.join("sa/ca.crt"),
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .ctx(|| "writing the CA")?;
+        // The chart's `cni_network_config` with its default values.
+        let template = json!({
+            "name": "linkerd-cni",
+            "type": "linkerd-cni",
+            "log_level": "debug",
+            "kubernetes": {"kubeconfig": "__KUBECONFIG_FILEPATH__"},
+            "linkerd": {
+                "incoming-proxy-port": proxy::INBOUND_PORT,
+                "outgoing-proxy-port": proxy::OUTBOUND_PORT,
+                "proxy-uid": PROXY_UID,
+                "proxy-gid": -1,
+                "ports-to-redirect": [],
+                "inbound-ports-to-ignore": ["4191", "4190"],
+                "outbound-ports-to-ignore": [],
+                "simulate": false,
+                "use-wait-flag": false,
+                "iptables-mode": "nft",
+                "ipv6": false,
+                "agent-socket": self.socket(),
+                "excluded-namespaces": ["linkerd-cni", "kube-system"],
+            },
+        });
+        let plugin = workspace_bin(PLUGIN_BIN)?;
+        let plugin_dir = plugin
+            .parent()
+            .ok_or_else(|| Error::Missing("the plugin's directory".into()))?;
+        let log = fs::File::create(d.join("logs/agent.log")).ctx(|| "creating the agent log")?;
+        let mut cmd = Command::new(workspace_bin(AGENT_BIN)?);
+        cmd.arg("run")
+            .arg("--kubeconfig")
+            .arg(d.join("kubeconfig"))
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .env("LINKERD_CNI_AGENT_INSTALL", "true")
+            .env("LINKERD_CNI_AGENT_NODE_NAME", NODE_NAME)
+            .env(
+                "LINKERD_CNI_AGENT_LOG_LEVEL",
+                "info,linkerd_cni_agent=debug",
+            )
+            .env("LINKERD_CNI_AGENT_SOCKET", self.socket())
+            .env("LINKERD_CNI_AGENT_PIN_ROOT", self.pin_root())
+            .env(
+                "LINKERD_CNI_AGENT_HEALTH_ADDR",
+                self.agent_health.to_string(),
+            )
+            .env("DEST_CNI_NET_DIR", d.join("cni/net.d"))
+            .env("DEST_CNI_BIN_DIR", d.join("cni/bin"))
+            .env("CNI_NETWORK_CONFIG", template.to_string())
+            .env("CONTAINER_MOUNT_PREFIX", "")
+            .env("CONTAINER_CNI_BIN_DIR", plugin_dir)
+            .env("SERVICEACCOUNT_PATH", d.join("sa"))
+            .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+            .env("KUBERNETES_SERVICE_PORT", "443")
+            .env("POD_NAMESPACE", "linkerd-cni")
+            .env_remove("LINKERD_CNI_AGENT_DAEMONSET")
+            .env_remove("LINKERD_CNI_AGENT_CLEANUP_ON_SIGTERM")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let mut agent = ChildGuard::spawn(&mut cmd)?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = agent.try_wait()? {
+                return Err(Error::Missing(format!(
+                    "the agent exited with {status} during start-up:\n{}",
+                    self.diagnostics()
+                )));
+            }
+            if matches!(
+                http_get(self.agent_health, "/ready", Duration::from_secs(1)),
+                Ok((200, _))
+            ) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "the agent's readiness (plugin in the conflist)".into(),
+                    timeout: START_TIMEOUT,
+                    detail: self.diagnostics(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.agent = Some(agent);
+        Ok(())
+    }
+
+    /// SIGKILLs the agent.
+    pub fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
+        }
+    }
+
+    fn containerd_socket(&self) -> PathBuf {
+        self.dir().join("run/containerd.sock")
+    }
+
+    fn start_containerd(&mut self) -> Result<()> {
+        let d = self.dir().to_path_buf();
+        let s = |p: &str| d.join(p).display().to_string();
+        let config = format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{cni_conf}"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "{runc}"
+        SystemdCgroup = false
+"#,
+            root = s("containerd/root"),
+            state = s("containerd/state"),
+            sock = self.containerd_socket().display(),
+            opt = s("containerd/opt"),
+            cni_bin = s("cni/bin"),
+            cni_conf = s("cni/net.d"),
+            runc = s("runc"),
+        );
+        fs::write(d.join("containerd.toml"), config).ctx(|| "writing containerd's config")?;
+        let log =
+            fs::File::create(d.join("logs/containerd.log")).ctx(|| "creating containerd's log")?;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.netns.path().display()))
+            .arg("containerd")
+            .arg("--config")
+            .arg(d.join("containerd.toml"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let child = ChildGuard::spawn(&mut cmd).map_err(|e| {
+            Error::Missing(format!(
+                "{e}\n(containerd and runc come from `cargo xtask setup`)"
+            ))
+        })?;
+        self.containerd = Some(child);
+        let sock = self.containerd_socket();
+        let deadline = Instant::now() + START_TIMEOUT;
+        let channel = loop {
+            if let Some(c) = self.containerd.as_mut()
+                && let Some(status) = c.try_wait()?
+            {
+                return Err(Error::Missing(format!(
+                    "containerd exited with {status}:\n{}",
+                    self.diagnostics()
+                )));
+            }
+            if sock.exists() {
+                let sock = sock.clone();
+                let connected = self.rt.block_on(async move {
+                    Endpoint::try_from("http://[::]")
+                        .map_err(|e| e.to_string())?
+                        .connect_with_connector(tower::service_fn(move |_: Uri| {
+                            let sock = sock.clone();
+                            async move {
+                                Ok::<_, std::io::Error>(TokioIo::new(
+                                    tokio::net::UnixStream::connect(sock).await?,
+                                ))
+                            }
+                        }))
+                        .await
+                        .map_err(|e| e.to_string())
+                });
+                if let Ok(channel) = connected {
+                    break channel;
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "containerd's start".into(),
+                    timeout: START_TIMEOUT,
+                    detail: self.diagnostics(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut client = RuntimeServiceClient::new(channel.clone());
+        // CRI answers once its plugin is up; its network is ready once it loaded our conflist.
+        wait_until(
+            "containerd's CRI to report its network ready",
+            START_TIMEOUT,
+            || {
+                let status = self
+                    .rt
+                    .block_on(client.status(cri::StatusRequest { verbose: false }))
+                    .ok()?
+                    .into_inner();
+                let ready = status.status?.conditions.iter().all(|c| c.status);
+                ready.then_some(())
+            },
+        )
+        .map_err(|e| Error::Missing(format!("{e}\n{}", self.diagnostics())))?;
+        self.runtime = Some(client);
+        Ok(())
+    }
+
+    /// Builds the busybox and pause images (an OCI archive) and imports them with `ctr`.
+    fn import_images(&self) -> Result<()> {
+        let archive = build_image_archive(&self.dir().join("image"))?;
+        names::run(
+            Command::new("ctr")
+                .arg("--address")
+                .arg(self.containerd_socket())
+                .args(["-n", "k8s.io", "images", "import"])
+                .arg(&archive),
+        )?;
+        let channel = self.channel()?;
+        let mut images = ImageServiceClient::new(channel);
+        for image in [BUSYBOX_IMAGE, PAUSE_IMAGE] {
+            wait_until(
+                &format!("CRI to list image {image}"),
+                Duration::from_secs(20),
+                || {
+                    let resp = self
+                        .rt
+                        .block_on(images.image_status(cri::ImageStatusRequest {
+                            image: Some(cri::ImageSpec {
+                                image: image.into(),
+                                ..Default::default()
+                            }),
+                            verbose: false,
+                        }))
+                        .ok()?
+                        .into_inner();
+                    resp.image.map(|_| ())
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    fn channel(&self) -> Result<Channel> {
+        // `RuntimeServiceClient` holds a cheap-to-clone channel; reach it through a clone.
+        let sock = self.containerd_socket();
+        self.rt
+            .block_on(async move {
+                Endpoint::try_from("http://[::]")
+                    .map_err(|e| e.to_string())?
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        let sock = sock.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(
+                                tokio::net::UnixStream::connect(sock).await?,
+                            ))
+                        }
+                    }))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(|e| Error::Missing(format!("connecting to containerd: {e}")))
+    }
+
+    fn client(&self) -> Result<RuntimeServiceClient<Channel>> {
+        self.runtime
+            .clone()
+            .ok_or_else(|| Error::Missing("containerd is not running".into()))
+    }
+
+    /// Runs one CRI call with a deadline.
+    fn call<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(CRI_TIMEOUT, fut).await })
+        {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(Error::Missing(format!(
+                "CRI {what}: {} ({:?})",
+                status.message(),
+                status.code()
+            ))),
+            Err(_) => Err(Error::Timeout {
+                what: format!("CRI {what}"),
+                timeout: CRI_TIMEOUT,
+                detail: String::new(),
+            }),
+        }
+    }
+
+    /// Serves `objects` (Pods, Namespaces) from the API server and waits until it does.
+    pub fn apply(&self, objects: &[Value]) -> Result<()> {
+        let dir = self.dir().join("manifests");
+        for object in objects {
+            write_manifest(&dir, object)?;
+        }
+        for object in objects {
+            let path = super::sim::api_path(object)?;
+            let want = object.pointer("/metadata/uid").cloned();
+            wait_until(
+                &format!("the API server serving {path}"),
+                Duration::from_secs(10),
+                || {
+                    let (status, body) = self.apiserver.get(&path).ok()?;
+                    let served: Value = serde_json::from_str(&body).ok()?;
+                    (status == 200 && served.pointer("/metadata/uid") == want.as_ref())
+                        .then_some(())
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The pod cgroup kubelet would use for `spec`, relative to each hierarchy.
+    pub fn pod_cgroup(spec: &PodSpec) -> PathBuf {
+        PathBuf::from(format!("kubepods/{QOS}/pod{}", spec.uid))
+    }
+
+    /// Creates `spec`'s pod cgroup in every hierarchy (v1 controllers and the unified v2
+    /// one), as kubelet does before `RunPodSandbox`.
+    pub fn create_pod_cgroup(&self, spec: &PodSpec) -> Result<()> {
+        let rel = Self::pod_cgroup(spec);
+        self.track_cgroup(&rel);
+        for h in hierarchies() {
+            let p = h.join(&rel);
+            fs::create_dir_all(&p).ctx(|| format!("creating {}", p.display()))?;
+        }
+        Ok(())
+    }
+
+    fn track_cgroup(&self, rel: &Path) {
+        self.cgroups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(rel.to_path_buf());
+    }
+
+    /// Serves `spec` from the API server and runs its sandbox with `linux.cgroup_parent` set
+    /// to the kubelet's pod cgroup (created beforehand or not, see
+    /// [`CriNode::create_pod_cgroup`]).
+    pub fn run_pod(&self, spec: &PodSpec) -> Result<Sandbox> {
+        self.apply(&[spec.manifest(NODE_NAME)])?;
+        let rel = Self::pod_cgroup(spec);
+        // runc creates it when the kubelet did not: remove it afterwards either way.
+        self.track_cgroup(&rel);
+        let log_dir = self.dir().join("pods").join(&spec.uid);
+        fs::create_dir_all(&log_dir).ctx(|| format!("creating {}", log_dir.display()))?;
+        fs::set_permissions(&log_dir, fs::Permissions::from_mode(0o777))
+            .ctx(|| format!("chmod {}", log_dir.display()))?;
+        let config = cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: spec.name.clone(),
+                uid: spec.uid.clone(),
+                namespace: spec.namespace.clone(),
+                attempt: 0,
+            }),
+            hostname: spec.name.clone(),
+            log_directory: log_dir.display().to_string(),
+            linux: Some(cri::LinuxPodSandboxConfig {
+                cgroup_parent: format!("/{}", rel.display()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut client = self.client()?;
+        let started = Instant::now();
+        let resp = self.call(
+            "RunPodSandbox",
+            client.run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: String::new(),
+            }),
+        );
+        let id = resp
+            .map_err(|e| Error::Missing(format!("{e}\n{}", self.diagnostics())))?
+            .pod_sandbox_id;
+        let run_time = started.elapsed();
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone());
+        let status = self.call(
+            "PodSandboxStatus",
+            client.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: false,
+            }),
+        )?;
+        let ip = status
+            .status
+            .and_then(|s| s.network)
+            .and_then(|n| n.ip.parse().ok())
+            .ok_or_else(|| Error::Missing(format!("no IPv4 address for sandbox {id}")))?;
+        Ok(Sandbox {
+            id,
+            spec: spec.clone(),
+            ip,
+            run_time,
+            config,
+        })
+    }
+
+    /// Creates and starts a container of `sandbox` from the busybox image, with the test
+    /// binaries at [`BIN_MOUNT`], the host's libraries (they are dynamically linked) and the
+    /// pod's log directory at [`LOG_MOUNT`]; returns its id.
+    pub fn start_container(&self, sandbox: &Sandbox, c: &ContainerSpec) -> Result<String> {
+        let mut mounts = vec![
+            cri::Mount {
+                container_path: BIN_MOUNT.into(),
+                host_path: self.bin_dir()?.display().to_string(),
+                readonly: true,
+                ..Default::default()
+            },
+            cri::Mount {
+                container_path: LOG_MOUNT.into(),
+                host_path: self.log_dir(sandbox).display().to_string(),
+                readonly: false,
+                ..Default::default()
+            },
+        ];
+        for lib in ["/lib", "/lib64"] {
+            if Path::new(lib).is_dir() {
+                mounts.push(cri::Mount {
+                    container_path: lib.into(),
+                    host_path: lib.into(),
+                    readonly: true,
+                    ..Default::default()
+                });
+            }
+        }
+        let config = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: c.name.clone(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: BUSYBOX_IMAGE.into(),
+                ..Default::default()
+            }),
+            command: c.command.clone(),
+            mounts,
+            log_path: format!("{}.log", c.name),
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    run_as_user: Some(cri::Int64Value {
+                        value: c.run_as_user,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut client = self.client()?;
+        let id = self
+            .call(
+                "CreateContainer",
+                client.create_container(cri::CreateContainerRequest {
+                    pod_sandbox_id: sandbox.id.clone(),
+                    config: Some(config),
+                    sandbox_config: Some(sandbox.config.clone()),
+                }),
+            )?
+            .container_id;
+        self.call(
+            "StartContainer",
+            client.start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            }),
+        )?;
+        Ok(id)
+    }
+
+    /// Starts the forwarding test proxy as `sandbox`'s `linkerd-proxy` container (UID 2102)
+    /// and waits until it listens; its log is [`CriNode::proxy_log`].
+    pub fn start_proxy(&self, sandbox: &Sandbox) -> Result<String> {
+        let mut command = vec![
+            format!("{BIN_MOUNT}/{}", bins::PROXY),
+            "--log".into(),
+            format!("{LOG_MOUNT}/proxy.jsonl"),
+            "--ready-file".into(),
+            format!("{LOG_MOUNT}/proxy.ready"),
+        ];
+        command.extend(proxy::Options::new().to_args());
+        let id = self.start_container(
+            sandbox,
+            &ContainerSpec {
+                name: "linkerd-proxy".into(),
+                run_as_user: i64::from(PROXY_UID),
+                command,
+            },
+        )?;
+        let ready = self.log_dir(sandbox).join("proxy.ready");
+        wait_until("the proxy container to listen", START_TIMEOUT, || {
+            ready.exists().then_some(())
+        })
+        .map_err(|e| Error::Missing(format!("{e}\n{}", self.diagnostics())))?;
+        Ok(id)
+    }
+
+    /// The proxy container's event log.
+    pub fn proxy_log(&self, sandbox: &Sandbox) -> proxy::ProxyLog {
+        proxy::ProxyLog::new(self.log_dir(sandbox).join("proxy.jsonl"))
+    }
+
+    /// Runs `cmd` in container `id` (CRI `ExecSync`, as the container's user, in its cgroup):
+    /// exit code, stdout, stderr.
+    pub fn exec(&self, id: &str, cmd: &[String]) -> Result<(i32, String, String)> {
+        let mut client = self.client()?;
+        let r = self.call(
+            "ExecSync",
+            client.exec_sync(cri::ExecSyncRequest {
+                container_id: id.into(),
+                cmd: cmd.to_vec(),
+                timeout: 30,
+            }),
+        )?;
+        Ok((
+            r.exit_code,
+            String::from_utf8_lossy(&r.stdout).into_owned(),
+            String::from_utf8_lossy(&r.stderr).into_owned(),
+        ))
+    }
+
+    /// Runs the test client in container `id` with `opts` and returns its report.
+    pub fn run_client(
+        &self,
+        id: &str,
+        opts: &crate::client::Options,
+    ) -> Result<crate::client::Report> {
+        let mut cmd = vec![format!("{BIN_MOUNT}/{}", bins::CLIENT)];
+        cmd.extend(opts.to_args());
+        let (code, stdout, stderr) = self.exec(id, &cmd)?;
+        if code != 0 {
+            return Err(Error::Missing(format!(
+                "the test client exited with {code} in container {id}: {stderr}"
+            )));
+        }
+        serde_json::from_str(stdout.trim()).map_err(|e| Error::Parse {
+            what: "the test client's report".into(),
+            detail: format!("{e}: {stdout} {stderr}"),
+        })
+    }
+
+    /// `StopPodSandbox` (CNI DEL with the netns, the netns removed).
+    pub fn stop_pod(&self, sandbox: &Sandbox) -> Result<()> {
+        let mut client = self.client()?;
+        self.call(
+            "StopPodSandbox",
+            client.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: sandbox.id.clone(),
+            }),
+        )
+        .map(|_| ())
+    }
+
+    /// `RemovePodSandbox` (containerd's second DEL).
+    pub fn remove_pod(&self, sandbox: &Sandbox) -> Result<()> {
+        let mut client = self.client()?;
+        self.call(
+            "RemovePodSandbox",
+            client.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: sandbox.id.clone(),
+            }),
+        )?;
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&sandbox.id);
+        Ok(())
+    }
+
+    /// The sandboxes containerd lists.
+    pub fn list_pods(&self) -> Result<Vec<String>> {
+        let mut client = self.client()?;
+        Ok(self
+            .call(
+                "ListPodSandbox",
+                client.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }),
+            )?
+            .items
+            .into_iter()
+            .map(|s| s.id)
+            .collect())
+    }
+
+    fn log_dir(&self, sandbox: &Sandbox) -> PathBuf {
+        self.dir().join("pods").join(&sandbox.spec.uid)
+    }
+
+    /// A world-readable directory with copies of the test proxy and client (the checkout may
+    /// be unreadable to the containers' UIDs).
+    fn bin_dir(&self) -> Result<PathBuf> {
+        let dir = self.dir().join("l5dbin");
+        if !dir.join(bins::CLIENT).exists() {
+            fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
+                .ctx(|| format!("chmod {}", dir.display()))?;
+            for name in [bins::PROXY, bins::CLIENT] {
+                let to = dir.join(name);
+                fs::copy(bins::bin_path(name)?, &to).ctx(|| format!("copying {name}"))?;
+                fs::set_permissions(&to, fs::Permissions::from_mode(0o755))
+                    .ctx(|| format!("chmod {}", to.display()))?;
+            }
+        }
+        Ok(dir)
+    }
+
+    /// Tears everything down that the field destructors do not: sandboxes, containerd, its
+    /// shims and containers, mounts, cgroups.
+    fn teardown(&mut self) {
+        let ids: Vec<String> = self
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        if let Some(mut client) = self.runtime.clone() {
+            for id in ids {
+                let short = Duration::from_secs(20);
+                let stop = client.stop_pod_sandbox(cri::StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                });
+                let _ = self
+                    .rt
+                    .block_on(async { tokio::time::timeout(short, stop).await });
+                let remove =
+                    client.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id });
+                let _ = self
+                    .rt
+                    .block_on(async { tokio::time::timeout(short, remove).await });
+            }
+        }
+        self.runtime = None;
+        if let Some(mut c) = self.containerd.take() {
+            c.kill();
+        }
+        // Shims outlive containerd (they are re-parented): ours name our socket.
+        let sock = self.containerd_socket().display().to_string();
+        for pid in processes_with_arg(&sock) {
+            kill_and_unlink_sockets(pid);
+        }
+        // Whatever still runs in the pods' cgroups (containers of a killed shim).
+        let cgroups: Vec<PathBuf> = self
+            .cgroups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        let v2 =
+            crate::cgroup::cgroup2_root().unwrap_or_else(|_| Path::new(CGROUP_FS).join("unified"));
+        for rel in &cgroups {
+            let kill = v2.join(rel).join("cgroup.kill");
+            if kill.exists() {
+                let _ = fs::write(&kill, "1");
+            }
+        }
+        // Mounts below the scratch directory (rootfs overlays, netns, shm), deepest first.
+        let mut mounts: Vec<PathBuf> = mounts_below(self.dir())
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in mounts {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        // The pod cgroups in every hierarchy, then their parents when empty.
+        for rel in &cgroups {
+            for h in hierarchies() {
+                remove_cgroup_tree(&h.join(rel), Duration::from_secs(5));
+                for parent in rel.ancestors().skip(1) {
+                    if parent.as_os_str().is_empty() {
+                        break;
+                    }
+                    let _ = fs::remove_dir(h.join(parent));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for CriNode {
+    fn drop(&mut self) {
+        self.teardown();
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
+        }
+    }
+}
+
+/// Removes, once per process, what nodes of test processes that died without cleaning up
+/// (SIGKILLed, interrupted) left: their containerd and shims (found by the config or socket
+/// path in their scratch directory), the processes left in their pod cgroups (the pod UID
+/// starts with the owner's PID), those cgroups, and the mounts below their scratch
+/// directories, so that the scratch directories themselves can go.
+fn reap_stale_nodes() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let tmp = std::env::temp_dir();
+        let stale_dir = |p: &Path| -> Option<PathBuf> {
+            let rel = p.strip_prefix(&tmp).ok()?;
+            let first = rel.components().next()?.as_os_str().to_str()?;
+            names::is_stale(first).then(|| tmp.join(first))
+        };
+        let mut killed = false;
+        if let Ok(entries) = fs::read_dir("/proc") {
+            for pid in entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            {
+                let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+                    continue;
+                };
+                let ours = cmdline.split(|b| *b == 0).any(|a| {
+                    let a = Path::new(std::ffi::OsStr::from_bytes(a));
+                    (a.ends_with("containerd.toml") || a.ends_with("run/containerd.sock"))
+                        && stale_dir(a).is_some()
+                });
+                if ours {
+                    kill_and_unlink_sockets(pid);
+                    killed = true;
+                }
+            }
+        }
+        let qos_dir = crate::cgroup::cgroup2_root()
+            .unwrap_or_else(|_| Path::new(CGROUP_FS).join("unified"))
+            .join("kubepods")
+            .join(QOS);
+        let stale_pods: Vec<String> = fs::read_dir(&qos_dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| {
+                        n.strip_prefix("pod")
+                            .and_then(|uid| uid.get(..8))
+                            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+                            .is_some_and(|pid| {
+                                pid != std::process::id()
+                                    && !Path::new(&format!("/proc/{pid}")).exists()
+                            })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for pod in &stale_pods {
+            let _ = fs::write(qos_dir.join(pod).join("cgroup.kill"), "1");
+        }
+        if killed || !stale_pods.is_empty() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for pod in &stale_pods {
+            let rel = Path::new("kubepods").join(QOS).join(pod);
+            for h in hierarchies() {
+                remove_cgroup_tree(&h.join(&rel), Duration::from_secs(2));
+            }
+        }
+        let mut mounts: Vec<PathBuf> = mounts_below(&tmp)
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| stale_dir(p).is_some())
+            .collect();
+        mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for m in mounts {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+    });
+}
+
+/// Every cgroup hierarchy mounted below `/sys/fs/cgroup` (v1 controllers and the unified v2
+/// one, or the v2 root alone on a pure v2 host).
+fn hierarchies() -> Vec<PathBuf> {
+    let root = Path::new(CGROUP_FS);
+    if root.join("cgroup.controllers").exists() {
+        return vec![root.to_path_buf()];
+    }
+    let mut out: Vec<PathBuf> = fs::read_dir(root)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// Removes a cgroup and its descendants (deepest first), retrying while processes leave.
+fn remove_cgroup_tree(path: &Path, timeout: Duration) {
+    if !path.is_dir() {
+        return;
+    }
+    if let Ok(entries) = fs::read_dir(path) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path(), timeout);
+            }
+        }
+    }
+    let deadline = Instant::now() + timeout;
+    while fs::remove_dir(path).is_err() && path.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if path.exists() {
+        eprintln!("linkerd-cni-tests: cannot remove cgroup {}", path.display());
+    }
+}
+
+/// Mount points (and their filesystem types) at or below `dir`, from this process's
+/// mountinfo.
+fn mounts_below(dir: &Path) -> Vec<(PathBuf, String)> {
+    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            let mount_point = PathBuf::from(unescape(fields.get(4)?));
+            let sep = fields.iter().position(|f| *f == "-")?;
+            let fstype = fields.get(sep + 1)?.to_string();
+            mount_point
+                .starts_with(dir)
+                .then_some((mount_point, fstype))
+        })
+        .collect()
+}
+
+/// mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// PIDs of processes with `arg` as one of their command-line arguments.
+fn processes_with_arg(arg: &str) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+        })
+        .collect()
+}
+
+/// SIGKILLs process `pid` (a containerd or a shim of ours), then removes the socket files it
+/// was listening on below `/run/containerd/s` (a shim's, which containerd 1.6 always puts
+/// there and which only a clean shim exit removes).
+fn kill_and_unlink_sockets(pid: i32) {
+    let inodes: BTreeSet<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| fs::read_link(e.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_str()?;
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // `Num RefCount Protocol Flags Type St Inode Path`
+    let sockets: Vec<PathBuf> = fs::read_to_string(format!("/proc/{pid}/net/unix"))
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let path = Path::new(f.get(7)?);
+            (inodes.contains(*f.get(6)?) && path.starts_with("/run/containerd/s/"))
+                .then(|| path.to_path_buf())
+        })
+        .collect();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    for s in sockets {
+        let _ = fs::remove_file(s);
+    }
+}
+
+/// The image architecture name of this machine.
+fn oci_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// sha256 of a file, as `sha256sum` prints it.
+fn sha256_file(path: &Path) -> Result<String> {
+    let out = names::run(Command::new("sha256sum").arg(path))?;
+    out.split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| Error::Parse {
+            what: "sha256sum's output".into(),
+            detail: out.clone(),
+        })
+}
+
+/// Stores `path` as a blob of the OCI layout in `oci`; returns its digest and size.
+fn add_blob(oci: &Path, path: &Path) -> Result<(String, u64)> {
+    let hex = sha256_file(path)?;
+    let size = fs::metadata(path)
+        .ctx(|| format!("stat {}", path.display()))?
+        .len();
+    fs::copy(path, oci.join("blobs/sha256").join(&hex)).ctx(|| format!("storing blob {hex}"))?;
+    Ok((format!("sha256:{hex}"), size))
+}
+
+/// Builds an OCI image archive in `work` holding [`BUSYBOX_IMAGE`] and [`PAUSE_IMAGE`]: one
+/// layer (Debian's static busybox and a few applet links), two configs, two manifests, an
+/// index naming them (`io.containerd.image.name`). Returns the archive's path.
+pub fn build_image_archive(work: &Path) -> Result<PathBuf> {
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.is_file() {
+        return Err(Error::Missing(
+            "/bin/busybox not found: install busybox-static (`cargo xtask setup`)".into(),
+        ));
+    }
+    let layer = work.join("layer");
+    let oci = work.join("oci");
+    for d in [
+        layer.join("bin"),
+        layer.join("etc"),
+        layer.join("tmp"),
+        layer.join("proc"),
+        layer.join("sys"),
+        layer.join("dev"),
+        oci.join("blobs/sha256"),
+    ] {
+        fs::create_dir_all(&d).ctx(|| format!("creating {}", d.display()))?;
+    }
+    fs::copy(busybox, layer.join("bin/busybox")).ctx(|| "copying busybox")?;
+    for applet in ["sh", "sleep", "nc", "cat", "ls", "id"] {
+        std::os::unix::fs::symlink("busybox", layer.join("bin").join(applet))
+            .ctx(|| format!("linking {applet}"))?;
+    }
+    fs::set_permissions(layer.join("tmp"), fs::Permissions::from_mode(0o1777))
+        .ctx(|| "chmod tmp")?;
+    let layer_tar = work.join("layer.tar");
+    names::run(
+        Command::new("tar")
+            .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+            .arg(&layer)
+            .arg("-cf")
+            .arg(&layer_tar)
+            .arg("."),
+    )?;
+    let (layer_digest, layer_size) = add_blob(&oci, &layer_tar)?;
+    let mut manifests = Vec::new();
+    for (name, cmd) in [
+        (BUSYBOX_IMAGE, vec!["/bin/sh"]),
+        (PAUSE_IMAGE, vec!["/bin/sleep", "2147483647"]),
+    ] {
+        let config = json!({
+            "architecture": oci_arch(),
+            "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Cmd": cmd},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        });
+        let config_path = work.join("config.json");
+        fs::write(&config_path, config.to_string()).ctx(|| "writing an image config")?;
+        let (config_digest, config_size) = add_blob(&oci, &config_path)?;
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config_digest,
+                "size": config_size,
+            },
+            "layers": [{
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": layer_digest,
+                "size": layer_size,
+            }],
+        });
+        let manifest_path = work.join("manifest.json");
+        fs::write(&manifest_path, manifest.to_string()).ctx(|| "writing a manifest")?;
+        let (digest, size) = add_blob(&oci, &manifest_path)?;
+        let tag = name.rsplit(':').next().unwrap_or("latest");
+        manifests.push(json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest,
+            "size": size,
+            "annotations": {
+                "io.containerd.image.name": name,
+                "org.opencontainers.image.ref.name": tag,
+            },
+        }));
+    }
+    fs::write(
+        oci.join("index.json"),
+        json!({"schemaVersion": 2, "manifests": manifests}).to_string(),
+    )
+    .ctx(|| "writing index.json")?;
+    fs::write(oci.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
+        .ctx(|| "writing oci-layout")?;
+    let archive = work.join("images.tar");
+    names::run(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&oci)
+            .arg("-cf")
+            .arg(&archive)
+            .args(["oci-layout", "index.json", "blobs"]),
+    )?;
+    Ok(archive)
+}
