@@ -966,6 +966,11 @@ state = "{state}"
         for pid in processes_with_arg(&sock) {
             kill_and_unlink_sockets(pid);
         }
+        // containerd 1.6's shims always make `/run/containerd/s`, whatever the state dir: remove
+        // it (and its parent) when nothing else left a socket there (`remove_dir` only takes
+        // empty directories, so another containerd's sockets keep them).
+        let _ = fs::remove_dir("/run/containerd/s");
+        let _ = fs::remove_dir("/run/containerd");
         // Whatever still runs in the pods' cgroups (containers of a killed shim).
         let cgroups: Vec<PathBuf> = self
             .cgroups
