@@ -413,8 +413,8 @@ pub fn markdown(r: &ApiLoadResults) -> String {
          watches had 500 ms to deliver it), then {} pods per node replaced with the ADD sent \
          right after the pod object was created (the kubelet racing the agent's watch). \
          Linkerd's plugin: a GET of the pod and, for a meshed pod, a GET of its namespace for each \
-         of the five `config.linkerd.io/*` overrides the pod does not carry: {} requests per ADD, \
-         no watch.\n",
+         of the five `config.linkerd.io/*` overrides the pod does not carry: {} requests per ADD \
+         over a new connection each time (the plugin is a process per ADD), no watch.\n",
         c.nodes,
         c.pods_per_node,
         c.churn_rounds,

@@ -303,11 +303,11 @@ pub fn api_goals(r: &ApiLoadResults) -> Vec<Goal> {
             crate::apiload::LINKERD_REQUESTS_PER_ADD
         ),
         observed: format!(
-            "{:.0} vs {:.0} for {:.0} ADDs per node ({:.1}×); {:.1} watch connections per node",
+            "{:.0} vs {:.0} for {:.0} ADDs per node ({:.1} % of it); {:.1} watch connections per node",
             r.requests_per_node,
             r.linkerd_requests_per_node,
             r.adds_per_node,
-            r.requests_per_node / r.linkerd_requests_per_node.max(1.0),
+            100.0 * r.requests_per_node / r.linkerd_requests_per_node.max(1.0),
             r.watches_open_per_node
         ),
         met: Some(r.requests_per_node <= r.linkerd_requests_per_node),
