@@ -5,9 +5,11 @@
 //! `bench/chart.svg`. The other subcommands are the pieces it starts inside pods: `proxy`,
 //! `server`, `load` and `probe`.
 //!
-//! Modules: [`traffic`] (scenarios 1-3), [`podsetup`] (4-5), [`restart`] (6), [`node`] (the
+//! Modules: [`traffic`] (scenarios 1-3), [`podsetup`] (4-5), [`restart`] (6), [`apiload`]
+//! (7: Kubernetes API load of N simulated nodes), [`node`] (the
 //! agent, plugin, API server and placed processes), [`report`] (renderings).
 
+mod apiload;
 mod crisandbox;
 mod diag;
 mod fastns;
@@ -94,6 +96,9 @@ struct RunArgs {
     /// Skip scenarios 1-3 (to iterate on the others; the report then has no traffic rows).
     #[arg(long, hide = true)]
     skip_traffic: bool,
+    /// Run only scenario 7 (API load) and print its section and goal rows; writes nothing.
+    #[arg(long, hide = true)]
+    only_api_load: bool,
 }
 
 /// The hand-written analysis kept in bench/ANALYSIS.md, if any.
@@ -147,6 +152,33 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         (vec![1, 100, 1000], 100, 3, 6000)
     };
 
+    let api_load_cfg = if quick {
+        apiload::ApiLoadConfig {
+            nodes: 4,
+            pods_per_node: 100,
+            churn_rounds: 2,
+            churn_per_round: 25,
+            racing_per_node: 10,
+        }
+    } else {
+        apiload::ApiLoadConfig {
+            nodes: 16,
+            pods_per_node: 100,
+            churn_rounds: 4,
+            churn_per_round: 50,
+            racing_per_node: 20,
+        }
+    };
+
+    if args.only_api_load {
+        let r = apiload::run(&bins, &api_load_cfg)?;
+        println!("{}", apiload::markdown(&r));
+        for g in report::api_goals(&r) {
+            println!("goal {:?}: {} — {}", g.met, g.goal, g.observed);
+        }
+        return Ok(());
+    }
+
     let api = node::Api::start()?;
     let shared_cgroup = CgroupGuard::new()?;
     let mut agent = node::AgentProc::start(&bins.agent, &api.kubeconfig, shared_cgroup.path())?;
@@ -184,9 +216,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()));
     drop(agent);
     let (traffic, restart, pods) = outcome?;
+    let api_load = apiload::run(&bins, &api_load_cfg).context("API load (scenario 7)")?;
 
     let rows = report::traffic_rows(&traffic);
-    let goals = report::goals(&rows, &pods, &restart);
+    let mut goals = report::goals(&rows, &pods, &restart);
+    goals.extend(report::api_goals(&api_load));
     let notes = read_notes(&args.out_dir);
     let results = report::Results {
         command: args
@@ -204,6 +238,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         traffic: rows,
         pod_setup: pods,
         restart,
+        api_load: Some(api_load),
         goals,
         notes,
     };

@@ -139,6 +139,16 @@ pub struct AgentProc {
 
 impl AgentProc {
     pub fn start(bin: &Path, kubeconfig: &Path, shared_cgroup: &Path) -> anyhow::Result<Self> {
+        Self::start_on(bin, kubeconfig, shared_cgroup, NODE_NAME)
+    }
+
+    /// Like [`Self::start`], for the node `node_name` (the API-load scenario runs several).
+    pub fn start_on(
+        bin: &Path,
+        kubeconfig: &Path,
+        shared_cgroup: &Path,
+        node_name: &str,
+    ) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let pins = PinRoot::new();
         // The agent keeps its registry and socket in /run, a tmpfs on Kubernetes nodes (not
@@ -159,7 +169,7 @@ impl AgentProc {
             state_dir: run_dir.join("pods"),
             socket: run_dir.join("agent.sock"),
             kubeconfig: kubeconfig.into(),
-            node_name: NODE_NAME.into(),
+            node_name: node_name.into(),
             log_level: "warn".into(),
             reap_interval: None,
             reconcile_interval: None,

@@ -7,6 +7,7 @@ use std::{fmt::Write as _, path::Path};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    apiload::ApiLoadResults,
     podsetup::PodSetupResults,
     restart::RestartRound,
     stats::Summary,
@@ -105,6 +106,9 @@ pub struct Results {
     pub traffic: Vec<TrafficRow>,
     pub pod_setup: PodSetupResults,
     pub restart: Vec<RestartRound>,
+    /// Scenario 7 (absent from results written before it existed).
+    #[serde(default)]
+    pub api_load: Option<ApiLoadResults>,
     pub goals: Vec<Goal>,
     /// Profiling notes and explanations, written by hand after a run is analysed; kept
     /// verbatim in BENCHMARKS.md.
@@ -272,6 +276,41 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
             restart.len()
         ),
         met: Some(failed == 0 && !restart.is_empty()),
+    });
+    out
+}
+
+/// The goal rows of scenario 7 (Kubernetes API load).
+pub fn api_goals(r: &ApiLoadResults) -> Vec<Goal> {
+    let mut out = Vec::new();
+    if let Some(p) = r.phase("churn (steady state)") {
+        out.push(Goal {
+            goal: "0 Kubernetes API requests per ADD in steady state (caches synced)".into(),
+            observed: format!(
+                "{} requests for {} ADDs and {} DELs on {} nodes ({:.2} per ADD)",
+                p.requests,
+                p.adds,
+                p.dels,
+                r.config.nodes,
+                p.requests_per_add()
+            ),
+            met: Some(p.requests == 0 && p.adds > 0),
+        });
+    }
+    out.push(Goal {
+        goal: format!(
+            "API requests per node ≤ Linkerd's plugin ({} GETs per meshed ADD) at the same churn",
+            crate::apiload::LINKERD_REQUESTS_PER_ADD
+        ),
+        observed: format!(
+            "{:.0} vs {:.0} for {:.0} ADDs per node ({:.1} % of it); {:.1} watch connections per node",
+            r.requests_per_node,
+            r.linkerd_requests_per_node,
+            r.adds_per_node,
+            100.0 * r.requests_per_node / r.linkerd_requests_per_node.max(1.0),
+            r.watches_open_per_node
+        ),
+        met: Some(r.requests_per_node <= r.linkerd_requests_per_node),
     });
     out
 }
@@ -512,6 +551,10 @@ pub fn markdown(r: &Results) -> String {
             x.failed_in_window,
             x.through_proxy
         );
+    }
+
+    if let Some(api) = &r.api_load {
+        md.push_str(&crate::apiload::markdown(api));
     }
 
     let _ = writeln!(md, "\n## Method\n");

@@ -13,7 +13,15 @@
 //!   server's selector semantics (an object that starts matching arrives as `ADDED`, one that
 //!   stops matching as `DELETED`), ending after `timeoutSeconds`, and `410 Gone` for a
 //!   resourceVersion older than [`FakeApiServer::compact`];
-//! - `/version`, `/api`, `/apis`, `/api/v1` discovery, enough for `kubectl get`.
+//! - metadata-only answers (`Accept: application/json;as=PartialObjectMetadata[List];
+//!   g=meta.k8s.io;v=v1`, as kube's `Api<PartialObjectMeta<K>>` and client-go's metadata
+//!   informers ask) to GET, LIST and WATCH: `PartialObjectMetadata` objects carrying only
+//!   `metadata`;
+//! - `/version`, `/api`, `/apis`, `/api/v1` discovery, enough for `kubectl get`;
+//! - `GET /fake/stats` (not recorded itself): every request received so far, and how many
+//!   watches are open and were ever opened, for test processes that count a client's requests
+//!   from outside ([`FakeApiServer::watches_open`], [`FakeApiServer::watches_started`] in
+//!   process).
 //!
 //! Every change bumps one global resourceVersion. Objects come from [`FakeApiServer::apply`] /
 //! [`FakeApiServer::delete`] at runtime or from a directory of JSON/YAML manifests
@@ -38,7 +46,10 @@ use std::{
     fmt, fs, io,
     net::{SocketAddr, TcpListener as StdTcpListener},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicUsize, Ordering},
+    },
     thread,
     time::Duration,
 };
@@ -197,6 +208,10 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// Watches streaming right now.
+    watches_open: AtomicUsize,
+    /// Watches ever opened.
+    watches_started: AtomicUsize,
     /// Bumped on every change of `state` that a watch may care about.
     notify: watch::Sender<u64>,
 }
@@ -237,6 +252,8 @@ impl FakeApiServer {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             notify: watch::Sender::new(0),
+            watches_open: AtomicUsize::new(0),
+            watches_started: AtomicUsize::new(0),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -328,6 +345,16 @@ impl FakeApiServer {
     /// Every request received so far, oldest first.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared.lock().requests.clone()
+    }
+
+    /// How many watches are streaming right now.
+    pub fn watches_open(&self) -> usize {
+        self.shared.watches_open.load(Ordering::SeqCst)
+    }
+
+    /// How many watches were opened since the server started.
+    pub fn watches_started(&self) -> usize {
+        self.shared.watches_started.load(Ordering::SeqCst)
     }
 
     /// Forgets the recorded requests.
@@ -809,7 +836,47 @@ fn parse_query(q: Option<&str>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The path of the server's own statistics (see the module documentation).
+pub const STATS_PATH: &str = "/fake/stats";
+
+/// What `GET /fake/stats` answers.
+fn stats(shared: &Shared) -> Value {
+    let requests: Vec<Value> = shared
+        .lock()
+        .requests
+        .iter()
+        .map(|r| json!({"method": r.method, "path": r.path, "query": r.query}))
+        .collect();
+    json!({
+        "requests": requests,
+        "watchesOpen": shared.watches_open.load(Ordering::SeqCst),
+        "watchesStarted": shared.watches_started.load(Ordering::SeqCst),
+    })
+}
+
+/// Whether the client asked for `PartialObjectMetadata` (metadata-only) answers.
+fn wants_metadata_only(req: &Request<hyper::body::Incoming>) -> bool {
+    req.headers()
+        .get_all(hyper::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("as=PartialObjectMetadata"))
+}
+
+/// An object as a metadata-only answer carries it.
+fn metadata_only(object: &Value) -> Value {
+    json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": object.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
 async fn handle(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    if req.uri().path() == STATS_PATH && req.method() == Method::GET {
+        return full(StatusCode::OK, stats(shared));
+    }
+    let meta_only = wants_metadata_only(&req);
     let record = RecordedRequest {
         method: req.method().to_string(),
         path: req.uri().path().to_string(),
@@ -939,6 +1006,7 @@ async fn handle(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>) -> Re
             name: name.to_string(),
         };
         return match shared.lock().objects.get(&key) {
+            Some(obj) if meta_only => full(StatusCode::OK, metadata_only(obj)),
             Some(obj) => full(StatusCode::OK, obj.clone()),
             None => error(
                 StatusCode::NOT_FOUND,
@@ -948,7 +1016,7 @@ async fn handle(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>) -> Re
         };
     }
     let filter = match Filter::new(plural, namespace, &record) {
-        Ok(f) => f,
+        Ok(f) => Filter { meta_only, ..f },
         Err(msg) => return error(StatusCode::BAD_REQUEST, "BadRequest", &msg),
     };
     if record.is_watch() {
@@ -959,11 +1027,16 @@ async fn handle(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>) -> Re
         .objects
         .iter()
         .filter(|(k, v)| filter.in_scope(k) && filter.matches(v))
-        .map(|(_, v)| v.clone())
+        .map(|(_, v)| filter.shape(v))
         .collect();
+    let (list_kind, api_version) = if meta_only {
+        ("PartialObjectMetadataList".to_string(), "meta.k8s.io/v1")
+    } else {
+        (format!("{kind}List"), "v1")
+    };
     full(
         StatusCode::OK,
-        json!({"kind": format!("{kind}List"), "apiVersion": "v1", "metadata": {"resourceVersion": state.rv.to_string()}, "items": items}),
+        json!({"kind": list_kind, "apiVersion": api_version, "metadata": {"resourceVersion": state.rv.to_string()}, "items": items}),
     )
 }
 
@@ -992,6 +1065,8 @@ struct Filter {
     namespace: Option<String>,
     fields: Vec<FieldTerm>,
     labels: Vec<LabelTerm>,
+    /// Answer with `PartialObjectMetadata` objects.
+    meta_only: bool,
 }
 
 /// Splits on commas outside parentheses.
@@ -1098,7 +1173,17 @@ impl Filter {
                 .map(parse_label_selector)
                 .transpose()?
                 .unwrap_or_default(),
+            meta_only: false,
         })
+    }
+
+    /// An object as this LIST or WATCH answers it.
+    fn shape(&self, object: &Value) -> Value {
+        if self.meta_only {
+            metadata_only(object)
+        } else {
+            object.clone()
+        }
     }
 
     fn in_scope(&self, key: &ObjectKey) -> bool {
@@ -1138,7 +1223,7 @@ impl Filter {
             (_, true, false) => "DELETED",
             (_, false, false) => return None,
         };
-        Some(json!({"type": kind, "object": change.new}))
+        Some(json!({"type": kind, "object": self.shape(&change.new)}))
     }
 }
 
@@ -1163,8 +1248,11 @@ fn watch_response(shared: Arc<Shared>, filter: Filter, req: &RecordedRequest) ->
         .and_then(|t| t.parse::<u64>().ok())
         .map_or(MAX_WATCH, |t| Duration::from_secs(t).min(MAX_WATCH));
     let (tx, rx) = mpsc::channel::<Bytes>(64);
+    shared.watches_started.fetch_add(1, Ordering::SeqCst);
+    shared.watches_open.fetch_add(1, Ordering::SeqCst);
     tokio::spawn(async move {
         let _ = tokio::time::timeout(timeout, stream_events(&shared, &filter, from, &tx)).await;
+        shared.watches_open.fetch_sub(1, Ordering::SeqCst);
     });
     let body = StreamBody::new(futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
@@ -1204,7 +1292,7 @@ async fn stream_events(
                     .objects
                     .iter()
                     .filter(|(k, v)| filter.in_scope(k) && filter.matches(v))
-                    .map(|(_, v)| json!({"type": "ADDED", "object": v}))
+                    .map(|(_, v)| json!({"type": "ADDED", "object": filter.shape(v)}))
                     .collect();
                 (state.rv, objs)
             };
@@ -1227,10 +1315,12 @@ async fn stream_events(
             } else if cursor < state.compacted {
                 Err(())
             } else {
-                let events = state
-                    .history
+                // The history is in resourceVersion order: skip what this watch has seen
+                // without scanning it (many watches over a long history, as in the
+                // benchmark's API-load scenario).
+                let unseen = state.history.partition_point(|c| c.rv <= cursor);
+                let events = state.history[unseen..]
                     .iter()
-                    .filter(|c| c.rv > cursor)
                     .filter_map(|c| filter.event(c))
                     .collect();
                 cursor = cursor.max(state.rv);

@@ -21,4 +21,4 @@ pub mod termination;
 
 pub use decision::{AnnotationError, Decision};
 pub use error::K8sError;
-pub use source::{PodOrigin, PodSource};
+pub use source::{NamespaceOrigin, PodOrigin, PodSource};

@@ -1,21 +1,40 @@
 //! Where pods come from: a watch cache of this node's pods (`spec.nodeName=<node>`), with a
-//! direct GET when a pod is not cached yet, plus direct GETs of its namespace and, for
-//! control-plane pods, of the `default/kubernetes` Service.
+//! direct GET when a pod is not cached yet; a metadata-only watch cache of every namespace, with
+//! a direct GET when a namespace is not cached yet or the cache cannot vouch for itself; and,
+//! for control-plane pods only, a direct GET of the `default/kubernetes` Service.
 //!
 //! The kubelet creates a pod's sandbox (and so calls the CNI plugin) right after the pod is
 //! bound to the node, often before the watch has delivered that binding: the GET fallback covers
-//! that race. Namespaces are read fresh on every decision of a redirected pod rather than cached,
-//! so a namespace annotation changed a second ago is honoured; that costs one GET per meshed
-//! pod start. Every request is bounded by a timeout, and every API error fails the decision
-//! (the plugin answers "try again later"); only the `default/kubernetes` Service lookup has a
-//! documented fallback.
+//! that race. In steady state (both caches synced, the pod bound a moment before its ADD) a
+//! decision makes no API request at all.
+//!
+//! Namespaces: whether a pod is redirected is decided from the pod alone (its containers); the
+//! namespace only supplies `config.linkerd.io/*` overrides the pod does not carry. The namespace
+//! cache is used only while its watch is synced and has not failed since (after a watch error
+//! the watch lists again from scratch, and until that list is complete every decision GETs the
+//! namespace). A namespace annotation changed while a pod is being created is a race whichever
+//! way the namespace is read: Linkerd's injector read the namespace at admission, its plugin
+//! GETs it at ADD, seconds apart. The cache answers with the namespace as its watch last
+//! delivered it, which trails the API by the watch's delivery delay (milliseconds on a healthy
+//! connection); it can never turn a pod that is not meshed into a meshed one or the reverse.
+//!
+//! Every request is bounded by a timeout, and every API error fails the decision (the plugin
+//! answers "try again later"); only the `default/kubernetes` Service lookup has a documented
+//! fallback.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
     Api, Client,
+    core::PartialObjectMeta,
     runtime::{
         WatchStreamExt,
         reflector::{self, ObjectRef, Store},
@@ -42,13 +61,35 @@ pub enum PodOrigin {
     Get,
 }
 
-/// This node's pods, kept current by a watch, and the decisions made from them.
+/// Where a namespace's object came from, for logs and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamespaceOrigin {
+    /// The metadata-only watch cache of every namespace.
+    Cache,
+    /// A direct GET (not cached yet, or the namespace watch is not synced or failed since).
+    Get,
+}
+
+/// Annotation prefix of the overrides a decision reads from a namespace; the namespace cache
+/// keeps only these annotations.
+const OVERRIDE_PREFIX: &str = "config.linkerd.io/";
+
+/// Longest pause between two attempts of a failing namespace watch.
+const NAMESPACE_WATCH_MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// This node's pods and every namespace's metadata, kept current by watches, and the decisions
+/// made from them.
 pub struct PodSource {
     client: Client,
     node_name: String,
     pods: Store<Pod>,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// Whether the namespace cache may answer: its watch listed every namespace and has not
+    /// failed since.
+    namespaces_fresh: Arc<AtomicBool>,
     api_timeout: Duration,
     watch: JoinHandle<()>,
+    namespace_watch: JoinHandle<()>,
 }
 
 impl PodSource {
@@ -79,12 +120,16 @@ impl PodSource {
                 }
             }
         });
+        let (namespaces, namespaces_fresh, namespace_watch) = watch_namespaces(client.clone());
         Self {
             client,
             node_name,
             pods,
+            namespaces,
+            namespaces_fresh,
             api_timeout: DEFAULT_API_TIMEOUT,
             watch,
+            namespace_watch,
         }
     }
 
@@ -100,14 +145,41 @@ impl PodSource {
         &self.node_name
     }
 
-    /// Waits until the watch has listed this node's pods once. Decisions do not need it (they
-    /// fall back to GETs); it makes start-up and tests predictable.
+    /// Waits until the watches have listed this node's pods and every namespace once.
+    /// Decisions do not need it (they fall back to GETs); it makes start-up and tests
+    /// predictable.
     pub async fn wait_synced(&self, timeout: Duration) -> Result<(), K8sError> {
-        match tokio::time::timeout(timeout, self.pods.wait_until_ready()).await {
+        let both = async {
+            self.pods.wait_until_ready().await?;
+            self.namespaces.wait_until_ready().await
+        };
+        match tokio::time::timeout(timeout, both).await {
             Ok(Ok(())) => Ok(()),
-            // The writer only drops when the watch task ends, which it does only on drop.
+            // The writers only drop when the watch tasks end, which they do only on drop.
             Ok(Err(_)) | Err(_) => Err(K8sError::NotSynced { after: timeout }),
         }
+    }
+
+    /// The namespace from the cache, when the cache holds it and may answer (its watch is
+    /// synced and has not failed since), otherwise by a direct GET.
+    pub async fn namespace(&self, name: &str) -> Result<(Namespace, NamespaceOrigin), K8sError> {
+        if self.namespaces_fresh.load(Ordering::Acquire)
+            && let Some(meta) = self.namespaces.get(&ObjectRef::new(name))
+        {
+            let ns = Namespace {
+                metadata: meta.metadata.clone(),
+                ..Namespace::default()
+            };
+            return Ok((ns, NamespaceOrigin::Cache));
+        }
+        let ns = self
+            .get(
+                Api::<Namespace>::all(self.client.clone()),
+                name,
+                format!("namespace {name}"),
+            )
+            .await?;
+        Ok((ns, NamespaceOrigin::Get))
     }
 
     /// The cached pod, if the watch has delivered it.
@@ -164,13 +236,8 @@ impl PodSource {
         if !decision::wants_redirect(&pod) {
             return Ok(decision::decide(&pod, None, None, base)?);
         }
-        let ns = self
-            .get(
-                Api::<Namespace>::all(self.client.clone()),
-                namespace,
-                format!("namespace {namespace}"),
-            )
-            .await?;
+        let (ns, ns_origin) = self.namespace(namespace).await?;
+        tracing::debug!(namespace, pod = name, ?ns_origin, "namespace found");
         let service = if decision::is_control_plane(&pod) {
             let api = Api::<Service>::namespaced(self.client.clone(), "default");
             match self
@@ -214,6 +281,65 @@ impl PodSource {
 impl Drop for PodSource {
     fn drop(&mut self) {
         self.watch.abort();
+        self.namespace_watch.abort();
+    }
+}
+
+/// Starts the metadata-only watch of every namespace (one watch per agent; namespaces are
+/// cluster-scoped). On any watch error the cache stops answering and the watch starts over
+/// with a fresh list (after a backoff), so the cache answers again only once it has seen every
+/// namespace as the API holds it after the failure.
+fn watch_namespaces(
+    client: Client,
+) -> (
+    Store<PartialObjectMeta<Namespace>>,
+    Arc<AtomicBool>,
+    JoinHandle<()>,
+) {
+    let (store, mut writer) = reflector::store::<PartialObjectMeta<Namespace>>();
+    let fresh = Arc::new(AtomicBool::new(false));
+    let flag = fresh.clone();
+    let task = tokio::spawn(async move {
+        // `Api<PartialObjectMeta<_>>` asks for `PartialObjectMetadata`: metadata only.
+        let api = Api::<PartialObjectMeta<Namespace>>::all(client);
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let stream =
+                watcher(api.clone(), watcher::Config::default()).modify(keep_override_annotations);
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(event) => {
+                        writer.apply_watcher_event(&event);
+                        if matches!(event, watcher::Event::InitDone) {
+                            flag.store(true, Ordering::Release);
+                            backoff = Duration::from_millis(500);
+                            tracing::debug!("namespace cache synced");
+                        }
+                    }
+                    Err(error) => {
+                        flag.store(false, Ordering::Release);
+                        tracing::warn!(%error, ?backoff, "namespace watch failed: namespaces are read from the API until it has listed them again");
+                        break;
+                    }
+                }
+            }
+            flag.store(false, Ordering::Release);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(NAMESPACE_WATCH_MAX_BACKOFF);
+        }
+    });
+    (store, fresh, task)
+}
+
+/// Keeps of a cached namespace only what a decision reads (its name and its
+/// `config.linkerd.io/*` annotations), so the cache stays small whatever else namespaces carry
+/// (labels, `kubectl`'s last-applied configuration, managed fields).
+fn keep_override_annotations(ns: &mut PartialObjectMeta<Namespace>) {
+    ns.metadata.managed_fields = None;
+    ns.metadata.labels = None;
+    if let Some(annotations) = ns.metadata.annotations.as_mut() {
+        annotations.retain(|k, _| k.starts_with(OVERRIDE_PREFIX));
     }
 }
 

@@ -17,7 +17,7 @@ use kube::{
 };
 use linkerd_cni_fake_apiserver::{self as fake_apiserver, FakeApiServer, RecordedRequest};
 use linkerd_cni_k8s::{
-    K8sError, PodOrigin, PodSource,
+    K8sError, NamespaceOrigin, PodOrigin, PodSource,
     client::{self, ClientError},
     names,
 };
@@ -137,7 +137,7 @@ async fn cached_pod_is_decided_without_fetching_it() {
         .await
         .expect("decide");
     assert!(d.redirect, "meshed pod not redirected: {}", d.reason);
-    // The namespace's annotation was read (fresh GET) and appended.
+    // The namespace's annotation was read (from the namespace cache) and appended.
     assert_eq!(d.config.inbound_ports_to_ignore, ports("4191,4190,22"));
 
     let requests = f.server.requests();
@@ -148,10 +148,14 @@ async fn cached_pod_is_decided_without_fetching_it() {
     );
     assert_eq!(
         gets_of(&requests, &format!("/api/v1/namespaces/{NS}")),
-        1,
-        "namespace not read once: {requests:?}"
+        0,
+        "namespace fetched although cached: {requests:?}"
     );
-    // The watch is scoped to this node.
+    assert!(
+        requests.iter().all(RecordedRequest::is_watch),
+        "a cached decision made requests: {requests:?}"
+    );
+    // Two watches: the pods of this node, every namespace.
     let watches: Vec<_> = f
         .server
         .requests()
@@ -160,10 +164,121 @@ async fn cached_pod_is_decided_without_fetching_it() {
         .filter(RecordedRequest::is_watch)
         .collect();
     assert!(
-        watches.iter().all(|w| w.path == "/api/v1/pods"
-            && w.param("fieldSelector") == Some("spec.nodeName=node-a")),
+        watches.iter().all(|w| (w.path == "/api/v1/pods"
+            && w.param("fieldSelector") == Some("spec.nodeName=node-a"))
+            || (w.path == "/api/v1/namespaces" && w.param("fieldSelector").is_none())),
         "unexpected watches: {watches:?}"
     );
+    assert_eq!(f.server.watches_open(), 2, "watches: {watches:?}");
+}
+
+#[tokio::test]
+async fn namespace_annotation_change_reaches_the_cache() {
+    let f = fixture().await;
+    f.server
+        .apply(&pod("web", NODE, MESHED, json!({})))
+        .expect("apply pod");
+    eventually("web is cached", || f.source.cached(NS, "web").is_some()).await;
+    f.server
+        .apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": NS, "annotations": {
+                names::SKIP_INBOUND_PORTS_ANNOTATION: "2222",
+                "unrelated.example.com/big": "x".repeat(4096)}}}))
+        .expect("update namespace");
+    let base = LinkerdConfig::default();
+    let start = Instant::now();
+    loop {
+        let d = f
+            .source
+            .decide(NS, "web", None, &base)
+            .await
+            .expect("decide");
+        if d.config.inbound_ports_to_ignore == ports("4191,4190,2222") {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "namespace change never seen: {d:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (ns, origin) = f.source.namespace(NS).await.expect("namespace");
+    assert_eq!(origin, NamespaceOrigin::Cache);
+    // Only the overrides are kept.
+    let kept: Vec<_> = ns
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .into_keys()
+        .collect();
+    assert_eq!(kept, [names::SKIP_INBOUND_PORTS_ANNOTATION]);
+    let requests = f.server.requests();
+    assert_eq!(
+        gets_of(&requests, &format!("/api/v1/namespaces/{NS}")),
+        0,
+        "namespace fetched although cached: {requests:?}"
+    );
+}
+
+#[tokio::test]
+async fn uncached_namespace_is_fetched_directly() {
+    let f = fixture().await;
+    // The watch lags: the namespace and its pod exist, the caches do not know them yet.
+    f.server.pause_watches(true);
+    f.server
+        .apply(&json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "late", "annotations": {names::SKIP_OUTBOUND_PORTS_ANNOTATION: "5432"}}}))
+        .expect("apply namespace");
+    let mut late = pod("web", NODE, MESHED, json!({}));
+    late["metadata"]["namespace"] = json!("late");
+    f.server.apply(&late).expect("apply pod");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    f.server.clear_requests();
+    let d = f
+        .source
+        .decide("late", "web", None, &LinkerdConfig::default())
+        .await
+        .expect("decide");
+    assert_eq!(d.config.outbound_ports_to_ignore, ports("5432"));
+    assert_eq!(
+        gets_of(&f.server.requests(), "/api/v1/namespaces/late"),
+        1,
+        "namespace not fetched by GET"
+    );
+    f.server.pause_watches(false);
+    let start = Instant::now();
+    while f.source.namespace("late").await.expect("namespace").1 != NamespaceOrigin::Cache {
+        assert!(start.elapsed() < WAIT, "namespace never cached");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn failed_namespace_watch_falls_back_to_gets_until_listed_again() {
+    let f = fixture().await;
+    let ns_path = format!("/api/v1/namespaces/{NS}");
+    assert_eq!(
+        f.source.namespace(NS).await.expect("namespace").1,
+        NamespaceOrigin::Cache
+    );
+    // The namespace watch breaks (every request fails, open watches end), and listing
+    // namespaces keeps failing after the rest of the API is back.
+    f.server.fail_path("/api/v1/namespaces", Some(500));
+    f.server.fail_requests(Some(500));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    f.server.fail_requests(None);
+    f.server.clear_requests();
+    let (_, origin) = f.source.namespace(NS).await.expect("namespace by GET");
+    assert_eq!(
+        origin,
+        NamespaceOrigin::Get,
+        "a failed watch's cache answered"
+    );
+    assert_eq!(gets_of(&f.server.requests(), &ns_path), 1);
+    // Once the watch has listed again, the cache answers.
+    f.server.fail_path("/api/v1/namespaces", None);
+    let start = Instant::now();
+    while f.source.namespace(NS).await.expect("namespace").1 != NamespaceOrigin::Cache {
+        assert!(start.elapsed() < WAIT, "namespace cache never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

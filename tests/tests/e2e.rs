@@ -574,9 +574,13 @@ fn agent_stopped_during_add_means_try_again_and_nothing_half_registered() {
         },
         &[namespace_manifest("shop", &[])],
     );
-    let pod = node
-        .new_pod(PodSpec::meshed("shop", "web"))
-        .unwrap_or_else(|e| panic!("pod: {e}"));
+    // The pod is not in the agent's pod cache, as when the kubelet is quicker than the agent's
+    // watch (emulated by a pod object bound to another node, which the node-scoped watch never
+    // delivers): the agent's decision GETs it.
+    let spec = PodSpec::meshed("shop", "web");
+    node.apply(&[spec.manifest("another-node")])
+        .unwrap_or_else(|e| panic!("applying the pod: {e}"));
+    let pod = SimPod::new(spec).unwrap_or_else(|e| panic!("pod: {e}"));
     let c = cookie(&pod);
     let before = state(&node);
     let env = node.plugin_env("ADD", &pod);

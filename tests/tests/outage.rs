@@ -233,12 +233,18 @@ fn an_add_past_the_plugins_deadline_is_abandoned() {
         },
         &[namespace_manifest("shop", &[])],
     );
-    let web = new_pod(&node, PodSpec::meshed("shop", "web"));
+    // The pod is not in the agent's pod cache, as when the kubelet is quicker than the agent's
+    // watch (emulated by a pod object bound to another node, which the node-scoped watch never
+    // delivers): the decision GETs it. (The namespace comes from the namespace cache.)
+    let spec = PodSpec::meshed("shop", "web");
+    node.apply(&[spec.manifest("another-node")])
+        .unwrap_or_else(|e| panic!("applying the pod: {e}"));
+    let web = SimPod::new(spec).unwrap_or_else(|e| panic!("creating the pod's sandbox: {e}"));
     let env = node.plugin_env("ADD", &web);
     let stdin = node.plugin_stdin(&web, None).expect("stdin").to_string();
     let before = state(&node);
 
-    // Freeze the API server: the agent's decision (it GETs the namespace) waits for it.
+    // Freeze the API server: the agent's decision (it GETs the pod) waits for it.
     let api = node.apiserver().pid();
     linkerd_cni_tests::node::signal(api, Signal::SIGSTOP).expect("SIGSTOP");
     let start = Instant::now();

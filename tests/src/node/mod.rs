@@ -33,7 +33,7 @@ pub use self::{
     forward::ApiForward,
     plugin::{PluginOutcome, run_plugin},
     pods::{PodSpec, SimPod, namespace_manifest},
-    process::{AgentCommand, AgentProcess, ApiServerProcess},
+    process::{AgentCommand, AgentProcess, ApiServerProcess, ApiStats},
     sim::{PinRoot, SimNode},
     state::{AgentState, read_state},
 };

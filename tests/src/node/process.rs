@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use linkerd_cni_fake_apiserver::RecordedRequest;
 use nix::sys::signal::Signal;
 
 use super::{APISERVER_BIN, START_TIMEOUT, http_get, signal, workspace_bin};
@@ -95,10 +96,71 @@ impl ApiServerProcess {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Every request it received so far and its watches (`GET /fake/stats`).
+    pub fn stats(&self) -> Result<ApiStats> {
+        let (status, body) = self.get(linkerd_cni_fake_apiserver::STATS_PATH)?;
+        ApiStats::parse(status, &body)
+    }
+
     /// SIGTERM (it removes the kubeconfig it wrote), then wait for the exit.
     pub fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
         signal(self.pid(), Signal::SIGTERM)?;
         self.child.wait_timeout(timeout)
+    }
+}
+
+/// What the fake API server received, as `GET /fake/stats` answers.
+#[derive(Clone, Debug, Default)]
+pub struct ApiStats {
+    /// Every request, oldest first (the stats requests themselves excluded).
+    pub requests: Vec<RecordedRequest>,
+    /// Watches streaming now.
+    pub watches_open: u64,
+    /// Watches ever opened.
+    pub watches_started: u64,
+}
+
+impl ApiStats {
+    /// Parses a `GET /fake/stats` answer.
+    pub fn parse(status: u16, body: &str) -> Result<Self> {
+        let bad = |detail: String| Error::Parse {
+            what: "the fake API server's stats".into(),
+            detail,
+        };
+        if status != 200 {
+            return Err(bad(format!("status {status}: {body}")));
+        }
+        let v: serde_json::Value = serde_json::from_str(body).map_err(|e| bad(e.to_string()))?;
+        let text = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or_default().to_string();
+        let requests = v["requests"]
+            .as_array()
+            .ok_or_else(|| bad(format!("no requests in {body}")))?
+            .iter()
+            .map(|r| RecordedRequest {
+                method: text(r, "method"),
+                path: text(r, "path"),
+                query: r["query"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|kv| Some((kv[0].as_str()?.into(), kv[1].as_str()?.into())))
+                    .collect(),
+            })
+            .collect();
+        Ok(Self {
+            requests,
+            watches_open: v["watchesOpen"].as_u64().unwrap_or_default(),
+            watches_started: v["watchesStarted"].as_u64().unwrap_or_default(),
+        })
+    }
+
+    /// The requests that are not watches (GETs and LISTs), from the `from`-th request on.
+    pub fn reads_since(&self, from: usize) -> Vec<&RecordedRequest> {
+        self.requests
+            .iter()
+            .skip(from)
+            .filter(|r| !r.is_watch())
+            .collect()
     }
 }
 
