@@ -4,7 +4,9 @@
 //! - `TCP_CONNECT_CB` (an app's SYN is about to leave): ask for state callbacks on sockets
 //!   [`crate::connect`] redirected, so their entries are removed however the connection ends.
 //! - `ACTIVE_ESTABLISHED_CB`: the 4-tuple is now known; store the original destination under
-//!   the app side's address and port, which is the peer of the proxy's accepted socket.
+//!   the app side's address and port, which is the peer of the proxy's accepted socket. Only
+//!   for sockets that asked for state callbacks at `TCP_CONNECT_CB` (the redirected ones): the
+//!   others return before any helper call.
 //! - `PASSIVE_ESTABLISHED_CB`: the proxy's side of a redirected connection (outbound through
 //!   the outbound port, or inbound from [`crate::sk_lookup`]) completed its handshake: move the
 //!   original destination from the 4-tuple map into the accepted socket's own storage
@@ -59,6 +61,12 @@ unsafe fn sockops(ctx: &SockOpsContext) {
             }
         }
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
+            // Only sockets `TCP_CONNECT_CB` found redirected asked for state callbacks: every
+            // other one (the proxy's own connects, unredirected apps) stops here, before any
+            // helper or map lookup.
+            if ctx.cb_flags() & BPF_SOCK_OPS_STATE_CB_FLAG == 0 {
+                return;
+            }
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
             // SAFETY: the value is copied out at once.
             let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied() else {
@@ -98,11 +106,16 @@ unsafe fn sockops(ctx: &SockOpsContext) {
                 return;
             }
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-            let _ = SOCK_DST.remove(&cookie);
+            let app = SOCK_DST.remove(&cookie).is_ok();
             let tuple = unsafe { Tuple::read(ctx) };
-            // Only sockets we asked state callbacks for get here: either side may own an entry.
+            // Only sockets we asked state callbacks for get here. A redirected app socket (it
+            // still had a saved destination) owns at most its app-side entry: one removal.
+            // Otherwise (an accepted socket whose storage could not be allocated, or an app
+            // socket whose saved destination the LRU evicted) either side may own one.
             let _ = CONN_DST.remove(&tuple.app_side_key());
-            let _ = CONN_DST.remove(&tuple.accepted_key());
+            if !app {
+                let _ = CONN_DST.remove(&tuple.accepted_key());
+            }
         }
         _ => {}
     }
