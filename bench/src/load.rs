@@ -189,8 +189,14 @@ fn bulk_thread(args: &LoadArgs, measure: Instant, end: Instant) -> ThreadResult 
     r
 }
 
-/// Runs the load and returns what it saw.
-pub fn run(args: &LoadArgs) -> LoadResult {
+/// What marks the edges of the measured window: with `--mark`, the load generator writes
+/// this line to stderr when measuring starts and when it stops, so that its parent can read
+/// CPU and BPF statistics over exactly that window.
+pub const MARK: &str = "linkerd-cni-bench-mark";
+
+/// Runs the load and returns what it saw; with `mark`, writes [`MARK`] lines on stderr at the
+/// start and the end of the measured window.
+pub fn run(args: &LoadArgs, mark: bool) -> LoadResult {
     let start_unix_us = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -207,6 +213,12 @@ pub fn run(args: &LoadArgs) -> LoadResult {
                 })
             })
             .collect();
+        if mark {
+            for edge in [measure, end] {
+                std::thread::sleep(edge.saturating_duration_since(Instant::now()));
+                eprintln!("{MARK}");
+            }
+        }
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
     let mut out = LoadResult {

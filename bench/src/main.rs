@@ -10,6 +10,8 @@
 //! agent, plugin, API server and placed processes), [`report`] (renderings).
 
 mod apiload;
+mod bpfstats;
+mod cpu;
 mod crisandbox;
 mod diag;
 mod fastns;
@@ -67,7 +69,13 @@ enum Cmd {
         pods: usize,
     },
     /// (internal) The load generator.
-    Load(load::LoadArgs),
+    Load {
+        #[command(flatten)]
+        args: load::LoadArgs,
+        /// Write a mark line on stderr at both edges of the measured window.
+        #[arg(long)]
+        mark: bool,
+    },
     /// (internal) The forwarding proxy.
     Proxy(proxy::ProxyArgs),
     /// (internal) The application server.
@@ -99,6 +107,10 @@ struct RunArgs {
     /// Run only scenario 7 (API load) and print its section and goal rows; writes nothing.
     #[arg(long, hide = true)]
     only_api_load: bool,
+    /// Run scenarios 1-3 only and print their CPU goals (to iterate on the data plane's cost;
+    /// writes no report).
+    #[arg(long, hide = true)]
+    traffic_only: bool,
 }
 
 /// The hand-written analysis kept in bench/ANALYSIS.md, if any.
@@ -116,6 +128,31 @@ fn git_commit(root: &Path) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+/// `--traffic-only`: the CPU figures and goals on stderr.
+fn print_cpu(rows: &[report::TrafficRow], floor_check: &str) {
+    for x in rows {
+        let bpf: f64 = x.bpf.values().map(|b| b.ns_per_unit.median).sum();
+        eprintln!(
+            "{:<20} {:<16} CPU {:>7.1} µs own {:>7.1} µs bpf {bpf:>6.0} ns {:?}",
+            x.scenario.label(),
+            x.mode.label(),
+            x.cpu_us.median,
+            x.own_cpu_us.median,
+            x.bpf
+                .iter()
+                .map(|(n, b)| format!(
+                    "{n}: {:.2} runs {:.0} ns",
+                    b.runs_per_unit.median, b.ns_per_unit.median
+                ))
+                .collect::<Vec<_>>()
+        );
+    }
+    for g in report::cpu_goals(rows) {
+        eprintln!("goal {:?}: {} — {}", g.met, g.goal, g.observed);
+    }
+    eprintln!("floor: {floor_check}");
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -188,8 +225,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         socket: agent.socket().to_path_buf(),
     };
     let outcome = (|| -> anyhow::Result<_> {
-        let topo = traffic::Topology::build(&bins.me, &api, &cni)
-            .context("building the simulated node")?;
+        let topo =
+            traffic::Topology::build(&bins.me, &api, &cni, shared_cgroup.path(), agent.pin_root())
+                .context("building the simulated node")?;
+        // BPF run-time statistics stay on while this lives (the traffic scenarios).
+        let bpf_stats = bpfstats::Stats::enable()?;
         eprintln!(
             "bench: node ready ({:.1} s)",
             started.elapsed().as_secs_f64()
@@ -199,6 +239,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         } else {
             traffic::run(&topo, &cfg)?
         };
+        drop(bpf_stats);
+        let floor_check = if args.skip_traffic {
+            String::new()
+        } else {
+            topo.floor_check()?
+        };
+        if args.traffic_only {
+            topo.teardown(&cni)?;
+            return Ok((traffic, floor_check, None));
+        }
         let restart = restart::run(
             &bins.me,
             &topo,
@@ -210,16 +260,21 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         )?;
         topo.teardown(&cni)?;
         let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)?;
-        Ok((traffic, restart, pods))
+        Ok((traffic, floor_check, Some((restart, pods))))
     })();
     let outcome = outcome
         .map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()));
     drop(agent);
-    let (traffic, restart, pods) = outcome?;
+    let (traffic, floor_check, rest) = outcome?;
+    let Some((restart, pods)) = rest else {
+        print_cpu(&report::traffic_rows(&traffic), &floor_check);
+        return Ok(());
+    };
     let api_load = apiload::run(&bins, &api_load_cfg).context("API load (scenario 7)")?;
 
     let rows = report::traffic_rows(&traffic);
-    let mut goals = report::goals(&rows, &pods, &restart);
+    let mut goals = report::cpu_goals(&rows);
+    goals.extend(report::goals(&rows, &pods, &restart));
     goals.extend(report::api_goals(&api_load));
     let notes = read_notes(&args.out_dir);
     let results = report::Results {
@@ -240,6 +295,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         restart,
         api_load: Some(api_load),
         goals,
+        floor_check,
         notes,
     };
     report::write(&args.out_dir, &results)?;
@@ -262,8 +318,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Run(args) => run(args),
-        Cmd::Load(args) => {
-            let r = load::run(&args);
+        Cmd::Load { args, mark } => {
+            let r = load::run(&args, mark);
             println!("{}", serde_json::to_string(&r)?);
             Ok(())
         }

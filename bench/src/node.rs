@@ -441,6 +441,11 @@ impl Daemon {
         })
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self._child.pid()
+    }
+
     /// The proxy's latest counters.
     pub fn counters(&self) -> ProxyCounters {
         // Give the proxy's 50 ms reporting tick time to catch up.
@@ -456,6 +461,16 @@ impl Daemon {
 
 /// Runs `me load ...` placed as `placement` says and returns its result.
 pub fn run_load(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow::Result<LoadResult> {
+    let mut cmd = load_command(me, placement, args)?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = ChildGuard::spawn(&mut cmd)?.wait_output(load_timeout(args))?;
+    parse_load(&out)
+}
+
+/// The command line of `me load ...` placed as `placement` says (no stdio set).
+pub fn load_command(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow::Result<Command> {
     let mut cmd = placement.command(me)?;
     cmd.arg("load")
         .args([
@@ -472,12 +487,16 @@ pub fn run_load(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow::Re
     if let Some(s) = args.series_ms {
         cmd.args(["--series-ms", &s.to_string()]);
     }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let timeout =
-        Duration::from_millis(args.duration_ms + args.warmup_ms) + Duration::from_secs(30);
-    let out = ChildGuard::spawn(&mut cmd)?.wait_output(timeout)?;
+    Ok(cmd)
+}
+
+/// How long a load run may take.
+pub fn load_timeout(args: &LoadArgs) -> Duration {
+    Duration::from_millis(args.duration_ms + args.warmup_ms) + Duration::from_secs(30)
+}
+
+/// The result a load run printed, or why it failed.
+pub fn parse_load(out: &std::process::Output) -> anyhow::Result<LoadResult> {
     if !out.status.success() {
         bail!(
             "load generator failed ({}): {}",

@@ -2,12 +2,14 @@
 //! machine, the exact command), `bench/results.json` (everything, raw samples included) and
 //! `bench/chart.svg` (the main comparisons, hand-drawn).
 
-use std::{fmt::Write as _, path::Path};
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
 use serde::{Deserialize, Serialize};
 
 use crate::{
     apiload::ApiLoadResults,
+    bpfstats::ProgStats,
+    cpu::CpuWindow,
     podsetup::PodSetupResults,
     restart::RestartRound,
     stats::Summary,
@@ -82,7 +84,27 @@ pub struct TrafficRow {
     pub p99_us: Summary,
     pub gbps: Summary,
     pub failed: u64,
+    /// Machine-wide busy CPU per exchange (µs), or per MiB for throughput scenarios.
+    #[serde(default)]
+    pub cpu_us: Summary,
+    /// CPU of the processes taking part, per exchange (µs) or per MiB.
+    #[serde(default)]
+    pub own_cpu_us: Summary,
+    /// Share of the window's CPU time the hypervisor stole (never counted as busy).
+    #[serde(default)]
+    pub steal_share: Summary,
+    /// Per program of the agent: runs and ns per exchange (or per MiB), ns per run.
+    #[serde(default)]
+    pub bpf: BTreeMap<String, BpfRow>,
     pub samples: Vec<Sample>,
+}
+
+/// One program's cost in one scenario × mode.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BpfRow {
+    pub runs_per_unit: Summary,
+    pub ns_per_unit: Summary,
+    pub ns_per_run: Summary,
 }
 
 /// A goal of the issue, and whether this run met it.
@@ -110,6 +132,9 @@ pub struct Results {
     #[serde(default)]
     pub api_load: Option<ApiLoadResults>,
     pub goals: Vec<Goal>,
+    /// How the floor's netns was checked to have no netfilter rule.
+    #[serde(default)]
+    pub floor_check: String,
     /// Profiling notes and explanations, written by hand after a run is analysed; kept
     /// verbatim in BENCHMARKS.md.
     pub notes: Vec<String>,
@@ -137,6 +162,15 @@ pub fn traffic_rows(results: &TrafficResults) -> Vec<TrafficRow> {
                 p99_us: col(|x| x.p99_us),
                 gbps: col(|x| x.gbps),
                 failed: s.iter().map(|x| x.failed).sum(),
+                cpu_us: cpu_col(&s, scenario, |c| c.busy_ns),
+                own_cpu_us: cpu_col(&s, scenario, |c| c.own_ns),
+                steal_share: Summary::of(
+                    &s.iter()
+                        .filter_map(|x| x.cpu)
+                        .map(|c| c.steal_ns / (c.busy_ns + c.steal_ns).max(1.0))
+                        .collect::<Vec<_>>(),
+                ),
+                bpf: bpf_rows(&s, scenario),
                 samples: s,
             });
         }
@@ -144,9 +178,151 @@ pub fn traffic_rows(results: &TrafficResults) -> Vec<TrafficRow> {
     rows
 }
 
+/// A CPU figure per unit (exchange or MiB), in µs, over the samples that have one.
+fn cpu_col(s: &[Sample], scenario: Scenario, f: fn(&CpuWindow) -> f64) -> Summary {
+    Summary::of(
+        &s.iter()
+            .filter_map(|x| x.cpu.map(|c| f(&c) / x.units(scenario).max(1.0) / 1000.0))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Per program: runs and ns per unit, ns per run.
+fn bpf_rows(s: &[Sample], scenario: Scenario) -> BTreeMap<String, BpfRow> {
+    let names: std::collections::BTreeSet<&String> = s.iter().flat_map(|x| x.bpf.keys()).collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let per = |f: fn(&ProgStats, f64) -> f64| {
+                Summary::of(
+                    &s.iter()
+                        .map(|x| {
+                            let p = x.bpf.get(name).copied().unwrap_or_default();
+                            f(&p, x.units(scenario).max(1.0))
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            };
+            (
+                name.clone(),
+                BpfRow {
+                    runs_per_unit: per(|p, u| p.runs as f64 / u),
+                    ns_per_unit: per(|p, u| p.ns as f64 / u),
+                    ns_per_run: per(|p, _| p.ns as f64 / (p.runs.max(1)) as f64),
+                },
+            )
+        })
+        .collect()
+}
+
 fn row(rows: &[TrafficRow], scenario: Scenario, mode: Mode) -> Option<&TrafficRow> {
     rows.iter()
         .find(|r| r.scenario == scenario && r.mode == mode && r.status == "measured")
+}
+
+/// Rates swing too much between rounds on a shared machine to judge on: their rows are kept
+/// as information; the goals are judged on CPU per connection ([`cpu_goals`]).
+const INFO: &str = "(information: rates are not judged)";
+
+/// The goals judged on CPU per connection (machine-wide busy time, medians of one run), and
+/// the unmeshed pods' overhead.
+pub fn cpu_goals(rows: &[TrafficRow]) -> Vec<Goal> {
+    let mut out = Vec::new();
+    let ratio = |a: &TrafficRow, b: &TrafficRow| a.cpu_us.median / b.cpu_us.median;
+    let own_ratio = |a: &TrafficRow, b: &TrafficRow| a.own_cpu_us.median / b.own_cpu_us.median;
+    for (scenario, dir) in [
+        (Scenario::OutboundConnections, "outbound"),
+        (Scenario::InboundConnections, "inbound"),
+    ] {
+        let e = row(rows, scenario, Mode::Ebpf).filter(|r| r.cpu_us.median > 0.0);
+        for (base, limit) in [(Mode::Direct, 1.02), (Mode::IptablesNft, 0.80)] {
+            let goal = format!(
+                "{dir}: CPU per redirected connection, ebpf ≤ {limit:.2} × {}",
+                if base == Mode::Direct {
+                    "the floor (direct)"
+                } else {
+                    base.label()
+                }
+            );
+            let b = row(rows, scenario, base).filter(|r| r.cpu_us.median > 0.0);
+            let (Some(e), Some(b)) = (e, b) else {
+                out.push(Goal {
+                    goal,
+                    observed: "not measured".into(),
+                    met: None,
+                });
+                continue;
+            };
+            let r = ratio(e, b);
+            out.push(Goal {
+                goal,
+                observed: format!(
+                    "{r:.3} × ({:.1} vs {:.1} µs/conn busy; own processes {:.3} ×)",
+                    e.cpu_us.median,
+                    b.cpu_us.median,
+                    own_ratio(e, b)
+                ),
+                met: Some(r <= limit),
+            });
+        }
+        let plain = row(rows, scenario, Mode::Unmeshed).filter(|r| r.cpu_us.median > 0.0);
+        let shared = row(rows, scenario, Mode::UnmeshedShared).filter(|r| r.cpu_us.median > 0.0);
+        let goal = format!(
+            "{dir}: unmeshed pod under the shared attachment ≤ 1.01 × an unmeshed pod no program sees"
+        );
+        match (plain, shared) {
+            (Some(p), Some(s)) => {
+                let r = ratio(s, p);
+                let runs: f64 = s.bpf.values().map(|b| b.runs_per_unit.median).sum();
+                let ns: f64 = s.bpf.values().map(|b| b.ns_per_unit.median).sum();
+                out.push(Goal {
+                    goal,
+                    observed: format!(
+                        "{r:.3} × ({:.1} vs {:.1} µs/conn busy; own processes {:.3} ×; \
+                         {runs:.1} program runs, {ns:.0} ns of program time per connection)",
+                        s.cpu_us.median,
+                        p.cpu_us.median,
+                        own_ratio(s, p)
+                    ),
+                    met: Some(r <= 1.01),
+                });
+            }
+            _ => out.push(Goal {
+                goal,
+                observed: "not measured".into(),
+                met: None,
+            }),
+        }
+        let goal = format!(
+            "{dir}: unmeshed pod with per-pod attachment, meshed pods running: 0 overhead \
+             (no program of the agent runs for its connections)"
+        );
+        match plain {
+            Some(p) => {
+                let runs: u64 = p
+                    .samples
+                    .iter()
+                    .flat_map(|x| x.bpf.values())
+                    .map(|b| b.runs)
+                    .sum();
+                let conns: u64 = p.samples.iter().map(|x| x.exchanges).sum();
+                out.push(Goal {
+                    goal,
+                    observed: format!(
+                        "{runs} program runs over {conns} connections ({:.1} µs/conn busy)",
+                        p.cpu_us.median
+                    ),
+                    met: Some(runs == 0),
+                });
+            }
+            None => out.push(Goal {
+                goal,
+                observed: "not measured".into(),
+                met: None,
+            }),
+        }
+    }
+    out
 }
 
 /// Evaluates the issue's goals.
@@ -172,12 +348,12 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
         };
         let ratio = e.rate.median / d.rate.median;
         out.push(Goal {
-            goal: format!("{dir} connection rate: ebpf ≥ 0.97 × direct"),
+            goal: format!("{dir} connection rate: ebpf ≥ 0.97 × direct {INFO}"),
             observed: format!(
                 "{ratio:.3} × direct ({:.0} vs {:.0} conn/s)",
                 e.rate.median, d.rate.median
             ),
-            met: Some(ratio >= 0.97),
+            met: None,
         });
         for m in [Mode::IptablesNft, Mode::IptablesLegacy] {
             let Some(i) = row(rows, conn, m) else {
@@ -185,7 +361,7 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
             };
             out.push(Goal {
                 goal: format!(
-                    "{dir} connection rate: ebpf clearly ahead of {} (min of ebpf > max of {})",
+                    "{dir} connection rate: ebpf clearly ahead of {} (min of ebpf > max of {}) {INFO}",
                     m.label(),
                     m.label()
                 ),
@@ -197,11 +373,11 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
                     i.rate.min,
                     i.rate.max
                 ),
-                met: Some(e.rate.min > i.rate.max),
+                met: None,
             });
             out.push(Goal {
                 goal: format!(
-                    "{dir} p99: ebpf clearly below {} (max of ebpf < min of {})",
+                    "{dir} p99: ebpf clearly below {} (max of ebpf < min of {}) {INFO}",
                     m.label(),
                     m.label()
                 ),
@@ -209,7 +385,7 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
                     "{:.0}–{:.0} µs vs {:.0}–{:.0} µs",
                     e.p99_us.min, e.p99_us.max, i.p99_us.min, i.p99_us.max
                 ),
-                met: Some(e.p99_us.max < i.p99_us.min),
+                met: None,
             });
         }
         if let (Some(d), Some(e)) = (row(rows, thr, Mode::Direct), row(rows, thr, Mode::Ebpf)) {
@@ -218,12 +394,16 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
             let met = (ratio - 1.0).abs() <= 0.03
                 || (e.gbps.min <= d.gbps.max && d.gbps.min <= e.gbps.max);
             out.push(Goal {
-                goal: format!("{dir} throughput: ebpf = direct within noise"),
+                goal: format!("{dir} throughput: ebpf = direct within noise {INFO}"),
                 observed: format!(
-                    "{ratio:.3} × direct ({:.2}–{:.2} vs {:.2}–{:.2} Gbit/s)",
-                    e.gbps.min, e.gbps.max, d.gbps.min, d.gbps.max
+                    "{ratio:.3} × direct ({:.2}–{:.2} vs {:.2}–{:.2} Gbit/s; {})",
+                    e.gbps.min,
+                    e.gbps.max,
+                    d.gbps.min,
+                    d.gbps.max,
+                    if met { "within noise" } else { "outside noise" }
                 ),
-                met: Some(met),
+                met: None,
             });
         }
     }
@@ -315,6 +495,92 @@ pub fn api_goals(r: &ApiLoadResults) -> Vec<Goal> {
     out
 }
 
+/// How CPU per connection is measured, the floor, and the eBPF programs' share.
+pub fn cpu_markdown(r: &Results) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "### CPU per connection: how it is measured\n");
+    let _ = writeln!(
+        md,
+        "**CPU µs/conn** (what the goals judge): machine-wide busy time from `/proc/stat` (user + \
+         nice + system + irq + softirq, all CPUs; idle, iowait and steal are not counted; guest \
+         time is inside user and nice already, nothing here runs VMs) over the load's measured \
+         window (the load generator marks both edges), divided by the exchanges completed in it; \
+         per MiB received for throughput. It includes every other tenant of the machine. \
+         **own CPU**: user + system time (`/proc/<pid>/stat`) of the processes taking part (load \
+         generator, proxy, the pod's server, the upstream server): other tenants' work is left \
+         out; this kernel accounts by ticks, so softirq work (the network stack, netfilter) is in \
+         it when it ran on our processes' time, which is the usual case on veth and loopback. \
+         Both have a clock tick's resolution (10 ms per CPU). Medians over the rounds, min–max in \
+         parentheses; modes alternate.\n"
+    );
+    let _ = writeln!(
+        md,
+        "**The floor** is `direct`: its pod's netns never had a netfilter rule ({}). The \
+         iptables modes pay twice on the same node: their REDIRECT rules, and conntrack, which is \
+         active in a netns as soon as a `nat` rule exists there, so every packet of the pod, its \
+         proxy's upstream leg included, goes through connection tracking; the eBPF mode adds no \
+         netfilter rule anywhere. The bridge between the pods lives in a node netns without \
+         rules either. `unmeshed` is a pod the agent does not redirect, the app talking to the \
+         other side directly (no proxy), whose cgroup carries no program (per-pod attachment: \
+         what a pod sees on a node with the agent); `unmeshed-shared` is the same pod with its \
+         cgroup below the agent's shared attachment, so every program runs for its sockets and \
+         finds no pod config.\n",
+        if r.floor_check.is_empty() {
+            "not checked in this run"
+        } else {
+            r.floor_check.as_str()
+        }
+    );
+    let _ = writeln!(md, "### The agent's eBPF programs, per connection\n");
+    let _ = writeln!(
+        md,
+        "From the kernel's BPF statistics (`BPF_ENABLE_STATS(BPF_STATS_RUN_TIME)`, held for the \
+         traffic scenarios only) over the same windows, for the agent's own programs (by id; a \
+         tail call's time counts in its caller: `l5d_sk_pod`, the per-pod stub, carries \
+         `sk_lookup`). Runs and ns per connection, ns per run; medians and ranges over the \
+         rounds (results.json has the throughput scenarios too). The time is the programs' own, \
+         measured by the kernel around each run: not the hooks' dispatch, nor the socket storage \
+         the kernel frees with each socket.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | mode | program | runs/conn | ns/conn | ns/run |\n|---|---|---|---|---|---|"
+    );
+    for x in &r.traffic {
+        let total: f64 = x.bpf.values().map(|b| b.ns_per_unit.median).sum();
+        // Per MiB, a few runs per long connection say nothing: connection scenarios only.
+        if x.status != "measured"
+            || x.scenario.kind() != crate::load::Kind::Rr
+            || (x.mode != Mode::Ebpf && total == 0.0)
+        {
+            continue;
+        }
+        for (name, b) in &x.bpf {
+            if b.runs_per_unit.max == 0.0 {
+                continue;
+            }
+            let _ = writeln!(
+                md,
+                "| {} | {} | `{name}` | {} | {} | {} |",
+                x.scenario.label(),
+                x.mode.label(),
+                range(&b.runs_per_unit, 2),
+                range(&b.ns_per_unit, 0),
+                range(&b.ns_per_run, 0)
+            );
+        }
+        let _ = writeln!(
+            md,
+            "| {} | {} | all | {:.2} | {total:.0} | |",
+            x.scenario.label(),
+            x.mode.label(),
+            x.bpf.values().map(|b| b.runs_per_unit.median).sum::<f64>()
+        );
+    }
+    let _ = writeln!(md);
+    md
+}
+
 fn range(s: &Summary, prec: usize) -> String {
     format!("{:.p$} ({:.p$}–{:.p$})", s.median, s.min, s.max, p = prec)
 }
@@ -391,20 +657,26 @@ pub fn markdown(r: &Results) -> String {
         if scenario.kind() == crate::load::Kind::Rr {
             let _ = writeln!(
                 md,
-                "| mode | conn/s | × direct | p50 µs | p99 µs | failed |\n|---|---|---|---|---|---|"
+                "| mode | CPU µs/conn | CPU × direct | own CPU µs/conn | conn/s | × direct | p50 µs | p99 µs | failed |\n|---|---|---|---|---|---|---|---|---|"
             );
             for x in &rows {
                 if x.status != "measured" {
-                    let _ = writeln!(md, "| {} | {} | | | | |", x.mode.label(), x.status);
+                    let _ = writeln!(md, "| {} | {} | | | | | | | |", x.mode.label(), x.status);
                     continue;
                 }
                 let ratio = direct
                     .map(|d| format!("{:.3}", x.rate.median / d.rate.median))
                     .unwrap_or_default();
+                let cpu_ratio = direct
+                    .filter(|d| d.cpu_us.median > 0.0)
+                    .map(|d| format!("{:.3}", x.cpu_us.median / d.cpu_us.median))
+                    .unwrap_or_default();
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {ratio} | {} | {} | {} |",
+                    "| {} | {} | {cpu_ratio} | {} | {} | {ratio} | {} | {} | {} |",
                     x.mode.label(),
+                    range(&x.cpu_us, 1),
+                    range(&x.own_cpu_us, 1),
                     range(&x.rate, 0),
                     range(&x.p50_us, 0),
                     range(&x.p99_us, 0),
@@ -414,11 +686,11 @@ pub fn markdown(r: &Results) -> String {
         } else {
             let _ = writeln!(
                 md,
-                "| mode | Gbit/s | × direct | failed |\n|---|---|---|---|"
+                "| mode | CPU µs/MiB | own CPU µs/MiB | Gbit/s | × direct | failed |\n|---|---|---|---|---|---|"
             );
             for x in &rows {
                 if x.status != "measured" {
-                    let _ = writeln!(md, "| {} | {} | | |", x.mode.label(), x.status);
+                    let _ = writeln!(md, "| {} | {} | | | | |", x.mode.label(), x.status);
                     continue;
                 }
                 let ratio = direct
@@ -426,8 +698,10 @@ pub fn markdown(r: &Results) -> String {
                     .unwrap_or_default();
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {ratio} | {} |",
+                    "| {} | {} | {} | {} | {ratio} | {} |",
                     x.mode.label(),
+                    range(&x.cpu_us, 1),
+                    range(&x.own_cpu_us, 1),
                     range(&x.gbps, 2),
                     x.failed
                 );
@@ -435,6 +709,7 @@ pub fn markdown(r: &Results) -> String {
         }
         let _ = writeln!(md);
     }
+    md.push_str(&cpu_markdown(r));
 
     let p = &r.pod_setup;
     let _ = writeln!(

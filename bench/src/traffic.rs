@@ -11,16 +11,22 @@
 //! A mode has a pod of its own so that switching modes leaves no trace (a legacy `nat` table
 //! and its conntrack hooks stay in a netns once created).
 
-use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    time::Duration,
+};
 
 use anyhow::{Context, bail};
 use linkerd_cni_tests::{
-    Bridge, IfAddr, NetnsGuard, Placement, Pod, iptables::Rules, link::PodPort,
+    Bridge, CgroupGuard, IfAddr, NetnsGuard, Placement, Pod, iptables::Rules, link::PodPort,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    load::{Kind, LoadArgs, LoadResult},
+    bpfstats,
+    cpu::{self, CpuWindow},
+    load::{Kind, LoadArgs},
     node::{APP_UID, Api, Cni, CniPod, Daemon, run_load, tune, v4},
 };
 
@@ -35,6 +41,12 @@ pub enum Mode {
     IptablesNft,
     IptablesLegacy,
     Ebpf,
+    /// A pod the agent does not redirect, with per-pod attachment (no program on its path):
+    /// its app talks to the other side directly, no proxy.
+    Unmeshed,
+    /// The same unmeshed traffic from a pod whose cgroup lies below the agent's shared
+    /// attachment (the programs run for its sockets and find no pod config).
+    UnmeshedShared,
 }
 
 impl Mode {
@@ -51,7 +63,16 @@ impl Mode {
             Mode::IptablesNft => "iptables-nft",
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::Ebpf => "ebpf",
+            Mode::Unmeshed => "unmeshed",
+            Mode::UnmeshedShared => "unmeshed-shared",
         }
+    }
+
+    /// The unmeshed pods (connection scenarios only).
+    pub const UNMESHED: [Mode; 2] = [Mode::Unmeshed, Mode::UnmeshedShared];
+
+    pub fn meshed(self) -> bool {
+        !Self::UNMESHED.contains(&self)
     }
 }
 
@@ -121,13 +142,38 @@ pub struct Sample {
     pub failed: u64,
     /// Connections the proxy accepted meanwhile (warm-up included).
     pub through_proxy: u64,
+    /// Exchanges (connection scenarios) or streams completed in the measured window.
+    #[serde(default)]
+    pub exchanges: u64,
+    /// Bytes received in the measured window (throughput scenarios).
+    #[serde(default)]
+    pub bytes: u64,
+    /// CPU spent over the measured window (see [`crate::cpu`]).
+    #[serde(default)]
+    pub cpu: Option<CpuWindow>,
+    /// The agent's programs over the same window, per program name.
+    #[serde(default)]
+    pub bpf: bpfstats::Snapshot,
+}
+
+impl Sample {
+    /// What CPU figures are divided by: exchanges for connection scenarios, MiB for
+    /// throughput ones.
+    pub fn units(&self, scenario: Scenario) -> f64 {
+        if scenario.kind() == Kind::Rr {
+            self.exchanges as f64
+        } else {
+            self.bytes as f64 / (1024.0 * 1024.0)
+        }
+    }
 }
 
 /// A mode's pod: its processes first, so they are killed before their netns and cgroup go.
 struct ModePod {
     mode: Mode,
-    proxy: Daemon,
-    _server: Daemon,
+    /// None for the unmeshed pods.
+    proxy: Option<Daemon>,
+    server: Daemon,
     _port: PodPort,
     pod: Pod,
     ip: Ipv4Addr,
@@ -136,7 +182,11 @@ struct ModePod {
 /// The node and its pods.
 pub struct Topology {
     pods: Vec<ModePod>,
-    _upstream_server: Daemon,
+    upstream_server: Daemon,
+    /// The pod registered without a cgroup of its own, so that the agent attaches its
+    /// programs to the shared cgroup (for [`Mode::UnmeshedShared`]).
+    shared_pod: NetnsGuard,
+    bpf_ids: BTreeSet<u32>,
     upstream_ip: Ipv4Addr,
     _upstream_port: PodPort,
     _upstream: NetnsGuard,
@@ -152,9 +202,21 @@ pub fn ebpf_pod_id() -> String {
     format!("bench-traffic-{}", std::process::id())
 }
 
+/// The CNI container id of the pod registered on the shared attachment.
+fn shared_pod_id() -> String {
+    format!("bench-shared-{}", std::process::id())
+}
+
 impl Topology {
-    /// Builds the node; registers the ebpf pod through `cni` (the agent must be running).
-    pub fn build(me: &std::path::Path, api: &Api, cni: &Cni) -> anyhow::Result<Self> {
+    /// Builds the node; registers the ebpf pod through `cni` (the agent must be running), and
+    /// one pod without a cgroup of its own so that the agent attaches to `shared_cgroup`.
+    pub fn build(
+        me: &std::path::Path,
+        api: &Api,
+        cni: &Cni,
+        shared_cgroup: &std::path::Path,
+        pin_root: &std::path::Path,
+    ) -> anyhow::Result<Self> {
         let node = NetnsGuard::new()?;
         let mut bridge = Bridge::create(
             &node,
@@ -183,9 +245,36 @@ impl Topology {
         tune(&peer)?;
         let peer_port = bridge.attach(&peer)?;
 
+        // Registered without a cgroup: the agent attaches to the shared cgroup. Nothing runs
+        // in it; it only puts the programs above the unmeshed-shared pod.
+        let shared_pod = NetnsGuard::new()?;
+        {
+            let id = shared_pod_id();
+            let uid = format!("{id}-uid");
+            api.add_pod(&id, &uid)?;
+            cni.invoke(
+                "ADD",
+                &CniPod {
+                    id: &id,
+                    name: &id,
+                    uid: &uid,
+                    netns: shared_pod.path(),
+                    cgroup: None,
+                    ip: Ipv4Addr::new(10, 244, 0, 250),
+                },
+            )?;
+        }
+
         let mut pods = Vec::new();
-        for mode in Mode::ALL {
-            let pod = Pod::new()?;
+        for mode in Mode::ALL.into_iter().chain(Mode::UNMESHED) {
+            let pod = if mode == Mode::UnmeshedShared {
+                Pod {
+                    cgroup: CgroupGuard::new_under(shared_cgroup)?,
+                    netns: NetnsGuard::new()?,
+                }
+            } else {
+                Pod::new()?
+            };
             tune(&pod.netns)?;
             let port = bridge.attach(&pod.netns)?;
             let ip = port.v4();
@@ -219,7 +308,7 @@ impl Topology {
                         },
                     )?;
                 }
-                Mode::Direct => {}
+                Mode::Direct | Mode::Unmeshed | Mode::UnmeshedShared => {}
             }
             let mut proxy_args = vec!["proxy".to_string()];
             if mode == Mode::Direct {
@@ -230,20 +319,32 @@ impl Topology {
                     v4(ip, APP_PORT).to_string(),
                 ]);
             }
-            let proxy = Daemon::start(me, &pod.container(crate::PROXY_UID), &proxy_args)?;
+            let proxy = if mode.meshed() {
+                Some(Daemon::start(
+                    me,
+                    &pod.container(crate::PROXY_UID),
+                    &proxy_args,
+                )?)
+            } else {
+                None
+            };
             let server = Daemon::start(me, &pod.container(APP_UID), &server_args(APP_PORT))?;
             pods.push(ModePod {
                 mode,
                 proxy,
-                _server: server,
+                server,
                 _port: port,
                 pod,
                 ip,
             });
         }
+        // Every program of the agent, the pods' sk_lookup stubs included, is in force now.
+        let bpf_ids = bpfstats::program_ids(pin_root);
         Ok(Self {
             pods,
-            _upstream_server: upstream_server,
+            upstream_server,
+            shared_pod,
+            bpf_ids,
             upstream_ip,
             _upstream_port: upstream_port,
             _upstream: upstream,
@@ -300,8 +401,18 @@ impl Topology {
         })
     }
 
+    /// The processes taking part in an exchange of `mode`'s pod, the load generator aside:
+    /// its proxy and server, and the upstream server.
+    fn pids(&self, mode: Mode) -> anyhow::Result<Vec<u32>> {
+        let p = self.pod(mode)?;
+        let mut pids = vec![p.server.pid(), self.upstream_server.pid()];
+        pids.extend(p.proxy.as_ref().map(Daemon::pid));
+        Ok(pids)
+    }
+
     /// Runs the load of `scenario` in `mode` and checks that every connection went through
-    /// the proxy.
+    /// the proxy (meshed modes). CPU and BPF statistics are read at the edges of the load's
+    /// measured window.
     pub fn measure(
         &self,
         mode: Mode,
@@ -327,16 +438,22 @@ impl Topology {
             warmup_ms: cfg.warmup_ms,
             series_ms: None,
         };
-        let proxy = &self.pod(mode)?.proxy;
-        let before = proxy.counters();
-        let r: LoadResult = run_load(&self.me, &placement, &args)?;
-        let after = proxy.counters();
+        let proxy = self.pod(mode)?.proxy.as_ref();
+        let before = proxy.map(Daemon::counters).unwrap_or_default();
+        let pids = self.pids(mode)?;
+        let take = |load_pid: u32| {
+            let mut all = pids.clone();
+            all.push(load_pid);
+            (cpu::Reading::take(&all), bpfstats::snapshot(&self.bpf_ids))
+        };
+        let (r, window) = cpu::run_load_window(&self.me, &placement, &args, take)?;
+        let after = proxy.map(Daemon::counters).unwrap_or_default();
         let through_proxy = if scenario.inbound() {
             after.inbound - before.inbound
         } else {
             after.outbound - before.outbound
         };
-        if through_proxy < r.ok {
+        if mode.meshed() && through_proxy < r.ok {
             bail!(
                 "{} / {}: {} connections succeeded but the proxy accepted only {through_proxy}: \
                  redirection is not in force",
@@ -353,6 +470,13 @@ impl Topology {
                 r.errors
             );
         }
+        let (cpu, bpf) = match window {
+            Some(((c0, b0), (c1, b1))) => (
+                Some(CpuWindow::between(&c0, &c1)),
+                bpfstats::delta(&b0, &b1),
+            ),
+            None => (None, Default::default()),
+        };
         Ok(Sample {
             round,
             rate: r.rate,
@@ -361,14 +485,19 @@ impl Topology {
             gbps: r.gbps,
             failed: r.failed,
             through_proxy,
+            exchanges: r.ok,
+            bytes: r.bytes,
+            cpu,
+            bpf,
         })
     }
 
     /// Whether inbound connections to `mode`'s pod reach its proxy (a short probe load).
+    /// (Unmeshed pods: whether they are reachable.)
     pub fn inbound_redirected(&self, mode: Mode) -> anyhow::Result<bool> {
         let (placement, target) = self.client(mode, Scenario::InboundConnections)?;
-        let proxy = &self.pod(mode)?.proxy;
-        let before = proxy.counters();
+        let proxy = self.pod(mode)?.proxy.as_ref();
+        let before = proxy.map(Daemon::counters).unwrap_or_default();
         let args = LoadArgs {
             kind: Kind::Rr,
             target,
@@ -378,12 +507,28 @@ impl Topology {
             series_ms: None,
         };
         let r = run_load(&self.me, &placement, &args)?;
+        let Some(proxy) = proxy else {
+            return Ok(r.ok > 0);
+        };
         let after = proxy.counters();
         Ok(r.ok > 0 && after.inbound - before.inbound >= r.ok)
     }
 
-    /// Unregisters the ebpf pod (CNI DEL), before the pods go.
+    /// Unregisters the ebpf pod and the shared-attachment pod (CNI DEL), before the pods go.
     pub fn teardown(self, cni: &Cni) -> anyhow::Result<()> {
+        let id = shared_pod_id();
+        let uid = format!("{id}-uid");
+        cni.invoke(
+            "DEL",
+            &CniPod {
+                id: &id,
+                name: &id,
+                uid: &uid,
+                netns: self.shared_pod.path(),
+                cgroup: None,
+                ip: Ipv4Addr::new(10, 244, 0, 250),
+            },
+        )?;
         let p = self.pod(Mode::Ebpf)?;
         let id = ebpf_pod_id();
         let uid = format!("{id}-uid");
@@ -401,10 +546,55 @@ impl Topology {
         Ok(())
     }
 
+    /// Checks that the floor's netns (`direct`) has no netfilter rule and tracks no connection:
+    /// no legacy iptables table, no table in `iptables-nft-save`/`ip6tables-nft-save`, a
+    /// conntrack count of 0. Returns what it saw.
+    pub fn floor_check(&self) -> anyhow::Result<String> {
+        let ns = &self.pod(Mode::Direct)?.pod.netns;
+        let tables = ns.exec("cat", ["/proc/self/net/ip_tables_names"])?;
+        let mut nft = String::new();
+        for tool in ["iptables-nft-save", "ip6tables-nft-save"] {
+            // Comment lines only when no table exists.
+            let out = ns.exec(tool, std::iter::empty::<&str>())?;
+            nft.extend(out.lines().filter(|l| !l.starts_with('#')));
+        }
+        // The count exists once the conntrack module is loaded; per netns.
+        let tracked = ns
+            .exec("cat", ["/proc/sys/net/netfilter/nf_conntrack_count"])
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "no conntrack".into());
+        if !tables.trim().is_empty()
+            || !nft.trim().is_empty()
+            || tracked.parse::<u64>().unwrap_or(0) != 0
+        {
+            bail!(
+                "the floor's netns has netfilter state: iptables tables {tables:?}, nft {nft:?}, \
+                 conntrack entries {tracked}"
+            );
+        }
+        Ok(format!(
+            "checked after the traffic: no legacy iptables table, nothing in \
+             `iptables-nft-save`/`ip6tables-nft-save`, {tracked} conntrack entries in that netns"
+        ))
+    }
+
     /// The proxy counters of `mode`'s pod.
     pub fn proxy_counters(&self, mode: Mode) -> anyhow::Result<crate::proxy::ProxyCounters> {
-        Ok(self.pod(mode)?.proxy.counters())
+        self.pod(mode)?
+            .proxy
+            .as_ref()
+            .map(Daemon::counters)
+            .context("this pod has no proxy")
     }
+}
+
+/// The modes measured in `scenario`: every mode; the unmeshed pods in connection scenarios.
+fn modes(scenario: Scenario) -> Vec<Mode> {
+    let mut m = Mode::ALL.to_vec();
+    if scenario.kind() == Kind::Rr {
+        m.extend(Mode::UNMESHED);
+    }
+    m
 }
 
 /// Every sample, per scenario and mode; `None` where a mode does not support the scenario.
@@ -416,7 +606,7 @@ pub fn run(topo: &Topology, cfg: &TrafficConfig) -> anyhow::Result<TrafficResult
     let mut results: TrafficResults = BTreeMap::new();
     let mut supported: BTreeMap<(Scenario, Mode), bool> = BTreeMap::new();
     for scenario in Scenario::ALL {
-        for mode in Mode::ALL {
+        for mode in modes(scenario) {
             let ok = !scenario.inbound() || topo.inbound_redirected(mode)?;
             if !ok {
                 eprintln!(
@@ -433,24 +623,36 @@ pub fn run(topo: &Topology, cfg: &TrafficConfig) -> anyhow::Result<TrafficResult
         }
     }
     for round in 0..cfg.rounds {
-        let mut order = Mode::ALL.to_vec();
-        let n = order.len();
-        order.rotate_left(round % n);
         for scenario in Scenario::ALL {
+            let mut order = modes(scenario);
+            let n = order.len();
+            order.rotate_left(round % n);
             for &mode in &order {
                 if !supported[&(scenario, mode)] {
                     continue;
                 }
                 let s = topo.measure(mode, scenario, cfg, round)?;
+                let per = |ns: f64| ns / s.units(scenario).max(1.0) / 1000.0;
+                let (busy, own) = s
+                    .cpu
+                    .map(|c| (per(c.busy_ns), per(c.own_ns)))
+                    .unwrap_or_default();
+                let bpf: u64 = s.bpf.values().map(|p| p.ns).sum();
                 eprintln!(
-                    "bench: round {round} {:<20} {:<16} {:>9.0} conn/s p50 {:>6.0} µs p99 {:>6.0} µs {:>6.2} Gbit/s failed {}",
+                    "bench: round {round} {:<20} {:<16} {:>9.0} conn/s p50 {:>6.0} µs p99 {:>6.0} µs {:>6.2} Gbit/s failed {} | CPU/{} busy {busy:.1} µs own {own:.1} µs bpf {:.2} µs",
                     scenario.label(),
                     mode.label(),
                     s.rate,
                     s.p50_us,
                     s.p99_us,
                     s.gbps,
-                    s.failed
+                    s.failed,
+                    if scenario.kind() == Kind::Rr {
+                        "conn"
+                    } else {
+                        "MiB"
+                    },
+                    per(bpf as f64),
                 );
                 if let Some(Some(v)) = results.get_mut(&scenario).and_then(|m| m.get_mut(&mode)) {
                     v.push(s);

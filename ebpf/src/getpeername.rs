@@ -1,8 +1,11 @@
 //! `cgroup/getpeername4` and `cgroup/getpeername6`: the app's redirected socket reports its
 //! original destination as its peer, not the proxy.
 //!
-//! These hooks also run for sockets the proxy accepted in the pod's cgroup: their cookies are
-//! not in the map, and a miss changes nothing.
+//! These hooks also run for every `accept` with an address in the pod's cgroup (the kernel
+//! fills the address through the same hook) and every other `getpeername`. A redirected socket
+//! always has the proxy's loopback address as its peer (`127.0.0.1`, `::ffff:127.0.0.1` or
+//! `::1`, as [`crate::connect`] rewrote it): any other peer returns before the cookie and the
+//! map lookup. A loopback peer whose cookie is not in the map changes nothing.
 //!
 //! # Minimum kernel version
 //! 5.8.
@@ -11,12 +14,19 @@ use aya_ebpf::{
     EbpfContext, bindings::bpf_sock_addr, helpers::generated::bpf_get_socket_cookie,
     macros::cgroup_sock_addr, programs::SockAddrContext,
 };
-use linkerd_cni_common::FAMILY_V4;
+use linkerd_cni_common::{FAMILY_V4, v4_mapped_words};
 
-use crate::maps::SOCK_DST;
+use crate::{
+    addr::{LOOPBACK4_BE, read_ip6},
+    maps::SOCK_DST,
+};
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn l5d_getpeer4(ctx: SockAddrContext) -> i32 {
+    // SAFETY: 4-byte load of a readable context field.
+    if unsafe { (*ctx.sock_addr).user_ip4 } != LOOPBACK4_BE {
+        return 1;
+    }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // SAFETY: the value is copied out at once.
     if let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied()
@@ -34,6 +44,11 @@ pub fn l5d_getpeer4(ctx: SockAddrContext) -> i32 {
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn l5d_getpeer6(ctx: SockAddrContext) -> i32 {
+    // SAFETY: 4-byte loads of a readable context field.
+    let peer = unsafe { read_ip6(&raw const (*ctx.sock_addr).user_ip6) };
+    if peer != v4_mapped_words(LOOPBACK4_BE) && peer != [0, 0, 0, 1u32.to_be()] {
+        return 1;
+    }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // SAFETY: the value is copied out at once.
     if let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied() {

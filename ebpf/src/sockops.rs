@@ -3,8 +3,11 @@
 //!
 //! - `TCP_CONNECT_CB` (an app's SYN is about to leave): ask for state callbacks on sockets
 //!   [`crate::connect`] redirected, so their entries are removed however the connection ends.
+//!   Sockets connecting anywhere but loopback return before any helper call.
 //! - `ACTIVE_ESTABLISHED_CB`: the 4-tuple is now known; store the original destination under
-//!   the app side's address and port, which is the peer of the proxy's accepted socket.
+//!   the app side's address and port, which is the peer of the proxy's accepted socket. Only
+//!   for sockets that asked for state callbacks at `TCP_CONNECT_CB` (the redirected ones): the
+//!   others return before any helper call.
 //! - `PASSIVE_ESTABLISHED_CB`: the proxy's side of a redirected connection (outbound through
 //!   the outbound port, or inbound from [`crate::sk_lookup`]) completed its handshake: move the
 //!   original destination from the 4-tuple map into the accepted socket's own storage
@@ -38,7 +41,7 @@ use aya_ebpf::{
 use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, ListenerKey, v4_mapped_words};
 
 use crate::{
-    addr::read_ip6,
+    addr::{LOOPBACK4_BE, read_ip6},
     maps::{ACC_DST, CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST},
 };
 
@@ -52,6 +55,11 @@ pub fn l5d_sockops(ctx: SockOpsContext) -> u32 {
 unsafe fn sockops(ctx: &SockOpsContext) {
     match ctx.op() {
         BPF_SOCK_OPS_TCP_CONNECT_CB => {
+            // A redirected socket connects to the proxy's loopback listener: any other
+            // destination (the proxy's own connects) returns before the cookie and the lookup.
+            if !unsafe { to_loopback(ctx) } {
+                return;
+            }
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
             // SAFETY: lookup only.
             if unsafe { SOCK_DST.get(&cookie) }.is_some() {
@@ -59,6 +67,12 @@ unsafe fn sockops(ctx: &SockOpsContext) {
             }
         }
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
+            // Only sockets `TCP_CONNECT_CB` found redirected asked for state callbacks: every
+            // other one (the proxy's own connects, unredirected apps) stops here, before any
+            // helper or map lookup.
+            if ctx.cb_flags() & BPF_SOCK_OPS_STATE_CB_FLAG == 0 {
+                return;
+            }
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
             // SAFETY: the value is copied out at once.
             let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied() else {
@@ -98,13 +112,37 @@ unsafe fn sockops(ctx: &SockOpsContext) {
                 return;
             }
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-            let _ = SOCK_DST.remove(&cookie);
+            let app = SOCK_DST.remove(&cookie).is_ok();
             let tuple = unsafe { Tuple::read(ctx) };
-            // Only sockets we asked state callbacks for get here: either side may own an entry.
+            // Only sockets we asked state callbacks for get here. A redirected app socket (it
+            // still had a saved destination) owns at most its app-side entry: one removal.
+            // Otherwise (an accepted socket whose storage could not be allocated, or an app
+            // socket whose saved destination the LRU evicted) either side may own one.
             let _ = CONN_DST.remove(&tuple.app_side_key());
-            let _ = CONN_DST.remove(&tuple.accepted_key());
+            if !app {
+                let _ = CONN_DST.remove(&tuple.accepted_key());
+            }
         }
         _ => {}
+    }
+}
+
+/// Whether the socket's remote address is one [`crate::connect`] rewrites to: `127.0.0.1`,
+/// `::ffff:127.0.0.1` or `::1`. Every load happens before choosing (see [`Tuple::read`]).
+#[inline(always)]
+unsafe fn to_loopback(ctx: &SockOpsContext) -> bool {
+    let ops = ctx.ops;
+    let (family, rip4, rip6) = unsafe {
+        (
+            read_volatile(&raw const (*ops).family),
+            read_volatile(&raw const (*ops).remote_ip4),
+            read_ip6(&raw const (*ops).remote_ip6),
+        )
+    };
+    if family == AF_INET {
+        rip4 == LOOPBACK4_BE
+    } else {
+        rip6 == v4_mapped_words(LOOPBACK4_BE) || rip6 == [0, 0, 0, 1u32.to_be()]
     }
 }
 
