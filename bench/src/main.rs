@@ -6,7 +6,8 @@
 //! `server`, `load` and `probe`.
 //!
 //! Modules: [`traffic`] (scenarios 1-3), [`podsetup`] (4-5), [`restart`] (6), [`apiload`]
-//! (7: Kubernetes API load of N simulated nodes), [`node`] (the
+//! (7: Kubernetes API load of N simulated nodes), [`crisandbox`] (8: RunPodSandbox through
+//! containerd), [`node`] (the
 //! agent, plugin, API server and placed processes), [`report`] (renderings).
 
 mod apiload;
@@ -64,9 +65,12 @@ enum Cmd {
     /// RunPodSandbox time through a real containerd (CRI), with and without linkerd-cni in
     /// the chain (printed, not part of the report).
     CriSandbox {
-        /// Sandboxes per configuration.
-        #[arg(long, default_value_t = 20)]
+        /// Counted sandboxes per chain and round.
+        #[arg(long, default_value_t = 10)]
         pods: usize,
+        /// Rounds (the chains alternate).
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
     },
     /// (internal) The load generator.
     Load {
@@ -271,11 +275,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     let api_load = apiload::run(&bins, &api_load_cfg).context("API load (scenario 7)")?;
+    let (cri_rounds, cri_pods) = if quick { (2, 5) } else { (4, 10) };
+    let cri_sandbox = crisandbox::run(cri_rounds, cri_pods)
+        .context("RunPodSandbox through containerd (scenario 8)")?;
 
     let rows = report::traffic_rows(&traffic);
     let mut goals = report::cpu_goals(&rows);
     goals.extend(report::goals(&rows, &pods, &restart));
     goals.extend(report::api_goals(&api_load));
+    goals.push(report::cri_sandbox_row(&cri_sandbox));
     let notes = read_notes(&args.out_dir);
     let results = report::Results {
         command: args
@@ -294,6 +302,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         pod_setup: pods,
         restart,
         api_load: Some(api_load),
+        cri_sandbox: Some(cri_sandbox),
         goals,
         floor_check,
         notes,
@@ -333,6 +342,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Proxy(args) => proxy::run(args),
         Cmd::Server { listen } => server::run(listen),
         Cmd::Probe { home } => probe::run(&home),
-        Cmd::CriSandbox { pods } => crisandbox::run(pods),
+        Cmd::CriSandbox { pods, rounds } => crisandbox::print(rounds, pods),
     }
 }

@@ -131,6 +131,9 @@ pub struct Results {
     /// Scenario 7 (absent from results written before it existed).
     #[serde(default)]
     pub api_load: Option<ApiLoadResults>,
+    /// Scenario 8 (absent from results written before it existed).
+    #[serde(default)]
+    pub cri_sandbox: Option<crate::crisandbox::CriSandboxResults>,
     pub goals: Vec<Goal>,
     /// How the floor's netns was checked to have no netfilter rule.
     #[serde(default)]
@@ -458,6 +461,22 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
         met: Some(failed == 0 && !restart.is_empty()),
     });
     out
+}
+
+/// Scenario 8's row: RunPodSandbox with linkerd-cni against without (information: the
+/// sandbox's own setup dominates and swings with the machine).
+pub fn cri_sandbox_row(r: &crate::crisandbox::CriSandboxResults) -> Goal {
+    Goal {
+        goal: "RunPodSandbox through containerd with linkerd-cni / without (information)".into(),
+        observed: format!(
+            "{:.2} × ({:.1} vs {:.1} ms median, {} sandboxes each)",
+            r.ratio(),
+            r.with_linkerd.summary.median,
+            r.without.summary.median,
+            r.without.samples_ms.len()
+        ),
+        met: None,
+    }
 }
 
 /// The goal rows of scenario 7 (Kubernetes API load).
@@ -830,6 +849,9 @@ pub fn markdown(r: &Results) -> String {
 
     if let Some(api) = &r.api_load {
         md.push_str(&crate::apiload::markdown(api));
+    }
+    if let Some(cri) = &r.cri_sandbox {
+        md.push_str(&crate::crisandbox::markdown(cri));
     }
 
     let _ = writeln!(md, "\n## Method\n");

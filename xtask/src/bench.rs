@@ -1,5 +1,5 @@
 //! `cargo xtask bench [--quick]`: builds the eBPF object and the release binaries the
-//! benchmark drives (agent, CNI plugin, benchmark), then runs `linkerd-cni-bench run`, which
+//! benchmark drives (agent, CNI plugin, stand-in API server, benchmark), then runs `linkerd-cni-bench run`, which
 //! writes `BENCHMARKS.md`, `bench/results.json` and `bench/chart.svg` at the workspace root.
 //! Needs root (netns, cgroups, BPF).
 
@@ -22,6 +22,9 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
         "linkerd-cni-plugin",
         "-p",
         "linkerd-cni-bench",
+        // Scenario 8's containerd node serves its pods from the stand-in API server process.
+        "-p",
+        "linkerd-cni-fake-apiserver",
         "--bins",
     ]))?;
     let command = if quick {
