@@ -18,6 +18,7 @@ mod probe;
 mod proxy;
 mod report;
 mod restart;
+mod scale;
 mod server;
 mod stats;
 mod traffic;
@@ -86,6 +87,10 @@ struct RunArgs {
     /// Skip scenarios 1-3 (to iterate on the others; the report then has no traffic rows).
     #[arg(long, hide = true)]
     skip_traffic: bool,
+    /// Registered-pod checkpoints of the pod-setup scenario instead of the default ones
+    /// (`1,100,1000` quick, `1,100,1000,10000` full), comma-separated.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    checkpoints: Vec<usize>,
 }
 
 /// The hand-written analysis kept in bench/ANALYSIS.md, if any.
@@ -136,12 +141,21 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let (checkpoints, samples, restarts, restart_ms) = if quick {
         (vec![1, 100, 1000], 20, 1, 4000)
     } else {
-        (vec![1, 100, 1000], 100, 3, 6000)
+        (vec![1, 100, 1000, scale::FULL_PODS], 100, 3, 6000)
     };
 
+    let checkpoints = match args.checkpoints.is_empty() {
+        true => checkpoints,
+        false => args.checkpoints.clone(),
+    };
     let api = node::Api::start()?;
     let shared_cgroup = CgroupGuard::new()?;
-    let mut agent = node::AgentProc::start(&bins.agent, &api.kubeconfig, shared_cgroup.path())?;
+    let mut agent = node::AgentProc::start(
+        &bins.agent,
+        &api.kubeconfig,
+        shared_cgroup.path(),
+        scale::BENCH_MAX_PODS,
+    )?;
     eprintln!("bench: agent running, PID {}", agent.pid().unwrap_or(0));
     let cni = node::Cni {
         plugin: bins.plugin.clone(),

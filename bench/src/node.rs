@@ -138,7 +138,12 @@ pub struct AgentProc {
 }
 
 impl AgentProc {
-    pub fn start(bin: &Path, kubeconfig: &Path, shared_cgroup: &Path) -> anyhow::Result<Self> {
+    pub fn start(
+        bin: &Path,
+        kubeconfig: &Path,
+        shared_cgroup: &Path,
+        max_pods: u32,
+    ) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let pins = PinRoot::new();
         // The agent keeps its registry and socket in /run, a tmpfs on Kubernetes nodes (not
@@ -167,6 +172,7 @@ impl AgentProc {
             health: SocketAddr::from(([127, 0, 0, 1], 0)),
             shared_cgroup: Some(shared_cgroup.into()),
             log: dir.path().join("agent.log"),
+            extra_args: vec!["--max-pods".into(), max_pods.to_string()],
         };
         let mut me = Self {
             agent: None,
@@ -306,6 +312,11 @@ pub struct Cni {
 }
 
 impl Cni {
+    /// The network configuration an invocation for `pod` writes to the plugin's stdin.
+    pub fn netconf_bytes(&self, pod: &CniPod<'_>) -> anyhow::Result<Vec<u8>> {
+        Ok(serde_json::to_vec(&self.netconf(pod))?)
+    }
+
     fn netconf(&self, pod: &CniPod<'_>) -> serde_json::Value {
         let mut conf = json!({
             "cniVersion": "1.0.0",
