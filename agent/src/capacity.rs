@@ -4,8 +4,12 @@
 //! (4,096 pods); the agent creates the maps with the sizes configured here instead
 //! (`--max-pods` and friends), so a node meant for 10,000 pods gets maps for them and a small
 //! node does not pay for them. A pinned map of another size is replaced at the next start
-//! like any other layout change ([`crate::layout`]): rewritten from the registry or copied,
-//! and a socket map still holding sockets refuses the start rather than lose them.
+//! like any other layout change ([`crate::layout`]) when it is rewritten from the registry
+//! (pod config, port sets, subnets, pod addresses; `l5d_pod_stats` is copied). The maps the
+//! programs fill per connection and per socket (`l5d_sock_dst`, `l5d_conn_dst`,
+//! `l5d_listeners`) are kept as pinned, whatever their size, so that no live connection or
+//! proxy listener is lost: a new size applies to them from the next empty bpffs (a node
+//! reboot). Size a node for its largest pod count from the start.
 
 use linkerd_cni_common::names;
 

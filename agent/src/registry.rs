@@ -168,16 +168,11 @@ impl Registry {
     pub fn ids_from(&self, after: Option<&str>, n: usize) -> Vec<String> {
         use std::ops::Bound::{Excluded, Included, Unbounded};
         let records = self.records();
-        let (tail, head) = match after {
-            Some(a) => (
-                records.range::<str, _>((Excluded(a), Unbounded)),
-                records.range::<str, _>((Unbounded, Included(a))),
-            ),
-            None => (
-                records.range::<str, _>((Unbounded, Unbounded)),
-                records.range::<str, _>((Excluded(""), Excluded(""))),
-            ),
-        };
+        let tail = records.range::<str, _>((after.map_or(Unbounded, Excluded), Unbounded));
+        let head = after
+            .map(|a| records.range::<str, _>((Unbounded, Included(a))))
+            .into_iter()
+            .flatten();
         tail.chain(head).take(n).map(|(id, _)| id.clone()).collect()
     }
 

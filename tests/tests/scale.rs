@@ -63,11 +63,16 @@ fn maps_are_sized_from_configuration_and_resized_at_restart_keeping_pods() {
         ..config.clone()
     });
     h.start_again();
+    // Maps rewritten from the registry take the new size; the maps the programs fill per
+    // connection and socket are kept as pinned (replacing them would drop live connections
+    // and listeners): they take a new size only on an empty bpffs (a node reboot).
     assert_eq!(max_entries(&root, names::MAP_POD_CONFIG), names::MAX_PODS);
     assert_eq!(
-        max_entries(&root, names::MAP_LISTENERS),
-        names::MAX_PODS * 2
+        max_entries(&root, names::MAP_PORT_SETS),
+        names::MAX_PORT_BLOCKS
     );
+    assert_eq!(max_entries(&root, names::MAP_LISTENERS), 24_576);
+    assert_eq!(max_entries(&root, names::MAP_CONN_DST), 100_000);
     assert!(
         h.maps().pod_config(record.netns_cookie).is_some(),
         "the registered pod's config survived the resize"
