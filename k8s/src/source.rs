@@ -220,8 +220,8 @@ impl Drop for PodSource {
 
 /// Trims a cached pod to what a decision reads (name, namespace, uid, Linkerd's annotations
 /// and labels, the injected containers' names), so the agent's memory does not grow with every
-/// pod's full spec, status and metadata: about 7 KiB per pod before, 2.5 KiB after (a `Pod` is
-/// over 2 KiB even when empty).
+/// pod's full spec, status and metadata. (A `Pod` is 2,248 bytes and each `Container` 2,144
+/// even when empty: a typical meshed pod keeps one container instead of two or more.)
 fn keep_what_decisions_read(pod: &mut Pod) {
     use k8s_openapi::api::core::v1::Container;
     pod.metadata.managed_fields = None;
