@@ -15,6 +15,7 @@ use linkerd_cni_common::{names, paths};
 use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 
 use crate::{
+    capacity::MapSizes,
     cgroup,
     dataplane::{self, Dataplane, DataplaneError},
     kernel, limits,
@@ -39,6 +40,8 @@ pub struct AgentConfig {
     /// Where the host's filesystems are mounted when the agent runs in a container (`/host`
     /// in the DaemonSet): netns and cgroup paths sent by the runtime are host paths.
     pub host_root: Option<PathBuf>,
+    /// Capacities of the node-wide maps.
+    pub map_sizes: MapSizes,
 }
 
 impl Default for AgentConfig {
@@ -48,6 +51,7 @@ impl Default for AgentConfig {
             state_dir: paths::STATE_DIR.into(),
             shared_cgroup: None,
             host_root: None,
+            map_sizes: MapSizes::default(),
         }
     }
 }
@@ -115,7 +119,7 @@ impl Agent {
     /// earlier run are adopted as they are: their links and map entries were never touched.
     pub fn start(config: AgentConfig) -> Result<Self, AgentError> {
         let registry = Registry::open(&config.state_dir)?;
-        let dataplane = Dataplane::load(&config.pin_root)?;
+        let dataplane = Dataplane::load_sized(&config.pin_root, &config.map_sizes)?;
         // Registered pods, for maps a layout migration replaces (the registry is the source of
         // truth for per-pod config).
         let pods: Vec<_> = registry
@@ -475,6 +479,16 @@ impl Agent {
             }
         }
         Ok(removed)
+    }
+
+    /// Up to `n` registered container ids after `after`, in id order, wrapping around.
+    pub fn ids_from(&self, after: Option<&str>, n: usize) -> Vec<String> {
+        self.registry.ids_from(after, n)
+    }
+
+    /// Whether container `id` is registered.
+    pub fn is_registered(&self, id: &str) -> bool {
+        self.registry.contains(id)
     }
 
     /// Every registration.

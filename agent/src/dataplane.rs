@@ -24,6 +24,7 @@ use linkerd_cni_common::{
 
 use crate::{
     bpf_sys::{self, AttachType},
+    capacity::MapSizes,
     kernel,
     layout::{self, Action, Carry, LayoutError, MapSpec, Plan},
     maps::{Maps, MapsError, PodEntries},
@@ -107,10 +108,18 @@ impl Dataplane {
     /// `<pin root>/next` when some are replaced, and pins the programs. Running pods keep
     /// their programs and maps until [`Self::finish_load`], which must follow.
     pub fn load(pin_root: &Path) -> Result<Self, DataplaneError> {
+        Self::load_sized(pin_root, &MapSizes::default())
+    }
+
+    /// [`Self::load`] with the node-wide maps created at `sizes` (a pinned map of another
+    /// size is replaced as any layout change is).
+    pub fn load_sized(pin_root: &Path, sizes: &MapSizes) -> Result<Self, DataplaneError> {
         kernel::check_kernel()?;
         let pin_dir = |path: PathBuf| move |source| DataplaneError::PinDir { path, source };
         kernel::ensure_bpffs(pin_root).map_err(pin_dir(pin_root.into()))?;
-        let plan = layout::plan(pin_root, &MapSpec::of_object(OBJECT)?)?;
+        let mut specs = MapSpec::of_object(OBJECT)?;
+        sizes.apply(&mut specs);
+        let plan = layout::plan(pin_root, &specs)?;
         for sub in [
             paths::PIN_MAPS,
             paths::PIN_PROGS,
@@ -123,6 +132,11 @@ impl Dataplane {
         let maps_dir = pin_root.join(paths::PIN_MAPS);
         let adopted: Vec<(&str, PathBuf)> = plan.adopted().map(|n| (n, maps_dir.join(n))).collect();
         let mut loader = EbpfLoader::new();
+        for spec in &specs {
+            if let Some(n) = sizes.of(&spec.name) {
+                loader.map_max_entries(&spec.name, n);
+            }
+        }
         for (name, path) in &adopted {
             loader.map_pin_path(name, path.as_path());
         }
@@ -216,9 +230,14 @@ impl Dataplane {
         // Inbound links run a per-pod stub (or, left by agents before stubs, the shared
         // program itself): each gets a new stub bound to this generation's maps.
         let shared_dir = self.pin_root.join(paths::PIN_SHARED);
+        // By link directory: a node of 10,000 pods would otherwise search the list once per pod.
+        let cookies: std::collections::HashMap<&Path, u64> = pods
+            .iter()
+            .map(|(dir, cookie, _)| (dir.as_path(), *cookie))
+            .collect();
         let swapped = layout::swap_links(&self.pin_root, |dir, name| {
             if name == names::PROG_SK_LOOKUP && dir != shared_dir {
-                let (_, cookie, _) = pods.iter().find(|(d, _, _)| d == dir)?;
+                let cookie = cookies.get(dir)?;
                 return self.sk_lookup_stub(*cookie).ok();
             }
             let name = names::ALL_PROGRAMS.into_iter().find(|p| *p == name)?;

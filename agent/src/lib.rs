@@ -7,11 +7,13 @@
 //! - [`dataplane`]: loading the object, pinning, attaching. [`maps`]: the pinned maps.
 //!   [`layout`]: the pinned state's layout version, upgrades and rollbacks.
 //! - [`netns`], [`userns`], [`cgroup`], [`kernel`]: the host facts registration depends on.
-//! - [`limits`]: how much of the node-wide maps one pod may take.
+//! - [`limits`]: how much of the node-wide maps one pod may take; [`capacity`]: how large
+//!   the node-wide maps are (configured).
 //! - [`inspect`]: the human view of the pinned state.
 
 pub mod agent;
 pub mod bpf_sys;
+pub mod capacity;
 pub mod cgroup;
 pub mod dataplane;
 pub mod health;

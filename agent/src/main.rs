@@ -7,11 +7,12 @@ use clap::{Parser, Subcommand};
 use linkerd_cni_agent::{
     Agent, AgentConfig,
     agent::reconcile::Reconciler,
+    capacity::MapSizes,
     health::Health,
     inspect,
     server::{self, Server},
 };
-use linkerd_cni_common::paths;
+use linkerd_cni_common::{names, paths};
 
 #[derive(Parser)]
 #[command(
@@ -36,6 +37,20 @@ struct Cli {
     /// Where bpffs is (or is to be) mounted.
     #[arg(long, env = "LINKERD_CNI_AGENT_BPFFS", default_value = paths::BPFFS, global = true)]
     bpffs: PathBuf,
+    /// Pods the node's maps have room for (`l5d_pod_config`, `l5d_pod_stats`; two listener
+    /// sockets each in `l5d_listeners`). A start with other sizes than the pinned maps
+    /// replaces those maps, carrying their entries over.
+    #[arg(long, env = "LINKERD_CNI_AGENT_MAX_PODS", default_value_t = names::MAX_PODS, global = true)]
+    max_pods: u32,
+    /// Port-set blocks (256 ports each) of every pod's ignored and redirected ports together.
+    #[arg(long, env = "LINKERD_CNI_AGENT_MAX_PORT_BLOCKS", default_value_t = names::MAX_PORT_BLOCKS, global = true)]
+    max_port_blocks: u32,
+    /// Ignored subnets of every pod together, and pod addresses (`l5d_addrs`, `l5d_pod_by_ip`).
+    #[arg(long, env = "LINKERD_CNI_AGENT_MAX_ADDRESSES", default_value_t = names::MAX_ADDRS, global = true)]
+    max_addresses: u32,
+    /// Live redirected connections on the node (`l5d_sock_dst`, `l5d_conn_dst`, LRU).
+    #[arg(long, env = "LINKERD_CNI_AGENT_MAX_CONNECTIONS", default_value_t = names::MAX_CONNS, global = true)]
+    max_connections: u32,
     #[command(subcommand)]
     command: Command,
 }
@@ -116,6 +131,11 @@ struct RunArgs {
     daemonset: String,
 }
 
+/// Runtime worker threads (async: the socket, the API watch, the health endpoint).
+const RUNTIME_WORKERS: usize = 2;
+/// Threads for blocking work (registrations, reaping, reconciling), at most.
+const RUNTIME_BLOCKING_THREADS: usize = 8;
+
 /// How long SIGTERM waits for the API to say whether the DaemonSet is being deleted.
 const TERMINATION_API_BOUND: Duration = Duration::from_secs(2);
 
@@ -148,9 +168,17 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_writer(std::io::stderr)
         .init();
+    let map_sizes = MapSizes {
+        pods: cli.max_pods,
+        port_blocks: cli.max_port_blocks,
+        addrs: cli.max_addresses,
+        conns: cli.max_connections,
+    };
+    map_sizes.validate()?;
     let config = AgentConfig {
         pin_root: cli.pin_root.clone(),
         state_dir: cli.state_dir.clone(),
+        map_sizes,
         ..AgentConfig::default()
     };
     match cli.command {
@@ -183,7 +211,12 @@ fn main() -> anyhow::Result<()> {
                 host_root: args.host_root.clone(),
                 ..config
             };
+            // A fixed, small runtime whatever the node's core count: the agent's work is a few
+            // requests at a time, serialised on its maps anyway, and every thread costs
+            // resident memory (stack pages, allocator caches).
             tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(RUNTIME_WORKERS)
+                .max_blocking_threads(RUNTIME_BLOCKING_THREADS)
                 .enable_all()
                 .build()?
                 .block_on(run(config, *args, cli.bpffs))

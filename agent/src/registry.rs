@@ -163,6 +163,24 @@ impl Registry {
         Ok(self.records().values().cloned().collect())
     }
 
+    /// Up to `n` ids in id order, starting after `after` and wrapping around to the first,
+    /// each at most once (without cloning the records).
+    pub fn ids_from(&self, after: Option<&str>, n: usize) -> Vec<String> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let records = self.records();
+        let tail = records.range::<str, _>((after.map_or(Unbounded, Excluded), Unbounded));
+        let head = after
+            .map(|a| records.range::<str, _>((Unbounded, Included(a))))
+            .into_iter()
+            .flatten();
+        tail.chain(head).take(n).map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Whether `id` is registered.
+    pub fn contains(&self, id: &str) -> bool {
+        self.records().contains_key(id)
+    }
+
     /// Whether any record other than `id` satisfies `f` (without cloning them all).
     pub fn any_other(&self, id: &str, f: impl Fn(&PodRecord) -> bool) -> bool {
         self.records().values().any(|r| r.id != id && f(r))
@@ -200,6 +218,35 @@ mod tests {
         assert!(!reopened.remove("abc").unwrap());
         assert!(Registry::open(&dir).unwrap().all().unwrap().is_empty());
         assert!(reopened.get("../etc").is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ids_from_goes_round_in_order() {
+        let dir = std::env::temp_dir().join(format!("l5d-registry-ids-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let reg = Registry::open(&dir).unwrap();
+        for id in ["c", "a", "b", "d"] {
+            reg.put(&PodRecord {
+                id: id.into(),
+                ifname: "eth0".into(),
+                netns: "/run/netns/x".into(),
+                netns_ino: 1,
+                netns_cookie: 2,
+                pod: None,
+                attachment: Attachment::None,
+                reason: String::new(),
+                config: LinkerdConfig::default(),
+                pod_ips: vec![],
+                host_ids: None,
+            })
+            .unwrap();
+        }
+        assert_eq!(reg.ids_from(None, 3), ["a", "b", "c"]);
+        assert_eq!(reg.ids_from(Some("c"), 3), ["d", "a", "b"]);
+        assert_eq!(reg.ids_from(Some("b"), 10), ["c", "d", "a", "b"]);
+        assert_eq!(reg.ids_from(Some("zz"), 2), ["a", "b"]);
+        assert!(reg.contains("a") && !reg.contains("e"));
         fs::remove_dir_all(&dir).unwrap();
     }
 

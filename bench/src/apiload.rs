@@ -274,7 +274,8 @@ pub fn run(bins: &Bins, cfg: &ApiLoadConfig) -> anyhow::Result<ApiLoadResults> {
     for i in 0..cfg.nodes {
         let name = format!("bench-api-node-{i}");
         let shared = CgroupGuard::new()?;
-        let agent = AgentProc::start_on(&bins.agent, &api.kubeconfig, shared.path(), &name)
+        // 100 pods per node and their churn: small maps, so N agents fit in memory.
+        let agent = AgentProc::start_on(&bins.agent, &api.kubeconfig, shared.path(), &name, 1024)
             .with_context(|| format!("starting the agent of {name}"))?;
         let cni = Cni {
             plugin: bins.plugin.clone(),

@@ -24,6 +24,7 @@ mod probe;
 mod proxy;
 mod report;
 mod restart;
+mod scale;
 mod server;
 mod stats;
 mod traffic;
@@ -115,6 +116,10 @@ struct RunArgs {
     /// writes no report).
     #[arg(long, hide = true)]
     traffic_only: bool,
+    /// Registered-pod checkpoints of the pod-setup scenario instead of the default ones
+    /// (`1,100,1000` quick, `1,100,1000,10000` full), comma-separated.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    checkpoints: Vec<usize>,
 }
 
 /// The hand-written analysis kept in bench/ANALYSIS.md, if any.
@@ -190,7 +195,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let (checkpoints, samples, restarts, restart_ms) = if quick {
         (vec![1, 100, 1000], 20, 1, 4000)
     } else {
-        (vec![1, 100, 1000], 100, 3, 6000)
+        (vec![1, 100, 1000, scale::FULL_PODS], 100, 3, 6000)
     };
 
     let api_load_cfg = if quick {
@@ -220,9 +225,18 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    let checkpoints = match args.checkpoints.is_empty() {
+        true => checkpoints,
+        false => args.checkpoints.clone(),
+    };
     let api = node::Api::start()?;
     let shared_cgroup = CgroupGuard::new()?;
-    let mut agent = node::AgentProc::start(&bins.agent, &api.kubeconfig, shared_cgroup.path())?;
+    let mut agent = node::AgentProc::start(
+        &bins.agent,
+        &api.kubeconfig,
+        shared_cgroup.path(),
+        scale::BENCH_MAX_PODS,
+    )?;
     eprintln!("bench: agent running, PID {}", agent.pid().unwrap_or(0));
     let cni = node::Cni {
         plugin: bins.plugin.clone(),

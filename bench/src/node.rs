@@ -138,8 +138,13 @@ pub struct AgentProc {
 }
 
 impl AgentProc {
-    pub fn start(bin: &Path, kubeconfig: &Path, shared_cgroup: &Path) -> anyhow::Result<Self> {
-        Self::start_on(bin, kubeconfig, shared_cgroup, NODE_NAME)
+    pub fn start(
+        bin: &Path,
+        kubeconfig: &Path,
+        shared_cgroup: &Path,
+        max_pods: u32,
+    ) -> anyhow::Result<Self> {
+        Self::start_on(bin, kubeconfig, shared_cgroup, NODE_NAME, max_pods)
     }
 
     /// Like [`Self::start`], for the node `node_name` (the API-load scenario runs several).
@@ -148,6 +153,7 @@ impl AgentProc {
         kubeconfig: &Path,
         shared_cgroup: &Path,
         node_name: &str,
+        max_pods: u32,
     ) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let pins = PinRoot::new();
@@ -177,6 +183,7 @@ impl AgentProc {
             health: SocketAddr::from(([127, 0, 0, 1], 0)),
             shared_cgroup: Some(shared_cgroup.into()),
             log: dir.path().join("agent.log"),
+            extra_args: vec!["--max-pods".into(), max_pods.to_string()],
         };
         let mut me = Self {
             agent: None,
@@ -316,6 +323,11 @@ pub struct Cni {
 }
 
 impl Cni {
+    /// The network configuration an invocation for `pod` writes to the plugin's stdin.
+    pub fn netconf_bytes(&self, pod: &CniPod<'_>) -> anyhow::Result<Vec<u8>> {
+        Ok(serde_json::to_vec(&self.netconf(pod))?)
+    }
+
     fn netconf(&self, pod: &CniPod<'_>) -> serde_json::Value {
         let mut conf = json!({
             "cniVersion": "1.0.0",

@@ -85,6 +85,13 @@ pub struct Checkpoint {
     pub registry_all_ms: f64,
     /// The plugin answering VERSION, spawn to exit (no agent): the floor of a CNI call, p50 ms.
     pub plugin_floor_p50_ms: f64,
+    /// A minimal static binary (reads stdin to the end, exits 0; 151 bytes) spawned exactly as the plugin is, one
+    /// right after each measured ADD: the machine's exec floor, p50 ms (0: not measured).
+    #[serde(default)]
+    pub exec_floor_p50_ms: f64,
+    /// Where the agent's resident memory is at this point.
+    #[serde(default)]
+    pub agent_mem: crate::scale::MemBreakdown,
 }
 
 /// One pinned map's kernel memory.
@@ -198,6 +205,7 @@ pub fn run(
     let parent = CgroupGuard::new()?;
     let home = CgroupGuard::new()?;
     let mut prober = Prober::start(me, &home)?;
+    let exec_floor = crate::scale::ExecFloor::new()?;
     let mut filler: Vec<Registered> = Vec::new();
     let mut out = Vec::new();
     let mut fill_secs = 0.0;
@@ -225,11 +233,14 @@ pub fn run(
             // Let the agent's watch cache see the new pod objects, as it would in a cluster
             // (pods exist well before their sandbox).
             std::thread::sleep(Duration::from_millis(300));
-            let (mut add_ms, mut del_ms) = (Vec::new(), Vec::new());
+            let (mut add_ms, mut del_ms, mut exec_ms) = (Vec::new(), Vec::new(), Vec::new());
             for r in &measured {
                 counter += 1;
                 let pod = cni_pod(r, counter);
                 add_ms.push(cni.invoke("ADD", &pod)?.as_secs_f64() * 1e3);
+                if let Some(f) = &exec_floor {
+                    exec_ms.push(f.once(&cni.netconf_bytes(&pod)?)?);
+                }
                 let state = prober.check(&r.pod)?;
                 if state != "redirected" {
                     bail!(
@@ -251,6 +262,8 @@ pub fn run(
             }
             drop(measured);
             let rss = agent.rss()?.rss;
+            let agent_mem =
+                crate::scale::MemBreakdown::of(agent.pid().context("agent not running")?)?;
             let (scans, remove_pod_ms) =
                 crate::diag::scan_costs(&agent.pin_root().join(paths::PIN_MAPS))?;
             let registry_all_ms = crate::diag::registry_cost(agent.state_dir())?;
@@ -274,9 +287,14 @@ pub fn run(
                 remove_pod_ms,
                 registry_all_ms,
                 plugin_floor_p50_ms: stats::percentile(&floor, 0.5),
+                exec_floor_p50_ms: match exec_ms.is_empty() {
+                    true => 0.0,
+                    false => stats::percentile(&exec_ms, 0.5),
+                },
+                agent_mem,
             };
             eprintln!(
-                "bench: pod setup with {registered} registered: ADD p50 {:.2} ms p99 {:.2} ms, DEL p50 {:.2} ms p99 {:.2} ms, agent RSS {} KiB, map walks {:.2} ms, registry read {:.2} ms, plugin floor {:.2} ms {:?}",
+                "bench: pod setup with {registered} registered: ADD p50 {:.2} ms p99 {:.2} ms, DEL p50 {:.2} ms p99 {:.2} ms, agent RSS {} KiB, map walks {:.2} ms, registry read {:.2} ms, plugin floor {:.2} ms, exec floor {:.2} ms, agent memory {:?} {:?}",
                 cp.add_p50_ms,
                 cp.add_p99_ms,
                 cp.del_p50_ms,
@@ -285,6 +303,8 @@ pub fn run(
                 cp.remove_pod_ms,
                 cp.registry_all_ms,
                 cp.plugin_floor_p50_ms,
+                cp.exec_floor_p50_ms,
+                cp.agent_mem,
                 cp.scans
                     .iter()
                     .map(|s| format!("{} {} entries {:.2} ms", s.map, s.entries, s.ms))

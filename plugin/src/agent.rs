@@ -92,10 +92,16 @@ impl AgentClient for UnixAgent {
     }
 }
 
-/// Connects within `timeout`; `None` on timeout. std has no connect timeout for Unix sockets
-/// and a connect blocks while the agent's backlog is full, so it runs on a helper thread that
-/// is abandoned (the process exits soon after) if it does not finish in time.
+/// Connects within `timeout`; `None` on timeout. A non-blocking connect first: it succeeds at
+/// once whenever the agent's listen backlog has room (the usual case, no thread). A full
+/// backlog (`EAGAIN`) is the one case where a connect would wait, and std has no connect
+/// timeout for Unix sockets: the blocking connect then runs on a helper thread that is
+/// abandoned (the process exits soon after) if it does not finish in time.
 fn connect(socket: &str, timeout: Duration) -> Option<io::Result<UnixStream>> {
+    match connect_nonblocking(socket) {
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+        done => return Some(done),
+    }
     let (tx, rx) = mpsc::channel();
     let path = socket.to_string();
     let spawned = thread::Builder::new()
@@ -108,6 +114,52 @@ fn connect(socket: &str, timeout: Duration) -> Option<io::Result<UnixStream>> {
         return Some(Err(e));
     }
     rx.recv_timeout(timeout).ok()
+}
+
+/// One `connect(2)` on a non-blocking Unix stream socket; the stream is made blocking again
+/// once connected.
+fn connect_nonblocking(socket: &str) -> io::Result<UnixStream> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    let path = socket.as_bytes();
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if path.len() >= addr.sun_path.len() || path.contains(&0) {
+        // Too long (or not a path) for a sockaddr: std says why.
+        return UnixStream::connect(socket);
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(path) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket(2); the result is checked before use.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor owned by nothing else.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sa_family_t>() + path.len() + 1;
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes.
+    let rc = unsafe {
+        libc::connect(
+            fd,
+            std::ptr::from_ref(&addr).cast::<libc::sockaddr>(),
+            len as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let stream = UnixStream::from(owned);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 #[cfg(test)]
@@ -184,6 +236,62 @@ mod tests {
             other => panic!("expected Refused, got {other:?}"),
         }
         server.join().expect("server thread");
+    }
+
+    /// A listener that never accepts, with the smallest backlog, filled: a connect now waits.
+    /// The client must still give up at its timeout (the non-blocking connect says EAGAIN,
+    /// the helper thread's connect blocks), and connect at once when there is room.
+    #[test]
+    fn full_backlog_times_out_and_room_connects_at_once() {
+        use std::os::fd::{FromRawFd, OwnedFd};
+
+        let path = socket_path("backlog");
+        let sock = path.to_str().expect("utf-8");
+        // SAFETY: plain socket calls on a new descriptor, checked.
+        let listener = unsafe {
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0);
+            OwnedFd::from_raw_fd(fd)
+        };
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in addr.sun_path.iter_mut().zip(sock.as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid sockaddr_un and descriptor.
+        unsafe {
+            assert_eq!(
+                libc::bind(
+                    listener.as_raw_fd(),
+                    std::ptr::from_ref(&addr).cast(),
+                    std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t
+                ),
+                0
+            );
+            assert_eq!(libc::listen(listener.as_raw_fd(), 0), 0);
+        }
+        let start = Instant::now();
+        let first = connect_nonblocking(sock).expect("room for one: connected at once");
+        assert!(start.elapsed() < Duration::from_millis(100));
+        let mut held = vec![first];
+        let full = loop {
+            match connect_nonblocking(sock) {
+                Ok(s) => held.push(s),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 16, "the backlog never filled");
+        };
+        assert_eq!(full.raw_os_error(), Some(libc::EAGAIN), "{full}");
+        let start = Instant::now();
+        match UnixAgent.call(sock, Duration::from_millis(200), Request::Status) {
+            Err(AgentError::Timeout {
+                timeout_ms: 200, ..
+            }) => {}
+            other => panic!("expected Timeout, got {other:?}"),
+        }
+        assert!(start.elapsed() < Duration::from_millis(550));
+        drop(held);
     }
 
     #[test]

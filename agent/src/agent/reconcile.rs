@@ -9,7 +9,8 @@
 //! (the pod's counters are kept unless their entry was lost too). A lost bpffs is mounted again
 //! and the maps and programs this process holds are pinned again before the pods are repaired.
 //!
-//! [`Reconciler::run_once`] does a whole pass (the agent runs one every
+//! [`Reconciler::run_once`] does a pass over up to [`PODS_PER_PASS`] pods, continuing where the
+//! last one stopped (the agent runs one every
 //! `--reconcile-interval`, and on SIGHUP); [`Reconciler::repair_pod`] one pod (CNI CHECK). Each
 //! repair is logged with the pod and counted per [`RepairKind`]; while the pins cannot be
 //! restored, [`Reconciler::not_ready`] says why, so `/ready` fails.
@@ -99,7 +100,15 @@ pub struct Reconciler {
     /// The last failure logged per registration: a pod that cannot be repaired (its cgroup
     /// is being removed) is logged once, not at every pass.
     logged: Mutex<HashMap<String, String>>,
+    /// The last pod the previous pass verified.
+    cursor: Mutex<Option<String>>,
+    pods_per_pass: usize,
 }
+
+/// Pods one [`Reconciler::run_once`] pass verifies at most; the next pass continues after the
+/// last one. Up to this many pods, every pass verifies every pod; beyond, each pod is verified
+/// every `ceil(pods / PODS_PER_PASS)` passes.
+pub const PODS_PER_PASS: usize = 512;
 
 impl Reconciler {
     /// A reconciler for `agent` whose bpffs is (to be) mounted at `bpffs`.
@@ -112,7 +121,16 @@ impl Reconciler {
             passes: AtomicU64::new(0),
             problem: Mutex::new(None),
             logged: Mutex::new(HashMap::new()),
+            cursor: Mutex::new(None),
+            pods_per_pass: PODS_PER_PASS,
         }
+    }
+
+    /// Verifies at most `n` pods per pass (default [`PODS_PER_PASS`]).
+    #[must_use]
+    pub fn with_pods_per_pass(mut self, n: usize) -> Self {
+        self.pods_per_pass = n.max(1);
+        self
     }
 
     /// Repairs counted so far, per kind.
@@ -182,20 +200,20 @@ impl Reconciler {
                 return all;
             }
         }
-        let records = match self.agent.pods() {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "reconcile: reading the registry");
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                return all;
-            }
-        };
         self.logged
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|id, _| records.iter().any(|r| &r.id == id));
-        for record in records.iter().filter(|r| r.redirected()) {
-            all.extend(self.repair_pod(&record.id));
+            .retain(|id, _| self.agent.is_registered(id));
+        // A bounded share of the pods, continuing where the last pass stopped: on a node of
+        // 10,000 pods a whole pass every interval would keep a core busy and the maps lock
+        // contended for the ADDs.
+        let mut cursor = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
+        let ids = self.agent.ids_from(cursor.as_deref(), self.pods_per_pass);
+        for id in &ids {
+            all.extend(self.repair_pod(id));
+        }
+        if let Some(last) = ids.last() {
+            *cursor = Some(last.clone());
         }
         all
     }

@@ -195,6 +195,8 @@ pub struct AgentCommand {
     pub shared_cgroup: Option<PathBuf>,
     /// The file the agent's stderr is appended to.
     pub log: PathBuf,
+    /// More arguments, last (`--max-pods 12288`).
+    pub extra_args: Vec<String>,
 }
 
 /// The node agent process (`linkerd-cni-agent run`).
@@ -238,6 +240,7 @@ impl AgentProcess {
         if let Some(cgroup) = &command.shared_cgroup {
             cmd.arg("--shared-cgroup").arg(cgroup);
         }
+        cmd.args(&command.extra_args);
         cmd.env_remove("LINKERD_CNI_AGENT_INSTALL")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
