@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use linkerd_cni_agent::{
     Agent, AgentConfig,
+    adopt::Adopter,
     agent::reconcile::Reconciler,
     health::Health,
     inspect,
@@ -97,6 +98,19 @@ struct RunArgs {
     /// what is missing put back (SIGHUP asks for a pass at once; CNI CHECK repairs its pod).
     #[arg(long, env = "LINKERD_CNI_AGENT_RECONCILE_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     reconcile_interval: Duration,
+    /// Attach redirection to meshed pods of this node that run without it because they
+    /// started before linkerd-cni was in the CNI chain (found by pod UID in the cgroups, once
+    /// their proxy listens), instead of leaving them for a restart.
+    #[arg(
+        long,
+        env = "LINKERD_CNI_AGENT_ADOPT_RUNNING_PODS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    adopt_running_pods: bool,
+    /// How often this node's pods are checked for meshed pods running without redirection.
+    #[arg(long, env = "LINKERD_CNI_AGENT_ADOPT_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    adopt_interval: Duration,
     /// With --install, always remove linkerd-cni from the CNI configs on SIGTERM. Without it,
     /// SIGTERM asks the API whether the agent's DaemonSet is being deleted (uninstall: remove)
     /// or not (a rolling update: keep, so that no pod starts without the plugin before the
@@ -202,11 +216,13 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
     let client = linkerd_cni_k8s::client::client(args.kubeconfig.as_deref()).await?;
     let pods = linkerd_cni_k8s::PodSource::new(client.clone(), node.clone());
     let reconciler = Arc::new(Reconciler::new(agent.clone(), &bpffs));
+    let adopter = Arc::new(Adopter::new(agent.clone()));
     let server = Arc::new(Server {
         agent: agent.clone(),
         pods,
         stats: Default::default(),
         reconciler: reconciler.clone(),
+        adopter: adopter.clone(),
     });
     let listener =
         server::bind(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
@@ -274,6 +290,16 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
             }
         }
     });
+    if args.adopt_running_pods {
+        let every = args.adopt_interval;
+        let source = server.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                adopter.run_once(&source.pods).await;
+            }
+        });
+    }
     let serving = tokio::spawn(server.clone().serve(listener));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
