@@ -290,7 +290,28 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
             }
         }
     });
-    if args.adopt_running_pods {
+    let host_proc = match &args.host_root {
+        Some(root) => root.join("proc"),
+        None => PathBuf::from("/proc"),
+    };
+    let adopt = args.adopt_running_pods
+        && match linkerd_cni_agent::podscan::in_host_pid_namespace(&host_proc) {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(
+                    "adoption of running pods is off: the agent is not in the host's PID \
+                     namespace (run its pod with hostPID: true), so it cannot take a proxy's \
+                     listener; meshed pods that started without linkerd-cni keep running \
+                     without redirection until they are recreated"
+                );
+                false
+            }
+            Err(error) => {
+                tracing::warn!(%error, proc = %host_proc.display(), "adoption of running pods is off: cannot compare PID namespaces");
+                false
+            }
+        };
+    if adopt {
         let every = args.adopt_interval;
         let source = server.clone();
         tokio::spawn(async move {

@@ -223,6 +223,15 @@ pub fn owner_of(proc_root: &Path, pids: &[u32], inode: u64) -> Option<(u32, i32)
     })
 }
 
+/// Whether the agent runs in the PID namespace of the host's `/proc` (`proc_root`):
+/// [`take_socket`] needs the host's PIDs to be the agent's (`hostPID: true` in a DaemonSet).
+pub fn in_host_pid_namespace(proc_root: &Path) -> io::Result<bool> {
+    // `self` in a procfs names the reader's PID in that procfs's PID namespace (a process of
+    // a child namespace has another PID there). `/proc/1/ns/*` may be unreadable, even to root.
+    let me = fs::read_link(proc_root.join("self"))?;
+    Ok(me.as_os_str() == std::process::id().to_string().as_str())
+}
+
 /// A duplicate, in this process, of fd `fd` of process `pid` (`pidfd_open` + `pidfd_getfd`).
 /// `pid` is a PID of the agent's own PID namespace.
 pub fn take_socket(pid: u32, fd: i32) -> io::Result<OwnedFd> {
@@ -277,6 +286,11 @@ mod tests {
             ]
         );
         assert!(parse_listening("header only\n", 10).is_empty());
+    }
+
+    #[test]
+    fn own_procfs_is_own_pid_namespace() {
+        assert!(in_host_pid_namespace(Path::new("/proc")).expect("/proc/self"));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!   `SO_ORIGINAL_DST`, the adoption is counted in `/metrics` and shown by `inspect`;
 //! - leaves alone an unmeshed pod (even with a listener on 4143 owned by 2102) and a meshed
 //!   pod whose proxy does not listen (its traffic is never sent to a port nothing serves),
-//!   and adopts the latter once its proxy listens.
+//!   and adopts the latter once its proxy listens;
+//! - refuses, and counts, a meshed pod whose processes are in two network namespaces.
 //!
 //! Run: `cargo build --bins && cargo test -p linkerd-cni-tests --test adopt -- --test-threads=1`
 
@@ -19,7 +20,7 @@ use std::{
 };
 
 use linkerd_cni_tests::{
-    ChildGuard, EchoServer,
+    ChildGuard, EchoServer, Placement,
     client::{Options, run_client},
     node::{NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest, wait_until},
     proxy::{self, Event, TestProxy},
@@ -105,6 +106,15 @@ fn running_meshed_pod_is_adopted_without_restart() {
     let (meshed, _meshed_app) = early_pod(&node, PodSpec::meshed("shop", "early"));
     let (plain, _plain_app) = early_pod(&node, PodSpec::unmeshed("shop", "plain"));
     let (waiting, _waiting_app) = early_pod(&node, PodSpec::meshed("shop", "no-proxy-yet"));
+    // A meshed pod with its proxy listening, but one of its processes in the host's netns:
+    // which netns is the pod's is ambiguous.
+    let (mixed, _mixed_app) = early_pod(&node, PodSpec::meshed("shop", "mixed"));
+    let _mixed_proxy = mixed.start_proxy().expect("proxy");
+    let _stray = Placement::new()
+        .cgroup(&mixed.cgroup)
+        .uid(APP_UID)
+        .spawn(std::process::Command::new("sleep").arg("300"))
+        .expect("a process of the pod in the host netns");
     let meshed_ip = meshed.ip().expect("meshed pod ip");
     let inbound_dst = SocketAddr::from((meshed_ip, 8080));
     let meshed_app = EchoServer::bind_in(meshed.netns().expect("netns"), inbound_dst, "app")
@@ -164,6 +174,18 @@ fn running_meshed_pod_is_adopted_without_restart() {
     assert!(
         !registered(&node, &waiting),
         "pod without a listening proxy adopted"
+    );
+    assert!(
+        !registered(&node, &mixed),
+        "pod with processes in two netns adopted"
+    );
+    assert_eq!(
+        node.agent()
+            .expect("agent")
+            .metric("linkerd_cni_agent_adoption_failures_total{reason=\"ambiguous_netns\"}")
+            .unwrap_or_else(|e| panic!("{e}")),
+        1,
+        "the refusal is counted once"
     );
     request(&plain, dst, &server);
     assert!(
