@@ -7,6 +7,9 @@
 //! - attaches redirection to the meshed pod whose proxy (UID 2102) listens on 4140 and 4143:
 //!   its outbound and inbound connections then reach the proxy with the right
 //!   `SO_ORIGINAL_DST`, the adoption is counted in `/metrics` and shown by `inspect`;
+//! - attaches redirection to a meshed pod in its init phase (Linkerd's network validator
+//!   listening on 4140, no proxy yet), so the validator's check passes, and the proxy's
+//!   inbound listener is registered when it starts;
 //! - leaves alone an unmeshed pod (even with a listener on 4143 owned by 2102) and a meshed
 //!   pod whose proxy does not listen (its traffic is never sent to a port nothing serves),
 //!   and adopts the latter once its proxy listens;
@@ -27,6 +30,8 @@ use linkerd_cni_tests::{
 };
 
 const APP_UID: u32 = 1000;
+/// The UID of Linkerd's `linkerd-network-validator`.
+const VALIDATOR_UID: u32 = 65534;
 /// The agent's default `--adopt-interval` is 5 s: two passes and some.
 const ADOPT_WITHIN: Duration = Duration::from_secs(15);
 
@@ -61,8 +66,12 @@ fn accepted_on(proxy: &TestProxy, port: u16) -> Vec<SocketAddr> {
 
 /// One request from `pod` as the app UID to `dst`; panics unless the reply comes back.
 fn request(pod: &SimPod, dst: SocketAddr, server: &EchoServer) {
+    request_as(APP_UID, pod, dst, server)
+}
+
+fn request_as(uid: u32, pod: &SimPod, dst: SocketAddr, server: &EchoServer) {
     let report = run_client(
-        &pod.container(APP_UID),
+        &pod.container(uid),
         &Options::new(dst).send("ping\n"),
         Duration::from_secs(5),
     )
@@ -115,6 +124,16 @@ fn running_meshed_pod_is_adopted_without_restart() {
         .uid(APP_UID)
         .spawn(std::process::Command::new("sleep").arg("300"))
         .expect("a process of the pod in the host netns");
+    // A meshed pod in its init phase: Linkerd's network validator listens on the outbound
+    // port (as UID 65534), the proxy has not started.
+    let (validating, _validating_app) = early_pod(&node, PodSpec::meshed("shop", "validating"));
+    let validator_addr = SocketAddr::from(([0, 0, 0, 0], proxy::OUTBOUND_PORT));
+    let validator = EchoServer::bind_in(
+        validating.netns().expect("netns"),
+        validator_addr,
+        "validator",
+    )
+    .unwrap_or_else(|e| panic!("validator listener: {e}"));
     let meshed_ip = meshed.ip().expect("meshed pod ip");
     let inbound_dst = SocketAddr::from((meshed_ip, 8080));
     let meshed_app = EchoServer::bind_in(meshed.netns().expect("netns"), inbound_dst, "app")
@@ -150,12 +169,14 @@ fn running_meshed_pod_is_adopted_without_restart() {
         "inbound through the proxy with SO_ORIGINAL_DST\n{}",
         node.diagnostics()
     );
+    wait_adopted(&node, &validating);
     let agent = node.agent().expect("agent");
     assert_eq!(
         agent
             .metric("linkerd_cni_agent_adoptions_total")
             .unwrap_or_else(|e| panic!("{e}")),
-        1
+        2,
+        "the running pod and the one in its init phase"
     );
     let inspect = node.inspect().expect("inspect");
     assert!(
@@ -165,6 +186,31 @@ fn running_meshed_pod_is_adopted_without_restart() {
     assert!(
         node.agent_log().contains("adopted a meshed pod"),
         "the adoption is logged"
+    );
+
+    // The validating pod is adopted: the validator's check (a connection to 1.1.1.1:20001 in
+    // Linkerd; an unroutable address here) lands on its own listener.
+    request_as(
+        VALIDATOR_UID,
+        &validating,
+        SocketAddr::from(([192, 0, 2, 2], 20001)),
+        &validator,
+    );
+    // Then the proxy starts: its inbound listener is registered when it listens.
+    let validating_ip = validating.ip().expect("ip");
+    let validating_dst = SocketAddr::from((validating_ip, 8080));
+    let validating_app =
+        EchoServer::bind_in(validating.netns().expect("netns"), validating_dst, "app2")
+            .unwrap_or_else(|e| panic!("app server: {e}"));
+    let mut inbound_only = proxy::Options::new();
+    inbound_only.listen = vec![SocketAddr::from(([0, 0, 0, 0], proxy::INBOUND_PORT))];
+    let validating_proxy =
+        TestProxy::start(&validating.container(proxy::PROXY_UID), &inbound_only).expect("proxy");
+    request(&server_pod, validating_dst, &validating_app);
+    assert_eq!(
+        accepted_on(&validating_proxy, proxy::INBOUND_PORT),
+        vec![validating_dst],
+        "inbound through the proxy that started after the adoption"
     );
 
     // Left alone: the unmeshed pod, and the meshed pod whose proxy does not listen. One more

@@ -4,11 +4,19 @@
 //!
 //! The pod is found from the host's side ([`crate::podscan`]): its cgroup by pod UID, its
 //! processes, the one network namespace they share (never the host's). The programs are
-//! attached only once the proxy is known to serve both sides: its inbound listener (a socket
-//! of the pod, owned by the proxy UID, listening on the inbound port) and its outbound
-//! listener. The inbound listener was opened before `sockops` could see its `listen()`, so it
-//! is taken from the proxy with `pidfd_getfd` and put in the listener SOCKHASH first; only
-//! then are the map entries written and the cgroup and netns links attached, exactly as a CNI
+//! attached only once something listens on the outbound port (outbound connections are never
+//! sent to a port nothing serves), and:
+//!
+//! - when the proxy runs (a socket of the pod owned by the proxy UID listens on the outbound
+//!   port), only once it also listens on the inbound port. That listener was opened before
+//!   `sockops` could see its `listen()`, so it is taken from the proxy with `pidfd_getfd` and
+//!   put in the listener SOCKHASH first;
+//! - otherwise the pod is in its init phase, Linkerd's network validator listening on the
+//!   outbound port (as another UID) and failing until connections are redirected: the pod is
+//!   attached, its inbound connections are refused until the proxy listens, and `sockops`
+//!   registers the proxy's listener then, as for any meshed pod.
+//!
+//! Then the map entries are written and the cgroup and netns links attached, exactly as a CNI
 //! ADD does. Connections established before the adoption stay as they are (not redirected):
 //! only new `connect()`s and new inbound connections go through the proxy.
 
@@ -49,7 +57,8 @@ pub fn is_adopted(id: &str) -> bool {
 pub enum Adopted {
     /// Redirection is attached; the pod is registered.
     Registered(Box<PodRecord>),
-    /// Not yet: the proxy does not listen on both ports (it may still be starting). Retried.
+    /// Not yet: nothing listens on the outbound port, or the proxy is between its two
+    /// listeners. Retried.
     Waiting(String),
 }
 
@@ -136,21 +145,29 @@ impl Agent {
                 .copied()
                 .collect()
         };
-        let inbound = proxy_on(config.incoming_proxy_port);
-        let outbound = proxy_on(config.outgoing_proxy_port);
-        if inbound.is_empty() || outbound.is_empty() {
+        let (in_port, out_port) = (config.incoming_proxy_port, config.outgoing_proxy_port);
+        let inbound = proxy_on(in_port);
+        let proxy_outbound = !proxy_on(out_port).is_empty();
+        // Outbound connections are only ever sent to a port something listens on.
+        if !listening.iter().any(|l| l.port == out_port) {
             return Ok(Adopted::Waiting(format!(
-                "the proxy (uid {proxy_uid}) does not listen on both {} (inbound: {}) and {} \
-                 (outbound: {}) yet",
-                config.incoming_proxy_port,
-                !inbound.is_empty(),
-                config.outgoing_proxy_port,
-                !outbound.is_empty()
+                "nothing listens on the outbound port {out_port} yet"
             )));
         }
-        // The inbound listeners, taken from the process of the pod that holds them.
+        // The proxy is starting (its outbound listener is up, its inbound one not yet): one
+        // more pass, rather than refusing inbound connections in between.
+        if inbound.is_empty() && proxy_outbound {
+            return Ok(Adopted::Waiting(format!(
+                "the proxy (uid {proxy_uid}) listens on {out_port} but not on {in_port} yet"
+            )));
+        }
+        // Otherwise, without an inbound listener, the pod is in its init phase: Linkerd's
+        // network validator (another UID) listens on the outbound port and its check passes
+        // only once connections are redirected. Inbound connections are refused until the
+        // proxy listens, and `sockops` registers its listener then, as for any meshed pod.
         let mut taken: Vec<(u32, OwnedFd)> = Vec::new();
         for l in &inbound {
+            // The inbound listeners, taken from the process of the pod that holds them.
             let Some((pid, fd)) = podscan::owner_of(&proc_root, &pids, l.inode) else {
                 continue;
             };
@@ -165,7 +182,7 @@ impl Agent {
                 }
             }
         }
-        if taken.is_empty() {
+        if !inbound.is_empty() && taken.is_empty() {
             return Ok(Adopted::Waiting(
                 "no process of the pod holds the proxy's inbound listener".into(),
             ));
