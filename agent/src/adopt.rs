@@ -70,6 +70,13 @@ impl Adopter {
     /// One pass over this node's pods.
     pub async fn run_once(&self, pods: &PodSource) {
         let base = self.base.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let known = match self.agent.known_pods() {
+            Ok(k) => k,
+            Err(error) => {
+                tracing::warn!(%error, "adoption: reading the registry");
+                return;
+            }
+        };
         let mut seen = Vec::new();
         for pod in pods.cached_pods() {
             let meta = &pod.metadata;
@@ -87,20 +94,25 @@ impl Adopter {
             {
                 continue;
             }
+            if known.contains(namespace, name, uid) {
+                continue;
+            }
+            seen.push(uid.clone());
+            // Host side first: a pod that does not run here yet (its CNI ADD may be under
+            // way) costs no API request.
+            let agent = self.agent.clone();
+            let id = uid.clone();
+            match tokio::task::spawn_blocking(move || agent.running_pod(&id)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(ScanError::NoCgroup | ScanError::NoProcess(_))) | Err(_) => continue,
+                // Refused below, with the pod's decision known.
+                Ok(Err(_)) => {}
+            }
             let pod_ref = PodRef {
                 namespace: namespace.clone(),
                 name: name.clone(),
                 uid: Some(uid.clone()),
             };
-            match self.agent.knows_pod(&pod_ref) {
-                Ok(false) => {}
-                Ok(true) => continue,
-                Err(error) => {
-                    tracing::warn!(%error, "adoption: reading the registry");
-                    return;
-                }
-            }
-            seen.push(uid.clone());
             let decision = match pods.decide(namespace, name, Some(uid), &base).await {
                 Ok(d) => d,
                 Err(error) => {

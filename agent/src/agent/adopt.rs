@@ -52,6 +52,20 @@ pub fn is_adopted(id: &str) -> bool {
     id.starts_with(ADOPTED_PREFIX)
 }
 
+/// The pods registrations are for (see [`Agent::known_pods`]).
+#[derive(Debug, Default)]
+pub struct KnownPods {
+    uids: std::collections::HashSet<String>,
+    names: std::collections::HashSet<(String, String)>,
+}
+
+impl KnownPods {
+    /// Whether a registration is for the pod `namespace/name` with UID `uid`.
+    pub fn contains(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        self.uids.contains(uid) || self.names.contains(&(namespace.into(), name.into()))
+    }
+}
+
 /// What an adoption attempt did.
 #[derive(Debug)]
 pub enum Adopted {
@@ -97,6 +111,32 @@ impl Agent {
         }))
     }
 
+    /// The pods the registry knows (redirected or not): their UIDs, and the namespace/name of
+    /// those registered without one.
+    pub fn known_pods(&self) -> Result<KnownPods, AgentError> {
+        let mut known = KnownPods::default();
+        for r in self.registry.all()? {
+            if let Some(p) = r.pod {
+                match p.uid {
+                    Some(uid) => known.uids.insert(uid),
+                    None => known.names.insert((p.namespace, p.name)),
+                };
+            }
+        }
+        Ok(known)
+    }
+
+    /// The pod with UID `uid` as the host sees it (cgroup, processes, netns), without
+    /// touching anything: whether there is anything to adopt.
+    pub fn running_pod(&self, uid: &str) -> Result<RunningPod, ScanError> {
+        let proc_root = self.host_path(Path::new("/proc"));
+        let within = self.config.host_root.clone().unwrap_or_else(|| "/".into());
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| ScanError::Io(format!("/proc/self/mountinfo: {e}")))?;
+        let v1 = podscan::v1_roots(&mountinfo, &within);
+        podscan::find(&self.cgroup_root, &v1, &proc_root, uid)
+    }
+
     /// Adopts the running pod `pod` (its UID is required: it names the pod's cgroup) with the
     /// decided `config`: see the module documentation.
     pub fn adopt(&self, pod: PodRef, config: LinkerdConfig) -> Result<Adopted, AdoptError> {
@@ -106,11 +146,7 @@ impl Agent {
             .filter(|u| !u.is_empty())
             .ok_or(ScanError::NoCgroup)?;
         let proc_root = self.host_path(Path::new("/proc"));
-        let within = self.config.host_root.clone().unwrap_or_else(|| "/".into());
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|e| ScanError::Io(format!("/proc/self/mountinfo: {e}")))?;
-        let v1 = podscan::v1_roots(&mountinfo, &within);
-        let running = podscan::find(&self.cgroup_root, &v1, &proc_root, &uid)?;
+        let running = self.running_pod(&uid)?;
         let RunningPod {
             cgroup_v2,
             pids,
