@@ -10,8 +10,9 @@
 //! listens (see [`crate::agent::adopt`]). Each adoption and each refusal is logged (a refusal
 //! once per pod and reason) and counted in `/metrics`.
 //!
-//! The decision needs the conflist's `linkerd` section: the adopter uses the one the last CNI
-//! ADD carried, and Linkerd's defaults before any ADD reached this agent.
+//! The decision needs the conflist's `linkerd` section: the adopter starts from the one the
+//! agent's installer writes (`--install`), replaced by the one each CNI ADD carries; with
+//! neither, Linkerd's defaults.
 
 use std::{
     collections::{BTreeMap, HashMap},

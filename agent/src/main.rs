@@ -144,6 +144,19 @@ fn limit_malloc_arenas() {
     }
 }
 
+/// The `linkerd` section of the plugin entry the installer writes, parsed as the plugin does
+/// (malformed list entries dropped).
+fn linkerd_section(
+    installer: &linkerd_cni_installer::Installer,
+) -> Option<linkerd_cni_proto::config::LinkerdConfig> {
+    use serde::Deserialize;
+    let bytes = installer.plugin_entry().get("linkerd")?.to_pretty_bytes();
+    let mut section: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes).ok()?;
+    linkerd_cni_proto::config::drop_malformed_entries(&mut section);
+    linkerd_cni_proto::config::LinkerdConfig::deserialize(serde_json::Value::Object(section)).ok()
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
@@ -235,6 +248,11 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
     } else {
         None
     };
+    // Adoption decides with the conflist's `linkerd` section: the one this agent installs,
+    // until an ADD brings the one in force.
+    if let Some(section) = installer.as_ref().and_then(linkerd_section) {
+        adopter.remember_config(&section);
+    }
     // Install and keep the installation until told to stop; the cleanup (if any) is decided
     // below, from why the agent stops.
     let installer_task = installer.clone().map(|i| {
