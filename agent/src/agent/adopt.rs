@@ -30,6 +30,7 @@ use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 
 use super::{Agent, AgentError, Registration};
 use crate::{
+    maps::Maps,
     netns::Netns,
     podscan::{self, Listening, RunningPod, ScanError},
     registry::PodRecord,
@@ -201,59 +202,21 @@ impl Agent {
         // network validator (another UID) listens on the outbound port and its check passes
         // only once connections are redirected. Inbound connections are refused until the
         // proxy listens, and `sockops` registers its listener then, as for any meshed pod.
-        let mut taken: Vec<(u32, OwnedFd)> = Vec::new();
-        for l in &inbound {
-            // The inbound listeners, taken from the process of the pod that holds them.
-            let Some((pid, fd)) = podscan::owner_of(&proc_root, &pids, l.inode) else {
-                continue;
-            };
-            match podscan::take_socket(pid, fd) {
-                Ok(sock) => taken.push((l.family, sock)),
-                Err(e) => {
-                    return Err(ScanError::Io(format!(
-                        "taking the proxy's listener (pid {pid}, fd {fd}) with pidfd_getfd: {e} \
-                         (the agent must run in the host's PID namespace)"
-                    ))
-                    .into());
-                }
-            }
-        }
+        let taken = take_listeners(&proc_root, &pids, &inbound)?;
         if !inbound.is_empty() && taken.is_empty() {
             return Ok(Adopted::Waiting(
                 "no process of the pod holds the proxy's inbound listener".into(),
             ));
         }
-        let id = adopted_id(&uid);
         {
             let mut maps = self.lock();
             if self.knows_pod(&pod)? {
                 return Ok(Adopted::Waiting("registered meanwhile".into()));
             }
-            // As `sockops` does at `listen()`: per family; an IPv6 listener also serves IPv4
-            // unless an IPv4 one exists.
-            taken.sort_by_key(|(family, _)| *family != AF_INET);
-            for (family, sock) in &taken {
-                let key = |family| ListenerKey {
-                    netns_cookie,
-                    family,
-                    _pad: 0,
-                };
-                maps.listeners
-                    .insert(key(*family), sock.as_fd(), 0)
-                    .map_err(|e| {
-                        AgentError::Registry(std::io::Error::other(format!(
-                            "registering the proxy's inbound listener: {e}"
-                        )))
-                    })?;
-                if *family == AF_INET6 {
-                    let _ = maps
-                        .listeners
-                        .insert(key(AF_INET), sock.as_fd(), BPF_NOEXIST);
-                }
-            }
+            insert_listeners(&mut maps, netns_cookie, taken)?;
         }
         let reg = Registration {
-            id,
+            id: adopted_id(&uid),
             ifname: "eth0".into(),
             netns: host_netns_path,
             cgroup_hint: cgroup_v2.as_ref().map(|p| p.display().to_string()),
@@ -261,8 +224,8 @@ impl Agent {
             config,
             pod_ips: Vec::new(),
         };
-        match self.register(reg) {
-            Ok(record) => Ok(Adopted::Registered(Box::new(record))),
+        let record = match self.register(reg) {
+            Ok(record) => record,
             Err(e) => {
                 let mut maps = self.lock();
                 for family in [AF_INET, AF_INET6] {
@@ -272,10 +235,82 @@ impl Agent {
                         _pad: 0,
                     });
                 }
-                Err(e.into())
+                return Err(e.into());
+            }
+        };
+        // A proxy that started listening between the scan and the attachment was not seen by
+        // `sockops`: look once more now that every later `listen()` is.
+        if inbound.is_empty() {
+            let late = podscan::listening(&proc_root, pids[0])
+                .map(|all| {
+                    all.into_iter()
+                        .filter(|l| l.port == in_port && l.uid == proxy_uid)
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            let mut maps = self.lock();
+            let missing = !maps.has_listener(netns_cookie, AF_INET)
+                && !maps.has_listener(netns_cookie, AF_INET6);
+            if missing && !late.is_empty() {
+                let taken = take_listeners(&proc_root, &pids, &late)?;
+                insert_listeners(&mut maps, netns_cookie, taken)?;
+                tracing::info!(id = %record.id, "adoption: the proxy's inbound listener, opened during the attachment, registered");
             }
         }
+        Ok(Adopted::Registered(Box::new(record)))
     }
+}
+
+/// Duplicates the listening sockets `listeners` from the pod's process that holds each.
+fn take_listeners(
+    proc_root: &Path,
+    pids: &[u32],
+    listeners: &[Listening],
+) -> Result<Vec<(u32, OwnedFd)>, AdoptError> {
+    let mut taken = Vec::new();
+    for l in listeners {
+        let Some((pid, fd)) = podscan::owner_of(proc_root, pids, l.inode) else {
+            continue;
+        };
+        let sock = podscan::take_socket(pid, fd).map_err(|e| {
+            ScanError::Io(format!(
+                "taking the proxy's listener (pid {pid}, fd {fd}) with pidfd_getfd: {e} (the \
+                 agent must run in the host's PID namespace)"
+            ))
+        })?;
+        taken.push((l.family, sock));
+    }
+    Ok(taken)
+}
+
+/// Puts the proxy's inbound listeners in the listener SOCKHASH, as `sockops` does at
+/// `listen()`: per family; an IPv6 listener also serves IPv4 unless an IPv4 one exists.
+fn insert_listeners(
+    maps: &mut Maps,
+    netns_cookie: u64,
+    mut taken: Vec<(u32, OwnedFd)>,
+) -> Result<(), AgentError> {
+    taken.sort_by_key(|(family, _)| *family != AF_INET);
+    let key = |family| ListenerKey {
+        netns_cookie,
+        family,
+        _pad: 0,
+    };
+    for (family, sock) in &taken {
+        maps.listeners
+            .insert(key(*family), sock.as_fd(), 0)
+            .map_err(|e| {
+                AgentError::Registry(std::io::Error::other(format!(
+                    "registering the proxy's inbound listener: {e}"
+                )))
+            })?;
+        if *family == AF_INET6 {
+            let _ = maps
+                .listeners
+                .insert(key(AF_INET), sock.as_fd(), BPF_NOEXIST);
+        }
+    }
+    Ok(())
 }
 
 /// A host path (as the registry keeps them) from the path the agent sees it under.
