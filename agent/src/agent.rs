@@ -26,6 +26,7 @@ use crate::{
     userns::{self, UsernsError},
 };
 
+pub mod adopt;
 pub mod reconcile;
 
 /// Where the agent keeps its state.
@@ -460,7 +461,11 @@ impl Agent {
     pub fn gc(&self, valid: &[String]) -> Result<Vec<String>, AgentError> {
         let mut removed = Vec::new();
         for record in self.registry.all()? {
-            if !valid.contains(&record.id) && self.unregister(&record.id)? {
+            // An adopted pod is no attachment of the runtime's: it goes when its netns does.
+            if !valid.contains(&record.id)
+                && !adopt::is_adopted(&record.id)
+                && self.unregister(&record.id)?
+            {
                 removed.push(record.id);
             }
         }

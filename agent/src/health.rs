@@ -134,6 +134,7 @@ impl Health {
                 kind.label()
             ));
         }
+        out.push_str(&self.server.adopter.metrics());
         counter(
             &mut out,
             "linkerd_cni_agent_repair_failures_total",

@@ -49,6 +49,13 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
             r.netns_cookie
         );
         let _ = writeln!(out, "  {}", r.reason);
+        if agent::adopt::is_adopted(&r.id) {
+            let _ = writeln!(
+                out,
+                "  adopted: the pod started without linkerd-cni; redirection was attached while \
+                 it ran (its earlier connections were not redirected)"
+            );
+        }
         for (dir, programs) in agent::links_of(pin_root, r) {
             let state = match dataplane::links_in_force(&dir, programs) {
                 Ok(()) => "in force".to_string(),

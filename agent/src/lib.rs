@@ -10,7 +10,10 @@
 //! - [`limits`]: how much of the node-wide maps one pod may take; [`capacity`]: how large
 //!   the node-wide maps are (configured).
 //! - [`inspect`]: the human view of the pinned state.
+//! - [`adopt`]: attaching redirection to meshed pods that started before the plugin was in the
+//!   node's chain, found from the host's side by [`podscan`].
 
+pub mod adopt;
 pub mod agent;
 pub mod bpf_sys;
 pub mod capacity;
@@ -23,6 +26,7 @@ pub mod layout;
 pub mod limits;
 pub mod maps;
 pub mod netns;
+pub mod podscan;
 pub mod registry;
 pub mod server;
 pub mod userns;

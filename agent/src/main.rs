@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use linkerd_cni_agent::{
     Agent, AgentConfig,
+    adopt::Adopter,
     agent::reconcile::Reconciler,
     capacity::MapSizes,
     health::Health,
@@ -112,6 +113,19 @@ struct RunArgs {
     /// what is missing put back (SIGHUP asks for a pass at once; CNI CHECK repairs its pod).
     #[arg(long, env = "LINKERD_CNI_AGENT_RECONCILE_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     reconcile_interval: Duration,
+    /// Attach redirection to meshed pods of this node that run without it because they
+    /// started before linkerd-cni was in the CNI chain (found by pod UID in the cgroups, once
+    /// their proxy listens), instead of leaving them for a restart.
+    #[arg(
+        long,
+        env = "LINKERD_CNI_AGENT_ADOPT_RUNNING_PODS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    adopt_running_pods: bool,
+    /// How often this node's pods are checked for meshed pods running without redirection.
+    #[arg(long, env = "LINKERD_CNI_AGENT_ADOPT_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    adopt_interval: Duration,
     /// With --install, always remove linkerd-cni from the CNI configs on SIGTERM. Without it,
     /// SIGTERM asks the API whether the agent's DaemonSet is being deleted (uninstall: remove)
     /// or not (a rolling update: keep, so that no pod starts without the plugin before the
@@ -148,6 +162,19 @@ fn limit_malloc_arenas() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
+}
+
+/// The `linkerd` section of the plugin entry the installer writes, parsed as the plugin does
+/// (malformed list entries dropped).
+fn linkerd_section(
+    installer: &linkerd_cni_installer::Installer,
+) -> Option<linkerd_cni_proto::config::LinkerdConfig> {
+    use serde::Deserialize;
+    let bytes = installer.plugin_entry().get("linkerd")?.to_pretty_bytes();
+    let mut section: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes).ok()?;
+    linkerd_cni_proto::config::drop_malformed_entries(&mut section);
+    linkerd_cni_proto::config::LinkerdConfig::deserialize(serde_json::Value::Object(section)).ok()
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -235,11 +262,13 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
     let client = linkerd_cni_k8s::client::client(args.kubeconfig.as_deref()).await?;
     let pods = linkerd_cni_k8s::PodSource::new(client.clone(), node.clone());
     let reconciler = Arc::new(Reconciler::new(agent.clone(), &bpffs));
+    let adopter = Arc::new(Adopter::new(agent.clone()));
     let server = Arc::new(Server {
         agent: agent.clone(),
         pods,
         stats: Default::default(),
         reconciler: reconciler.clone(),
+        adopter: adopter.clone(),
     });
     let listener =
         server::bind(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
@@ -252,6 +281,11 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
     } else {
         None
     };
+    // Adoption decides with the conflist's `linkerd` section: the one this agent installs,
+    // until an ADD brings the one in force.
+    if let Some(section) = installer.as_ref().and_then(linkerd_section) {
+        adopter.remember_config(&section);
+    }
     // Install and keep the installation until told to stop; the cleanup (if any) is decided
     // below, from why the agent stops.
     let installer_task = installer.clone().map(|i| {
@@ -307,6 +341,37 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
             }
         }
     });
+    let host_proc = match &args.host_root {
+        Some(root) => root.join("proc"),
+        None => PathBuf::from("/proc"),
+    };
+    let adopt = args.adopt_running_pods
+        && match linkerd_cni_agent::podscan::in_host_pid_namespace(&host_proc) {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(
+                    "adoption of running pods is off: the agent is not in the host's PID \
+                     namespace (run its pod with hostPID: true), so it cannot take a proxy's \
+                     listener; meshed pods that started without linkerd-cni keep running \
+                     without redirection until they are recreated"
+                );
+                false
+            }
+            Err(error) => {
+                tracing::warn!(%error, proc = %host_proc.display(), "adoption of running pods is off: cannot compare PID namespaces");
+                false
+            }
+        };
+    if adopt {
+        let every = args.adopt_interval;
+        let source = server.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                adopter.run_once(&source.pods).await;
+            }
+        });
+    }
     let serving = tokio::spawn(server.clone().serve(listener));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

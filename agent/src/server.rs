@@ -34,6 +34,7 @@ use tokio::{
 use tracing::Instrument;
 
 use crate::{
+    adopt::Adopter,
     agent::{Agent, AgentError, Registration, reconcile::Reconciler},
     netns::NetnsError,
     userns::UsernsError,
@@ -70,6 +71,9 @@ pub struct Server {
     pub stats: ServerStats,
     /// Repairs a pod whose CHECK finds its redirection not in force.
     pub reconciler: Arc<Reconciler>,
+    /// Adopts meshed pods that started without the plugin; learns the conflist's `linkerd`
+    /// section from each ADD.
+    pub adopter: Arc<Adopter>,
 }
 
 /// Binds the socket: parent directory created 0700, stale socket replaced, socket 0600.
@@ -266,6 +270,7 @@ impl Server {
             pod_ips,
             config,
         } = add;
+        self.adopter.remember_config(&config);
         if pod.namespace.is_empty() || pod.name.is_empty() {
             return error(
                 ErrorKind::BadRequest,

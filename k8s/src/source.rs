@@ -188,6 +188,11 @@ impl PodSource {
         self.pods.get(&ObjectRef::new(name).within(namespace))
     }
 
+    /// Every pod of this node the watch has delivered.
+    pub fn cached_pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.state()
+    }
+
     /// The pod, from the cache when present (and, if `uid` is given, when it is that pod),
     /// otherwise by a direct GET.
     pub async fn pod(

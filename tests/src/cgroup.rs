@@ -119,6 +119,8 @@ pub(crate) fn remove_tree(cgroup: &Path) {
 #[derive(Debug)]
 pub struct CgroupGuard {
     path: PathBuf,
+    /// Ancestors [`CgroupGuard::at`] created, removed on drop when left empty (innermost first).
+    created_parents: Vec<PathBuf>,
 }
 
 impl CgroupGuard {
@@ -132,7 +134,39 @@ impl CgroupGuard {
     pub fn new_under(parent: &Path) -> Result<Self> {
         let path = parent.join(names::unique_name());
         fs::create_dir(&path).ctx(|| format!("creating cgroup {}", path.display()))?;
-        Ok(CgroupGuard { path })
+        Ok(CgroupGuard {
+            path,
+            created_parents: Vec::new(),
+        })
+    }
+
+    /// Creates the cgroup `relative` (a new directory, with any missing ancestors) under the
+    /// cgroup2 root, such as kubelet's `kubepods/besteffort/pod<uid>`. The ancestors it created
+    /// are removed on drop if nothing else is in them.
+    pub fn at(relative: &Path) -> Result<Self> {
+        let root = cgroup2_root()?;
+        let path = root.join(relative);
+        let mut created_parents = Vec::new();
+        let mut missing = Vec::new();
+        let mut up = path.parent();
+        while let Some(dir) = up.filter(|d| *d != root && !d.exists()) {
+            missing.push(dir.to_path_buf());
+            up = dir.parent();
+        }
+        for dir in missing.iter().rev() {
+            match fs::create_dir(dir) {
+                Ok(()) => created_parents.insert(0, dir.clone()),
+                // Another test made it meanwhile: not ours to remove.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io(format!("creating cgroup {}", dir.display()), e)),
+            }
+        }
+        let guard = CgroupGuard {
+            path: path.clone(),
+            created_parents,
+        };
+        fs::create_dir(&path).ctx(|| format!("creating cgroup {}", path.display()))?;
+        Ok(guard)
     }
 
     /// The cgroup directory (what the agent attaches programs to).
@@ -176,6 +210,10 @@ impl CgroupGuard {
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
         remove_tree(&self.path);
+        for dir in &self.created_parents {
+            // Busy (another test's cgroup inside): left for it.
+            let _ = fs::remove_dir(dir);
+        }
     }
 }
 

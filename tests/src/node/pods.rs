@@ -165,6 +165,16 @@ impl SimPod {
         })
     }
 
+    /// A fresh sandbox whose cgroup is where kubelet (cgroupfs driver) puts a BestEffort pod:
+    /// `kubepods/besteffort/pod<uid>` under the cgroup2 root, so the agent can find the pod
+    /// from its UID alone.
+    pub fn new_kubelet_cgroup(spec: PodSpec) -> Result<Self> {
+        let cgroup = CgroupGuard::at(Path::new(&format!("kubepods/besteffort/pod{}", spec.uid)))?;
+        let mut pod = Self::new(spec)?;
+        pod.cgroup = cgroup;
+        Ok(pod)
+    }
+
     /// The netns path (still the path after [`SimPod::delete_netns`]).
     pub fn netns_path(&self) -> &Path {
         &self.netns_path

@@ -195,8 +195,15 @@ impl SimNode {
     }
 
     fn write_conflist(&self) -> Result<()> {
+        let text = serde_json::to_string_pretty(&self.conflist_value(true))
+            .map_err(|e| Error::Missing(format!("serialising the conflist: {e}")))?;
+        fs::write(self.conflist(), text).ctx(|| "writing the conflist")
+    }
+
+    /// The node's conflist, with or without the `linkerd-cni` entry.
+    fn conflist_value(&self, with_plugin: bool) -> Value {
         let d = self.dir.path();
-        let conflist = json!({
+        let mut conflist = json!({
             "cniVersion": CNI_VERSION,
             "name": NETWORK_NAME,
             "plugins": [
@@ -215,9 +222,10 @@ impl SimNode {
                 self.linkerd_entry(),
             ],
         });
-        let text = serde_json::to_string_pretty(&conflist)
-            .map_err(|e| Error::Missing(format!("serialising the conflist: {e}")))?;
-        fs::write(self.conflist(), text).ctx(|| "writing the conflist")
+        if !with_plugin && let Some(plugins) = conflist["plugins"].as_array_mut() {
+            plugins.pop();
+        }
+        conflist
     }
 
     /// The `linkerd-cni` entry of the conflist: Linkerd's keys plus the agent socket.
@@ -463,6 +471,25 @@ impl SimNode {
     /// CNI ADD through libcni; keeps the result (and so the pod IP) in `pod`.
     pub fn add(&self, pod: &mut SimPod) -> Result<()> {
         let out = self.cni(Verb::Add, pod)?.expect_ok()?;
+        let result = out.result().ok_or_else(|| Error::Parse {
+            what: "the ADD result".into(),
+            detail: out.stdout.clone(),
+        })?;
+        pod.result = Some(result);
+        Ok(())
+    }
+
+    /// CNI ADD through libcni with the node's chain as it was before linkerd-cni was installed
+    /// (bridge + host-local only, same network and address pool): the pod gets its address
+    /// and never reaches the agent, like a pod that started before the CNI was ready.
+    pub fn add_before_plugin(&self, pod: &mut SimPod) -> Result<()> {
+        let path = self.dir.path().join("05-pods-before-linkerd.conflist");
+        let text = serde_json::to_string_pretty(&self.conflist_value(false))
+            .map_err(|e| Error::Missing(format!("serialising the conflist: {e}")))?;
+        fs::write(&path, text).ctx(|| format!("writing {}", path.display()))?;
+        let mut inv = self.invocation(pod, Some(pod.netns_path()))?;
+        inv.conflist = path;
+        let out = cniruntime::run(Some(&self.netns), Verb::Add, &inv, CNI_TIMEOUT)?.expect_ok()?;
         let result = out.result().ok_or_else(|| Error::Parse {
             what: "the ADD result".into(),
             detail: out.stdout.clone(),

@@ -1,0 +1,256 @@
+//! Pods that started before the CNI was ready (root required): on a simulated node (libcni,
+//! the agent as a real process, the fake Kubernetes API), pods are started through the node's
+//! chain as it was before linkerd-cni was installed (bridge + host-local only), so no CNI ADD
+//! ever reaches the agent, with their cgroup where kubelet puts it
+//! (`kubepods/besteffort/pod<uid>`). The agent then starts and:
+//!
+//! - attaches redirection to the meshed pod whose proxy (UID 2102) listens on 4140 and 4143:
+//!   its outbound and inbound connections then reach the proxy with the right
+//!   `SO_ORIGINAL_DST`, the adoption is counted in `/metrics` and shown by `inspect`;
+//! - attaches redirection to a meshed pod in its init phase (Linkerd's network validator
+//!   listening on 4140, no proxy yet), so the validator's check passes, and the proxy's
+//!   inbound listener is registered when it starts;
+//! - leaves alone an unmeshed pod (even with a listener on 4143 owned by 2102) and a meshed
+//!   pod whose proxy does not listen (its traffic is never sent to a port nothing serves),
+//!   and adopts the latter once its proxy listens;
+//! - refuses, and counts, a meshed pod whose processes are in two network namespaces.
+//!
+//! Run: `cargo build --bins && cargo test -p linkerd-cni-tests --test adopt -- --test-threads=1`
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use linkerd_cni_tests::{
+    ChildGuard, EchoServer, Placement,
+    client::{Options, run_client},
+    node::{NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest, wait_until},
+    proxy::{self, Event, TestProxy},
+};
+
+const APP_UID: u32 = 1000;
+/// The UID of Linkerd's `linkerd-network-validator`.
+const VALIDATOR_UID: u32 = 65534;
+/// The agent's default `--adopt-interval` is 5 s: two passes and some.
+const ADOPT_WITHIN: Duration = Duration::from_secs(15);
+
+/// A pod that started through the chain without linkerd-cni, with an app process running in
+/// its cgroup and netns.
+fn early_pod(node: &SimNode, spec: PodSpec) -> (SimPod, ChildGuard) {
+    node.apply(&[spec.manifest(NODE_NAME)])
+        .unwrap_or_else(|e| panic!("serving the pod: {e}"));
+    let mut pod = SimPod::new_kubelet_cgroup(spec).expect("sandbox");
+    node.add_before_plugin(&mut pod)
+        .unwrap_or_else(|e| panic!("CNI ADD without linkerd-cni: {e}"));
+    let app = pod
+        .container(APP_UID)
+        .spawn(std::process::Command::new("sleep").arg("300"))
+        .expect("app process");
+    (pod, app)
+}
+
+fn accepted_on(proxy: &TestProxy, port: u16) -> Vec<SocketAddr> {
+    proxy
+        .events()
+        .expect("proxy events")
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Accepted {
+                listener, orig_dst, ..
+            } if listener.port() == port => Some(orig_dst),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One request from `pod` as the app UID to `dst`; panics unless the reply comes back.
+fn request(pod: &SimPod, dst: SocketAddr, server: &EchoServer) {
+    request_as(APP_UID, pod, dst, server)
+}
+
+fn request_as(uid: u32, pod: &SimPod, dst: SocketAddr, server: &EchoServer) {
+    let report = run_client(
+        &pod.container(uid),
+        &Options::new(dst).send("ping\n"),
+        Duration::from_secs(5),
+    )
+    .unwrap_or_else(|e| panic!("client: {e}"));
+    assert!(
+        report.received_matches(&server.expected_reply(b"ping\n")),
+        "{dst} answers: {report:?}"
+    );
+}
+
+fn registered(node: &SimNode, pod: &SimPod) -> bool {
+    node.state()
+        .expect("agent state")
+        .registered()
+        .contains(&format!("adopted-{}", pod.spec.uid))
+}
+
+fn wait_adopted(node: &SimNode, pod: &SimPod) {
+    wait_until("the pod adopted", ADOPT_WITHIN, || {
+        registered(node, pod).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
+}
+
+#[test]
+fn running_meshed_pod_is_adopted_without_restart() {
+    let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
+        .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
+    // An unmeshed server pod, through the plugin as usual.
+    let mut server_pod = node
+        .new_pod(PodSpec::unmeshed("shop", "server"))
+        .expect("pod");
+    node.add(&mut server_pod)
+        .unwrap_or_else(|e| panic!("CNI ADD: {e}\n{}", node.diagnostics()));
+    let dst = SocketAddr::from((server_pod.ip().expect("server ip"), 8080));
+    let server = EchoServer::bind_in(server_pod.netns().expect("netns"), dst, "server")
+        .unwrap_or_else(|e| panic!("echo server: {e}"));
+
+    // The agent is down while the other pods start without linkerd-cni in the chain.
+    node.kill_agent();
+    let (meshed, _meshed_app) = early_pod(&node, PodSpec::meshed("shop", "early"));
+    let (plain, _plain_app) = early_pod(&node, PodSpec::unmeshed("shop", "plain"));
+    let (waiting, _waiting_app) = early_pod(&node, PodSpec::meshed("shop", "no-proxy-yet"));
+    // A meshed pod with its proxy listening, but one of its processes in the host's netns:
+    // which netns is the pod's is ambiguous.
+    let (mixed, _mixed_app) = early_pod(&node, PodSpec::meshed("shop", "mixed"));
+    let _mixed_proxy = mixed.start_proxy().expect("proxy");
+    let _stray = Placement::new()
+        .cgroup(&mixed.cgroup)
+        .uid(APP_UID)
+        .spawn(std::process::Command::new("sleep").arg("300"))
+        .expect("a process of the pod in the host netns");
+    // A meshed pod in its init phase: Linkerd's network validator listens on the outbound
+    // port (as UID 65534), the proxy has not started.
+    let (validating, _validating_app) = early_pod(&node, PodSpec::meshed("shop", "validating"));
+    let validator_addr = SocketAddr::from(([0, 0, 0, 0], proxy::OUTBOUND_PORT));
+    let validator = EchoServer::bind_in(
+        validating.netns().expect("netns"),
+        validator_addr,
+        "validator",
+    )
+    .unwrap_or_else(|e| panic!("validator listener: {e}"));
+    let meshed_ip = meshed.ip().expect("meshed pod ip");
+    let inbound_dst = SocketAddr::from((meshed_ip, 8080));
+    let meshed_app = EchoServer::bind_in(meshed.netns().expect("netns"), inbound_dst, "app")
+        .unwrap_or_else(|e| panic!("app server: {e}"));
+    let meshed_proxy = meshed.start_proxy().expect("proxy");
+    // A listener on 4143 owned by 2102 in a pod the decision rule does not redirect.
+    let plain_proxy = plain.start_proxy().expect("proxy-like listener");
+
+    // Before the agent: the meshed pod's traffic goes past its proxy.
+    request(&meshed, dst, &server);
+    assert!(accepted_on(&meshed_proxy, proxy::OUTBOUND_PORT).is_empty());
+
+    node.start_agent()
+        .unwrap_or_else(|e| panic!("agent: {e}\n{}", node.diagnostics()));
+    wait_adopted(&node, &meshed);
+
+    // Outbound: the app's new connection reaches the proxy, which reads the original
+    // destination.
+    request(&meshed, dst, &server);
+    assert_eq!(
+        accepted_on(&meshed_proxy, proxy::OUTBOUND_PORT),
+        vec![dst],
+        "outbound through the proxy with SO_ORIGINAL_DST\n{}",
+        node.diagnostics()
+    );
+    // Inbound: a connection from another pod to the app's port reaches the proxy's inbound
+    // listener (registered by the agent, since the proxy listened before anything was
+    // attached), which forwards it to the app.
+    request(&server_pod, inbound_dst, &meshed_app);
+    assert_eq!(
+        accepted_on(&meshed_proxy, proxy::INBOUND_PORT),
+        vec![inbound_dst],
+        "inbound through the proxy with SO_ORIGINAL_DST\n{}",
+        node.diagnostics()
+    );
+    wait_adopted(&node, &validating);
+    let agent = node.agent().expect("agent");
+    assert_eq!(
+        agent
+            .metric("linkerd_cni_agent_adoptions_total")
+            .unwrap_or_else(|e| panic!("{e}")),
+        2,
+        "the running pod and the one in its init phase"
+    );
+    let inspect = node.inspect().expect("inspect");
+    assert!(
+        inspect.contains("pod shop/early") && inspect.contains("adopted:"),
+        "inspect shows the adoption:\n{inspect}"
+    );
+    assert!(
+        node.agent_log().contains("adopted a meshed pod"),
+        "the adoption is logged"
+    );
+
+    // The validating pod is adopted: the validator's check (a connection to 1.1.1.1:20001 in
+    // Linkerd; an unroutable address here) lands on its own listener.
+    request_as(
+        VALIDATOR_UID,
+        &validating,
+        SocketAddr::from(([192, 0, 2, 2], 20001)),
+        &validator,
+    );
+    // Then the proxy starts: its inbound listener is registered when it listens.
+    let validating_ip = validating.ip().expect("ip");
+    let validating_dst = SocketAddr::from((validating_ip, 8080));
+    let validating_app =
+        EchoServer::bind_in(validating.netns().expect("netns"), validating_dst, "app2")
+            .unwrap_or_else(|e| panic!("app server: {e}"));
+    let mut inbound_only = proxy::Options::new();
+    inbound_only.listen = vec![SocketAddr::from(([0, 0, 0, 0], proxy::INBOUND_PORT))];
+    let validating_proxy =
+        TestProxy::start(&validating.container(proxy::PROXY_UID), &inbound_only).expect("proxy");
+    request(&server_pod, validating_dst, &validating_app);
+    assert_eq!(
+        accepted_on(&validating_proxy, proxy::INBOUND_PORT),
+        vec![validating_dst],
+        "inbound through the proxy that started after the adoption"
+    );
+
+    // Left alone: the unmeshed pod, and the meshed pod whose proxy does not listen. One more
+    // pass of the adopter happens meanwhile.
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(!registered(&node, &plain), "unmeshed pod adopted");
+    assert!(
+        !registered(&node, &waiting),
+        "pod without a listening proxy adopted"
+    );
+    assert!(
+        !registered(&node, &mixed),
+        "pod with processes in two netns adopted"
+    );
+    assert_eq!(
+        node.agent()
+            .expect("agent")
+            .metric("linkerd_cni_agent_adoption_failures_total{reason=\"ambiguous_netns\"}")
+            .unwrap_or_else(|e| panic!("{e}")),
+        1,
+        "the refusal is counted once"
+    );
+    request(&plain, dst, &server);
+    assert!(
+        accepted_on(&plain_proxy, proxy::OUTBOUND_PORT).is_empty(),
+        "the unmeshed pod's traffic is not redirected"
+    );
+    // Not sent to a port nothing listens on: the connection still works, directly.
+    request(&waiting, dst, &server);
+
+    // Once its proxy listens, it is adopted too.
+    let waiting_proxy = waiting.start_proxy().expect("proxy");
+    let t = Instant::now();
+    wait_adopted(&node, &waiting);
+    request(&waiting, dst, &server);
+    assert_eq!(
+        accepted_on(&waiting_proxy, proxy::OUTBOUND_PORT),
+        vec![dst],
+        "redirected once its proxy listens (adopted after {:?})",
+        t.elapsed()
+    );
+    assert!(!registered(&node, &plain), "still not the unmeshed pod");
+}
