@@ -5,8 +5,8 @@
 //! `bench/chart.svg`. The other subcommands are the pieces it starts inside pods: `proxy`,
 //! `server`, `load` and `probe`.
 //!
-//! Modules: [`traffic`] (scenarios 1-3), [`podsetup`] (4-5), [`restart`] (6), [`node`] (the
-//! agent, plugin, API server and placed processes), [`report`] (renderings).
+//! Modules: [`traffic`] (scenarios 1-3), [`podsetup`] (4-5), [`restart`] (6), [`upgrade`] (7),
+//! [`node`] (the agent, plugin, API server and placed processes), [`report`] (renderings).
 
 mod diag;
 mod fastns;
@@ -21,6 +21,7 @@ mod restart;
 mod server;
 mod stats;
 mod traffic;
+mod upgrade;
 
 use std::{
     net::SocketAddr,
@@ -138,6 +139,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         (vec![1, 100, 1000], 100, 3, 6000)
     };
+    let upgrade_cfg = upgrade::UpgradeConfig {
+        rounds: if quick { 1 } else { 2 },
+        duration_ms: if quick { 3000 } else { 4000 },
+        change_at_ms: 1000,
+        concurrency: 4,
+    };
 
     let api = node::Api::start()?;
     let shared_cgroup = CgroupGuard::new()?;
@@ -168,17 +175,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             restart_ms / 3,
             cfg.concurrency,
         )?;
+        let upgrade = upgrade::run(&bins.me, &bins.agent, &api.kubeconfig, &upgrade_cfg)?;
         topo.teardown(&cni)?;
         let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)?;
-        Ok((traffic, restart, pods))
+        Ok((traffic, restart, upgrade, pods))
     })();
     let outcome = outcome
         .map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()));
     drop(agent);
-    let (traffic, restart, pods) = outcome?;
+    let (traffic, restart, upgrade, pods) = outcome?;
 
     let rows = report::traffic_rows(&traffic);
-    let goals = report::goals(&rows, &pods, &restart);
+    let mut goals = report::goals(&rows, &pods, &restart);
+    goals.extend(report::upgrade_goals(&upgrade));
     let notes = read_notes(&args.out_dir);
     let results = report::Results {
         command: args
@@ -196,6 +205,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         traffic: rows,
         pod_setup: pods,
         restart,
+        upgrade,
         goals,
         notes,
     };

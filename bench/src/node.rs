@@ -139,6 +139,14 @@ pub struct AgentProc {
 
 impl AgentProc {
     pub fn start(bin: &Path, kubeconfig: &Path, shared_cgroup: &Path) -> anyhow::Result<Self> {
+        let mut me = Self::stopped(bin, kubeconfig, shared_cgroup)?;
+        me.spawn()?;
+        Ok(me)
+    }
+
+    /// Its pin root, state dir and socket, without starting it (to put pinned state there
+    /// first: the upgrade scenario's previous agent version).
+    pub fn stopped(bin: &Path, kubeconfig: &Path, shared_cgroup: &Path) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let pins = PinRoot::new();
         // The agent keeps its registry and socket in /run, a tmpfs on Kubernetes nodes (not
@@ -168,15 +176,13 @@ impl AgentProc {
             shared_cgroup: Some(shared_cgroup.into()),
             log: dir.path().join("agent.log"),
         };
-        let mut me = Self {
+        Ok(Self {
             agent: None,
             command,
             run_dir,
             _pins: pins,
             _dir: dir,
-        };
-        me.spawn()?;
-        Ok(me)
+        })
     }
 
     /// Its registration socket.
@@ -225,6 +231,17 @@ impl AgentProc {
         if let Some(mut a) = self.agent.take() {
             a.kill();
         }
+    }
+
+    /// SIGTERM, by PID, and wait for it to exit (as a DaemonSet rollout stops the old pod).
+    pub fn terminate(&mut self) -> anyhow::Result<()> {
+        if let Some(mut a) = self.agent.take() {
+            let status = a.terminate(Duration::from_secs(10))?;
+            if !status.success() {
+                bail!("the agent exited with {status} on SIGTERM");
+            }
+        }
+        Ok(())
     }
 
     /// A status request over the registration socket: the number of registered pods.
