@@ -478,10 +478,11 @@ fn check_state(pin_root: &Path, before: &BTreeMap<PathBuf, u32>) -> anyhow::Resu
     }
     let now = layout::link_programs(pin_root)?;
     for (path, prog) in before {
+        let name = path.strip_prefix(pin_root).unwrap_or(path).display();
         match now.get(path) {
             Some(p) if p != prog => {}
-            Some(_) => problems.push(format!("{} still runs its old program", path.display())),
-            None => problems.push(format!("{} is gone", path.display())),
+            Some(_) => problems.push(format!("link {name} still runs its old program")),
+            None => problems.push(format!("link {name} is gone")),
         }
     }
     if !pin_root.join(paths::PIN_NEXT).exists() {
@@ -539,10 +540,10 @@ pub fn run(
                 r.swap_ms.map_or("-".into(), |m| format!("{m:.1} ms")),
                 r.swap_resolution_ms,
                 r.pods.iter().all(PodRound::redirected_throughout),
-                if r.problems.is_empty() {
-                    String::new()
-                } else {
-                    format!(" — {}", r.problems.join("; "))
+                match r.problems.as_slice() {
+                    [] => String::new(),
+                    [one] => format!(" — {one}"),
+                    [first, rest @ ..] => format!(" — {first} (and {} more)", rest.len()),
                 }
             );
         }
@@ -678,4 +679,96 @@ fn one_node(
     drop(agent);
     drop(node);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ok: u64, via_proxy: u64) -> PodRound {
+        PodRound {
+            pod: "p".into(),
+            out_ok: ok,
+            in_ok: ok,
+            proxy_out: via_proxy,
+            proxy_in: via_proxy,
+            orig_dst: 2 * via_proxy,
+            ..PodRound::default()
+        }
+    }
+
+    fn round(change: Change, failed: u64, pods: Vec<PodRound>, problems: &[&str]) -> UpgradeRound {
+        UpgradeRound {
+            change,
+            concurrency: 4,
+            from_layout: 1,
+            to_layout: LAYOUT_VERSION,
+            change_at_ms: 1000.0,
+            down_ms: 300.0,
+            swap_ms: Some(10.0),
+            swap_resolution_ms: 0.2,
+            links: 14,
+            links_swapped: 14,
+            relinked_ms: None,
+            ok: 100,
+            failed,
+            errors: BTreeMap::new(),
+            window_ok: 10,
+            window_failed: 0,
+            pods,
+            problems: problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_connection_past_the_proxy_or_without_its_original_destination_is_seen() {
+        assert!(pod(50, 50).redirected_throughout());
+        assert!(!pod(50, 49).redirected_throughout());
+        let mut no_dst = pod(50, 50);
+        no_dst.no_dst = 1;
+        assert!(!no_dst.redirected_throughout());
+        let mut unanswered = pod(50, 50);
+        unanswered.orig_dst = 99;
+        assert!(!unanswered.redirected_throughout());
+    }
+
+    #[test]
+    fn the_goals_are_judged_only_when_the_control_was_caught() {
+        let clean = |c| round(c, 0, vec![pod(50, 50)], &[]);
+        let caught = round(Change::Control, 0, vec![pod(50, 10)], &[]);
+        let goals = crate::report::upgrade_goals(&[
+            clean(Change::Upgrade),
+            clean(Change::Rollback),
+            clean(Change::Restart),
+            caught.clone(),
+        ]);
+        assert_eq!(
+            goals.iter().map(|g| g.met).collect::<Vec<_>>(),
+            [Some(true), Some(true)]
+        );
+        // A control the checks did not catch: nothing is judged.
+        let goals = crate::report::upgrade_goals(&[
+            clean(Change::Upgrade),
+            clean(Change::Restart),
+            clean(Change::Control),
+        ]);
+        assert_eq!(
+            goals.iter().map(|g| g.met).collect::<Vec<_>>(),
+            [None, None]
+        );
+        // A failed connection, a bypassed pod, or a link left on an old program: missed.
+        for bad in [
+            round(Change::Upgrade, 1, vec![pod(50, 50)], &[]),
+            round(Change::Upgrade, 0, vec![pod(50, 49)], &[]),
+            round(
+                Change::Upgrade,
+                0,
+                vec![pod(50, 50)],
+                &["link x still runs its old program"],
+            ),
+        ] {
+            let goals = crate::report::upgrade_goals(&[bad, caught.clone()]);
+            assert_eq!(goals[0].met, Some(false), "{:?}", goals[0]);
+        }
+    }
 }
