@@ -7,8 +7,8 @@
 //!
 //! Modules: [`traffic`] (scenarios 1-3), [`podsetup`] (4-5), [`restart`] (6), [`apiload`]
 //! (7: Kubernetes API load of N simulated nodes), [`crisandbox`] (8: RunPodSandbox through
-//! containerd), [`node`] (the
-//! agent, plugin, API server and placed processes), [`report`] (renderings).
+//! containerd), [`upgrade`] (9: the agent replaced under load), [`node`] (the agent, plugin,
+//! API server and placed processes), [`report`] (renderings).
 
 mod apiload;
 mod bpfstats;
@@ -28,6 +28,7 @@ mod scale;
 mod server;
 mod stats;
 mod traffic;
+mod upgrade;
 
 use std::{
     net::SocketAddr,
@@ -197,6 +198,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         (vec![1, 100, 1000, scale::FULL_PODS], 100, 3, 6000)
     };
+    let upgrade_cfg = upgrade::UpgradeConfig {
+        rounds: if quick { 1 } else { 2 },
+        duration_ms: if quick { 3000 } else { 4000 },
+        change_at_ms: 1000,
+        concurrency: 4,
+    };
 
     let api_load_cfg = if quick {
         apiload::ApiLoadConfig {
@@ -276,15 +283,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             restart_ms / 3,
             cfg.concurrency,
         )?;
+        let upgrade = upgrade::run(&bins.me, &bins.agent, &api.kubeconfig, &upgrade_cfg)?;
         topo.teardown(&cni)?;
         let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)?;
-        Ok((traffic, floor_check, Some((restart, pods))))
+        Ok((traffic, floor_check, Some((restart, upgrade, pods))))
     })();
     let outcome = outcome
         .map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()));
     drop(agent);
     let (traffic, floor_check, rest) = outcome?;
-    let Some((restart, pods)) = rest else {
+    let Some((restart, upgrade, pods)) = rest else {
         print_cpu(&report::traffic_rows(&traffic), &floor_check);
         return Ok(());
     };
@@ -296,6 +304,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let rows = report::traffic_rows(&traffic);
     let mut goals = report::cpu_goals(&rows);
     goals.extend(report::goals(&rows, &pods, &restart));
+    goals.extend(report::upgrade_goals(&upgrade));
     goals.extend(report::api_goals(&api_load));
     goals.push(report::cri_sandbox_row(&cri_sandbox));
     let notes = read_notes(&args.out_dir);
@@ -317,6 +326,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         restart,
         api_load: Some(api_load),
         cri_sandbox: Some(cri_sandbox),
+        upgrade,
         goals,
         floor_check,
         notes,

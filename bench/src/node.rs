@@ -155,6 +155,20 @@ impl AgentProc {
         node_name: &str,
         max_pods: u32,
     ) -> anyhow::Result<Self> {
+        let mut me = Self::stopped(bin, kubeconfig, shared_cgroup, node_name, max_pods)?;
+        me.spawn()?;
+        Ok(me)
+    }
+
+    /// Its pin root, state dir and socket, without starting it (to put pinned state there
+    /// first: the upgrade scenario's previous agent version).
+    pub fn stopped(
+        bin: &Path,
+        kubeconfig: &Path,
+        shared_cgroup: &Path,
+        node_name: &str,
+        max_pods: u32,
+    ) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let pins = PinRoot::new();
         // The agent keeps its registry and socket in /run, a tmpfs on Kubernetes nodes (not
@@ -185,15 +199,13 @@ impl AgentProc {
             log: dir.path().join("agent.log"),
             extra_args: vec!["--max-pods".into(), max_pods.to_string()],
         };
-        let mut me = Self {
+        Ok(Self {
             agent: None,
             command,
             run_dir,
             _pins: pins,
             _dir: dir,
-        };
-        me.spawn()?;
-        Ok(me)
+        })
     }
 
     /// Its registration socket.
@@ -242,6 +254,17 @@ impl AgentProc {
         if let Some(mut a) = self.agent.take() {
             a.kill();
         }
+    }
+
+    /// SIGTERM, by PID, and wait for it to exit (as a DaemonSet rollout stops the old pod).
+    pub fn terminate(&mut self) -> anyhow::Result<()> {
+        if let Some(mut a) = self.agent.take() {
+            let status = a.terminate(Duration::from_secs(10))?;
+            if !status.success() {
+                bail!("the agent exited with {status} on SIGTERM");
+            }
+        }
+        Ok(())
     }
 
     /// A status request over the registration socket: the number of registered pods.

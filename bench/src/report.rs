@@ -14,6 +14,7 @@ use crate::{
     restart::RestartRound,
     stats::Summary,
     traffic::{Mode, Sample, Scenario, TrafficConfig, TrafficResults},
+    upgrade::{Change, PodRound, UpgradeRound},
 };
 
 /// The machine the run happened on.
@@ -134,6 +135,7 @@ pub struct Results {
     /// Scenario 8 (absent from results written before it existed).
     #[serde(default)]
     pub cri_sandbox: Option<crate::crisandbox::CriSandboxResults>,
+    pub upgrade: Vec<UpgradeRound>,
     pub goals: Vec<Goal>,
     /// How the floor's netns was checked to have no netfilter rule.
     #[serde(default)]
@@ -686,6 +688,173 @@ pub fn pod_setup_goals(pods: &PodSetupResults) -> Vec<Goal> {
     out
 }
 
+/// The goal rows of scenario 9: 0 failed connections, every pod redirected throughout, across
+/// an agent upgrade and rollback (layout change), and across a same-version rollout. Judged
+/// only when the control (links detached) was seen by the same checks.
+pub fn upgrade_goals(upgrade: &[UpgradeRound]) -> Vec<Goal> {
+    let of = |changes: &[Change]| -> Vec<&UpgradeRound> {
+        upgrade
+            .iter()
+            .filter(|r| changes.contains(&r.change))
+            .collect()
+    };
+    let controls = of(&[Change::Control]);
+    let control_seen = !controls.is_empty() && controls.iter().all(|r| !r.clean());
+    let bypassed: u64 = controls
+        .iter()
+        .flat_map(|r| &r.pods)
+        .map(|p| {
+            (p.out_ok + p.in_ok).saturating_sub(p.proxy_out.min(p.out_ok) + p.proxy_in.min(p.in_ok))
+        })
+        .sum();
+    let goal = |goal: &str, rounds: Vec<&UpgradeRound>| {
+        let failed: u64 = rounds.iter().map(|r| r.failed).sum();
+        let total: u64 = rounds.iter().map(|r| r.ok + r.failed).sum();
+        let window: u64 = rounds.iter().map(|r| r.window_ok + r.window_failed).sum();
+        let unredirected = rounds
+            .iter()
+            .flat_map(|r| &r.pods)
+            .filter(|p| !p.redirected_throughout())
+            .count();
+        let problems: Vec<&String> = rounds.iter().flat_map(|r| &r.problems).collect();
+        let clean = !rounds.is_empty() && rounds.iter().all(|r| r.clean()) && problems.is_empty();
+        let mut observed = format!(
+            "{failed} failed of {total} over {} replacements ({window} in the swap windows), \
+             {unredirected} pod-rounds not redirected throughout",
+            rounds.len()
+        );
+        if !problems.is_empty() {
+            let _ = write!(observed, "; {}", problems.len());
+            let _ = write!(observed, " state problems (first: {})", problems[0]);
+        }
+        let _ = write!(
+            observed,
+            "; control (links detached): {}",
+            if control_seen {
+                format!("{bypassed} connections seen passing by the proxies")
+            } else {
+                "NOT seen by the checks".into()
+            }
+        );
+        Goal {
+            goal: goal.into(),
+            observed,
+            met: control_seen.then_some(clean),
+        }
+    };
+    vec![
+        goal(
+            "0 failed connections across an agent upgrade and rollback (layout change, maps migrated, links swapped) under load, every pod redirected throughout",
+            of(&[Change::Upgrade, Change::Rollback]),
+        ),
+        goal(
+            "0 failed connections across a same-version agent rollout (SIGTERM, new process) under load, every pod redirected throughout",
+            of(&[Change::Restart]),
+        ),
+    ]
+}
+
+/// Section 7 of BENCHMARKS.md: the agent replaced under load.
+fn upgrade_section(md: &mut String, r: &Results) {
+    if r.upgrade.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## 9. Agent upgrade, rollback and rollout under load\n"
+    );
+    let _ = writeln!(
+        md,
+        "A node of its own with two meshed pods (one attached per pod, one through the shared \
+         attachment), each with its proxy and an app server; in each pod clients dial an upstream \
+         (outbound) and clients in a peer dial the pod's app (inbound), {} threads each, short \
+         connections, while the agent is replaced. The state starts as the previous agent version \
+         left it: only that version's eBPF object exists (`tests/fixtures/ebpf-layout-1.o`), so its \
+         part is a replay shared with the layout test: the object loaded, its untyped maps pinned \
+         without a layout record (layout 1), its programs attached to both pods with pinned links, \
+         each pod's entries and registry record written as it did on ADD. Then: **upgrade**, the \
+         current agent binary starts on that state (maps migrated, links swapped with \
+         `BPF_LINK_UPDATE`); **rollback**, after SIGTERM the state is made to look like a newer \
+         layout that declares this agent able to read it (layout record {}, the pod config map \
+         re-pinned with another capacity; no newer agent exists), and the agent starts on it; \
+         **rollout**, SIGTERM and a new process of the same version (the agent runs without \
+         `--install`, so the rollout-or-uninstall decision about the CNI configs is not made); \
+         **control**, SIGTERM, the pods' link pins removed (links detached), the agent started: \
+         it re-attaches them on its next reconcile pass, as an agent replacing programs without \
+         `BPF_LINK_UPDATE` would leave pods in between. A pod is redirected throughout when its \
+         proxy accepted at least as many connections, each way, as its clients completed, answered \
+         `SO_ORIGINAL_DST` for each, and dropped none for want of one.\n",
+        r.upgrade.first().map_or(0, |u| u.concurrency),
+        r.upgrade
+            .iter()
+            .find(|u| u.change == Change::Rollback)
+            .map_or(0, |u| u.from_layout),
+    );
+    let _ = writeln!(
+        md,
+        "| change | layout | ok | failed | in the window (ok / failed) | agent down ms | links swapped | swap ms (first → last link, ± watcher pass) | pods redirected throughout |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for u in &r.upgrade {
+        let redirected: Vec<String> = u
+            .pods
+            .iter()
+            .map(|p: &PodRound| {
+                format!(
+                    "{} {} (out {}/{}, in {}/{} via proxy)",
+                    p.pod,
+                    if p.redirected_throughout() {
+                        "yes"
+                    } else {
+                        "**no**"
+                    },
+                    p.proxy_out,
+                    p.out_ok,
+                    p.proxy_in,
+                    p.in_ok
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} → {} | {} | {} | {} / {} | {:.0} | {} | {} | {} |",
+            u.change.label(),
+            u.from_layout,
+            u.to_layout,
+            u.ok,
+            u.failed,
+            u.window_ok,
+            u.window_failed,
+            u.down_ms,
+            match u.change {
+                Change::Control =>
+                    format!("re-attached after {:.0} ms", u.relinked_ms.unwrap_or(0.0)),
+                _ => format!("{}/{}", u.links_swapped, u.links),
+            },
+            u.swap_ms.map_or("–".into(), |m| format!(
+                "{m:.1} ± {:.2}",
+                u.swap_resolution_ms
+            )),
+            redirected.join("; ")
+        );
+    }
+    let problems: Vec<String> = r
+        .upgrade
+        .iter()
+        .flat_map(|u| {
+            u.problems
+                .iter()
+                .map(move |p| format!("{}: {p}", u.change.label()))
+        })
+        .collect();
+    if !problems.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nState checks that did not hold: {}.",
+            problems.join("; ")
+        );
+    }
+}
+
 fn range(s: &Summary, prec: usize) -> String {
     format!("{:.p$} ({:.p$}–{:.p$})", s.median, s.min, s.max, p = prec)
 }
@@ -969,6 +1138,7 @@ pub fn markdown(r: &Results) -> String {
     if let Some(cri) = &r.cri_sandbox {
         md.push_str(&crate::crisandbox::markdown(cri));
     }
+    upgrade_section(&mut md, r);
 
     let _ = writeln!(md, "\n## Method\n");
     let _ = writeln!(

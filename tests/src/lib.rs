@@ -34,6 +34,7 @@ pub mod diag;
 pub mod echo;
 pub mod error;
 pub mod iptables;
+pub mod layout;
 pub mod link;
 pub mod names;
 pub mod netns;

@@ -22,24 +22,17 @@ use std::{
     time::Duration,
 };
 
-use aya::programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps};
-use linkerd_cni_agent::{
-    Agent, AgentConfig,
-    bpf_sys::{self, AttachType},
-    dataplane, kernel,
-    maps::{Maps, PodEntries},
-    netns::Netns,
-    registry::{Attachment, PodRecord, Registry},
-};
+use linkerd_cni_agent::{Agent, AgentConfig, bpf_sys, maps::PodEntries, registry::PodRecord};
 use linkerd_cni_common::{
     LAYOUT_VERSION, LayoutMeta,
-    names::{self, Hook, MAX_PODS, Program},
+    names::{self, MAX_PODS},
     paths,
 };
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
 use linkerd_cni_tests::{
     AgentHarness, EchoServer, Placement, Pod, PodAndPeer, TestProxy,
     client::{Options as ClientOptions, Report, run_client},
+    layout,
     proxy::{self, Event},
 };
 use serde_json::Value;
@@ -48,9 +41,6 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 const APP_UID: u32 = 1000;
 const OUT_PORT: u16 = 8080;
 const IN_PORT: u16 = 8081;
-
-/// The eBPF object of the previous agent version (layout 1: maps without BTF), DWARF stripped.
-static PREVIOUS_OBJECT: &[u8] = aya::include_bytes_aligned!("../fixtures/ebpf-layout-1.o");
 
 fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
@@ -173,155 +163,37 @@ fn bpftool_dump(path: &Path) -> Vec<Value> {
 }
 
 fn map_info(path: &Path) -> bpf_sys::MapInfo {
-    let fd = bpf_sys::obj_get(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    bpf_sys::map_info(fd).expect("map info")
+    layout::map_info(path).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn meta(pin_root: &Path) -> Option<LayoutMeta> {
-    linkerd_cni_agent::layout::read_meta(pin_root).expect("read the meta map")
+    layout::meta(pin_root).expect("read the meta map")
 }
 
 fn set_meta(pin_root: &Path, version: u32, oldest_reader: u32) {
-    let fd = bpf_sys::obj_get(&pin_root.join(paths::PIN_MAPS).join(names::MAP_META))
-        .expect("open the meta map");
-    let mut value = [0u8; 8];
-    value[..4].copy_from_slice(&version.to_ne_bytes());
-    value[4..].copy_from_slice(&oldest_reader.to_ne_bytes());
-    bpf_sys::map_update(fd, &0u32.to_ne_bytes(), &value).expect("write the meta map");
+    layout::set_meta(pin_root, version, oldest_reader).expect("write the meta map");
 }
 
-/// Every pinned object under `pin_root` (maps, programs, links) → its kernel id, and for
-/// links the id of the program they run.
 fn pinned_ids(pin_root: &Path) -> BTreeMap<PathBuf, (u32, Option<u32>)> {
-    let mut out = BTreeMap::new();
-    let mut dirs = vec![pin_root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).expect("list pins") {
-            let path = entry.expect("pin").path();
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            let fd = bpf_sys::obj_get(&path).expect("open pin");
-            let id = bpf_sys::obj_id(&fd).expect("object id");
-            let prog = bpf_sys::link_info(&fd).ok().map(|l| l.prog_id);
-            let is_link = path.starts_with(pin_root.join(paths::PIN_PODS))
-                || path.starts_with(pin_root.join(paths::PIN_SHARED));
-            out.insert(path, (id, prog.filter(|_| is_link)));
-        }
-    }
-    out
+    layout::pinned_ids(pin_root).expect("pinned objects")
 }
 
-/// The ids of the programs pinned under `progs/`, by name.
-fn pinned_programs(pin_root: &Path) -> BTreeMap<String, u32> {
-    names::ALL_PROGRAMS
-        .into_iter()
-        .map(|name| {
-            let fd = bpf_sys::obj_get(&pin_root.join(paths::PIN_PROGS).join(name))
-                .expect("pinned program");
-            (name.to_string(), bpf_sys::obj_id(fd).expect("program id"))
-        })
-        .collect()
-}
-
-/// The previous agent version's programs: its eBPF object loaded with its maps pinned by name
-/// (no BTF, no meta map) and its programs pinned.
-fn previous_agent_loads(config: &AgentConfig) -> aya::Ebpf {
-    let pin_root = &config.pin_root;
-    kernel::ensure_bpffs(pin_root).expect("bpffs");
-    for sub in [
-        paths::PIN_MAPS,
-        paths::PIN_PROGS,
-        paths::PIN_PODS,
-        paths::PIN_SHARED,
-    ] {
-        fs::create_dir_all(pin_root.join(sub)).expect("pin dirs");
-    }
-    let mut ebpf = aya::EbpfLoader::new()
-        .default_map_pin_directory(pin_root.join(paths::PIN_MAPS))
-        .load(PREVIOUS_OBJECT)
-        .expect("load the previous eBPF object");
-    for Program { name, hook } in names::PROGRAMS {
-        let program = ebpf.program_mut(name).expect("program in the object");
-        match hook {
-            Hook::SockOps => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
-            Hook::Getsockopt => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
-            Hook::SkLookup => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
-            _ => <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load()),
-        }
-        .unwrap_or_else(|e| panic!("load {name}: {e}"));
-        let prog = ebpf.program(name).expect("program").fd().expect("loaded");
-        bpf_sys::obj_pin(prog, &pin_root.join(paths::PIN_PROGS).join(name)).expect("pin prog");
-    }
-    ebpf
-}
-
-/// Registers `pod` the way the previous agent version did: the pod's entries written, links
-/// pinned (cgroup links per pod, or under `shared/` on the pod's cgroup standing for the
-/// shared ancestor), and its registry record.
+/// Registers `pod` the way the previous agent version did (see [`layout::previous_registers`]).
 fn previous_agent_registers(
     ebpf: &aya::Ebpf,
     config: &AgentConfig,
     pod: &Pod,
     shared: bool,
 ) -> PodRecord {
-    let pin_root = &config.pin_root;
-    let cfg = LinkerdConfig::default();
-    let ns = Netns::open(pod.netns.path()).expect("pod netns");
-    let (cookie, ips) = ns.cookie_and_addresses().expect("netns cookie");
-    let entries = PodEntries::new(cookie, &cfg, &ips);
-    Maps::open(&pin_root.join(paths::PIN_MAPS))
-        .expect("open the previous maps")
-        .write_pod(cookie, &entries)
-        .expect("write the pod");
     let id = format!("ctr-{}", pod.netns.name());
-    let link_dir = pin_root
-        .join(paths::PIN_PODS)
-        .join(dataplane::pin_name(&id));
-    fs::create_dir_all(&link_dir).expect("link dir");
-    let cgroup = fs::File::open(pod.cgroup.path()).expect("pod cgroup");
-    for Program { name, hook } in names::PROGRAMS {
-        let prog = ebpf.program(name).expect("program").fd().expect("loaded");
-        let (link, dir) = if hook.on_cgroup() {
-            let dir = match shared {
-                true => pin_root.join(paths::PIN_SHARED),
-                false => link_dir.clone(),
-            };
-            (
-                bpf_sys::link_create(prog, &cgroup, AttachType::of(hook)),
-                dir,
-            )
-        } else {
-            let link = bpf_sys::link_create(prog, ns.file(), AttachType::of(hook));
-            (link, link_dir.clone())
-        };
-        let link = link.unwrap_or_else(|e| panic!("attach {name}: {e}"));
-        bpf_sys::obj_pin(&link, &dir.join(name)).expect("pin link");
-    }
-    let cgroup = pod.cgroup.path().into();
-    let attachment = match shared {
-        true => Attachment::Shared { cgroup },
-        false => Attachment::PerPod { cgroup },
+    let pod = layout::PreviousPod {
+        id: &id,
+        netns: pod.netns.path(),
+        cgroup: pod.cgroup.path(),
+        shared,
     };
-    let record = PodRecord {
-        id,
-        ifname: "eth0".into(),
-        netns: pod.netns.path().into(),
-        netns_ino: ns.ino,
-        netns_cookie: cookie,
-        pod: None,
-        reason: attachment.describe(),
-        attachment,
-        config: cfg,
-        pod_ips: ips,
-        host_ids: None,
-    };
-    Registry::open(&config.state_dir)
-        .expect("registry")
-        .put(&record)
-        .expect("record the pod");
-    record
+    layout::previous_registers(ebpf, &config.pin_root, &config.state_dir, &pod)
+        .expect("register a pod as the previous agent did")
 }
 
 /// Runs, for every pod, outbound and inbound clients (batches of [`BATCH`] connections one
@@ -502,7 +374,7 @@ fn upgrade_from_the_previous_layout_under_load_keeps_every_pod_redirected() {
         ..AgentHarness::fresh_config()
     };
     let mut h = AgentHarness::stopped_on(config.clone());
-    let previous = previous_agent_loads(&config);
+    let previous = layout::previous_loads(&config.pin_root).expect("load the previous eBPF object");
     let record = previous_agent_registers(&previous, &config, &world.net.pod, false);
     let record2 = previous_agent_registers(&previous, &config, &world2.net.pod, true);
     drop(previous);
@@ -553,7 +425,7 @@ fn upgrade_from_the_previous_layout_under_load_keeps_every_pod_redirected() {
             "{name} is kept: connections in flight and proxies' listeners stay"
         );
     }
-    let programs = pinned_programs(pin_root);
+    let programs = layout::pinned_programs(pin_root).expect("pinned programs");
     for (path, (_, prog)) in pinned_ids(pin_root) {
         if let Some(prog) = prog {
             let name = path.file_name().expect("link name").to_string_lossy();
@@ -599,21 +471,8 @@ fn upgrade_from_the_previous_layout_under_load_keeps_every_pod_redirected() {
     // Rollback from a newer layout that declares this agent able to read it, with a map of
     // another capacity: migrated back the same way, under load.
     h.kill();
-    set_meta(pin_root, LAYOUT_VERSION + 1, LAYOUT_VERSION);
+    layout::make_newer_readable_layout(pin_root).expect("a newer readable layout");
     let cfg_pin = maps.join(names::MAP_POD_CONFIG);
-    let info = map_info(&cfg_pin);
-    let newer = bpf_sys::map_create(
-        info.map_type,
-        info.key_size,
-        info.value_size,
-        MAX_PODS / 2,
-        info.map_flags,
-        names::MAP_POD_CONFIG,
-        None,
-    )
-    .expect("create a map of the newer layout");
-    fs::remove_file(&cfg_pin).expect("unpin");
-    bpf_sys::obj_pin(&newer, &cfg_pin).expect("pin the newer layout's map");
     under_load(&[(&world, &proxy), (&world2, &proxy2)], || h.start_again());
     let info = map_info(&cfg_pin);
     assert_eq!(
