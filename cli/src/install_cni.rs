@@ -354,6 +354,9 @@ pub fn render(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Rendered, I
     if checked.image.name.ends_with(LINKERD_IPTABLES_IMAGE) {
         warnings.push(linkerd_image_warning(&checked.image.name));
     }
+    if checked.repair_controller.enabled {
+        warnings.push(REPAIR_CONTROLLER_WARNING.to_string());
+    }
     Ok(Rendered {
         manifests: chart::render(&v)?,
         warnings,
@@ -363,6 +366,11 @@ pub fn render(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Rendered, I
 /// The last part of the name of Linkerd's iptables plugin image (`cr.l5d.io/linkerd/cni-plugin`),
 /// which values files written for Linkerd's chart set as `image.name`.
 pub const LINKERD_IPTABLES_IMAGE: &str = "/cni-plugin";
+
+/// The warning for `repairController.enabled: true`, which deploys nothing in eBPF mode.
+pub const REPAIR_CONTROLLER_WARNING: &str = "warning: repairController.enabled has no effect in \
+     eBPF mode: no repair controller is deployed; the agent adopts meshed pods that started \
+     before the plugin where they run, without restarting them";
 
 /// The warning for an `image.name` that looks like Linkerd's iptables plugin image.
 pub fn linkerd_image_warning(image: &str) -> String {

@@ -214,6 +214,20 @@ pub struct Values {
     /// Accepted (Linkerd's chart has it); no PodSecurityPolicy is rendered.
     #[serde(rename = "enablePSP")]
     pub enable_psp: bool,
+    /// Accepted (Linkerd's chart has it); no repair controller: the agent adopts pods that
+    /// started before the plugin where they run.
+    pub repair_controller: RepairController,
+}
+
+/// `repairController`, in Linkerd's shape; validated, no effect in eBPF mode.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RepairController {
+    pub enabled: bool,
+    pub log_level: String,
+    pub log_format: String,
+    pub enable_security_context: bool,
+    pub resources: Resources,
 }
 
 /// `image`.
@@ -424,7 +438,7 @@ mod tests {
         coalesce(
             &mut v,
             json!({
-                "repairController": {"enabled": true},
+                "someFutureController": {"enabled": true},
                 "image": {"name": "x", "digest": "sha256:0"},
                 "resources": {"cpu": {"limit": "1", "burst": "2"}},
                 "commonLabels": {"any": "label"},
@@ -437,7 +451,11 @@ mod tests {
         let dropped = drop_unknown(&mut v, &defaults);
         assert_eq!(
             dropped,
-            ["image.digest", "repairController", "resources.cpu.burst"]
+            [
+                "image.digest",
+                "resources.cpu.burst",
+                "someFutureController"
+            ]
         );
         let kept = validate(&v).expect("what is left validates");
         assert_eq!(kept.image.name, "x");

@@ -79,8 +79,9 @@ fn linkerd_values_render() -> std::process::Output {
     linkerd(&["install-cni", "-f", &file], &[])
 }
 
-/// An operator's values file for Linkerd's linkerd2-cni chart (every key it has) renders: what
-/// this chart lacks is ignored as Helm ignores it, with a warning naming each key.
+/// An operator's values file for Linkerd's linkerd2-cni chart (every key it has) renders with
+/// no ignored key (this chart has them all), and warnings for Linkerd's iptables image and for
+/// a repair controller eBPF mode does not need.
 #[test]
 fn golden_linkerd_values_render() {
     let out = linkerd_values_render();
@@ -89,10 +90,11 @@ fn golden_linkerd_values_render() {
     assert_eq!(
         stderr.lines().collect::<Vec<_>>(),
         [
-            linkerd_cli::values::unknown_key_warning("repairController").as_str(),
-            &linkerd_cli::install_cni::linkerd_image_warning("cr.example.com/linkerd/cni-plugin"),
+            linkerd_cli::install_cni::linkerd_image_warning("cr.example.com/linkerd/cni-plugin"),
+            linkerd_cli::install_cni::REPAIR_CONTROLLER_WARNING.to_string(),
         ],
-        "one warning per ignored key, and one for Linkerd's iptables image"
+        "every key of Linkerd's chart is a value of this one: warnings for the iptables image \
+         and for repairController.enabled only"
     );
     golden(
         "install-cni-linkerd-values.yaml",
