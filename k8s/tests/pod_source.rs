@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 
 const NODE: &str = "node-a";
 const NS: &str = "emojivoto";
+/// A namespace with no Namespace object: never in the namespace cache.
+const UNCACHED_NS: &str = "no-such-namespace";
 const WAIT: Duration = Duration::from_secs(10);
 
 /// A kubeconfig file for one test, removed on drop.
@@ -570,8 +572,15 @@ async fn api_errors_fail_the_decision() {
     f.server
         .apply(&pod("plain", NODE, PLAIN, json!({})))
         .expect("apply");
+    // A meshed pod of a namespace the namespace cache does not hold (no Namespace object):
+    // deciding it needs a namespace GET. (A namespace the cache holds needs no request at all.)
+    let mut elsewhere = pod("meshed", NODE, MESHED, json!({}));
+    elsewhere["metadata"]["namespace"] = json!(UNCACHED_NS);
+    f.server.apply(&elsewhere).expect("apply");
     eventually("pods cached", || {
-        f.source.cached(NS, "meshed").is_some() && f.source.cached(NS, "plain").is_some()
+        f.source.cached(NS, "meshed").is_some()
+            && f.source.cached(NS, "plain").is_some()
+            && f.source.cached(UNCACHED_NS, "meshed").is_some()
     })
     .await;
     let base = LinkerdConfig::default();
@@ -587,14 +596,16 @@ async fn api_errors_fail_the_decision() {
         matches!(err, K8sError::Api { .. }) && err.is_transient(),
         "unexpected error {err}"
     );
-    // A cached meshed pod still needs its namespace: that failure fails the decision too.
+    // A cached meshed pod whose namespace is not cached needs it from the API: that failure
+    // fails the decision too.
     let err = f
         .source
-        .decide(NS, "meshed", None, &base)
+        .decide(UNCACHED_NS, "meshed", None, &base)
         .await
         .expect_err("decided without its namespace");
     assert!(
-        err.to_string().contains("namespace emojivoto"),
+        err.to_string()
+            .contains(&format!("namespace {UNCACHED_NS}")),
         "unexpected error {err}"
     );
     f.server.fail_requests(None);
@@ -612,7 +623,7 @@ async fn api_errors_fail_the_decision() {
         .expect_err("decided with the API down");
     assert!(err.is_transient(), "unexpected error {err}");
     let err = source
-        .decide(NS, "meshed", None, &base)
+        .decide(UNCACHED_NS, "meshed", None, &base)
         .await
         .expect_err("meshed pod decided with the API down");
     assert!(err.is_transient(), "unexpected error {err}");
