@@ -335,8 +335,7 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
                 Ok(Err(e)) => tracing::warn!(error = %e, "reaping dead registrations"),
                 Err(e) => tracing::warn!(error = %e, "reaper task failed"),
             }
-            // Pods that left the watch cache since the last trim: return their pages.
-            linkerd_cni_k8s::memory::trim_if_pending();
+            linkerd_cni_k8s::memory::trim_if_worthwhile();
         }
     });
     let every = args.reconcile_interval;
@@ -350,6 +349,8 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
             if let Err(e) = tokio::task::spawn_blocking(move || r.run_once()).await {
                 tracing::warn!(error = %e, "reconcile pass failed");
             }
+            // Return what the pass (and the requests since the last one) freed.
+            linkerd_cni_k8s::memory::trim_if_worthwhile();
         }
     });
     let host_proc = match &args.host_root {

@@ -5,10 +5,17 @@
 //! pods leave the node, the agent's RSS would stay at its high-water mark. `malloc_trim(0)`
 //! releases every arena's free pages. It walks the arenas (a few milliseconds for tens of
 //! MiB), so it runs only after something freed a lot: a completed (re)list of the pod cache,
-//! or [`TRIM_AFTER_PODS`] pods gone since the last trim, or at the agent's periodic check when
-//! any pod went since.
+//! or [`TRIM_AFTER_PODS`] pods gone since the last trim, or at the agent's periodic check (after
+//! each reconcile pass and reaping) when any pod went since or more than
+//! [`TRIM_ABOVE_FREE_BYTES`] lie free in the arenas.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::{
+    sync::{
+        OnceLock,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 /// Pods leaving the cache (or the node) after which the heap is trimmed at once.
 pub const TRIM_AFTER_PODS: usize = 256;
@@ -22,18 +29,52 @@ pub fn pods_gone(n: usize) {
     }
 }
 
-/// Trims when any pod went since the last trim (for a periodic check).
-pub fn trim_if_pending() -> bool {
-    if PENDING.load(Ordering::Relaxed) > 0 {
+/// Free heap (bytes held by the allocator but unused) above which a periodic check trims.
+pub const TRIM_ABOVE_FREE_BYTES: usize = 1 << 20;
+
+/// For a periodic check: trims when any pod went since the last trim, or when the allocator
+/// holds more than [`TRIM_ABOVE_FREE_BYTES`] free (passes over every pod, status requests and
+/// lists leave their transient allocations there). `mallinfo2` only sums the arenas' free
+/// lists: far cheaper than a trim.
+pub fn trim_if_worthwhile() -> bool {
+    let due = since_start()
+        .saturating_sub(Duration::from_millis(LAST_TRIM_MS.load(Ordering::Relaxed)))
+        >= MIN_TRIM_INTERVAL;
+    if PENDING.load(Ordering::Relaxed) > 0 || (due && free_heap_bytes() > TRIM_ABOVE_FREE_BYTES) {
         trim();
         return true;
     }
     false
 }
 
+/// Shortest pause between two trims for free heap alone (the free lists keep counting pages a
+/// trim already returned, so without it a fragmented heap would be trimmed at every check).
+pub const MIN_TRIM_INTERVAL: Duration = Duration::from_secs(10);
+
+/// When the last trim ran, in milliseconds from [`since_start`]'s origin.
+static LAST_TRIM_MS: AtomicU64 = AtomicU64::new(0);
+
+fn since_start() -> Duration {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
+}
+
+/// Bytes the allocator holds free in its arenas.
+fn free_heap_bytes() -> usize {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallinfo2` only reads the allocator's statistics.
+    unsafe {
+        libc::mallinfo2().fordblks
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    0
+}
+
 /// Returns every arena's free pages to the operating system now.
 pub fn trim() {
     PENDING.store(0, Ordering::Relaxed);
+    let now = u64::try_from(since_start().as_millis()).unwrap_or(u64::MAX);
+    LAST_TRIM_MS.store(now, Ordering::Relaxed);
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` only releases free memory of the allocator's own arenas.
     unsafe {
@@ -96,3 +137,34 @@ impl<S: futures_util::Stream + Unpin> futures_util::Stream for Tagged<S> {
 }
 
 use futures_util::StreamExt as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn freed_small_blocks_are_trimmed_when_worthwhile() {
+        // Freed blocks between live ones (a heap after a pass over every pod): they stay in
+        // the arena, counted as free, until trimmed.
+        let fragment = || {
+            let (freed, kept): (Vec<_>, Vec<_>) = (0..1_000)
+                .map(|i| (vec![i as u8; 8 << 10], vec![i as u8; 16]))
+                .unzip();
+            drop(freed);
+            kept
+        };
+        let _kept = fragment();
+        assert!(free_heap_bytes() > TRIM_ABOVE_FREE_BYTES);
+        // Ten seconds after the start (or the last trim), that much free heap is trimmed.
+        LAST_TRIM_MS.store(0, Ordering::Relaxed);
+        std::thread::sleep(MIN_TRIM_INTERVAL.saturating_sub(since_start()));
+        assert!(trim_if_worthwhile());
+        // Right after a trim, free heap alone does not trim again; a pod gone does.
+        let _kept_too = fragment();
+        assert!(!trim_if_worthwhile());
+        PENDING.store(1, Ordering::Relaxed);
+        assert!(trim_if_worthwhile());
+        assert_eq!(PENDING.load(Ordering::Relaxed), 0);
+    }
+}
