@@ -22,7 +22,7 @@ use std::{
     },
 };
 
-use linkerd_cni_k8s::{PodSource, decision};
+use linkerd_cni_k8s::PodSource;
 use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 
 use crate::{
@@ -80,24 +80,22 @@ impl Adopter {
         };
         let mut seen = Vec::new();
         for pod in pods.cached_pods() {
-            let meta = &pod.metadata;
-            let (Some(namespace), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid)
-            else {
+            let Some(uid) = pod.uid.as_deref() else {
                 continue;
             };
-            if meta.deletion_timestamp.is_some()
+            let (namespace, name) = (&*pod.namespace, &*pod.name);
+            if pod.deletion_timestamp.is_some()
                 || base.is_excluded(namespace)
-                || pod
-                    .spec
-                    .as_ref()
-                    .is_some_and(|s| s.host_network == Some(true))
-                || !decision::wants_redirect(&pod)
+                || pod.host_network == Some(true)
+                || !pod.wants_redirect()
             {
                 continue;
             }
             if known.contains(namespace, name, uid) {
                 continue;
             }
+            let uid = &uid.to_string();
+            let (namespace, name) = (&namespace.to_string(), &name.to_string());
             seen.push(uid.clone());
             // Host side first: a pod that does not run here yet (its CNI ADD may be under
             // way) costs no API request.

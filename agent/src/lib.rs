@@ -20,6 +20,8 @@ pub mod capacity;
 pub mod cgroup;
 pub mod dataplane;
 pub mod health;
+#[cfg(feature = "heap-profile")]
+pub mod heap_profile;
 pub mod inspect;
 pub mod kernel;
 pub mod layout;

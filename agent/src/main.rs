@@ -188,6 +188,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+#[cfg(feature = "heap-profile")]
+#[global_allocator]
+static ALLOC: linkerd_cni_agent::heap_profile::Counting = linkerd_cni_agent::heap_profile::Counting;
+
 fn main() -> anyhow::Result<()> {
     limit_malloc_arenas();
     let cli = Cli::parse();
@@ -270,6 +274,11 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
         reconciler: reconciler.clone(),
         adopter: adopter.clone(),
     });
+    #[cfg(feature = "heap-profile")]
+    {
+        let profiled = server.clone();
+        linkerd_cni_agent::heap_profile::spawn_reporter(move || profiled.pods.cached_len());
+    }
     let listener =
         server::bind(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
     tracing::info!(socket = %args.socket.display(), %node, "registration service listening");
@@ -326,6 +335,7 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
                 Ok(Err(e)) => tracing::warn!(error = %e, "reaping dead registrations"),
                 Err(e) => tracing::warn!(error = %e, "reaper task failed"),
             }
+            linkerd_cni_k8s::memory::trim_if_worthwhile();
         }
     });
     let every = args.reconcile_interval;
@@ -339,6 +349,8 @@ async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Resu
             if let Err(e) = tokio::task::spawn_blocking(move || r.run_once()).await {
                 tracing::warn!(error = %e, "reconcile pass failed");
             }
+            // Return what the pass (and the requests since the last one) freed.
+            linkerd_cni_k8s::memory::trim_if_worthwhile();
         }
     });
     let host_proc = match &args.host_root {

@@ -163,6 +163,12 @@ impl Registry {
         Ok(self.records().values().cloned().collect())
     }
 
+    /// Visits every record in memory without cloning it (the lock is held meanwhile: keep
+    /// `f` short).
+    pub fn for_each(&self, mut f: impl FnMut(&PodRecord)) {
+        self.records().values().for_each(&mut f);
+    }
+
     /// Up to `n` ids in id order, starting after `after` and wrapping around to the first,
     /// each at most once (without cloning the records).
     pub fn ids_from(&self, after: Option<&str>, n: usize) -> Vec<String> {

@@ -15,10 +15,13 @@
 pub mod client;
 pub mod decision;
 mod error;
+pub mod memory;
 pub mod names;
+pub mod podcache;
 pub mod source;
 pub mod termination;
 
 pub use decision::{AnnotationError, Decision};
 pub use error::K8sError;
+pub use podcache::CachedPod;
 pub use source::{NamespaceOrigin, PodOrigin, PodSource};

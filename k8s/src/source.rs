@@ -47,7 +47,8 @@ use tokio::task::JoinHandle;
 use crate::{
     decision::{self, Decision},
     error::K8sError,
-    names::INJECTED_CONTAINERS,
+    memory::{Site, Tagged, in_site},
+    podcache::{CachedPod, PodCache},
 };
 
 /// Default bound on each API request.
@@ -83,7 +84,7 @@ const NAMESPACE_WATCH_MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub struct PodSource {
     client: Client,
     node_name: String,
-    pods: Store<Pod>,
+    pods: PodCache,
     namespaces: Store<PartialObjectMeta<Namespace>>,
     /// Whether the namespace cache may answer: its watch listed every namespace and has not
     /// failed since.
@@ -98,21 +99,32 @@ impl PodSource {
     /// the watch runs as a task of that runtime until the `PodSource` is dropped.
     pub fn new(client: Client, node_name: impl Into<String>) -> Self {
         let node_name = node_name.into();
-        let (pods, writer) = reflector::store::<Pod>();
+        let pods = PodCache::default();
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
-        let stream = watcher(Api::<Pod>::all(client.clone()), config)
-            .default_backoff()
-            .modify(keep_what_decisions_read)
-            .reflect(writer);
+        let stream = watcher(Api::<Pod>::all(client.clone()), config).default_backoff();
         let node = node_name.clone();
+        let cache = pods.clone();
         let watch = tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
+            let mut stream = Tagged {
+                inner: Box::pin(stream),
+                site: Site::PodWatch,
+            };
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(watcher::Event::InitDone) => {
-                        tracing::debug!(node = %node, "pod cache synced")
+                    Ok(event) => {
+                        let synced = matches!(event, watcher::Event::InitDone);
+                        // Each full `Pod` is dropped here, once its compact form is cached.
+                        let gone = in_site(Site::PodCache, || cache.apply(event));
+                        if synced {
+                            tracing::debug!(node = %node, pods = cache.len(), "pod cache synced");
+                        }
+                        if synced {
+                            // A (re)list just freed its pages of full pods.
+                            crate::memory::trim();
+                        } else if gone > 0 {
+                            crate::memory::pods_gone(gone);
+                        }
                     }
-                    Ok(_) => {}
                     // The stream retries with backoff; the cache keeps its last state meanwhile
                     // and uncached pods go through direct GETs.
                     Err(error) => {
@@ -151,7 +163,7 @@ impl PodSource {
     /// predictable.
     pub async fn wait_synced(&self, timeout: Duration) -> Result<(), K8sError> {
         let both = async {
-            self.pods.wait_until_ready().await?;
+            self.pods.wait_until_ready().await;
             self.namespaces.wait_until_ready().await
         };
         match tokio::time::timeout(timeout, both).await {
@@ -183,14 +195,20 @@ impl PodSource {
         Ok((ns, NamespaceOrigin::Get))
     }
 
-    /// The cached pod, if the watch has delivered it.
+    /// The cached pod, if the watch has delivered it, as a `Pod` holding what the cache keeps
+    /// (see [`CachedPod`]).
     pub fn cached(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
-        self.pods.get(&ObjectRef::new(name).within(namespace))
+        self.pods.get(namespace, name).map(|p| Arc::new(p.to_pod()))
     }
 
-    /// Every pod of this node the watch has delivered.
-    pub fn cached_pods(&self) -> Vec<Arc<Pod>> {
-        self.pods.state()
+    /// How many pods the cache holds.
+    pub fn cached_len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Every pod of this node the watch has delivered, in the cache's compact form.
+    pub fn cached_pods(&self) -> Vec<Arc<CachedPod>> {
+        self.pods.all()
     }
 
     /// The pod, from the cache when present (and, if `uid` is given, when it is that pod),
@@ -312,11 +330,14 @@ fn watch_namespaces(
         loop {
             let stream =
                 watcher(api.clone(), watcher::Config::default()).modify(keep_override_annotations);
-            let mut stream = std::pin::pin!(stream);
+            let mut stream = Tagged {
+                inner: Box::pin(stream),
+                site: Site::Namespaces,
+            };
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(event) => {
-                        writer.apply_watcher_event(&event);
+                        in_site(Site::Namespaces, || writer.apply_watcher_event(&event));
                         if matches!(event, watcher::Event::InitDone) {
                             flag.store(true, Ordering::Release);
                             backoff = Duration::from_millis(500);
@@ -346,96 +367,5 @@ fn keep_override_annotations(ns: &mut PartialObjectMeta<Namespace>) {
     ns.metadata.labels = None;
     if let Some(annotations) = ns.metadata.annotations.as_mut() {
         annotations.retain(|k, _| k.starts_with(OVERRIDE_PREFIX));
-    }
-}
-
-/// Trims a cached pod to what a decision reads (name, namespace, uid, Linkerd's annotations
-/// and labels, the injected containers' names), so the agent's memory does not grow with every
-/// pod's full spec, status and metadata. (A `Pod` is 2,248 bytes and each `Container` 2,144
-/// even when empty: a typical meshed pod keeps one container instead of two or more.)
-fn keep_what_decisions_read(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::Container;
-    pod.metadata.managed_fields = None;
-    pod.metadata.owner_references = None;
-    pod.metadata.finalizers = None;
-    // Decisions read Linkerd's own keys only (`linkerd.io/...`, `config.linkerd.io/...`);
-    // the others (a `kubectl.kubernetes.io/last-applied-configuration` is a whole pod spec)
-    // would stay in memory for every pod on the node.
-    for map in [&mut pod.metadata.annotations, &mut pod.metadata.labels]
-        .into_iter()
-        .flatten()
-    {
-        map.retain(|k, _| k.contains("linkerd.io/"));
-    }
-    pod.status = None;
-    if let Some(spec) = pod.spec.as_mut() {
-        // Decisions look for the injected containers by name, nothing else: keep those, with
-        // their name only (a `Container` is over 2 KiB even when empty).
-        let keep = |list: &mut Vec<Container>| {
-            list.retain(|c| INJECTED_CONTAINERS.contains(&c.name.as_str()));
-            for c in list.iter_mut() {
-                *c = Container {
-                    name: std::mem::take(&mut c.name),
-                    ..Default::default()
-                };
-            }
-            list.shrink_to_fit();
-        };
-        keep(&mut spec.containers);
-        spec.init_containers.iter_mut().for_each(keep);
-        spec.volumes = None;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn trimmed_pods_decide_as_the_full_ones_and_keep_no_other_containers_or_keys() {
-        let full: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "name": "web", "namespace": "emojivoto", "uid": "u1",
-                "annotations": {
-                    "linkerd.io/inject": "enabled",
-                    "config.linkerd.io/skip-inbound-ports": "25",
-                    "kubectl.kubernetes.io/last-applied-configuration": "{\"a huge\": \"spec\"}"
-                },
-                "labels": {"app": "web", "linkerd.io/control-plane-component": "x"}
-            },
-            "spec": {
-                "containers": [{"name": "app", "image": "app"}, {"name": "linkerd-proxy", "image": "p"}],
-                "initContainers": [{"name": "setup", "image": "s"}]
-            }
-        }))
-        .expect("pod");
-        let mut trimmed = full.clone();
-        keep_what_decisions_read(&mut trimmed);
-        assert_eq!(
-            decision::wants_redirect(&trimmed),
-            decision::wants_redirect(&full)
-        );
-        assert_eq!(
-            decision::is_control_plane(&trimmed),
-            decision::is_control_plane(&full)
-        );
-        let spec = trimmed.spec.as_ref().expect("spec");
-        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["linkerd-proxy"]);
-        assert_eq!(
-            spec.containers.capacity(),
-            1,
-            "the dropped containers' memory is freed"
-        );
-        assert!(spec.init_containers.as_ref().is_some_and(Vec::is_empty));
-        let annotations = trimmed.metadata.annotations.as_ref().expect("annotations");
-        assert_eq!(annotations.len(), 2);
-        assert!(annotations.contains_key("config.linkerd.io/skip-inbound-ports"));
-        let labels = trimmed.metadata.labels.as_ref().expect("labels");
-        assert_eq!(
-            labels.keys().collect::<Vec<_>>(),
-            ["linkerd.io/control-plane-component"]
-        );
-        assert_eq!(trimmed.metadata.uid.as_deref(), Some("u1"));
     }
 }

@@ -892,3 +892,44 @@ async fn manifest_dir_changes_reach_the_cache() {
     );
     assert!(f.server.get("Pod", Some(NS), "one").expect("get").is_some());
 }
+
+#[tokio::test]
+async fn pod_watch_failure_keeps_the_cache_until_a_relist_replaces_it() {
+    let f = fixture().await;
+    for name in ["stays", "goes"] {
+        f.server
+            .apply(&pod(name, NODE, MESHED, json!({})))
+            .expect("apply pod");
+    }
+    eventually("both pods are cached", || {
+        f.source.cached(NS, "stays").is_some() && f.source.cached(NS, "goes").is_some()
+    })
+    .await;
+    // The watch breaks, and the history it would resume from is gone (410): it must list
+    // again. Meanwhile one pod is deleted and another created.
+    f.server.pause_watches(true);
+    f.server.fail_requests(Some(500));
+    f.server.delete_pod(NS, "goes").expect("delete pod");
+    f.server
+        .apply(&pod("new", NODE, MESHED, json!({})))
+        .expect("apply pod");
+    f.server.compact();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        f.source.cached(NS, "stays").is_some() && f.source.cached(NS, "goes").is_some(),
+        "the cache keeps its last state while the watch fails"
+    );
+    f.server.fail_requests(None);
+    f.server.pause_watches(false);
+    eventually("the relist replaced the cache", || {
+        f.source.cached(NS, "new").is_some() && f.source.cached(NS, "goes").is_none()
+    })
+    .await;
+    let (pod, origin) = f.source.pod(NS, "stays", None).await.expect("pod");
+    assert_eq!(origin, PodOrigin::Cache);
+    assert!(linkerd_cni_k8s::decision::wants_redirect(&pod));
+    let listed = f.source.cached_pods();
+    let mut names: Vec<&str> = listed.iter().map(|p| &*p.name).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["new", "stays"]);
+}

@@ -115,15 +115,17 @@ impl Agent {
     /// The pods the registry knows (redirected or not): their UIDs, and the namespace/name of
     /// those registered without one.
     pub fn known_pods(&self) -> Result<KnownPods, AgentError> {
+        // Without cloning the records: on a node of 10,000 pods a clone of every record each
+        // adoption pass is about 14 MB of short-lived allocations.
         let mut known = KnownPods::default();
-        for r in self.registry.all()? {
-            if let Some(p) = r.pod {
-                match p.uid {
-                    Some(uid) => known.uids.insert(uid),
-                    None => known.names.insert((p.namespace, p.name)),
+        self.registry.for_each(|r| {
+            if let Some(p) = &r.pod {
+                match &p.uid {
+                    Some(uid) => known.uids.insert(uid.clone()),
+                    None => known.names.insert((p.namespace.clone(), p.name.clone())),
                 };
             }
-        }
+        });
         Ok(known)
     }
 
