@@ -104,7 +104,7 @@ impl AdoptError {
 impl Agent {
     /// Whether any registration (redirected or not) is for the pod `pod`.
     pub fn knows_pod(&self, pod: &PodRef) -> Result<bool, AgentError> {
-        Ok(self.registry.all()?.iter().any(|r| {
+        Ok(self.registry.any(|r| {
             r.pod.as_ref().is_some_and(|p| match (&p.uid, &pod.uid) {
                 (Some(a), Some(b)) => a == b,
                 _ => p.namespace == pod.namespace && p.name == pod.name,
@@ -116,14 +116,14 @@ impl Agent {
     /// those registered without one.
     pub fn known_pods(&self) -> Result<KnownPods, AgentError> {
         let mut known = KnownPods::default();
-        for r in self.registry.all()? {
-            if let Some(p) = r.pod {
-                match p.uid {
-                    Some(uid) => known.uids.insert(uid),
-                    None => known.names.insert((p.namespace, p.name)),
+        self.registry.map_each(|r| {
+            if let Some(p) = &r.pod {
+                match &p.uid {
+                    Some(uid) => known.uids.insert(uid.clone()),
+                    None => known.names.insert((p.namespace.clone(), p.name.clone())),
                 };
             }
-        }
+        });
         Ok(known)
     }
 
