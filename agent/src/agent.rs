@@ -265,12 +265,12 @@ impl Agent {
         let attached = self.attach(&record.id, cgroup).and_then(|a| {
             phases.mark("attach_cgroup");
             // Inbound: the netns link lives with the pod's links whatever the cgroup mode.
-            self.dataplane.attach_netns(
+            self.dataplane.attach_netns_marked(
                 ns.file(),
                 record.netns_cookie,
                 &self.pod_link_dir(&record.id),
+                &mut |step| phases.mark(step),
             )?;
-            phases.mark("attach_netns");
             Ok(a)
         });
         match attached {

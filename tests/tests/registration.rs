@@ -652,9 +652,8 @@ fn adds_use_one_netns_worker_that_returns_home_and_log_their_phases() {
     assert!(phases("add") >= 3, "no ADD phases logged:\n{log}");
     assert!(phases("del") >= 1, "no DEL phases logged:\n{log}");
     assert!(
-        log.lines().any(|l| l.contains("phases")
-            && l.contains("attach_netns=")
-            && l.contains("registry=")),
+        log.lines()
+            .any(|l| l.contains("phases") && l.contains("stub_load=") && l.contains("registry=")),
         "ADD phases incomplete:\n{log}"
     );
 }
