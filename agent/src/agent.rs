@@ -185,9 +185,12 @@ impl Agent {
     /// A configuration over a per-pod limit ([`limits`]) is refused before anything is
     /// written, and a failed write is rolled back: a failed registration leaves no entries.
     pub fn register(&self, mut reg: Registration) -> Result<PodRecord, AgentError> {
+        let id = reg.id.clone();
+        let mut phases = Phases::new("add", &id);
         reg.netns = self.host_path(&reg.netns);
         let ns = Netns::open(&reg.netns)?;
         let (netns_cookie, addresses) = ns.cookie_and_addresses()?;
+        phases.mark("netns");
         let mut pod_ips = reg.pod_ips.clone();
         for ip in addresses {
             if !pod_ips.contains(&ip) {
@@ -209,7 +212,9 @@ impl Agent {
             hint.as_deref(),
             reg.pod.as_ref().and_then(|p| p.uid.as_deref()),
         );
+        phases.mark("cgroup");
         let host_ids = userns::host_ids(ns.file(), reg.config.proxy_uid(), reg.config.proxy_gid())?;
+        phases.mark("userns");
         let entries =
             PodEntries::new(netns_cookie, &reg.config, &pod_ips).with_host_ids(host_ids.as_ref());
         limits::check(&entries)?;
@@ -228,6 +233,7 @@ impl Agent {
         };
 
         let mut maps = self.lock();
+        phases.mark("lock");
         match self.registry.get(&record.id)? {
             Some(old) if old.redirected() && old.netns_cookie == netns_cookie => {
                 return self.update_in_place(&mut maps, old, record, &ns, cgroup, &entries);
@@ -237,8 +243,12 @@ impl Agent {
         }
         // Links left by a crash between steps of an earlier registration of this id.
         let _ = dataplane::detach(&self.pod_link_dir(&record.id));
+        phases.mark("leftovers");
         maps.write_pod(netns_cookie, &entries)?;
-        self.attach_and_record(&mut maps, record, &ns, cgroup, &entries)
+        phases.mark("maps");
+        let result = self.attach_and_record(&mut maps, record, &ns, cgroup, &entries, &mut phases);
+        phases.done();
+        result
     }
 
     /// The last steps of a registration whose entries are written: attach (cgroup and netns
@@ -250,13 +260,16 @@ impl Agent {
         ns: &Netns,
         cgroup: Option<PathBuf>,
         entries: &PodEntries,
+        phases: &mut Phases<'_>,
     ) -> Result<PodRecord, AgentError> {
         let attached = self.attach(&record.id, cgroup).and_then(|a| {
+            phases.mark("attach_cgroup");
             // Inbound: the netns link lives with the pod's links whatever the cgroup mode.
-            self.dataplane.attach_netns(
+            self.dataplane.attach_netns_marked(
                 ns.file(),
                 record.netns_cookie,
                 &self.pod_link_dir(&record.id),
+                &mut |step| phases.mark(step),
             )?;
             Ok(a)
         });
@@ -274,6 +287,7 @@ impl Agent {
             let _ = self.unregister_locked(maps, &record);
             return Err(e.into());
         }
+        phases.mark("registry");
         tracing::info!(id = %record.id, netns_cookie = record.netns_cookie, reason = %record.reason, "pod registered");
         Ok(record)
     }
@@ -311,7 +325,8 @@ impl Agent {
                     source,
                 }
             })?;
-            return self.attach_and_record(maps, record, ns, cgroup, entries);
+            let mut phases = Phases::new("re-add", &old.id);
+            return self.attach_and_record(maps, record, ns, cgroup, entries, &mut phases);
         }
         record.attachment = old.attachment.clone();
         record.reason = record.attachment.describe();
@@ -398,25 +413,29 @@ impl Agent {
     }
 
     fn unregister_locked(&self, maps: &mut Maps, record: &PodRecord) -> Result<(), AgentError> {
+        let mut phases = Phases::new("del", &record.id);
         dataplane::detach(&self.pod_link_dir(&record.id)).map_err(|source| {
             DataplaneError::Pin {
                 path: self.pod_link_dir(&record.id),
                 source,
             }
         })?;
-        let cookie_shared = self.registry.any_other(&record.id, |r| {
-            r.netns_cookie == record.netns_cookie && r.redirected()
-        });
+        phases.mark("detach");
+        // Constant time at any pod count: counts kept by the registry, no scan.
+        let cookie_shared = self
+            .registry
+            .other_redirected_with_cookie(&record.id, record.netns_cookie);
         if record.redirected() && !cookie_shared {
             maps.remove_pod(record.netns_cookie, &entries_of(record))?;
         }
+        phases.mark("maps");
         self.registry.remove(&record.id)?;
-        let shared_left = self.registry.any_other(&record.id, |r| {
-            matches!(r.attachment, Attachment::Shared { .. })
-        });
+        phases.mark("registry");
+        let shared_left = self.registry.other_shared(&record.id);
         if matches!(record.attachment, Attachment::Shared { .. }) && !shared_left {
             let _ = dataplane::detach(&self.shared_link_dir());
         }
+        phases.done();
         Ok(())
     }
 
@@ -459,28 +478,31 @@ impl Agent {
 
     /// CNI GC: drops every registration whose id is not in `valid`. Returns the dropped ids.
     pub fn gc(&self, valid: &[String]) -> Result<Vec<String>, AgentError> {
+        let valid: std::collections::HashSet<&str> = valid.iter().map(String::as_str).collect();
         let mut removed = Vec::new();
-        for record in self.registry.all()? {
+        for id in self.registry.map_each(|r| r.id.clone()) {
             // An adopted pod is no attachment of the runtime's: it goes when its netns does.
-            if !valid.contains(&record.id)
-                && !adopt::is_adopted(&record.id)
-                && self.unregister(&record.id)?
-            {
-                removed.push(record.id);
+            if !valid.contains(id.as_str()) && !adopt::is_adopted(&id) && self.unregister(&id)? {
+                removed.push(id);
             }
         }
         Ok(removed)
     }
 
     /// Drops registrations whose network namespace no longer exists.
+    ///
+    /// Copies out only what the check needs (id, netns path and inode), not whole records,
+    /// and holds the registry lock only for that copy: ADD and DEL are not held up by the
+    /// filesystem checks.
     pub fn reap_dead(&self) -> Result<Vec<String>, AgentError> {
         let mut removed = Vec::new();
-        for record in self.registry.all()? {
-            if !netns::still_exists(&record.netns, record.netns_ino)
-                && self.unregister(&record.id)?
-            {
-                tracing::info!(id = %record.id, netns = %record.netns.display(), "netns gone: registration dropped");
-                removed.push(record.id);
+        let netns = self
+            .registry
+            .map_each(|r| (r.id.clone(), r.netns.clone(), r.netns_ino));
+        for (id, path, ino) in netns {
+            if !netns::still_exists(&path, ino) && self.unregister(&id)? {
+                tracing::info!(id = %id, netns = %path.display(), "netns gone: registration dropped");
+                removed.push(id);
             }
         }
         Ok(removed)
@@ -499,6 +521,25 @@ impl Agent {
     /// Every registration.
     pub fn pods(&self) -> Result<Vec<PodRecord>, AgentError> {
         Ok(self.registry.all()?)
+    }
+
+    /// How many registrations there are (without copying them).
+    pub fn pod_count(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// The programs' per-pod counters summed over every pod: (outbound connections
+    /// redirected, SO_ORIGINAL_DST answers). Walks the maps through handles of its own, so a
+    /// metrics scrape never holds up a registration.
+    pub fn stats_totals(&self) -> Result<(u64, u64), AgentError> {
+        let maps = Maps::open(&self.config.pin_root.join(paths::PIN_MAPS))?;
+        let (mut redirected, mut answered) = (0, 0);
+        for cookie in maps.pods() {
+            let st = maps.stats(cookie);
+            redirected += st.out_redirected;
+            answered += st.orig_dst_answered;
+        }
+        Ok((redirected, answered))
     }
 
     /// How full each node-wide map is. Walks the maps through handles of its own, so a
@@ -549,5 +590,50 @@ pub fn links_of(pin_root: &Path, record: &PodRecord) -> Vec<(PathBuf, &'static [
             ]
         }
         Attachment::None => vec![],
+    }
+}
+
+/// Per-phase timing of one operation, logged at debug level (`--log-level
+/// linkerd_cni_agent=debug`) as one line: where an ADD's or a DEL's time goes. Costs nothing
+/// but a level check when debug logging is off.
+pub(crate) struct Phases<'a> {
+    op: &'static str,
+    id: &'a str,
+    start: Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
+    marks: Vec<(&'static str, std::time::Duration)>,
+}
+
+impl<'a> Phases<'a> {
+    pub(crate) fn new(op: &'static str, id: &'a str) -> Self {
+        let now = tracing::enabled!(tracing::Level::DEBUG).then(std::time::Instant::now);
+        Self {
+            op,
+            id,
+            start: now,
+            last: now,
+            marks: Vec::new(),
+        }
+    }
+
+    /// Ends the phase `name` now.
+    pub(crate) fn mark(&mut self, name: &'static str) {
+        if let Some(last) = self.last {
+            let now = std::time::Instant::now();
+            self.marks.push((name, now - last));
+            self.last = Some(now);
+        }
+    }
+
+    /// Logs the phases.
+    pub(crate) fn done(self) {
+        let Some(start) = self.start else { return };
+        let phases = self
+            .marks
+            .iter()
+            .map(|(name, d)| format!("{name}={}us", d.as_micros()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        tracing::debug!(op = self.op, id = self.id, total_us = start.elapsed().as_micros() as u64, %phases, "phases");
     }
 }

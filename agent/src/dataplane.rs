@@ -399,6 +399,18 @@ impl Dataplane {
         netns_cookie: u64,
         link_dir: &Path,
     ) -> Result<(), DataplaneError> {
+        self.attach_netns_marked(netns, netns_cookie, link_dir, &mut |_| {})
+    }
+
+    /// [`Self::attach_netns`], calling `mark` at the end of each step (`stub_load`,
+    /// `netns_link`, `netns_pin`) for the per-phase timing of an ADD.
+    pub fn attach_netns_marked(
+        &self,
+        netns: impl AsFd,
+        netns_cookie: u64,
+        link_dir: &Path,
+        mark: &mut dyn FnMut(&'static str),
+    ) -> Result<(), DataplaneError> {
         fs::create_dir_all(link_dir).map_err(|source| DataplaneError::Pin {
             path: link_dir.into(),
             source,
@@ -411,8 +423,12 @@ impl Dataplane {
             hint: "",
         };
         let stub = self.sk_lookup_stub(netns_cookie)?;
+        mark("stub_load");
         let link = bpf_sys::link_create(&stub, &netns, AttachType::SkLookup).map_err(attach_err)?;
-        pin_new(link.as_fd(), &link_dir.join(name))
+        mark("netns_link");
+        pin_new(link.as_fd(), &link_dir.join(name))?;
+        mark("netns_pin");
+        Ok(())
     }
 }
 

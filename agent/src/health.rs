@@ -81,18 +81,8 @@ impl Health {
             "Requests answered with an error.",
             s.errors.load(Ordering::Relaxed),
         );
-        let (pods, redirected, answered) = self.server.agent.pods().map_or((0, 0, 0), |records| {
-            self.server.agent.with_maps(|maps| {
-                let mut redirected = 0;
-                let mut answered = 0;
-                for cookie in maps.pods() {
-                    let st = maps.stats(cookie);
-                    redirected += st.out_redirected;
-                    answered += st.orig_dst_answered;
-                }
-                (records.len() as u64, redirected, answered)
-            })
-        });
+        let pods = self.server.agent.pod_count() as u64;
+        let (redirected, answered) = self.server.agent.stats_totals().unwrap_or_default();
         counter(
             &mut out,
             "linkerd_cni_outbound_redirected_total",

@@ -1,8 +1,10 @@
 //! Network namespaces: identify a pod's netns (its cookie, the key of every per-pod map entry)
 //! and read its addresses, from a path such as `/var/run/netns/cni-<uuid>`.
 //!
-//! Work inside a netns runs on a short-lived thread that `setns`es itself, so the agent's own
-//! threads never change namespace.
+//! Work inside a netns runs on one long-lived worker thread that `setns`es into the pod's
+//! namespace for each job and back into its own afterwards, so the agent's other threads never
+//! change namespace and an ADD pays no thread creation. A worker that cannot get back home
+//! exits, and the next job starts a fresh one.
 //!
 //! # Minimum kernel version
 //! 5.14 (`SO_NETNS_COOKIE`).
@@ -11,8 +13,12 @@ use std::{
     fs::File,
     io,
     net::IpAddr,
-    os::{fd::AsFd, unix::fs::MetadataExt},
+    os::{
+        fd::{AsFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
     path::{Path, PathBuf},
+    sync::{Mutex, mpsc},
 };
 
 use nix::sched::{CloneFlags, setns};
@@ -76,7 +82,7 @@ impl Netns {
         &self.file
     }
 
-    /// Runs `f` on a new thread that has entered this namespace.
+    /// Runs `f` on the netns worker thread, inside this namespace.
     pub fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> io::Result<T> + Send + 'static,
@@ -87,18 +93,36 @@ impl Netns {
             .try_clone_to_owned()
             .map_err(|e| self.io(e))?;
         let path = self.path.clone();
-        let joined = std::thread::spawn(move || {
-            setns(&fd, CloneFlags::CLONE_NEWNET).map_err(|e| match e {
-                nix::errno::Errno::EINVAL => NetnsError::NotNetns { path: path.clone() },
-                e => NetnsError::Io {
-                    path: path.clone(),
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |home: &OwnedFd| {
+            let result = match setns(&fd, CloneFlags::CLONE_NEWNET) {
+                Err(nix::errno::Errno::EINVAL) => Err(NetnsError::NotNetns { path }),
+                Err(e) => Err(NetnsError::Io {
+                    path,
                     source: e.into(),
-                },
-            })?;
-            f().map_err(|source| NetnsError::Io { path, source })
-        })
-        .join();
-        joined.unwrap_or_else(|_| Err(self.io(io::Error::other("netns worker thread panicked"))))
+                }),
+                Ok(()) => {
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+                    let result = match ran {
+                        Ok(r) => r.map_err(|source| NetnsError::Io { path, source }),
+                        Err(_) => Err(NetnsError::Io {
+                            path,
+                            source: io::Error::other("work in the network namespace panicked"),
+                        }),
+                    };
+                    if setns(home, CloneFlags::CLONE_NEWNET).is_err() {
+                        let _ = tx.send(result);
+                        return false;
+                    }
+                    result
+                }
+            };
+            let _ = tx.send(result);
+            true
+        });
+        submit(job).map_err(|e| self.io(e))?;
+        rx.recv()
+            .unwrap_or_else(|_| Err(self.io(io::Error::other("netns worker thread failed"))))
     }
 
     fn io(&self, source: io::Error) -> NetnsError {
@@ -117,6 +141,44 @@ impl Netns {
     pub fn cookie_and_addresses(&self) -> Result<(u64, Vec<IpAddr>), NetnsError> {
         self.run(|| Ok((current_netns_cookie()?, current_addresses()?)))
     }
+}
+
+/// A job for the netns worker, given the worker's own namespace; returns whether the worker
+/// is back in it (if not, it must not take another job).
+type Job = Box<dyn FnOnce(&OwnedFd) -> bool + Send>;
+
+/// The worker's queue; `None` until the first job, or after the worker exited.
+static WORKER: Mutex<Option<mpsc::Sender<Job>>> = Mutex::new(None);
+
+/// Hands `job` to the worker, starting one if there is none (or it exited).
+fn submit(job: Job) -> io::Result<()> {
+    let mut worker = WORKER.lock().unwrap_or_else(|p| p.into_inner());
+    let job = match worker.as_ref() {
+        Some(w) => match w.send(job) {
+            Ok(()) => return Ok(()),
+            Err(mpsc::SendError(job)) => job,
+        },
+        None => job,
+    };
+    // Its home: the namespace of the thread starting it, which is the agent's (no agent
+    // thread but the worker ever leaves it).
+    let home = std::fs::File::open("/proc/thread-self/ns/net")?.into();
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("netns-worker".into())
+        .spawn(move || {
+            let home: OwnedFd = home;
+            while let Ok(job) = rx.recv() {
+                if !job(&home) {
+                    tracing::error!("netns worker could not return to its own namespace; exiting");
+                    return;
+                }
+            }
+        })?;
+    tx.send(job)
+        .map_err(|_| io::Error::other("netns worker exited"))?;
+    *worker = Some(tx);
+    Ok(())
 }
 
 /// The addresses of the calling thread's network namespace, except loopback.

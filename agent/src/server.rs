@@ -234,12 +234,9 @@ impl Server {
                     Err(e) => agent_error(e),
                 }
             }
-            Request::Status => match self.blocking(|a| a.pods()).await {
-                Ok(pods) => Response::Status {
-                    programs_loaded: true,
-                    pods: pods.len(),
-                },
-                Err(e) => agent_error(e),
+            Request::Status => Response::Status {
+                programs_loaded: true,
+                pods: self.agent.pod_count(),
             },
         }
     }

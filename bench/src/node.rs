@@ -190,13 +190,19 @@ impl AgentProc {
             socket: run_dir.join("agent.sock"),
             kubeconfig: kubeconfig.into(),
             node_name: node_name.into(),
-            log_level: "warn".into(),
+            // LINKERD_CNI_BENCH_AGENT_LOG=<file>: the agent logs each ADD's and DEL's phases
+            // there (debug), to see where pod setup's time goes.
+            log_level: match std::env::var_os("LINKERD_CNI_BENCH_AGENT_LOG") {
+                Some(_) => "warn,linkerd_cni_agent::agent=debug".into(),
+                None => "warn".into(),
+            },
             reap_interval: None,
             reconcile_interval: None,
             bpffs: None,
             health: SocketAddr::from(([127, 0, 0, 1], 0)),
             shared_cgroup: Some(shared_cgroup.into()),
-            log: dir.path().join("agent.log"),
+            log: std::env::var_os("LINKERD_CNI_BENCH_AGENT_LOG")
+                .map_or_else(|| dir.path().join("agent.log"), PathBuf::from),
             extra_args: vec!["--max-pods".into(), max_pods.to_string()],
         };
         Ok(Self {

@@ -548,3 +548,112 @@ fn repeated_add_with_a_changed_config_updates_the_entries_in_place() {
         "CHECK passes after the update"
     );
 }
+
+/// Runs the plugin's `command` for `pod` under another container id (a second attachment in
+/// the same netns, as a runtime with two sandboxes on one netns would make).
+fn plugin_as(
+    node: &SimNode,
+    pod: &SimPod,
+    command: &str,
+    container_id: &str,
+) -> linkerd_cni_tests::node::PluginOutcome {
+    let mut env = node.plugin_env(command, pod);
+    for (k, v) in &mut env {
+        if k == "CNI_CONTAINERID" {
+            *v = container_id.to_string();
+        }
+    }
+    let prev = (command == "ADD").then(|| pod.result.clone()).flatten();
+    let stdin = node
+        .plugin_stdin(pod, prev)
+        .unwrap_or_else(|e| panic!("plugin stdin: {e}"));
+    node.run_plugin(&env, stdin.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("running the plugin: {e}"))
+}
+
+/// DEL answers "does another redirected registration share this netns?" from a count kept per
+/// netns cookie, not a scan: with two attachments on one netns, DEL of either keeps the
+/// pod's entries, DEL of both removes them.
+#[test]
+fn del_of_one_of_two_attachments_sharing_a_netns_keeps_the_entries() {
+    let node = start_node(&[namespace_manifest("shop", &[])]);
+    let pod = add_pod(&node, PodSpec::meshed("shop", "twice"));
+    let c = cookie(&pod);
+    let second = format!("{}-second", pod.container_id);
+    let out = plugin_as(&node, &pod, "ADD", &second);
+    assert!(out.status.success(), "second ADD: {}", out.stderr);
+    let s = state(&node);
+    assert!(s.registered().contains(&second), "{:?}", s.registered());
+    assert!(s.pod_config.contains_key(&c));
+
+    let out = plugin_as(&node, &pod, "DEL", &pod.container_id);
+    assert!(out.status.success(), "first DEL: {}", out.stderr);
+    let s = state(&node);
+    assert!(!s.registered().contains(&pod.container_id));
+    assert!(
+        s.pod_config.contains_key(&c),
+        "the other attachment's entries went with the first DEL"
+    );
+    assert!(s.pod_by_ip.iter().any(|k| k.starts_with(&format!("{c}:"))));
+
+    let out = plugin_as(&node, &pod, "DEL", &second);
+    assert!(out.status.success(), "second DEL: {}", out.stderr);
+    let s = state(&node);
+    assert!(s.registered().is_empty(), "{:?}", s.registered());
+    assert!(
+        !s.pod_config.contains_key(&c),
+        "entries left after the last DEL"
+    );
+    assert!(!s.pod_by_ip.iter().any(|k| k.starts_with(&format!("{c}:"))));
+}
+
+/// Per-ADD costs: the agent enters pod netns on one reused worker thread (no thread per ADD)
+/// that returns to the agent's own netns after each job, writes each record as one compact
+/// JSON line, and at debug level logs where each ADD's and DEL's time went.
+#[test]
+fn adds_use_one_netns_worker_that_returns_home_and_log_their_phases() {
+    let node = start_node(&[namespace_manifest("shop", &[])]);
+    let pods: Vec<SimPod> = (0..3)
+        .map(|i| add_pod(&node, PodSpec::meshed("shop", &format!("p{i}"))))
+        .collect();
+    let pid = node.agent().expect("agent running").pid();
+    let own_netns = fs::read_link(format!("/proc/{pid}/ns/net")).expect("agent netns");
+    let mut workers = Vec::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let task = task.expect("task").path();
+        let comm = fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() == "netns-worker" {
+            workers.push(fs::read_link(task.join("ns/net")).expect("worker netns"));
+        }
+    }
+    assert_eq!(
+        workers,
+        vec![own_netns],
+        "one netns worker, back in the agent's netns after three ADDs"
+    );
+
+    for pod in &pods {
+        let file = node.state_dir().join(format!("{}.json", pod.container_id));
+        let text = fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert_eq!(text.lines().count(), 1, "not compact: {text}");
+        let record: Value = serde_json::from_str(&text).expect("record is JSON");
+        assert_eq!(record["id"], pod.container_id.as_str());
+    }
+
+    let out = plugin_as(&node, &pods[0], "DEL", &pods[0].container_id);
+    assert!(out.status.success(), "DEL: {}", out.stderr);
+    let log = node.agent_log();
+    // (The log is coloured: match the words, not the `key=value` text.)
+    let phases = |op: &str| {
+        log.lines()
+            .filter(|l| l.contains(" phases ") && l.contains(&format!("\"{op}\"")))
+            .count()
+    };
+    assert!(phases("add") >= 3, "no ADD phases logged:\n{log}");
+    assert!(phases("del") >= 1, "no DEL phases logged:\n{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("phases") && l.contains("stub_load=") && l.contains("registry=")),
+        "ADD phases incomplete:\n{log}"
+    );
+}

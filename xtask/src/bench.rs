@@ -7,27 +7,6 @@ use anyhow::bail;
 
 use crate::{build_ebpf, cargo, nix_is_root, run, workspace};
 
-/// The CNI plugin as it is shipped: statically linked, not position-independent. A runtime
-/// spawns it for every pod, and on a VM each page fault at start-up costs microseconds: the
-/// dynamic loader's work and a PIE's relocations doubled its spawn-to-exit time. (Static,
-/// not PIE: the flags apply to the final link only, so every dependency is built as for the
-/// rest of the workspace.)
-pub fn build_plugin_release() -> anyhow::Result<()> {
-    run(cargo().args([
-        "rustc",
-        "--release",
-        "-p",
-        "linkerd-cni-plugin",
-        "--bin",
-        "linkerd-cni",
-        "--",
-        "-C",
-        "target-feature=+crt-static",
-        "-C",
-        "relocation-model=static",
-    ]))
-}
-
 /// Builds and runs the benchmark.
 pub fn bench(quick: bool) -> anyhow::Result<()> {
     if !nix_is_root() {
@@ -46,7 +25,8 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
         "linkerd-cni-fake-apiserver",
         "--bins",
     ]))?;
-    build_plugin_release()?;
+    // The plugin exactly as shipped (see dist.rs).
+    crate::dist::build_plugin(true)?;
     let command = if quick {
         "cargo xtask bench --quick"
     } else {

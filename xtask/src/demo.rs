@@ -29,6 +29,8 @@ pub fn demo() -> anyhow::Result<()> {
         build.args(["-p", p]);
     }
     run(&mut build)?;
+    // The plugin as shipped (replaces the one just built).
+    crate::dist::build_plugin(false)?;
     run(cargo().args([
         "run",
         "--quiet",

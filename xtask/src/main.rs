@@ -4,12 +4,15 @@
 //! - `build-ebpf`: builds the eBPF object.
 //! - `demo`: setup, build, then the demo on a simulated node (root; see `demo.rs`).
 //! - `bench [--quick]`: the benchmarks (see `bench.rs`).
+//! - `dist [--out DIR]`: the release agent and the static plugin, laid out as the DaemonSet's
+//!   image holds them (see `dist.rs`, the one place the plugin's link flags are defined).
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
 //! - `test` (alias `ci`): setup, build, lint, then every test (unit in parallel, privileged one at a
 //!   time). This is the README's test command and what `.ci/run` runs.
 
 mod bench;
 mod demo;
+mod dist;
 mod setup;
 
 use std::{path::PathBuf, process::Command};
@@ -40,6 +43,12 @@ enum Task {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
+    },
+    /// Build the shipped binaries (release agent, static plugin) into an image's file layout.
+    Dist {
+        /// Where to lay them out (`usr/local/bin/linkerd-cni-agent`, `opt/cni/bin/linkerd-cni`).
+        #[arg(long, default_value = "target/dist")]
+        out: PathBuf,
     },
     /// Build and run the benchmarks (ebpf vs iptables vs direct); writes BENCHMARKS.md (root).
     Bench {
@@ -81,6 +90,7 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::setup(),
         Task::Demo => demo::demo(),
         Task::Bench { quick } => bench::bench(quick),
+        Task::Dist { out } => dist::dist(&workspace().join(out)),
         Task::BuildEbpf => {
             let object = build_ebpf()?;
             println!("{}", object.display());
@@ -101,6 +111,8 @@ fn main() -> anyhow::Result<()> {
             }
             // Binaries the integration tests execute.
             run(cargo().args(["build", "--bins"]))?;
+            // The plugin as shipped (replaces the one just built).
+            dist::build_plugin(false)?;
             // Unprivileged and self-contained tests, in parallel.
             // (The default members: the eBPF crate only builds for the BPF target.)
             run(cargo()

@@ -104,7 +104,7 @@ impl AdoptError {
 impl Agent {
     /// Whether any registration (redirected or not) is for the pod `pod`.
     pub fn knows_pod(&self, pod: &PodRef) -> Result<bool, AgentError> {
-        Ok(self.registry.all()?.iter().any(|r| {
+        Ok(self.registry.any(|r| {
             r.pod.as_ref().is_some_and(|p| match (&p.uid, &pod.uid) {
                 (Some(a), Some(b)) => a == b,
                 _ => p.namespace == pod.namespace && p.name == pod.name,
