@@ -170,14 +170,36 @@ mod tests {
 
     use super::*;
 
-    fn socket_path(name: &str) -> PathBuf {
+    /// A socket path in a directory of its own, removed with it.
+    struct SocketPath {
+        dir: PathBuf,
+        path: PathBuf,
+    }
+
+    impl std::ops::Deref for SocketPath {
+        type Target = PathBuf;
+        fn deref(&self) -> &PathBuf {
+            &self.path
+        }
+    }
+
+    impl Drop for SocketPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn socket_path(name: &str) -> SocketPath {
         let dir = std::env::temp_dir().join(format!(
             "linkerd-cni-agent-test-{}-{name}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        dir.join("agent.sock")
+        SocketPath {
+            path: dir.join("agent.sock"),
+            dir,
+        }
     }
 
     /// Serves one connection with `answer`, returning what it received.
@@ -220,7 +242,7 @@ mod tests {
         let budget = seen.budget_ms.expect("the plugin sends its budget");
         assert!((4_000..=5_000).contains(&budget), "budget {budget} ms");
 
-        std::fs::remove_file(&path).expect("rm socket");
+        std::fs::remove_file(&*path).expect("rm socket");
         let server = serve_once(
             &path,
             Some(Response::Error {
