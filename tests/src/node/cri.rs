@@ -260,17 +260,7 @@ impl CriNode {
 
     /// The addresses host-local holds.
     pub fn allocated_ips(&self) -> Vec<String> {
-        let mut ips: Vec<String> = fs::read_dir(self.dir().join("ipam").join(NETWORK_NAME))
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .filter_map(|e| e.file_name().to_str().map(str::to_string))
-                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        ips.sort();
-        ips
+        super::sim::host_local_ips(self.dir())
     }
 
     /// Network namespaces containerd has mounted (below its state directory).
@@ -479,21 +469,7 @@ state = "{state}"
                 )));
             }
             if sock.exists() {
-                let sock = sock.clone();
-                let connected = self.rt.block_on(async move {
-                    Endpoint::try_from("http://[::]")
-                        .map_err(|e| e.to_string())?
-                        .connect_with_connector(tower::service_fn(move |_: Uri| {
-                            let sock = sock.clone();
-                            async move {
-                                Ok::<_, std::io::Error>(TokioIo::new(
-                                    tokio::net::UnixStream::connect(sock).await?,
-                                ))
-                            }
-                        }))
-                        .await
-                        .map_err(|e| e.to_string())
-                });
+                let connected = self.rt.block_on(connect_unix(sock.clone()));
                 if let Ok(channel) = connected {
                     break channel;
                 }
@@ -564,22 +540,8 @@ state = "{state}"
 
     fn channel(&self) -> Result<Channel> {
         // `RuntimeServiceClient` holds a cheap-to-clone channel; reach it through a clone.
-        let sock = self.containerd_socket();
         self.rt
-            .block_on(async move {
-                Endpoint::try_from("http://[::]")
-                    .map_err(|e| e.to_string())?
-                    .connect_with_connector(tower::service_fn(move |_: Uri| {
-                        let sock = sock.clone();
-                        async move {
-                            Ok::<_, std::io::Error>(TokioIo::new(
-                                tokio::net::UnixStream::connect(sock).await?,
-                            ))
-                        }
-                    }))
-                    .await
-                    .map_err(|e| e.to_string())
-            })
+            .block_on(connect_unix(self.containerd_socket()))
             .map_err(|e| Error::Missing(format!("connecting to containerd: {e}")))
     }
 
@@ -1018,6 +980,20 @@ impl Drop for CriNode {
             a.kill();
         }
     }
+}
+
+/// A gRPC channel to the CRI server listening on the unix socket `sock`.
+async fn connect_unix(sock: PathBuf) -> std::result::Result<Channel, String> {
+    Endpoint::try_from("http://[::]")
+        .map_err(|e| e.to_string())?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let sock = sock.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(sock).await?))
+            }
+        }))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Removes, once per process, what nodes of test processes that died without cleaning up

@@ -387,18 +387,7 @@ impl SimNode {
 
     /// The addresses host-local holds for this node's network (one file per address).
     pub fn allocated_ips(&self) -> Vec<String> {
-        let dir = self.dir.path().join("ipam").join(NETWORK_NAME);
-        let mut ips: Vec<String> = fs::read_dir(dir)
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .filter_map(|e| e.file_name().to_str().map(str::to_string))
-                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        ips.sort();
-        ips
+        host_local_ips(self.dir.path())
     }
 
     /// Writes `objects` to the API server's manifests and waits until it serves them.
@@ -609,4 +598,20 @@ pub(super) fn write_manifest(dir: &Path, object: &Value) -> Result<()> {
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644))
         .ctx(|| format!("chmod {}", tmp.display()))?;
     fs::rename(&tmp, &path).ctx(|| format!("renaming to {}", path.display()))
+}
+
+/// The addresses host-local holds for the node network below `node_dir` (its data dir is
+/// `<node_dir>/ipam`, one file per address), sorted.
+pub(super) fn host_local_ips(node_dir: &Path) -> Vec<String> {
+    let mut ips: Vec<String> = fs::read_dir(node_dir.join("ipam").join(NETWORK_NAME))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    ips.sort();
+    ips
 }
