@@ -207,6 +207,31 @@ fn shared_pod_id() -> String {
     format!("bench-shared-{}", std::process::id())
 }
 
+/// Serves a meshed pod named `id` (uid `<id>-uid`) from the API server and sends its CNI ADD.
+fn add_meshed_pod(
+    api: &Api,
+    cni: &Cni,
+    id: &str,
+    netns: &std::path::Path,
+    cgroup: Option<&std::path::Path>,
+    ip: Ipv4Addr,
+) -> anyhow::Result<()> {
+    let uid = format!("{id}-uid");
+    api.add_pod(id, &uid)?;
+    cni.invoke(
+        "ADD",
+        &CniPod {
+            id,
+            name: id,
+            uid: &uid,
+            netns,
+            cgroup,
+            ip,
+        },
+    )?;
+    Ok(())
+}
+
 impl Topology {
     /// Builds the node; registers the ebpf pod through `cni` (the agent must be running), and
     /// one pod without a cgroup of its own so that the agent attaches to `shared_cgroup`.
@@ -248,22 +273,14 @@ impl Topology {
         // Registered without a cgroup: the agent attaches to the shared cgroup. Nothing runs
         // in it; it only puts the programs above the unmeshed-shared pod.
         let shared_pod = NetnsGuard::new()?;
-        {
-            let id = shared_pod_id();
-            let uid = format!("{id}-uid");
-            api.add_pod(&id, &uid)?;
-            cni.invoke(
-                "ADD",
-                &CniPod {
-                    id: &id,
-                    name: &id,
-                    uid: &uid,
-                    netns: shared_pod.path(),
-                    cgroup: None,
-                    ip: Ipv4Addr::new(10, 244, 0, 250),
-                },
-            )?;
-        }
+        add_meshed_pod(
+            api,
+            cni,
+            &shared_pod_id(),
+            shared_pod.path(),
+            None,
+            Ipv4Addr::new(10, 244, 0, 250),
+        )?;
 
         let mut pods = Vec::new();
         for mode in Mode::ALL.into_iter().chain(Mode::UNMESHED) {
@@ -293,19 +310,13 @@ impl Topology {
                     .with_context(|| format!("installing the {binary} rules"))?;
                 }
                 Mode::Ebpf => {
-                    let id = ebpf_pod_id();
-                    let uid = format!("{id}-uid");
-                    api.add_pod(&id, &uid)?;
-                    cni.invoke(
-                        "ADD",
-                        &CniPod {
-                            id: &id,
-                            name: &id,
-                            uid: &uid,
-                            netns: pod.netns.path(),
-                            cgroup: Some(pod.cgroup.path()),
-                            ip,
-                        },
+                    add_meshed_pod(
+                        api,
+                        cni,
+                        &ebpf_pod_id(),
+                        pod.netns.path(),
+                        Some(pod.cgroup.path()),
+                        ip,
                     )?;
                 }
                 Mode::Direct | Mode::Unmeshed | Mode::UnmeshedShared => {}
