@@ -30,6 +30,7 @@ const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -447,6 +448,61 @@ pub fn map_next_key(map: impl AsFd, key: Option<&[u8]>, next: &mut [u8]) -> io::
     }
 }
 
+/// `BPF_PROG_GET_FD_BY_ID`: a new reference to the program with kernel id `id` (`ENOENT`
+/// once it is gone).
+pub fn prog_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, id);
+    bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map(owned)
+}
+
+/// The name a program was loaded with (`struct bpf_prog_info`'s `name`, at most 15 bytes).
+pub fn prog_name(prog: impl AsFd) -> io::Result<String> {
+    #[repr(C, align(8))]
+    struct Raw([u8; 80]);
+    let mut raw = Raw([0; 80]);
+    let mut attr = Attr::new();
+    attr.put_u32(0, prog.as_fd().as_raw_fd() as u32)
+        .put_u32(4, 80)
+        .put_u64(8, raw.0.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let name = &raw.0[64..80];
+    let len = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..len]).into_owned())
+}
+
+/// Programs whose last reference may be dropped before [`pace_program_frees`] pauses.
+const FREES_PER_PAUSE: u32 = 256;
+/// How long [`pace_program_frees`] pauses: several RCU grace periods, after which the JIT
+/// images of the programs dropped before have been released.
+const FREE_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Call after dropping the last reference to `n` programs (a pod's `sk_lookup` stub, by
+/// detaching or replacing its link): every [`FREES_PER_PAUSE`] of them, the calling thread
+/// pauses for [`FREE_PAUSE`].
+///
+/// Why: a program's JIT image is released after an RCU grace period by a work item on the
+/// kernel's `system_wq` (`bpf_jit_free`), which takes the JIT allocator's `pack_mutex`. When
+/// about a thousand of those are pending on one CPU (the queue's concurrency limit) while a
+/// program load holds that mutex and waits, inside `set_memory_rox`, for a vmap purge work item
+/// queued behind them, every BPF program load on the node blocks for good (seen on 6.18 after
+/// 10,000 stubs were dropped at once while stubs were being loaded). Pausing keeps the number
+/// of pending frees far below that limit whatever the number of pods.
+pub fn pace_program_frees(n: u32) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static FREED: AtomicU32 = AtomicU32::new(0);
+    let before = FREED.fetch_add(n, Ordering::Relaxed);
+    if crosses_a_pause(before, n) {
+        std::thread::sleep(FREE_PAUSE);
+    }
+}
+
+/// Whether freeing `n` more programs after `before` reaches the next multiple of
+/// [`FREES_PER_PAUSE`].
+fn crosses_a_pause(before: u32, n: u32) -> bool {
+    (before % FREES_PER_PAUSE) + n >= FREES_PER_PAUSE
+}
+
 /// The kernel id of any bpf object (program, map or link): `BPF_OBJ_GET_INFO_BY_FD` reading
 /// only the common head of the info structs (type, id).
 pub fn obj_id(fd: impl AsFd) -> io::Result<u32> {
@@ -466,6 +522,19 @@ mod tests {
     use std::os::fd::BorrowedFd;
 
     use super::*;
+
+    #[test]
+    fn program_frees_pause_once_per_batch() {
+        let pauses = |per_call: u32, calls: u32| {
+            (0..calls)
+                .filter(|i| crosses_a_pause(i * per_call, per_call))
+                .count()
+        };
+        assert_eq!(pauses(1, FREES_PER_PAUSE - 1), 0);
+        assert_eq!(pauses(1, FREES_PER_PAUSE), 1);
+        assert_eq!(pauses(1, 10_000), 10_000 / FREES_PER_PAUSE as usize);
+        assert_eq!(pauses(3, 1_000), 3_000 / FREES_PER_PAUSE as usize);
+    }
 
     #[test]
     fn stub_carries_the_cookie_and_fails_closed() {

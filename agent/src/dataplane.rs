@@ -228,20 +228,37 @@ impl Dataplane {
             },
         )?;
         // Inbound links run a per-pod stub (or, left by agents before stubs, the shared
-        // program itself): each gets a new stub bound to this generation's maps.
+        // program itself). A stub refers to nothing of a generation but the cookie slot and
+        // the program array; while both are the pinned ones, it already hands its pod to this
+        // run's shared program (just set above) and is kept: a restart or upgrade loads and
+        // frees no program per pod. Otherwise the pod gets a new stub bound to this
+        // generation's maps.
         let shared_dir = self.pin_root.join(paths::PIN_SHARED);
+        let stubs_stay = [names::MAP_LOOKUP_NS, names::MAP_LOOKUP_PROG]
+            .iter()
+            .all(|m| self.plan.adopted().any(|a| a == *m));
         // By link directory: a node of 10,000 pods would otherwise search the list once per pod.
         let cookies: std::collections::HashMap<&Path, u64> = pods
             .iter()
             .map(|(dir, cookie, _)| (dir.as_path(), *cookie))
             .collect();
-        let swapped = layout::swap_links(&self.pin_root, |dir, name| {
+        let swapped = layout::swap_links(&self.pin_root, |dir, name, link| {
             if name == names::PROG_SK_LOOKUP && dir != shared_dir {
-                let cookie = cookies.get(dir)?;
-                return self.sk_lookup_stub(*cookie).ok();
+                let runs_stub = bpf_sys::prog_by_id(link.prog_id)
+                    .and_then(bpf_sys::prog_name)
+                    .is_ok_and(|n| n == names::PROG_SK_LOOKUP_STUB);
+                if runs_stub && stubs_stay {
+                    return Some(layout::Swap::Keep);
+                }
+                let stub = self.sk_lookup_stub(*cookies.get(dir)?).ok()?;
+                return Some(match runs_stub {
+                    true => layout::Swap::Private(stub),
+                    false => layout::Swap::Shared(stub),
+                });
             }
             let name = names::ALL_PROGRAMS.into_iter().find(|p| *p == name)?;
-            self.prog_fd(name).ok()?.try_clone_to_owned().ok()
+            let prog = self.prog_fd(name).ok()?.try_clone_to_owned().ok()?;
+            Some(layout::Swap::Shared(prog))
         })?;
         if migrates {
             self.copy_pass(&maps_dir, &next_dir)?;
@@ -268,7 +285,8 @@ impl Dataplane {
         tracing::info!(
             found_layout = ?self.plan.found.version(),
             layout = linkerd_cni_common::LAYOUT_VERSION,
-            links_swapped = swapped,
+            links_swapped = swapped.swapped,
+            stubs_kept = swapped.kept,
             ?replaced,
             "pinned state adopted"
         );
@@ -493,7 +511,9 @@ pub fn pin_name(id: &str) -> String {
 }
 
 /// Detaches and unpins every link in `link_dir`, then removes the directory. Detaching first
-/// makes the effect immediate even if some process still holds a link fd.
+/// makes the effect immediate even if some process still holds a link fd. Dropping a pod's
+/// stub is paced ([`bpf_sys::pace_program_frees`]): reaping thousands of pods at once must not
+/// leave thousands of program frees pending in the kernel.
 pub fn detach(link_dir: &Path) -> io::Result<()> {
     let entries = match fs::read_dir(link_dir) {
         Ok(e) => e,
@@ -506,6 +526,10 @@ pub fn detach(link_dir: &Path) -> io::Result<()> {
             let _ = bpf_sys::link_detach(&link);
         }
         fs::remove_file(&path)?;
+        // A pod's inbound link held the only reference to its stub.
+        if path.file_name() == Some(names::PROG_SK_LOOKUP.as_ref()) {
+            bpf_sys::pace_program_frees(1);
+        }
     }
     fs::remove_dir(link_dir)
 }

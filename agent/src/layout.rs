@@ -511,16 +511,36 @@ fn link_dirs(pin_root: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
-/// Swaps every pinned link under `pin_root` to the program `prog_for(link dir, link name)`
-/// gives (this generation's program of that name, or a new `sk_lookup` stub for the pod),
-/// pod by pod, in [`swap_order`]. A link it has no program for is left as it is, with a
-/// warning. Returns how many links were swapped.
+/// What [`swap_links`] does with one pinned link.
+pub enum Swap {
+    /// The link keeps its program (a pod's `sk_lookup` stub still valid for this generation).
+    Keep,
+    /// Swap to this program; the old one is shared with other links (not freed by this swap).
+    Shared(OwnedFd),
+    /// Swap to this program; this link held the only reference to the old one (a pod's stub),
+    /// so the swap frees a program and is paced ([`bpf_sys::pace_program_frees`]).
+    Private(OwnedFd),
+}
+
+/// What [`swap_links`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swapped {
+    /// Links now running another program.
+    pub swapped: usize,
+    /// Links left on their program on purpose ([`Swap::Keep`]).
+    pub kept: usize,
+}
+
+/// Goes over every pinned link under `pin_root`, pod by pod, in [`swap_order`], and does
+/// what `prog_for(link dir, link name, link info)` says: keep it, or swap it to a program
+/// (this generation's program of that name, or a new `sk_lookup` stub for the pod). A link
+/// it has nothing for (`None`) is left as it is, with a warning.
 pub fn swap_links(
     pin_root: &Path,
-    prog_for: impl Fn(&Path, &str) -> Option<OwnedFd>,
-) -> Result<usize, LayoutError> {
+    prog_for: impl Fn(&Path, &str, &bpf_sys::LinkInfo) -> Option<Swap>,
+) -> Result<Swapped, LayoutError> {
     let order = swap_order();
-    let mut swapped = 0;
+    let mut done = Swapped::default();
     for dir in link_dirs(pin_root).map_err(sys("listing links under", pin_root))? {
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
@@ -538,12 +558,26 @@ pub fn swap_links(
             let Ok(link) = bpf_sys::obj_get(&path) else {
                 continue;
             };
-            let Some(prog) = prog_for(&dir, &name) else {
-                tracing::warn!(link = %path.display(), "no new program for this link: left as it is");
-                continue;
+            let info = bpf_sys::link_info(&link).unwrap_or_default();
+            let (prog, frees_old) = match prog_for(&dir, &name, &info) {
+                Some(Swap::Keep) => {
+                    done.kept += 1;
+                    continue;
+                }
+                Some(Swap::Shared(prog)) => (prog, false),
+                Some(Swap::Private(prog)) => (prog, true),
+                None => {
+                    tracing::warn!(link = %path.display(), "no new program for this link: left as it is");
+                    continue;
+                }
             };
             match bpf_sys::link_update(&link, &prog) {
-                Ok(()) => swapped += 1,
+                Ok(()) => {
+                    done.swapped += 1;
+                    if frees_old {
+                        bpf_sys::pace_program_frees(1);
+                    }
+                }
                 // A link whose cgroup or netns is gone cannot be updated; the pod's
                 // registration is reaped on its own. Never a reason not to start.
                 Err(e) => {
@@ -552,7 +586,7 @@ pub fn swap_links(
             }
         }
     }
-    Ok(swapped)
+    Ok(done)
 }
 
 /// Opens the pin of `name` under `dir`.

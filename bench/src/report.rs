@@ -783,7 +783,10 @@ fn upgrade_section(md: &mut String, r: &Results) {
          it re-attaches them on its next reconcile pass, as an agent replacing programs without \
          `BPF_LINK_UPDATE` would leave pods in between. A pod is redirected throughout when its \
          proxy accepted at least as many connections, each way, as its clients completed, answered \
-         `SO_ORIGINAL_DST` for each, and dropped none for want of one.\n",
+         `SO_ORIGINAL_DST` for each, and dropped none for want of one. Each pod's inbound link \
+         runs a stub of its own that reaches whichever shared program the running agent \
+         installed: the upgrade from layout 1 (no stubs) gives every pod one, the later changes \
+         keep them, so there one link per pod is not swapped, by design.\n",
         r.upgrade.first().map_or(0, |u| u.concurrency),
         r.upgrade
             .iter()

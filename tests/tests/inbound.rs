@@ -482,6 +482,60 @@ fn original_destination_survives_a_5s_late_accept() {
     late_accept(Duration::from_secs(5));
 }
 
+/// The id of the program the pod's inbound link runs (its stub).
+fn stub_of(h: &AgentHarness, record: &linkerd_cni_agent::registry::PodRecord) -> u32 {
+    let link_dir = h.agent().link_dir(record).expect("per-pod link dir");
+    let link = linkerd_cni_agent::bpf_sys::obj_get(&link_dir.join(names::PROG_SK_LOOKUP))
+        .expect("pinned netns link");
+    linkerd_cni_agent::bpf_sys::link_info(&link)
+        .expect("link info")
+        .prog_id
+}
+
+/// A restart (crash, upgrade of the same layout) keeps every pod's stub: it loads and frees
+/// no program per pod, so a node of thousands of pods does not flood the kernel with program
+/// frees while programs load (a mass free during loads has deadlocked the BPF JIT allocator).
+/// The kept stubs reach the restarted agent's shared program.
+#[test]
+fn a_restart_keeps_every_pods_stub() {
+    const PODS: usize = 100;
+    let mut h = AgentHarness::new(None);
+    let pods: Vec<Pod> = (0..PODS).map(|_| Pod::new().expect("pod")).collect();
+    let records: Vec<_> = pods
+        .iter()
+        .map(|pod| h.register(pod, LinkerdConfig::default(), true))
+        .collect();
+    let before: Vec<u32> = records.iter().map(|r| stub_of(&h, r)).collect();
+    let shared_program = |h: &AgentHarness| {
+        linkerd_cni_tests::layout::pinned_programs(&h.config().pin_root).expect("pinned programs")
+            [names::PROG_SK_LOOKUP]
+    };
+    let shared_before = shared_program(&h);
+    h.kill();
+    h.start_again();
+    let after: Vec<u32> = records.iter().map(|r| stub_of(&h, r)).collect();
+    assert_eq!(after, before, "every pod kept its stub");
+    assert_ne!(
+        shared_program(&h),
+        shared_before,
+        "the restarted agent loaded its own shared program"
+    );
+    for r in &records {
+        h.agent().check(&r.id).expect("in force after the restart");
+    }
+    // And the kept stubs reach the new shared program: a connection into one of the pods
+    // goes to its proxy.
+    let w = World::new(&[8080]);
+    let record = h.register(&w.net.pod, LinkerdConfig::default(), true);
+    let proxy = proxy_in(&w.net.pod, false);
+    let stub = stub_of(&h, &record);
+    h.kill();
+    h.start_again();
+    assert_eq!(stub_of(&h, &record), stub);
+    w.call(8080);
+    assert_eq!(wait_accepted(&proxy, 1).len(), 1, "through the kept stub");
+}
+
 /// The per-netns stub outlives the agent (pinned link) and reaches whichever shared program
 /// the running agent installed; unregistering removes it from the kernel.
 #[test]
@@ -490,13 +544,7 @@ fn inbound_survives_the_agent_and_unregister_removes_the_stub() {
     let w = World::new(&[8080]);
     let record = h.register(&w.net.pod, LinkerdConfig::default(), true);
     let proxy = proxy_in(&w.net.pod, false);
-    let link_dir = h.agent().link_dir(&record).expect("per-pod link dir");
-    let link = linkerd_cni_agent::bpf_sys::obj_get(&link_dir.join(names::PROG_SK_LOOKUP))
-        .expect("pinned netns link");
-    let stub = linkerd_cni_agent::bpf_sys::link_info(&link)
-        .expect("link info")
-        .prog_id;
-    drop(link);
+    let stub = stub_of(&h, &record);
     let bpftool_prog = |id: u32| {
         std::process::Command::new("bpftool")
             .args(["prog", "show", "id", &id.to_string()])
@@ -513,6 +561,11 @@ fn inbound_survives_the_agent_and_unregister_removes_the_stub() {
     w.call(8080);
     assert_eq!(wait_accepted(&proxy, 1).len(), 1, "agent down");
     h.start_again();
+    assert_eq!(
+        stub_of(&h, &record),
+        stub,
+        "the restarted agent kept the pod's stub"
+    );
     w.call(8080);
     assert_eq!(
         wait_accepted(&proxy, 2),
