@@ -59,6 +59,11 @@ pub fn read_limited(input: &mut dyn Read) -> Result<Vec<u8>, PluginError> {
 /// The config's `cniVersion` if it is readable and supported, for error replies written
 /// before (or despite) a full parse.
 pub fn peek_version(bytes: &[u8]) -> Option<SpecVersion> {
+    // Nothing to parse (a VERSION request's stdin is often empty): a JSON error would be built
+    // for nothing, and building one costs a start-up's worth of CPU feature detection.
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
     #[derive(serde::Deserialize)]
     struct Peek {
         #[serde(rename = "cniVersion")]

@@ -8,11 +8,13 @@
 //!   image holds them (see `dist.rs`, the one place the plugin's link flags are defined).
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
 //! - `test` (alias `ci`): setup, build, lint, then every test (unit in parallel, privileged one at a
-//!   time). This is the README's test command and what `.ci/run` runs.
+//!   time, each binary under a time limit: see `privileged.rs`). This is the README's test
+//!   command and what `.ci/run` runs.
 
 mod bench;
 mod demo;
 mod dist;
+mod privileged;
 mod setup;
 
 use std::{path::PathBuf, process::Command};
@@ -126,12 +128,8 @@ fn main() -> anyhow::Result<()> {
                     "linkerd-cni-tests",
                 ])
                 .args(&args))?;
-            // Privileged tests: real kernel state, one at a time.
-            run(cargo()
-                .args(["test", "--no-fail-fast", "-p", "linkerd-cni-tests"])
-                .args(&args)
-                .args(["--", "--test-threads=1"]))?;
-            Ok(())
+            // Privileged tests: real kernel state, one at a time, each binary time-limited.
+            privileged::test(&args)
         }
     }
 }
