@@ -171,10 +171,18 @@ fn running_meshed_pod_is_adopted_without_restart() {
     );
     wait_adopted(&node, &validating);
     let agent = node.agent().expect("agent");
-    assert_eq!(
+    // The pass counts an adoption once the registration it made (what `wait_adopted` sees)
+    // has returned to it: a moment later.
+    let adoptions = || {
         agent
             .metric("linkerd_cni_agent_adoptions_total")
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let _ = wait_until("both adoptions counted", Duration::from_secs(5), || {
+        (adoptions() == 2).then_some(())
+    });
+    assert_eq!(
+        adoptions(),
         2,
         "the running pod and the one in its init phase"
     );
