@@ -1,7 +1,9 @@
 //! The privileged test binaries (`tests/tests/*.rs`: real BPF, netns, cgroups), one at a time,
 //! each under a time limit. A test that hangs (a process stuck in the kernel, a peer that never
 //! answers) is killed with its whole process group and reported with what the kernel shows
-//! about stuck tasks, and the run goes on to the next binary; the task fails at the end.
+//! about stuck tasks, and the run goes on to the next binary; the task fails at the end. A
+//! killed binary cleans nothing up: its netns, cgroups, bpffs pins and scratch directories
+//! (all named `l5dt-<pid>-*`) stay for inspection.
 
 use std::{
     fs,
