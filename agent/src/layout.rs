@@ -33,8 +33,8 @@ use linkerd_cni_common::{LAYOUT_OLDEST_READER, LAYOUT_VERSION, LayoutMeta, names
 use crate::bpf_sys::{self, MapInfo};
 
 /// Earlier layouts whose entries mean what ours mean when key and value sizes match (their
-/// entries are copied). Layout 1 differs from 2 only by the missing BTF.
-const SAME_MEANING_AS_OURS: &[u32] = &[1];
+/// entries are copied). Layout 1 differs from 2 only by the missing BTF; 3 only adds a map.
+const SAME_MEANING_AS_OURS: &[u32] = &[1, 2];
 
 /// Maps the programs write for connections in flight (a socket's original destination
 /// between `connect()` and the proxy's `SO_ORIGINAL_DST`, the proxies' listeners). Links are
@@ -52,6 +52,7 @@ const LIVE: &[&str] = &[
     names::MAP_CONN_DST,
     names::MAP_LISTENERS,
     names::MAP_ACC_DST,
+    names::MAP_APP_DST,
     names::MAP_LOOKUP_NS,
     names::MAP_LOOKUP_PROG,
 ];

@@ -139,7 +139,9 @@ pub const MAP_POD_CONFIG: &str = "l5d_pod_config";
 pub const MAP_PORT_SETS: &str = "l5d_port_sets";
 /// LPM trie of [`crate::AddrKey`]: per-pod ignored subnets and the pod's own addresses.
 pub const MAP_ADDRS: &str = "l5d_addrs";
-/// socket cookie → [`crate::OrigDst`]: original destination of each redirected app socket.
+/// socket cookie → [`crate::OrigDst`]: original destination of an app socket redirected by
+/// layout-2 programs (layout 3 keeps it in the socket's storage, [`MAP_APP_DST`]); read and
+/// cleaned for sockets that connected before an upgrade.
 pub const MAP_SOCK_DST: &str = "l5d_sock_dst";
 /// [`crate::ConnKey`] → [`crate::OrigDst`]: original destination by the proxy-side 4-tuple.
 pub const MAP_CONN_DST: &str = "l5d_conn_dst";
@@ -155,6 +157,9 @@ pub const MAP_LISTENERS: &str = "l5d_listeners";
 /// Socket-local storage ([`crate::OrigDst`]) of the proxy's accepted sockets: their original
 /// destination, for as long as the socket exists.
 pub const MAP_ACC_DST: &str = "l5d_acc_dst";
+/// Socket-local storage ([`crate::OrigDst`]) of redirected app sockets: their original
+/// destination, saved at `connect()` (layout 3; before, [`MAP_SOCK_DST`]).
+pub const MAP_APP_DST: &str = "l5d_app_dst";
 /// Per-CPU slot 0: the netns cookie a pod's `sk_lookup` stub hands to the shared program.
 pub const MAP_LOOKUP_NS: &str = "l5d_lookup_ns";
 /// Program array, slot 0: the shared `sk_lookup` program the pods' stubs tail-call.
@@ -166,7 +171,7 @@ pub const MAP_META: &str = "l5d_meta";
 
 /// Every map, as pinned under `paths::PIN_MAPS`. The map macro of `ebpf/` takes only string
 /// literals: the agent's tests check the built object against this list.
-pub const MAPS: [&str; 11] = [
+pub const MAPS: [&str; 12] = [
     MAP_POD_CONFIG,
     MAP_PORT_SETS,
     MAP_ADDRS,
@@ -176,6 +181,7 @@ pub const MAPS: [&str; 11] = [
     MAP_POD_BY_IP,
     MAP_LISTENERS,
     MAP_ACC_DST,
+    MAP_APP_DST,
     MAP_LOOKUP_NS,
     MAP_LOOKUP_PROG,
 ];

@@ -213,11 +213,16 @@ const _: () = assert!(core::mem::size_of::<ListenerKey>() == 16);
 ///
 /// 1: maps without BTF and no meta map (agents before this record existed).
 /// 2: BTF-typed maps (`bpftool map dump` prints named fields) and the meta map.
-pub const LAYOUT_VERSION: u32 = 2;
+/// 3: an app socket's original destination in its own storage (`l5d_app_dst`) instead of
+///    `l5d_sock_dst`, which is only read and cleaned for sockets connected under layout 2.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// The oldest layout version whose agents can run on state of [`LAYOUT_VERSION`] as it is:
-/// layout 2 changed no key or value of layout 1, so a layout-1 agent (which reuses pinned maps
-/// by name) still works on it: rolling back is safe.
+/// neither layout 2 nor 3 changed a key or value of layout 1 (3 only adds a map), so a layout-1
+/// or -2 agent (which reuses pinned maps by name) still works on it. Rolling back from 3 costs
+/// this: app sockets connected under layout 3 report the proxy, not their original
+/// destination, as their peer (`getpeername`), and a connection whose `connect()` and handshake
+/// straddle the swap finds no original destination (the proxy refuses it, as when it starts).
 pub const LAYOUT_OLDEST_READER: u32 = 1;
 
 /// The value of the meta map's single entry (key `0u32`).

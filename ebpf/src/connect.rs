@@ -1,16 +1,17 @@
 //! `cgroup/connect4` and `cgroup/connect6`: a meshed pod's outbound TCP goes to its proxy.
 //!
-//! The original destination is saved under the socket's cookie for [`crate::sockops`] and
-//! [`crate::getpeername`], then the destination is rewritten to the proxy's outbound listener
+//! The original destination is saved in the socket's own storage ([`APP_DST`]) for
+//! [`crate::sockops`] and [`crate::getpeername`], then the destination is rewritten to the proxy's outbound listener
 //! (`127.0.0.1:4140`, `[::1]:4140` for IPv6, `::ffff:127.0.0.1:4140` for v4-mapped).
 //!
 //! # Minimum kernel version
-//! 4.17 (cgroup sock_addr hooks); `bpf_get_netns_cookie` here needs 5.7.
+//! 4.17 (cgroup sock_addr hooks); `bpf_get_netns_cookie` here needs 5.7, socket storage from
+//! these hooks 5.10 (verified on 6.18).
 
 use aya_ebpf::{
     EbpfContext,
     bindings::bpf_sock_addr,
-    helpers::generated::{bpf_get_current_uid_gid, bpf_get_netns_cookie, bpf_get_socket_cookie},
+    helpers::generated::{bpf_get_current_uid_gid, bpf_get_netns_cookie},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
@@ -21,7 +22,7 @@ use linkerd_cni_common::{
 
 use crate::{
     addr::{LOOPBACK4_BE, outbound_redirected, read_ip6},
-    maps::{POD_CONFIG, SOCK_DST, count},
+    maps::{APP_DST, POD_CONFIG, count, store_dst},
 };
 
 const ALLOW: i32 = 1;
@@ -60,11 +61,12 @@ unsafe fn meshed_caller(ctx: &SockAddrContext) -> Option<(u64, PodConfig)> {
     Some((netns, cfg))
 }
 
-/// Saves the original destination under the socket cookie.
+/// Saves the original destination in the socket's storage.
 #[inline(always)]
 unsafe fn save(ctx: &SockAddrContext, dst: &OrigDst) -> bool {
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    SOCK_DST.insert(&cookie, dst, 0).is_ok()
+    let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
+    // SAFETY: the hook's socket, checked for null.
+    !sk.is_null() && unsafe { store_dst(&APP_DST, sk.cast(), dst) }
 }
 
 unsafe fn connect4(ctx: &SockAddrContext) {

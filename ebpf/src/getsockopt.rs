@@ -4,7 +4,8 @@
 //!
 //! The answer comes from the accepted socket's own storage, where [`crate::sockops`] moved it
 //! when the handshake completed, or else from the 4-tuple map (the socket's peer is the app
-//! side of the connection; TCP Fast Open reaches the proxy before that move). Whenever we hold
+//! side of the connection; with TCP Fast Open the proxy's side completes before the app's, so
+//! the first answer moves it from there into the socket's storage). Whenever we hold
 //! a destination for the socket, ours wins, even over an answer already given: with conntrack
 //! active in the pod's netns the kernel answers by itself (`retval == 0`) with the proxy's own
 //! address, since the connection was redirected before any packet existed. With nothing held,
@@ -26,7 +27,7 @@ use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, FAMILY_V4, OrigDst, v4_mapp
 
 use crate::{
     addr::read_ip6,
-    maps::{ACC_DST, CONN_DST, count},
+    maps::{ACC_DST, CONN_DST, count, store_dst},
 };
 
 const SOL_IP: i32 = 0;
@@ -88,7 +89,16 @@ unsafe fn getsockopt(ctx: &SockoptContext) {
     } as *const OrigDst;
     let dst = if stored.is_null() {
         match unsafe { tuple_dst(sk, netns) } {
-            Some(dst) => dst,
+            Some((key, dst)) => {
+                // TCP Fast Open: the proxy's side completed before the app's, so the hand-off
+                // is still in the 4-tuple map (nothing else would remove it: app sockets ask
+                // for no state callbacks). Move it into the socket's storage now.
+                // SAFETY: `sk` is the context's full socket, checked for null.
+                if unsafe { store_dst(&ACC_DST, sk.cast(), &dst) } {
+                    let _ = CONN_DST.remove(&key);
+                }
+                dst
+            }
             None => {
                 if unsafe { (*so).retval } != 0 {
                     count(netns, |s| &mut s.orig_dst_missed);
@@ -110,9 +120,9 @@ unsafe fn getsockopt(ctx: &SockoptContext) {
     }
 }
 
-/// The original destination recorded under the accepted socket's 4-tuple, if any.
+/// The original destination recorded under the accepted socket's 4-tuple, if any, with its key.
 #[inline(always)]
-unsafe fn tuple_dst(sk: *mut bpf_sock, netns: u64) -> Option<OrigDst> {
+unsafe fn tuple_dst(sk: *mut bpf_sock, netns: u64) -> Option<(ConnKey, OrigDst)> {
     // Volatile loads at fixed offsets, for the same reason as in `sockops::Tuple::read`.
     let key = unsafe {
         let (family, ip4, ip6) = (
@@ -132,7 +142,9 @@ unsafe fn tuple_dst(sk: *mut bpf_sock, netns: u64) -> Option<OrigDst> {
         }
     };
     // SAFETY: the value is copied out at once.
-    (unsafe { CONN_DST.get(&key) }).copied()
+    (unsafe { CONN_DST.get(&key) })
+        .copied()
+        .map(|dst| (key, dst))
 }
 
 /// Writes a `sockaddr_in`; only for an IPv4 original destination, like conntrack.

@@ -3,10 +3,14 @@
 //! the macro takes only literals, so the agent's unit tests check the built object against
 //! that list.
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
+    bindings::BPF_SK_STORAGE_GET_F_CREATE,
     btf_maps::{
         HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, SkStorage, SockHash,
     },
+    helpers::generated::bpf_sk_storage_get,
     macros::btf_map,
 };
 use linkerd_cni_common::{
@@ -50,6 +54,13 @@ pub static LISTENERS: SockHash<ListenerKey, { MAX_PODS as usize * 2 }> = SockHas
 #[btf_map(name = "l5d_acc_dst")]
 pub static ACC_DST: SkStorage<OrigDst> = SkStorage::new();
 
+/// Socket-local storage of a redirected app socket: its original destination, saved by
+/// [`crate::connect`] and read by [`crate::getpeername`] and [`crate::sockops`] (which hands it to
+/// the 4-tuple map when the handshake completes). Lives and dies with the socket: no entry to
+/// insert into a shared map, none to delete, no state callback to ask for.
+#[btf_map(name = "l5d_app_dst")]
+pub static APP_DST: SkStorage<OrigDst> = SkStorage::new();
+
 /// Per-CPU scratch slot 0: the netns cookie of the pod whose `sk_lookup` stub runs, written by
 /// the stub right before it tail-calls [`LOOKUP_PROG`]\[0\] on the same CPU.
 #[btf_map(name = "l5d_lookup_ns")]
@@ -59,6 +70,50 @@ pub static LOOKUP_NS: PerCpuArray<u64, 1> = PerCpuArray::new();
 /// No program of this object uses it; the agent's stubs do. A program array takes no BTF.
 #[btf_map(name = "l5d_lookup_prog")]
 pub static LOOKUP_PROG: ProgramArray<1> = ProgramArray::new();
+
+/// The original destination saved in `storage` for the socket `sk`, if any.
+///
+/// # Safety
+/// `sk` is a full socket the verifier accepts for `bpf_sk_storage_get` (checked for null).
+#[inline(always)]
+pub unsafe fn stored_dst(storage: &SkStorage<OrigDst>, sk: *mut c_void) -> Option<OrigDst> {
+    // SAFETY: lookup only (no create flag, no initial value).
+    let found = unsafe {
+        bpf_sk_storage_get(
+            core::ptr::from_ref(storage).cast_mut().cast(),
+            sk,
+            core::ptr::null_mut(),
+            0,
+        )
+    } as *const OrigDst;
+    // SAFETY: the storage holds an `OrigDst` and lives as long as the socket.
+    (!found.is_null()).then(|| unsafe { *found })
+}
+
+/// Saves `dst` in `storage` for the socket `sk` (creating the storage, or overwriting what a
+/// previous connect of the same socket saved). False when no storage could be allocated.
+///
+/// # Safety
+/// As for [`stored_dst`].
+#[inline(always)]
+pub unsafe fn store_dst(storage: &SkStorage<OrigDst>, sk: *mut c_void, dst: &OrigDst) -> bool {
+    let mut init = *dst;
+    // SAFETY: `init` initialises new storage; an existing one is returned as it is.
+    let slot = unsafe {
+        bpf_sk_storage_get(
+            core::ptr::from_ref(storage).cast_mut().cast(),
+            sk,
+            core::ptr::from_mut(&mut init).cast(),
+            u64::from(BPF_SK_STORAGE_GET_F_CREATE),
+        )
+    } as *mut OrigDst;
+    if slot.is_null() {
+        return false;
+    }
+    // SAFETY: as above; this program is the socket's only writer at this point.
+    unsafe { *slot = *dst };
+    true
+}
 
 /// Bumps one counter of the pod's stats, if the agent created its entry.
 #[inline(always)]

@@ -1,13 +1,16 @@
 //! `sockops`: ties redirected connections to the sockets the proxy accepts, and registers the
 //! proxy's inbound listener.
 //!
-//! - `TCP_CONNECT_CB` (an app's SYN is about to leave): ask for state callbacks on sockets
-//!   [`crate::connect`] redirected, so their entries are removed however the connection ends.
-//!   Sockets connecting anywhere but loopback return before any helper call.
-//! - `ACTIVE_ESTABLISHED_CB`: the 4-tuple is now known; store the original destination under
-//!   the app side's address and port, which is the peer of the proxy's accepted socket. Only
-//!   for sockets that asked for state callbacks at `TCP_CONNECT_CB` (the redirected ones): the
-//!   others return before any helper call.
+//! - `ACTIVE_ESTABLISHED_CB`: the 4-tuple is now known; a socket connected to the proxy's
+//!   loopback address with an original destination in its storage ([`APP_DST`], saved by
+//!   [`crate::connect`]) hands it to the 4-tuple map under the app side's address and port,
+//!   which is the peer of the proxy's accepted socket. Any other socket returns after the
+//!   address check or one storage lookup; the app socket asks for no state callback (its
+//!   storage goes with it).
+//! - `TCP_CONNECT_CB`, for sockets that connected under layout-2 programs (an upgrade while
+//!   they connect; their destination is under their cookie in [`SOCK_DST`]): ask for state
+//!   callbacks so that entry is removed however the connection ends; `ACTIVE_ESTABLISHED_CB`
+//!   hands it over the same way.
 //! - `PASSIVE_ESTABLISHED_CB`: the proxy's side of a redirected connection (outbound through
 //!   the outbound port, or inbound from [`crate::sk_lookup`]) completed its handshake: move the
 //!   original destination from the 4-tuple map into the accepted socket's own storage
@@ -18,9 +21,11 @@
 //!   `getsockopt` falls back to it.
 //! - `TCP_LISTEN_CB`: a socket of a meshed pod listens on the inbound proxy port; put it in
 //!   the listener SOCKHASH (the kernel removes it when the socket closes).
-//! - `STATE_CB` to `TCP_CLOSE`: forget the connection's entries (the app socket's, and an
-//!   accepted socket's whose storage could not be allocated), so the maps hold no more entries
-//!   than live connections.
+//! - `STATE_CB` to `TCP_CLOSE` (only sockets that asked: a layout-2 app socket, an accepted
+//!   socket whose storage could not be allocated): forget the connection's entries.
+//!
+//! A 4-tuple entry whose proxy side never completes its handshake (the proxy gone, the
+//! connection reset before the proxy's kernel answered) is left to the map's LRU eviction.
 //!
 //! # Minimum kernel version
 //! 4.13 (sock_ops), 5.7 for `bpf_get_netns_cookie` here.
@@ -38,12 +43,22 @@ use aya_ebpf::{
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, ListenerKey, v4_mapped_words};
+use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, ListenerKey, OrigDst, v4_mapped_words};
 
 use crate::{
     addr::{LOOPBACK4_BE, read_ip6},
-    maps::{ACC_DST, CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST},
+    maps::{ACC_DST, APP_DST, CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST, stored_dst},
 };
+
+/// The original destination in the socket's storage, saved by [`crate::connect`].
+#[inline(always)]
+unsafe fn app_dst(ctx: &SockOpsContext) -> Option<OrigDst> {
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    // SAFETY: the context's socket, checked for null.
+    (!sk.is_null())
+        .then(|| unsafe { stored_dst(&APP_DST, sk.cast()) })
+        .flatten()
+}
 
 #[sock_ops]
 pub fn l5d_sockops(ctx: SockOpsContext) -> u32 {
@@ -55,9 +70,9 @@ pub fn l5d_sockops(ctx: SockOpsContext) -> u32 {
 unsafe fn sockops(ctx: &SockOpsContext) {
     match ctx.op() {
         BPF_SOCK_OPS_TCP_CONNECT_CB => {
-            // A redirected socket connects to the proxy's loopback listener: any other
-            // destination (the proxy's own connects) returns before the cookie and the lookup.
-            if !unsafe { to_loopback(ctx) } {
+            // Only a socket redirected by layout-2 programs needs anything here: it connects
+            // to loopback with no storage of ours and its destination under its cookie.
+            if !unsafe { to_loopback(ctx) } || unsafe { app_dst(ctx) }.is_some() {
                 return;
             }
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
@@ -67,16 +82,23 @@ unsafe fn sockops(ctx: &SockOpsContext) {
             }
         }
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
-            // Only sockets `TCP_CONNECT_CB` found redirected asked for state callbacks: every
-            // other one (the proxy's own connects, unredirected apps) stops here, before any
-            // helper or map lookup.
-            if ctx.cb_flags() & BPF_SOCK_OPS_STATE_CB_FLAG == 0 {
+            // Redirected sockets connect to the proxy's loopback address: every other one (the
+            // proxy's own connects, unredirected apps) stops at the address check.
+            if !unsafe { to_loopback(ctx) } {
                 return;
             }
-            let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-            // SAFETY: the value is copied out at once.
-            let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied() else {
-                return;
+            let dst = match unsafe { app_dst(ctx) } {
+                Some(dst) => dst,
+                // A layout-2 socket asked for state callbacks at `TCP_CONNECT_CB`.
+                None if ctx.cb_flags() & BPF_SOCK_OPS_STATE_CB_FLAG != 0 => {
+                    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+                    // SAFETY: the value is copied out at once.
+                    match (unsafe { SOCK_DST.get(&cookie) }).copied() {
+                        Some(dst) => dst,
+                        None => return,
+                    }
+                }
+                None => return,
             };
             let tuple = unsafe { Tuple::read(ctx) };
             let _ = CONN_DST.insert(&tuple.app_side_key(), &dst, 0);

@@ -625,3 +625,54 @@ fn our_original_destination_wins_over_conntrack() {
     assert_ne!(count.trim(), "0", "conntrack is not active in the pod");
     assert_eq!(h.maps().stats(record.netns_cookie).orig_dst_answered, 3);
 }
+
+/// A redirected app socket keeps its original destination in its own storage (`l5d_app_dst`),
+/// not in a node-wide map: while its connection is open the socket holds storage, and neither
+/// `l5d_sock_dst` nor `l5d_conn_dst` holds an entry (no insert, no delete, no state callback
+/// per connection); the storage goes with the socket.
+#[test]
+fn an_app_sockets_original_destination_lives_in_its_storage() {
+    let h = AgentHarness::new(None);
+    let world = World::new();
+    h.register(&world.net.pod, LinkerdConfig::default(), true);
+    let proxy = world.proxy(false);
+    let dst = world.server.addr();
+    // An app that connects and holds the connection open.
+    let script = format!(
+        "import socket, time\ns = socket.create_connection(('{}', {}))\ntime.sleep(60)\n",
+        dst.ip(),
+        dst.port()
+    );
+    let app = world
+        .net
+        .pod
+        .container(APP_UID)
+        .spawn(std::process::Command::new("python3").args(["-c", &script]))
+        .expect("app");
+    let storage = h.config().pin_root.join("maps").join(names::MAP_APP_DST);
+    let deadline = Instant::now() + TIMEOUT;
+    let held = loop {
+        let held = diag::sockets_with_storage(&world.net.pod.netns, &storage).expect("sock_diag");
+        if !held.is_empty() || Instant::now() > deadline {
+            break held;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(held.len(), 1, "sockets with app storage: {held:?}");
+    assert_eq!(
+        held[0].1,
+        sock(Ipv4Addr::LOCALHOST, 4140),
+        "the app's socket"
+    );
+    proxy
+        .log()
+        .wait_for_accepted(1, TIMEOUT)
+        .expect("proxy accepted");
+    assert_eq!(
+        h.maps().orig_dst_entries(),
+        (0, 0),
+        "no socket-keyed or 4-tuple entry for a live connection"
+    );
+    drop(app);
+    diag::wait_until_no_socket_holds_storage(&world.net.pod.netns, &storage, TIMEOUT);
+}
