@@ -121,6 +121,12 @@ struct RunArgs {
     /// (`1,100,1000` quick, `1,100,1000,10000` full), comma-separated.
     #[arg(long, hide = true, value_delimiter = ',')]
     checkpoints: Vec<usize>,
+    /// A directory holding an earlier build's `linkerd-cni-agent` and `linkerd-cni` (its
+    /// `target/release`): the traffic scenarios gain the mode `ebpf-baseline`, a pod redirected
+    /// by that agent, run as a second agent process beside ours, and the goals compare ebpf's
+    /// CPU per connection with it.
+    #[arg(long)]
+    baseline_bins: Option<PathBuf>,
 }
 
 /// The hand-written analysis kept in bench/ANALYSIS.md, if any.
@@ -245,14 +251,33 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         scale::BENCH_MAX_PODS,
     )?;
     eprintln!("bench: agent running, PID {}", agent.pid().unwrap_or(0));
+    let baseline = match &args.baseline_bins {
+        Some(dir) => {
+            let b = node::Baseline::start(dir, &api.kubeconfig, scale::BENCH_MAX_PODS)
+                .context("--baseline-bins")?;
+            eprintln!(
+                "bench: baseline agent running, PID {} ({})",
+                b.agent.pid().unwrap_or(0),
+                b.description
+            );
+            Some(b)
+        }
+        None => None,
+    };
     let cni = node::Cni {
         plugin: bins.plugin.clone(),
         socket: agent.socket().to_path_buf(),
     };
     let outcome = (|| -> anyhow::Result<_> {
-        let topo =
-            traffic::Topology::build(&bins.me, &api, &cni, shared_cgroup.path(), agent.pin_root())
-                .context("building the simulated node")?;
+        let topo = traffic::Topology::build(
+            &bins.me,
+            &api,
+            &cni,
+            shared_cgroup.path(),
+            agent.pin_root(),
+            baseline.as_ref(),
+        )
+        .context("building the simulated node")?;
         // BPF run-time statistics stay on while this lives (the traffic scenarios).
         let bpf_stats = bpfstats::Stats::enable()?;
         eprintln!(
@@ -288,8 +313,17 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)?;
         Ok((traffic, floor_check, Some((restart, upgrade, pods))))
     })();
-    let outcome = outcome
-        .map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()));
+    let outcome = outcome.map_err(|e| {
+        let mut msg = format!("{e:#}\nagent log (last lines):\n{}", agent.log_tail());
+        if let Some(b) = &baseline {
+            msg.push_str(&format!(
+                "\nbaseline agent log (last lines):\n{}",
+                b.agent.log_tail()
+            ));
+        }
+        anyhow::anyhow!(msg)
+    });
+    let baseline = baseline.map(|b| b.description);
     drop(agent);
     let (traffic, floor_check, rest) = outcome?;
     let Some((restart, upgrade, pods)) = rest else {
@@ -329,6 +363,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         upgrade,
         goals,
         floor_check,
+        baseline,
         notes,
     };
     report::write(&args.out_dir, &results)?;

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context, bail};
 use linkerd_cni_proto::wire::{self, Envelope, Request, Response};
 use linkerd_cni_tests::{
-    ChildGuard, NetnsGuard, Placement,
+    CgroupGuard, ChildGuard, NetnsGuard, Placement,
     fake_apiserver::FakeApiServer,
     names::TempDir,
     node::{AgentCommand, AgentProcess, PinRoot},
@@ -109,10 +109,16 @@ impl Api {
 
     /// Adds a meshed pod (it has a `linkerd-proxy` container) scheduled on the node.
     pub fn add_pod(&self, name: &str, uid: &str) -> anyhow::Result<()> {
+        self.add_pod_on(name, uid, NODE_NAME)
+    }
+
+    /// Adds a meshed pod scheduled on the node `node` (the baseline agent watches a node of
+    /// its own).
+    pub fn add_pod_on(&self, name: &str, uid: &str, node: &str) -> anyhow::Result<()> {
         self.server.apply(&json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": K8S_NAMESPACE, "uid": uid},
-            "spec": {"nodeName": NODE_NAME, "containers": [
+            "spec": {"nodeName": node, "containers": [
                 {"name": "app", "image": "app"},
                 {"name": "linkerd-proxy", "image": "cr.l5d.io/linkerd/proxy"}
             ]}
@@ -214,6 +220,46 @@ impl AgentProc {
         })
     }
 
+    /// Leaves out of the command line the flags of `extra_args` (with their values) that are
+    /// not in `known` (an older agent binary does not know every flag of ours); fails if one
+    /// of the flags every agent gets is unknown. Returns the flags left out.
+    pub fn keep_known_flags(
+        &mut self,
+        known: &std::collections::BTreeSet<String>,
+    ) -> anyhow::Result<Vec<String>> {
+        let c = &self.command;
+        let mut required = vec![
+            "--pin-root",
+            "--state-dir",
+            "--log-level",
+            "--socket",
+            "--kubeconfig",
+            "--node-name",
+            "--health-addr",
+        ];
+        required.extend(c.shared_cgroup.is_some().then_some("--shared-cgroup"));
+        required.extend(c.bpffs.is_some().then_some("--bpffs"));
+        required.extend(c.reap_interval.is_some().then_some("--reap-interval"));
+        required.extend(
+            c.reconcile_interval
+                .is_some()
+                .then_some("--reconcile-interval"),
+        );
+        let missing: Vec<&str> = required
+            .into_iter()
+            .filter(|f| !known.contains(*f))
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "{} does not know {missing:?}: the benchmark cannot start it",
+                c.bin.display()
+            );
+        }
+        let (kept, dropped) = split_known_flags(&c.extra_args, known);
+        self.command.extra_args = kept;
+        Ok(dropped)
+    }
+
     /// Its registration socket.
     pub fn socket(&self) -> &Path {
         &self.command.socket
@@ -306,6 +352,123 @@ impl Drop for AgentProc {
     }
 }
 
+/// `args` (flags, each followed by its values) split into those whose flag is in `known`, in
+/// order, and the flags that are not (their values left out of both).
+pub fn split_known_flags(
+    args: &[String],
+    known: &std::collections::BTreeSet<String>,
+) -> (Vec<String>, Vec<String>) {
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    let mut keeping = true;
+    for a in args {
+        if a.starts_with("--") {
+            let flag = a.split('=').next().unwrap_or(a);
+            keeping = known.contains(flag);
+            if !keeping {
+                dropped.push(flag.to_string());
+            }
+        }
+        if keeping {
+            kept.push(a.clone());
+        }
+    }
+    (kept, dropped)
+}
+
+/// The long flags (`--name`) a `--help` text lists.
+pub fn help_flags(help: &str) -> std::collections::BTreeSet<String> {
+    help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.len() > 2 && w.starts_with("--") && !w.starts_with("---"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The flags an agent binary knows: those of its `--help` and of `run --help`.
+fn agent_flags(bin: &Path) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let mut flags = std::collections::BTreeSet::new();
+    for args in [&["--help"][..], &["run", "--help"][..]] {
+        let out = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {} {args:?}", bin.display()))?;
+        if !out.status.success() {
+            bail!("{} {args:?} failed ({})", bin.display(), out.status);
+        }
+        flags.extend(help_flags(&String::from_utf8_lossy(&out.stdout)));
+    }
+    Ok(flags)
+}
+
+/// The node the baseline agent watches (its pods are scheduled there), so that neither agent
+/// sees the other's pods in its cache.
+pub const BASELINE_NODE_NAME: &str = "bench-node-baseline";
+
+/// `--baseline-bins DIR`: a second agent process running an earlier build's agent binary, and
+/// that build's plugin, beside ours: its own pin root, registry, socket, shared cgroup, health
+/// port and node name. Killed, unpinned and removed on drop.
+pub struct Baseline {
+    pub agent: AgentProc,
+    pub cni: Cni,
+    /// For the report: the binary's version and the flags of ours it was started without.
+    pub description: String,
+    _shared_cgroup: CgroupGuard,
+}
+
+impl Baseline {
+    /// Starts the agent `linkerd-cni-agent` of `dir` (its plugin is `dir/linkerd-cni`) with
+    /// the flags it knows, and waits until it answers on its socket.
+    pub fn start(dir: &Path, kubeconfig: &Path, max_pods: u32) -> anyhow::Result<Self> {
+        let find = |name: &str| {
+            let p = dir.join(name);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                bail!("--baseline-bins: {} not found", p.display())
+            }
+        };
+        let (agent_bin, plugin) = (find("linkerd-cni-agent")?, find("linkerd-cni")?);
+        let known = agent_flags(&agent_bin)?;
+        let version = Command::new(&agent_bin)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let shared_cgroup = CgroupGuard::new()?;
+        let mut agent = AgentProc::stopped(
+            &agent_bin,
+            kubeconfig,
+            shared_cgroup.path(),
+            BASELINE_NODE_NAME,
+            max_pods,
+        )?;
+        let dropped = agent.keep_known_flags(&known)?;
+        agent.spawn().context("starting the baseline agent")?;
+        let description = format!(
+            "{}{}",
+            if version.is_empty() {
+                "an agent without --version"
+            } else {
+                &version
+            },
+            if dropped.is_empty() {
+                String::new()
+            } else {
+                format!(", started without {} (unknown to it)", dropped.join(", "))
+            }
+        );
+        Ok(Self {
+            cni: Cni {
+                plugin,
+                socket: agent.socket().to_path_buf(),
+            },
+            agent,
+            description,
+            _shared_cgroup: shared_cgroup,
+        })
+    }
+}
+
 /// A status request over the agent's registration socket `socket`: the number of registered
 /// pods.
 fn status(socket: &Path) -> anyhow::Result<usize> {
@@ -346,6 +509,7 @@ pub struct CniPod<'a> {
 }
 
 /// Runs the real `linkerd-cni` binary as a container runtime does.
+#[derive(Debug, Clone)]
 pub struct Cni {
     pub plugin: PathBuf,
     pub socket: PathBuf,
@@ -552,4 +716,37 @@ pub fn parse_load(out: &std::process::Output) -> anyhow::Result<LoadResult> {
 /// The first IPv4 address of a socket address (helper for targets).
 pub fn v4(addr: Ipv4Addr, port: u16) -> SocketAddr {
     SocketAddr::from((addr, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn help_flags_are_the_long_options_listed() {
+        let help = "Usage: agent [OPTIONS] <COMMAND>\n\n  --pin-root <PIN_ROOT>  bpffs dir [env: X]\n  \
+                    -h, --help  Print help\n      --max-pods=<N>  capacity (see --state-dir)\n";
+        let flags = help_flags(help);
+        for f in ["--pin-root", "--help", "--max-pods", "--state-dir"] {
+            assert!(flags.contains(f), "{f} in {flags:?}");
+        }
+        assert!(
+            !flags.contains("-h"),
+            "short flags are not listed: {flags:?}"
+        );
+        assert_eq!(flags.len(), 4, "{flags:?}");
+    }
+
+    #[test]
+    fn unknown_flags_are_left_out_with_their_values() {
+        let known: std::collections::BTreeSet<String> =
+            ["--a", "--c"].iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> = ["--a", "1", "--max-pods", "12288", "--c=3", "--d"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (kept, dropped) = split_known_flags(&args, &known);
+        assert_eq!(kept, ["--a", "1", "--c=3"]);
+        assert_eq!(dropped, ["--max-pods", "--d"]);
+    }
 }

@@ -140,6 +140,10 @@ pub struct Results {
     /// How the floor's netns was checked to have no netfilter rule.
     #[serde(default)]
     pub floor_check: String,
+    /// With `--baseline-bins`: the baseline agent (its version, the flags it was started
+    /// without); the traffic rows then have the mode `ebpf-baseline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<String>,
     /// Profiling notes and explanations, written by hand after a run is analysed; kept
     /// verbatim in BENCHMARKS.md.
     pub notes: Vec<String>,
@@ -228,6 +232,75 @@ fn row(rows: &[TrafficRow], scenario: Scenario, mode: Mode) -> Option<&TrafficRo
 /// Rates swing too much between rounds on a shared machine to judge on: their rows are kept
 /// as information; the goals are judged on CPU per connection ([`cpu_goals`]).
 const INFO: &str = "(information: rates are not judged)";
+
+/// Largest ratio of medians that still counts as "no regression" against the baseline build.
+pub const BASELINE_MAX_RATIO: f64 = 1.02;
+
+/// The rule of the baseline rows: `ours` is no regression against `baseline` within noise
+/// when the ratio of medians is at most [`BASELINE_MAX_RATIO`], or when the two ranges of
+/// rounds (min–max) overlap.
+pub fn no_regression_within_noise(ours: &Summary, baseline: &Summary) -> bool {
+    let ratio = ours.median / baseline.median;
+    ratio <= BASELINE_MAX_RATIO || (ours.min <= baseline.max && baseline.min <= ours.max)
+}
+
+/// With an `ebpf-baseline` mode in the run (`--baseline-bins`), one row per direction: CPU
+/// per redirected connection of ebpf against the baseline build's. None without it.
+pub fn baseline_goals(rows: &[TrafficRow]) -> Vec<Goal> {
+    if !rows.iter().any(|r| r.mode == Mode::EbpfBaseline) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (scenario, dir) in [
+        (Scenario::OutboundConnections, "outbound"),
+        (Scenario::InboundConnections, "inbound"),
+    ] {
+        let goal = format!(
+            "{dir}: ebpf CPU per redirected connection ≤ 1.0 × ebpf-baseline within noise \
+             (met when the median ratio ≤ {BASELINE_MAX_RATIO:.2} or the two modes' round \
+             ranges overlap)"
+        );
+        let e = row(rows, scenario, Mode::Ebpf).filter(|r| r.cpu_us.median > 0.0);
+        let b = row(rows, scenario, Mode::EbpfBaseline).filter(|r| r.cpu_us.median > 0.0);
+        let (Some(e), Some(b)) = (e, b) else {
+            out.push(Goal {
+                goal,
+                observed: "not measured".into(),
+                met: None,
+            });
+            continue;
+        };
+        let met = no_regression_within_noise(&e.cpu_us, &b.cpu_us);
+        let ns = |r: &TrafficRow| r.bpf.values().map(|p| p.ns_per_unit.median).sum::<f64>();
+        let other_runs: u64 = e
+            .samples
+            .iter()
+            .chain(&b.samples)
+            .filter_map(|x| x.other_agent_runs)
+            .sum();
+        out.push(Goal {
+            goal,
+            observed: format!(
+                "{:.3} × ({} vs {} µs/conn busy; own processes {:.3} ×; program time {:.0} vs \
+                 {:.0} ns/conn; ranges {}; the other agent's programs ran {other_runs} times \
+                 in these windows)",
+                e.cpu_us.median / b.cpu_us.median,
+                range(&e.cpu_us, 1),
+                range(&b.cpu_us, 1),
+                e.own_cpu_us.median / b.own_cpu_us.median,
+                ns(e),
+                ns(b),
+                if e.cpu_us.min <= b.cpu_us.max && b.cpu_us.min <= e.cpu_us.max {
+                    "overlap"
+                } else {
+                    "do not overlap"
+                }
+            ),
+            met: Some(met),
+        });
+    }
+    out
+}
 
 /// The goals judged on CPU per connection (machine-wide busy time, medians of one run), and
 /// the unmeshed pods' overhead.
@@ -327,6 +400,7 @@ pub fn cpu_goals(rows: &[TrafficRow]) -> Vec<Goal> {
             }),
         }
     }
+    out.extend(baseline_goals(rows));
     out
 }
 
@@ -533,7 +607,7 @@ pub fn cpu_markdown(r: &Results) -> String {
         // Per MiB, a few runs per long connection say nothing: connection scenarios only.
         if x.status != "measured"
             || x.scenario.kind() != crate::load::Kind::Rr
-            || (x.mode != Mode::Ebpf && total == 0.0)
+            || (!matches!(x.mode, Mode::Ebpf | Mode::EbpfBaseline) && total == 0.0)
         {
             continue;
         }
@@ -1164,14 +1238,28 @@ pub fn markdown(r: &Results) -> String {
          - Clients are a separate process in the client pod (netns, cgroup, UID 1000), threads \
          with blocking sockets; every netns gets `tcp_tw_reuse=1` and a wide ephemeral port range."
     );
+    if let Some(b) = &r.baseline {
+        let _ = writeln!(
+            md,
+            "- `ebpf-baseline` (`--baseline-bins`): a pod like the ebpf pod, registered through an \
+             earlier build's `linkerd-cni` plugin with that build's agent ({b}), run as a second \
+             agent process beside ours with its own pin root, registry, socket, shared cgroup, \
+             health port and node name; its rows carry that agent's programs. Each agent's \
+             programs are checked to run 0 times in the other agent's pod's windows (and the \
+             baseline's in every other mode's); the baseline goal rows are met when the median \
+             ratio is at most {BASELINE_MAX_RATIO:.2} or the two modes' min–max ranges over the \
+             rounds overlap."
+        );
+    }
     md
 }
 
-const COLORS: [(&str, Mode); 4] = [
+const COLORS: [(&str, Mode); 5] = [
     ("#9e9e9e", Mode::Direct),
     ("#e6862e", Mode::IptablesNft),
     ("#c0392b", Mode::IptablesLegacy),
     ("#2e86de", Mode::Ebpf),
+    ("#85c1e9", Mode::EbpfBaseline),
 ];
 
 fn color(mode: Mode) -> &'static str {
@@ -1296,10 +1384,16 @@ pub fn svg(r: &Results) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif">"#
     );
     let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    // The chart's modes: the ebpf-baseline one only in a run that has it.
+    let modes: Vec<Mode> = COLORS
+        .iter()
+        .map(|(_, m)| *m)
+        .filter(|m| Mode::ALL.contains(m) || r.traffic.iter().any(|x| x.mode == *m))
+        .collect();
     let traffic = |scenario: Scenario,
                    f: fn(&TrafficRow) -> Summary|
      -> Vec<(String, &str, Option<Summary>)> {
-        Mode::ALL
+        modes
             .iter()
             .map(|&m| {
                 let row = r
@@ -1401,8 +1495,14 @@ pub fn svg(r: &Results) -> String {
         &pods,
     );
     // Legends.
-    for (i, (c, m)) in COLORS.iter().enumerate() {
-        let lx = 20.0 + 130.0 * i as f64;
+    for (i, &m) in modes.iter().enumerate() {
+        let c = color(m);
+        let step = if modes.len() > Mode::ALL.len() {
+            110.0
+        } else {
+            130.0
+        };
+        let lx = 20.0 + step * i as f64;
         let _ = writeln!(
             s,
             r#"<rect x="{lx}" y="8" width="12" height="12" fill="{c}"/><text x="{:.0}" y="18" font-size="12">{}</text>"#,
@@ -1450,4 +1550,113 @@ pub fn write(root: &Path, r: &Results) -> anyhow::Result<()> {
     std::fs::write(root.join("bench/chart.svg"), svg(r))?;
     std::fs::write(root.join("BENCHMARKS.md"), markdown(r))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(median: f64, min: f64, max: f64) -> Summary {
+        Summary { median, min, max }
+    }
+
+    fn cpu_row(scenario: Scenario, mode: Mode, cpu: Summary) -> TrafficRow {
+        TrafficRow {
+            scenario,
+            mode,
+            status: "measured".into(),
+            rate: Summary::default(),
+            p50_us: Summary::default(),
+            p99_us: Summary::default(),
+            gbps: Summary::default(),
+            failed: 0,
+            cpu_us: cpu,
+            own_cpu_us: cpu,
+            steal_share: Summary::default(),
+            bpf: BTreeMap::new(),
+            samples: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn baseline_rule_median_ratio_or_overlapping_ranges() {
+        // Cheaper: met.
+        assert!(no_regression_within_noise(
+            &s(90.0, 85.0, 95.0),
+            &s(100.0, 98.0, 102.0)
+        ));
+        // 2 % dearer, ranges apart: still met (the ratio rule).
+        assert!(no_regression_within_noise(
+            &s(102.0, 102.0, 102.0),
+            &s(100.0, 100.0, 100.0)
+        ));
+        // 5 % dearer but the rounds overlap: met (the noise rule).
+        assert!(no_regression_within_noise(
+            &s(105.0, 99.0, 110.0),
+            &s(100.0, 95.0, 101.0)
+        ));
+        // Ranges touching count as overlapping.
+        assert!(no_regression_within_noise(
+            &s(110.0, 104.0, 112.0),
+            &s(100.0, 96.0, 104.0)
+        ));
+        // 5 % dearer, every round of ours above every round of the baseline: missed.
+        assert!(!no_regression_within_noise(
+            &s(105.0, 104.0, 106.0),
+            &s(100.0, 99.0, 103.0)
+        ));
+        // Just over the ratio, apart: missed.
+        assert!(!no_regression_within_noise(
+            &s(102.5, 102.5, 102.5),
+            &s(100.0, 100.0, 100.0)
+        ));
+    }
+
+    #[test]
+    fn baseline_rows_only_in_a_run_with_a_baseline() {
+        let mut rows: Vec<TrafficRow> =
+            [Scenario::OutboundConnections, Scenario::InboundConnections]
+                .into_iter()
+                .flat_map(|sc| {
+                    [
+                        cpu_row(sc, Mode::Direct, s(100.0, 95.0, 105.0)),
+                        cpu_row(sc, Mode::Ebpf, s(104.0, 103.0, 106.0)),
+                    ]
+                })
+                .collect();
+        let names = |g: &[Goal]| {
+            g.iter()
+                .filter(|g| g.goal.contains("ebpf-baseline"))
+                .count()
+        };
+        assert_eq!(names(&cpu_goals(&rows)), 0, "no baseline rows without one");
+        rows.push(cpu_row(
+            Scenario::OutboundConnections,
+            Mode::EbpfBaseline,
+            s(100.0, 99.0, 102.0),
+        ));
+        rows.push(cpu_row(
+            Scenario::InboundConnections,
+            Mode::EbpfBaseline,
+            s(100.0, 99.0, 104.0),
+        ));
+        let goals = baseline_goals(&rows);
+        assert_eq!(goals.len(), 2, "{goals:?}");
+        assert!(goals[0].goal.starts_with(
+            "outbound: ebpf CPU per redirected connection ≤ 1.0 × ebpf-baseline within noise"
+        ));
+        assert!(
+            goals[0].goal.contains("1.02"),
+            "the rule is stated: {}",
+            goals[0].goal
+        );
+        assert_eq!(goals[0].met, Some(false), "outbound: 1.04 ×, apart");
+        assert_eq!(goals[1].met, Some(true), "inbound: ranges overlap");
+        assert!(
+            goals[0].observed.starts_with("1.040 ×"),
+            "{}",
+            goals[0].observed
+        );
+        assert_eq!(names(&cpu_goals(&rows)), 2);
+    }
 }

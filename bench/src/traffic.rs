@@ -6,7 +6,10 @@
 //! that mode's redirection:
 //! - `direct`: nothing intercepts; clients dial the proxy itself (the floor);
 //! - `iptables-nft` / `iptables-legacy`: Linkerd's proxy-init rules in the pod netns;
-//! - `ebpf`: the pod registered with the real agent through the real CNI plugin.
+//! - `ebpf`: the pod registered with the real agent through the real CNI plugin;
+//! - `ebpf-baseline` (only with `--baseline-bins`): the same, through an earlier build's plugin
+//!   and agent, a second agent process beside ours with its own pins, registry, socket, shared
+//!   cgroup and node name. Each agent's programs are checked not to run in the other's windows.
 //!
 //! A mode has a pod of its own so that switching modes leaves no trace (a legacy `nat` table
 //! and its conntrack hooks stay in a netns once created).
@@ -27,7 +30,7 @@ use crate::{
     bpfstats,
     cpu::{self, CpuWindow},
     load::{Kind, LoadArgs},
-    node::{APP_UID, Api, Cni, CniPod, Daemon, run_load, tune, v4},
+    node::{APP_UID, Api, BASELINE_NODE_NAME, Cni, CniPod, Daemon, NODE_NAME, run_load, tune, v4},
 };
 
 /// The app port every server listens on.
@@ -41,6 +44,9 @@ pub enum Mode {
     IptablesNft,
     IptablesLegacy,
     Ebpf,
+    /// The ebpf pod's twin, registered through the baseline build's plugin with the baseline
+    /// agent (`--baseline-bins`).
+    EbpfBaseline,
     /// A pod the agent does not redirect, with per-pod attachment (no program on its path):
     /// its app talks to the other side directly, no proxy.
     Unmeshed,
@@ -63,6 +69,7 @@ impl Mode {
             Mode::IptablesNft => "iptables-nft",
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::Ebpf => "ebpf",
+            Mode::EbpfBaseline => "ebpf-baseline",
             Mode::Unmeshed => "unmeshed",
             Mode::UnmeshedShared => "unmeshed-shared",
         }
@@ -151,9 +158,15 @@ pub struct Sample {
     /// CPU spent over the measured window (see [`crate::cpu`]).
     #[serde(default)]
     pub cpu: Option<CpuWindow>,
-    /// The agent's programs over the same window, per program name.
+    /// The agent's programs over the same window, per program name (the baseline agent's
+    /// for `ebpf-baseline`).
     #[serde(default)]
     pub bpf: bpfstats::Snapshot,
+    /// With a baseline agent: how many times the other agent's programs ran over the window
+    /// (ours in `ebpf-baseline`, the baseline's in every other mode). Always 0: a run fails
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_agent_runs: Option<u64>,
 }
 
 impl Sample {
@@ -179,9 +192,17 @@ struct ModePod {
     ip: Ipv4Addr,
 }
 
+/// The baseline agent's side of the node.
+struct BaselineSide {
+    cni: Cni,
+    /// Its programs (pinned under its pin root, or run by links pinned there).
+    bpf_ids: BTreeSet<u32>,
+}
+
 /// The node and its pods.
 pub struct Topology {
     pods: Vec<ModePod>,
+    baseline: Option<BaselineSide>,
     upstream_server: Daemon,
     /// The pod registered without a cgroup of its own, so that the agent attaches its
     /// programs to the shared cgroup (for [`Mode::UnmeshedShared`]).
@@ -202,22 +223,29 @@ pub fn ebpf_pod_id() -> String {
     format!("bench-traffic-{}", std::process::id())
 }
 
+/// The CNI container id of the baseline agent's pod.
+fn baseline_pod_id() -> String {
+    format!("bench-baseline-{}", std::process::id())
+}
+
 /// The CNI container id of the pod registered on the shared attachment.
 fn shared_pod_id() -> String {
     format!("bench-shared-{}", std::process::id())
 }
 
-/// Serves a meshed pod named `id` (uid `<id>-uid`) from the API server and sends its CNI ADD.
+/// Serves a meshed pod named `id` (uid `<id>-uid`) on the node `node` from the API server and
+/// sends its CNI ADD.
 fn add_meshed_pod(
     api: &Api,
     cni: &Cni,
+    node: &str,
     id: &str,
     netns: &std::path::Path,
     cgroup: Option<&std::path::Path>,
     ip: Ipv4Addr,
 ) -> anyhow::Result<()> {
     let uid = format!("{id}-uid");
-    api.add_pod(id, &uid)?;
+    api.add_pod_on(id, &uid, node)?;
     cni.invoke(
         "ADD",
         &CniPod {
@@ -235,12 +263,14 @@ fn add_meshed_pod(
 impl Topology {
     /// Builds the node; registers the ebpf pod through `cni` (the agent must be running), and
     /// one pod without a cgroup of its own so that the agent attaches to `shared_cgroup`.
+    /// With `baseline`, registers the ebpf-baseline pod through its plugin and agent too.
     pub fn build(
         me: &std::path::Path,
         api: &Api,
         cni: &Cni,
         shared_cgroup: &std::path::Path,
         pin_root: &std::path::Path,
+        baseline: Option<&crate::node::Baseline>,
     ) -> anyhow::Result<Self> {
         let node = NetnsGuard::new()?;
         let mut bridge = Bridge::create(
@@ -276,6 +306,7 @@ impl Topology {
         add_meshed_pod(
             api,
             cni,
+            NODE_NAME,
             &shared_pod_id(),
             shared_pod.path(),
             None,
@@ -283,7 +314,12 @@ impl Topology {
         )?;
 
         let mut pods = Vec::new();
-        for mode in Mode::ALL.into_iter().chain(Mode::UNMESHED) {
+        let baseline_mode = baseline.map(|_| Mode::EbpfBaseline);
+        for mode in Mode::ALL
+            .into_iter()
+            .chain(baseline_mode)
+            .chain(Mode::UNMESHED)
+        {
             let pod = if mode == Mode::UnmeshedShared {
                 Pod {
                     cgroup: CgroupGuard::new_under(shared_cgroup)?,
@@ -313,11 +349,25 @@ impl Topology {
                     add_meshed_pod(
                         api,
                         cni,
+                        NODE_NAME,
                         &ebpf_pod_id(),
                         pod.netns.path(),
                         Some(pod.cgroup.path()),
                         ip,
                     )?;
+                }
+                Mode::EbpfBaseline => {
+                    let b = baseline.context("no baseline agent")?;
+                    add_meshed_pod(
+                        api,
+                        &b.cni,
+                        BASELINE_NODE_NAME,
+                        &baseline_pod_id(),
+                        pod.netns.path(),
+                        Some(pod.cgroup.path()),
+                        ip,
+                    )
+                    .context("registering the ebpf-baseline pod with the baseline agent")?;
                 }
                 Mode::Direct | Mode::Unmeshed | Mode::UnmeshedShared => {}
             }
@@ -351,8 +401,25 @@ impl Topology {
         }
         // Every program of the agent, the pods' sk_lookup stubs included, is in force now.
         let bpf_ids = bpfstats::program_ids(pin_root);
+        let baseline = baseline.map(|b| BaselineSide {
+            cni: b.cni.clone(),
+            bpf_ids: bpfstats::program_ids(b.agent.pin_root()),
+        });
+        if let Some(b) = &baseline {
+            let shared: Vec<&u32> = b.bpf_ids.intersection(&bpf_ids).collect();
+            if !shared.is_empty() {
+                bail!("the two agents share programs {shared:?}: their pin roots overlap");
+            }
+            if b.bpf_ids.is_empty() {
+                eprintln!(
+                    "bench: no program of the baseline agent found under its pin root: \
+                     ebpf-baseline has no BPF statistics"
+                );
+            }
+        }
         Ok(Self {
             pods,
+            baseline,
             upstream_server,
             shared_pod,
             bpf_ids,
@@ -421,6 +488,29 @@ impl Topology {
         Ok(pids)
     }
 
+    /// The modes measured in `scenario`: every mode (with `ebpf-baseline` when there is a
+    /// baseline agent); the unmeshed pods in connection scenarios.
+    pub fn modes(&self, scenario: Scenario) -> Vec<Mode> {
+        let mut m = Mode::ALL.to_vec();
+        if self.baseline.is_some() {
+            m.push(Mode::EbpfBaseline);
+        }
+        if scenario.kind() == Kind::Rr {
+            m.extend(Mode::UNMESHED);
+        }
+        m
+    }
+
+    /// The programs whose statistics `mode`'s samples carry, and those of the other agent (if
+    /// any), which must not run in its window.
+    fn bpf_ids(&self, mode: Mode) -> (&BTreeSet<u32>, Option<&BTreeSet<u32>>) {
+        match &self.baseline {
+            Some(b) if mode == Mode::EbpfBaseline => (&b.bpf_ids, Some(&self.bpf_ids)),
+            Some(b) => (&self.bpf_ids, Some(&b.bpf_ids)),
+            None => (&self.bpf_ids, None),
+        }
+    }
+
     /// Runs the load of `scenario` in `mode` and checks that every connection went through
     /// the proxy (meshed modes). CPU and BPF statistics are read at the edges of the load's
     /// measured window.
@@ -452,10 +542,15 @@ impl Topology {
         let proxy = self.pod(mode)?.proxy.as_ref();
         let before = proxy.map(Daemon::counters).unwrap_or_default();
         let pids = self.pids(mode)?;
+        let (ids, other_ids) = self.bpf_ids(mode);
         let take = |load_pid: u32| {
             let mut all = pids.clone();
             all.push(load_pid);
-            (cpu::Reading::take(&all), bpfstats::snapshot(&self.bpf_ids))
+            (
+                cpu::Reading::take(&all),
+                bpfstats::snapshot(ids),
+                other_ids.map(bpfstats::snapshot),
+            )
         };
         let (r, window) = cpu::run_load_window(&self.me, &placement, &args, take)?;
         let after = proxy.map(Daemon::counters).unwrap_or_default();
@@ -481,13 +576,23 @@ impl Topology {
                 r.errors
             );
         }
-        let (cpu, bpf) = match window {
-            Some(((c0, b0), (c1, b1))) => (
+        let (cpu, bpf, other_agent_runs) = match window {
+            Some(((c0, b0, o0), (c1, b1, o1))) => (
                 Some(CpuWindow::between(&c0, &c1)),
                 bpfstats::delta(&b0, &b1),
+                o0.zip(o1)
+                    .map(|(a, b)| bpfstats::delta(&a, &b).values().map(|p| p.runs).sum()),
             ),
-            None => (None, Default::default()),
+            None => (None, Default::default(), None),
         };
+        if let Some(n) = other_agent_runs.filter(|&n| n > 0) {
+            bail!(
+                "{} / {}: the other agent's programs ran {n} times in this window: the ebpf \
+                 and ebpf-baseline pods are not isolated from each other",
+                mode.label(),
+                scenario.label()
+            );
+        }
         Ok(Sample {
             round,
             rate: r.rate,
@@ -500,6 +605,7 @@ impl Topology {
             bytes: r.bytes,
             cpu,
             bpf,
+            other_agent_runs,
         })
     }
 
@@ -525,8 +631,25 @@ impl Topology {
         Ok(r.ok > 0 && after.inbound - before.inbound >= r.ok)
     }
 
-    /// Unregisters the ebpf pod and the shared-attachment pod (CNI DEL), before the pods go.
+    /// Unregisters the ebpf pod, the ebpf-baseline pod (through the baseline plugin) and the
+    /// shared-attachment pod (CNI DEL), before the pods go.
     pub fn teardown(self, cni: &Cni) -> anyhow::Result<()> {
+        if let Some(b) = &self.baseline {
+            let p = self.pod(Mode::EbpfBaseline)?;
+            let id = baseline_pod_id();
+            let uid = format!("{id}-uid");
+            b.cni.invoke(
+                "DEL",
+                &CniPod {
+                    id: &id,
+                    name: &id,
+                    uid: &uid,
+                    netns: p.pod.netns.path(),
+                    cgroup: Some(p.pod.cgroup.path()),
+                    ip: p.ip,
+                },
+            )?;
+        }
         let id = shared_pod_id();
         let uid = format!("{id}-uid");
         cni.invoke(
@@ -599,15 +722,6 @@ impl Topology {
     }
 }
 
-/// The modes measured in `scenario`: every mode; the unmeshed pods in connection scenarios.
-fn modes(scenario: Scenario) -> Vec<Mode> {
-    let mut m = Mode::ALL.to_vec();
-    if scenario.kind() == Kind::Rr {
-        m.extend(Mode::UNMESHED);
-    }
-    m
-}
-
 /// Every sample, per scenario and mode; `None` where a mode does not support the scenario.
 pub type TrafficResults = BTreeMap<Scenario, BTreeMap<Mode, Option<Vec<Sample>>>>;
 
@@ -617,7 +731,7 @@ pub fn run(topo: &Topology, cfg: &TrafficConfig) -> anyhow::Result<TrafficResult
     let mut results: TrafficResults = BTreeMap::new();
     let mut supported: BTreeMap<(Scenario, Mode), bool> = BTreeMap::new();
     for scenario in Scenario::ALL {
-        for mode in modes(scenario) {
+        for mode in topo.modes(scenario) {
             let ok = !scenario.inbound() || topo.inbound_redirected(mode)?;
             if !ok {
                 eprintln!(
@@ -635,7 +749,7 @@ pub fn run(topo: &Topology, cfg: &TrafficConfig) -> anyhow::Result<TrafficResult
     }
     for round in 0..cfg.rounds {
         for scenario in Scenario::ALL {
-            let mut order = modes(scenario);
+            let mut order = topo.modes(scenario);
             let n = order.len();
             order.rotate_left(round % n);
             for &mode in &order {

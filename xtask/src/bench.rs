@@ -1,14 +1,19 @@
-//! `cargo xtask bench [--quick]`: builds the eBPF object and the release binaries the
-//! benchmark drives (agent, CNI plugin, stand-in API server, benchmark), then runs `linkerd-cni-bench run`, which
-//! writes `BENCHMARKS.md`, `bench/results.json` and `bench/chart.svg` at the workspace root.
-//! Needs root (netns, cgroups, BPF).
+//! `cargo xtask bench [--quick] [--baseline-bins DIR]`: builds the eBPF object and the release
+//! binaries the benchmark drives (agent, CNI plugin, stand-in API server, benchmark), then runs
+//! `linkerd-cni-bench run`, which writes `BENCHMARKS.md`, `bench/results.json` and
+//! `bench/chart.svg` at the workspace root. With `--baseline-bins`, DIR holds an earlier build's
+//! agent and plugin, measured beside ours (mode `ebpf-baseline`). Needs root (netns, cgroups,
+//! BPF).
+
+use std::path::Path;
 
 use anyhow::bail;
 
 use crate::{build_ebpf, cargo, nix_is_root, run, workspace};
 
-/// Builds and runs the benchmark.
-pub fn bench(quick: bool) -> anyhow::Result<()> {
+/// Builds and runs the benchmark; with `baseline_bins`, against that earlier build's agent and
+/// plugin too (`linkerd-cni-bench run --baseline-bins`).
+pub fn bench(quick: bool, baseline_bins: Option<&Path>) -> anyhow::Result<()> {
     if !nix_is_root() {
         bail!("the benchmark creates netns, cgroups and BPF programs: run it as root");
     }
@@ -27,11 +32,14 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
     ]))?;
     // The plugin exactly as shipped (see dist.rs).
     crate::dist::build_plugin(true)?;
-    let command = if quick {
-        "cargo xtask bench --quick"
-    } else {
-        "cargo xtask bench"
-    };
+    let mut command = String::from("cargo xtask bench");
+    if quick {
+        command.push_str(" --quick");
+    }
+    // The report names no machine path.
+    if baseline_bins.is_some() {
+        command.push_str(" --baseline-bins <an earlier build's target/release>");
+    }
     let mut cmd = cargo();
     cmd.args([
         "run",
@@ -42,12 +50,16 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
         "--",
         "run",
         "--command",
-        command,
+        &command,
         "--out-dir",
     ])
     .arg(workspace());
     if quick {
         cmd.arg("--quick");
+    }
+    if let Some(dir) = baseline_bins {
+        // `cargo run` starts in the workspace: a relative directory means the caller's.
+        cmd.arg("--baseline-bins").arg(std::path::absolute(dir)?);
     }
     run(&mut cmd)
 }

@@ -3,7 +3,7 @@
 //! - `setup`: installs what builds and tests need on Debian/Ubuntu (idempotent).
 //! - `build-ebpf`: builds the eBPF object.
 //! - `demo`: setup, build, then the demo on a simulated node (root; see `demo.rs`).
-//! - `bench [--quick]`: the benchmarks (see `bench.rs`).
+//! - `bench [--quick] [--baseline-bins DIR]`: the benchmarks (see `bench.rs`).
 //! - `dist [--out DIR]`: the release agent and the static plugin, laid out as the DaemonSet's
 //!   image holds them (see `dist.rs`, the one place the plugin's link flags are defined).
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
@@ -57,6 +57,10 @@ enum Task {
         /// Short run, under two minutes.
         #[arg(long)]
         quick: bool,
+        /// An earlier build's `target/release` (its `linkerd-cni-agent` and `linkerd-cni`):
+        /// adds the mode `ebpf-baseline` and the "no regression" goal rows against it.
+        #[arg(long)]
+        baseline_bins: Option<PathBuf>,
     },
 }
 
@@ -91,7 +95,10 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Setup => setup::setup(),
         Task::Demo => demo::demo(),
-        Task::Bench { quick } => bench::bench(quick),
+        Task::Bench {
+            quick,
+            baseline_bins,
+        } => bench::bench(quick, baseline_bins.as_deref()),
         Task::Dist { out } => dist::dist(&workspace().join(out)),
         Task::BuildEbpf => {
             let object = build_ebpf()?;
