@@ -481,6 +481,9 @@ fn check_state(pin_root: &Path, before: &BTreeMap<PathBuf, u32>) -> anyhow::Resu
         let name = path.strip_prefix(pin_root).unwrap_or(path).display();
         match now.get(path) {
             Some(p) if p != prog => {}
+            // A pod's inbound stub is kept while its maps are the pinned ones: it reaches the
+            // new agent's shared program through the program array.
+            Some(p) if runs_stub(*p) => {}
             Some(_) => problems.push(format!("link {name} still runs its old program")),
             None => problems.push(format!("link {name} is gone")),
         }
@@ -490,6 +493,13 @@ fn check_state(pin_root: &Path, before: &BTreeMap<PathBuf, u32>) -> anyhow::Resu
     }
     problems.push("staging directory left behind".into());
     Ok(problems)
+}
+
+/// Whether the program with id `prog` is a pod's `sk_lookup` stub.
+fn runs_stub(prog: u32) -> bool {
+    bpf_sys::prog_by_id(prog)
+        .and_then(bpf_sys::prog_name)
+        .is_ok_and(|n| n == linkerd_cni_common::names::PROG_SK_LOOKUP_STUB)
 }
 
 /// Spawns the agent while watching the links; returns (ready µs, watch).
