@@ -226,8 +226,8 @@ impl Agent {
             netns_cookie,
             pod: reg.pod,
             attachment: Attachment::None,
-            reason: String::new(),
-            config: reg.config,
+            reason: "".into(),
+            config: reg.config.into(),
             pod_ips,
             host_ids,
         };
@@ -282,7 +282,7 @@ impl Agent {
                 return Err(e);
             }
         }
-        record.reason = record.attachment.describe();
+        record.reason = record.attachment.describe().into();
         if let Err(e) = self.registry.put(&record) {
             let _ = self.unregister_locked(maps, &record);
             return Err(e.into());
@@ -329,7 +329,7 @@ impl Agent {
             return self.attach_and_record(maps, record, ns, cgroup, entries, &mut phases);
         }
         record.attachment = old.attachment.clone();
-        record.reason = record.attachment.describe();
+        record.reason = record.attachment.describe().into();
         if let Err(e) = self.registry.put(&record) {
             // Back to what the kept record describes.
             let _ = maps.update_pod(record.netns_cookie, Some(entries), &old_entries);
@@ -361,8 +361,8 @@ impl Agent {
             netns_cookie,
             pod: reg.pod,
             attachment: Attachment::None,
-            reason,
-            config: reg.config,
+            reason: reason.into(),
+            config: reg.config.into(),
             pod_ips: reg.pod_ips,
             host_ids: None,
         };
@@ -593,47 +593,61 @@ pub fn links_of(pin_root: &Path, record: &PodRecord) -> Vec<(PathBuf, &'static [
     }
 }
 
-/// Per-phase timing of one operation, logged at debug level (`--log-level
-/// linkerd_cni_agent=debug`) as one line: where an ADD's or a DEL's time goes. Costs nothing
-/// but a level check when debug logging is off.
+/// Per-phase timing of one operation: logged at debug level (`--log-level
+/// linkerd_cni_agent=debug`) as one line, and at info level whatever the level when the
+/// operation took [`SLOW_OPERATION`] or more, so the tail of pod setup on a busy node can be
+/// attributed (which phase, waiting for the lock or in the kernel) without debug logging.
+/// Two clock reads per phase (vDSO, tens of nanoseconds) when nothing is logged.
 pub(crate) struct Phases<'a> {
     op: &'static str,
     id: &'a str,
-    start: Option<std::time::Instant>,
-    last: Option<std::time::Instant>,
+    start: std::time::Instant,
+    last: std::time::Instant,
     marks: Vec<(&'static str, std::time::Duration)>,
 }
 
+/// An ADD or DEL at least this long in the agent is logged with its phases at info level
+/// (half the plugin's 10 ms p99 goal for a whole ADD).
+pub const SLOW_OPERATION: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl<'a> Phases<'a> {
     pub(crate) fn new(op: &'static str, id: &'a str) -> Self {
-        let now = tracing::enabled!(tracing::Level::DEBUG).then(std::time::Instant::now);
+        let now = std::time::Instant::now();
         Self {
             op,
             id,
             start: now,
             last: now,
-            marks: Vec::new(),
+            marks: Vec::with_capacity(12),
         }
     }
 
     /// Ends the phase `name` now.
     pub(crate) fn mark(&mut self, name: &'static str) {
-        if let Some(last) = self.last {
-            let now = std::time::Instant::now();
-            self.marks.push((name, now - last));
-            self.last = Some(now);
-        }
+        let now = std::time::Instant::now();
+        self.marks.push((name, now - self.last));
+        self.last = now;
     }
 
-    /// Logs the phases.
+    /// Logs the phases (debug level; info level when the operation was slow).
     pub(crate) fn done(self) {
-        let Some(start) = self.start else { return };
+        let total = self.start.elapsed();
+        let slow = total >= SLOW_OPERATION;
+        if !slow && !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
         let phases = self
             .marks
             .iter()
             .map(|(name, d)| format!("{name}={}us", d.as_micros()))
             .collect::<Vec<_>>()
             .join(" ");
-        tracing::debug!(op = self.op, id = self.id, total_us = start.elapsed().as_micros() as u64, %phases, "phases");
+        let total_us = total.as_micros() as u64;
+        match slow {
+            true => {
+                tracing::info!(op = self.op, id = self.id, total_us, %phases, "slow operation")
+            }
+            false => tracing::debug!(op = self.op, id = self.id, total_us, %phases, "phases"),
+        }
     }
 }

@@ -8,13 +8,15 @@
 //! pod still on the shared attachment?) are answered from counts kept beside the records.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    borrow::Borrow,
+    collections::{BTreeSet, HashMap, HashSet},
     fs, io,
     net::IpAddr,
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
+use linkerd_cni_k8s::memory::{Site, in_site};
 use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 use serde::{Deserialize, Serialize};
 
@@ -61,9 +63,11 @@ pub struct PodRecord {
     pub netns_cookie: u64,
     pub pod: Option<PodRef>,
     pub attachment: Attachment,
-    /// Why the pod is or is not redirected.
-    pub reason: String,
-    pub config: LinkerdConfig,
+    /// Why the pod is or is not redirected. Shared between records that say the same (see
+    /// [`Interned`]).
+    pub reason: Arc<str>,
+    /// Shared between records with equal configurations (see [`Interned`]).
+    pub config: Arc<LinkerdConfig>,
     pub pod_ips: Vec<IpAddr>,
     /// For a pod in its own user namespace: the proxy's IDs as host IDs (what the programs
     /// compare), read from the namespace's maps at registration.
@@ -89,24 +93,117 @@ pub struct Registry {
 /// nothing but the files needs to survive a crash).
 #[derive(Debug, Default)]
 struct Records {
-    by_id: BTreeMap<String, PodRecord>,
+    /// The records, ordered and found by container id (the record's own `id` is the key: no
+    /// second copy of it).
+    by_id: BTreeSet<ById>,
     /// Redirected records per netns cookie.
     redirected_by_cookie: HashMap<u64, usize>,
     /// Records on the shared attachment.
     shared: usize,
+    interned: Interned,
+}
+
+/// A record in [`Records::by_id`]: compared, and looked up, by its container id. Boxed: the
+/// tree's nodes hold eleven slots each, and a record inline (about 300 bytes) left a node's
+/// empty slots costing megabytes at 10,000 pods.
+#[derive(Debug)]
+struct ById(Box<PodRecord>);
+
+impl PartialEq for ById {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Eq for ById {}
+
+impl PartialOrd for ById {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ById {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.id.cmp(&other.0.id)
+    }
+}
+
+// `str`'s order is `String`'s: lookups by `&str` agree with the set's order.
+impl Borrow<str> for ById {
+    fn borrow(&self) -> &str {
+        &self.0.id
+    }
+}
+
+/// Values records share, held once: a node's pods nearly all have the same `linkerd`
+/// configuration and one of a few reasons, and a copy of each per record was most of a
+/// record's memory (at 10,000 pods, megabytes). A value leaves the pool with the last record
+/// holding it; a sweep drops any the pool alone still holds (a record clone held elsewhere at
+/// that removal) once the pool outgrows the records.
+#[derive(Debug, Default)]
+struct Interned {
+    configs: HashSet<Arc<LinkerdConfig>>,
+    reasons: HashSet<Arc<str>>,
+}
+
+impl Interned {
+    /// `record` with its config and reason replaced by the pool's equal ones.
+    fn share(&mut self, mut record: PodRecord) -> PodRecord {
+        record.config = Self::intern(&mut self.configs, record.config);
+        record.reason = Self::intern(&mut self.reasons, record.reason);
+        record
+    }
+
+    fn intern<T: Eq + std::hash::Hash + ?Sized>(
+        pool: &mut HashSet<Arc<T>>,
+        value: Arc<T>,
+    ) -> Arc<T> {
+        if let Some(shared) = pool.get(&*value) {
+            return shared.clone();
+        }
+        pool.insert(value.clone());
+        value
+    }
+
+    /// After `record` left the records (the caller holds it): drops its values from the pool
+    /// when no other record holds them.
+    fn release(&mut self, record: &PodRecord, records: usize) {
+        // The pool's reference and the caller's.
+        if Arc::strong_count(&record.config) <= 2 {
+            self.configs.remove(&*record.config);
+        }
+        if Arc::strong_count(&record.reason) <= 2 {
+            self.reasons.remove(&*record.reason);
+        }
+        if self.configs.len() + self.reasons.len() > 2 * records + 64 {
+            self.configs.retain(|c| Arc::strong_count(c) > 1);
+            self.reasons.retain(|r| Arc::strong_count(r) > 1);
+        }
+    }
 }
 
 impl Records {
     fn insert(&mut self, record: PodRecord) {
-        self.remove(&record.id.clone());
+        self.remove(&record.id);
         self.count(&record, true);
-        self.by_id.insert(record.id.clone(), record);
+        let record = self.interned.share(record);
+        self.by_id.insert(ById(Box::new(record)));
     }
 
     fn remove(&mut self, id: &str) -> Option<PodRecord> {
-        let old = self.by_id.remove(id)?;
+        let ById(old) = self.by_id.take(id)?;
         self.count(&old, false);
-        Some(old)
+        self.interned.release(&old, self.by_id.len());
+        Some(*old)
+    }
+
+    fn get(&self, id: &str) -> Option<&PodRecord> {
+        self.by_id.get(id).map(|r| &*r.0)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &PodRecord> {
+        self.by_id.iter().map(|r| &*r.0)
     }
 
     fn count(&mut self, r: &PodRecord, add: bool) {
@@ -130,7 +227,7 @@ impl Records {
 
     /// Whether `id`'s own stored record satisfies `f`.
     fn own(&self, id: &str, f: impl Fn(&PodRecord) -> bool) -> usize {
-        self.by_id.get(id).is_some_and(f) as usize
+        self.get(id).is_some_and(f) as usize
     }
 }
 
@@ -153,7 +250,7 @@ impl Registry {
             let path = entry?.path();
             if path.extension().is_some_and(|e| e == "json") {
                 match fs::read(&path).map(|b| serde_json::from_slice::<PodRecord>(&b)) {
-                    Ok(Ok(r)) => records.insert(r),
+                    Ok(Ok(r)) => in_site(Site::Registry, || records.insert(r)),
                     Ok(Err(e)) => {
                         tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry")
                     }
@@ -186,7 +283,7 @@ impl Registry {
 
     pub fn get(&self, id: &str) -> io::Result<Option<PodRecord>> {
         self.path(id)?;
-        Ok(self.records().by_id.get(id).cloned())
+        Ok(self.records().get(id).cloned())
     }
 
     pub fn put(&self, record: &PodRecord) -> io::Result<()> {
@@ -195,7 +292,8 @@ impl Registry {
         // Compact: a third of the bytes of pretty JSON, and `open` reads either.
         fs::write(&tmp, serde_json::to_vec(record).map_err(io::Error::other)?)?;
         fs::rename(tmp, path)?;
-        self.records().insert(record.clone());
+        let mut records = self.records();
+        in_site(Site::Registry, || records.insert(record.clone()));
         Ok(())
     }
 
@@ -211,24 +309,24 @@ impl Registry {
 
     /// Every record, by container id.
     pub fn all(&self) -> io::Result<Vec<PodRecord>> {
-        Ok(self.records().by_id.values().cloned().collect())
+        Ok(self.records().values().cloned().collect())
     }
 
     /// `f` of every record, in id order, without cloning them (the registry is locked
     /// meanwhile: keep `f` short and free of I/O).
     pub fn map_each<T>(&self, mut f: impl FnMut(&PodRecord) -> T) -> Vec<T> {
-        self.records().by_id.values().map(&mut f).collect()
+        self.records().values().map(&mut f).collect()
     }
 
     /// Whether any record satisfies `f` (without cloning them).
     pub fn any(&self, f: impl Fn(&PodRecord) -> bool) -> bool {
-        self.records().by_id.values().any(f)
+        self.records().values().any(f)
     }
 
     /// Visits every record in memory without cloning it (the lock is held meanwhile: keep
     /// `f` short).
     pub fn for_each(&self, mut f: impl FnMut(&PodRecord)) {
-        self.records().by_id.values().for_each(&mut f);
+        self.records().values().for_each(&mut f);
     }
 
     /// Up to `n` ids in id order, starting after `after` and wrapping around to the first,
@@ -241,7 +339,7 @@ impl Registry {
             .map(|a| records.range::<str, _>((Unbounded, Included(a))))
             .into_iter()
             .flatten();
-        tail.chain(head).take(n).map(|(id, _)| id.clone()).collect()
+        tail.chain(head).take(n).map(|r| r.0.id.clone()).collect()
     }
 
     /// How many records there are.
@@ -256,7 +354,7 @@ impl Registry {
 
     /// Whether `id` is registered.
     pub fn contains(&self, id: &str) -> bool {
-        self.records().by_id.contains_key(id)
+        self.records().by_id.contains(id)
     }
 
     /// Whether a redirected record other than `id` has netns cookie `cookie` (in constant
@@ -295,7 +393,7 @@ mod tests {
             pod: None,
             attachment: Attachment::None,
             reason: "test".into(),
-            config: LinkerdConfig::default(),
+            config: LinkerdConfig::default().into(),
             pod_ips: vec![],
             host_ids: None,
         };
@@ -327,8 +425,8 @@ mod tests {
                 netns_cookie: 2,
                 pod: None,
                 attachment: Attachment::None,
-                reason: String::new(),
-                config: LinkerdConfig::default(),
+                reason: "".into(),
+                config: LinkerdConfig::default().into(),
                 pod_ips: vec![],
                 host_ids: None,
             })
@@ -355,8 +453,8 @@ mod tests {
             netns_cookie: cookie,
             pod: None,
             attachment,
-            reason: String::new(),
-            config: LinkerdConfig::default(),
+            reason: "".into(),
+            config: LinkerdConfig::default().into(),
             pod_ips: vec![],
             host_ids: None,
         };
@@ -385,6 +483,58 @@ mod tests {
         // Written compact.
         let text = fs::read_to_string(dir.join("b.json")).unwrap();
         assert!(!text.contains('\n'), "{text}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn equal_configs_and_reasons_are_held_once_and_released_with_the_last_record() {
+        let dir = std::env::temp_dir().join(format!("l5d-registry-intern-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let reg = Registry::open(&dir).unwrap();
+        let rec = |id: &str, port: u16| PodRecord {
+            id: id.into(),
+            ifname: "eth0".into(),
+            netns: "/run/netns/x".into(),
+            netns_ino: 1,
+            netns_cookie: 2,
+            pod: None,
+            attachment: Attachment::None,
+            // Each record brings its own copies, as a registration does.
+            reason: String::from("not meshed").into(),
+            config: LinkerdConfig {
+                outgoing_proxy_port: port,
+                ..LinkerdConfig::default()
+            }
+            .into(),
+            pod_ips: vec![],
+            host_ids: None,
+        };
+        for id in ["a", "b", "c"] {
+            reg.put(&rec(id, 4140)).unwrap();
+        }
+        reg.put(&rec("d", 5000)).unwrap();
+        let get = |id| reg.get(id).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&get("a").config, &get("c").config));
+        assert!(Arc::ptr_eq(&get("a").reason, &get("d").reason));
+        assert!(!Arc::ptr_eq(&get("a").config, &get("d").config));
+        let pool = |reg: &Registry| {
+            let r = reg.records();
+            (r.interned.configs.len(), r.interned.reasons.len())
+        };
+        assert_eq!(pool(&reg), (2, 1));
+        // A value leaves the pool with the last record holding it.
+        assert!(reg.remove("d").unwrap());
+        assert_eq!(pool(&reg), (1, 1));
+        for id in ["a", "b", "c"] {
+            assert!(reg.remove(id).unwrap());
+        }
+        assert_eq!(pool(&reg), (0, 0));
+        // What was shared in memory is written out whole: a reopened registry reads the same.
+        reg.put(&rec("e", 4140)).unwrap();
+        assert_eq!(
+            Registry::open(&dir).unwrap().get("e").unwrap(),
+            Some(rec("e", 4140))
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 

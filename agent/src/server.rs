@@ -340,7 +340,7 @@ impl Server {
             Ok(Some(record)) => {
                 tracing::info!(redirected = record.redirected(), reason = %reason, "pod added");
                 // An unredirected record's reason is the decision's: say it once.
-                let reason = if record.reason == reason {
+                let reason = if *record.reason == *reason {
                     reason
                 } else {
                     format!("{reason}; {}", record.reason)

@@ -117,6 +117,10 @@ struct RunArgs {
     /// writes no report).
     #[arg(long, hide = true)]
     traffic_only: bool,
+    /// Run only the pod-setup scenarios (4-5: ADD/DEL latency, RSS, map memory) and print
+    /// their goal rows (to iterate on the agent's per-pod cost; writes no report).
+    #[arg(long, hide = true)]
+    only_pod_setup: bool,
     /// Registered-pod checkpoints of the pod-setup scenario instead of the default ones
     /// (`1,100,1000` quick, `1,100,1000,10000` full), comma-separated.
     #[arg(long, hide = true, value_delimiter = ',')]
@@ -251,6 +255,18 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         scale::BENCH_MAX_PODS,
     )?;
     eprintln!("bench: agent running, PID {}", agent.pid().unwrap_or(0));
+    if args.only_pod_setup {
+        let cni = node::Cni {
+            plugin: bins.plugin.clone(),
+            socket: agent.socket().to_path_buf(),
+        };
+        let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)
+            .map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()))?;
+        for g in report::pod_setup_goals(&pods) {
+            eprintln!("goal {:?}: {} — {}", g.met, g.goal, g.observed);
+        }
+        return Ok(());
+    }
     let baseline = match &args.baseline_bins {
         Some(dir) => {
             let b = node::Baseline::start(dir, &api.kubeconfig, scale::BENCH_MAX_PODS)

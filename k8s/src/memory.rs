@@ -88,7 +88,7 @@ pub fn trim() {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Site {
-    /// Everything not tagged: the agent's registry, runtime, HTTP, eBPF handles, buffers.
+    /// Everything not tagged: the agent's runtime, HTTP, eBPF handles, buffers.
     Other = 0,
     /// The pod watch: the response bodies being decoded into full `Pod`s (transient).
     PodWatch = 1,
@@ -96,10 +96,12 @@ pub enum Site {
     PodCache = 2,
     /// The namespace watch and its metadata-only cache.
     Namespaces = 3,
+    /// The agent's in-memory registry records.
+    Registry = 4,
 }
 
 /// Names of the [`Site`]s, by their number.
-pub const SITE_NAMES: [&str; 4] = ["other", "pod-watch", "pod-cache", "namespaces"];
+pub const SITE_NAMES: [&str; 5] = ["other", "pod-watch", "pod-cache", "namespaces", "registry"];
 
 thread_local! {
     static SITE: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };

@@ -247,7 +247,7 @@ pub fn drop_malformed_entries(
 
 /// The `linkerd` section of the `linkerd-cni` conflist entry. Every key is optional; unknown
 /// keys are ignored (Linkerd adds keys over time). Defaults are Linkerd's.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", default)]
 pub struct LinkerdConfig {
     pub incoming_proxy_port: u16,

@@ -155,9 +155,9 @@ pub fn previous_registers(
         netns_ino: ns.ino,
         netns_cookie: cookie,
         pod: None,
-        reason: attachment.describe(),
+        reason: attachment.describe().into(),
         attachment,
-        config: cfg,
+        config: cfg.into(),
         pod_ips: ips,
         host_ids: None,
     };
