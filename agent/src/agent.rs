@@ -220,7 +220,7 @@ impl Agent {
         limits::check(&entries)?;
         let record = PodRecord {
             id: reg.id,
-            ifname: reg.ifname,
+            ifname: reg.ifname.into(),
             netns: reg.netns,
             netns_ino: ns.ino,
             netns_cookie,
@@ -288,7 +288,7 @@ impl Agent {
             return Err(e.into());
         }
         phases.mark("registry");
-        tracing::info!(id = %record.id, netns_cookie = record.netns_cookie, reason = %record.reason, "pod registered");
+        tracing::info!(id = %record.id, netns_cookie = record.netns_cookie, reason = %record.reason, cgroup = ?record.attachment.cgroup(), "pod registered");
         Ok(record)
     }
 
@@ -355,7 +355,7 @@ impl Agent {
         }
         let record = PodRecord {
             id: reg.id,
-            ifname: reg.ifname,
+            ifname: reg.ifname.into(),
             netns: reg.netns,
             netns_ino,
             netns_cookie,

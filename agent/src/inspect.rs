@@ -49,6 +49,9 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
             r.netns_cookie
         );
         let _ = writeln!(out, "  {}", r.reason);
+        if let Some(cgroup) = r.attachment.cgroup() {
+            let _ = writeln!(out, "  cgroup: {}", cgroup.display());
+        }
         if agent::adopt::is_adopted(&r.id) {
             let _ = writeln!(
                 out,

@@ -36,17 +36,24 @@ pub enum Attachment {
 }
 
 impl Attachment {
-    /// Why the pod is redirected, in words.
+    /// Why the pod is redirected, in words. The same words for every pod attached the same
+    /// way (records share them: see [`Interned`]); the pod's cgroup is [`Self::cgroup`].
     pub fn describe(&self) -> String {
         match self {
-            Self::PerPod { cgroup } => {
-                format!("redirected (programs attached to {})", cgroup.display())
-            }
+            Self::PerPod { .. } => "redirected (programs attached to the pod's own cgroup)".into(),
             Self::Shared { cgroup } => format!(
                 "redirected (no pod cgroup v2 found; shared attachment on {}, selected by netns cookie)",
                 cgroup.display()
             ),
             Self::None => "not redirected".into(),
+        }
+    }
+
+    /// The cgroup the programs are attached to, if any.
+    pub fn cgroup(&self) -> Option<&Path> {
+        match self {
+            Self::PerPod { cgroup } | Self::Shared { cgroup } => Some(cgroup),
+            Self::None => None,
         }
     }
 }
@@ -56,7 +63,8 @@ impl Attachment {
 pub struct PodRecord {
     /// `CNI_CONTAINERID`.
     pub id: String,
-    pub ifname: String,
+    /// Shared between records (see [`Interned`]): nearly always `eth0`.
+    pub ifname: Arc<str>,
     pub netns: PathBuf,
     /// Inode of the netns file at registration: tells a reused path from the same netns.
     pub netns_ino: u64,
@@ -144,14 +152,16 @@ impl Borrow<str> for ById {
 #[derive(Debug, Default)]
 struct Interned {
     configs: HashSet<Arc<LinkerdConfig>>,
-    reasons: HashSet<Arc<str>>,
+    /// Reasons and interface names.
+    strings: HashSet<Arc<str>>,
 }
 
 impl Interned {
     /// `record` with its config and reason replaced by the pool's equal ones.
     fn share(&mut self, mut record: PodRecord) -> PodRecord {
         record.config = Self::intern(&mut self.configs, record.config);
-        record.reason = Self::intern(&mut self.reasons, record.reason);
+        record.reason = Self::intern(&mut self.strings, record.reason);
+        record.ifname = Self::intern(&mut self.strings, record.ifname);
         record
     }
 
@@ -173,12 +183,14 @@ impl Interned {
         if Arc::strong_count(&record.config) <= 2 {
             self.configs.remove(&*record.config);
         }
-        if Arc::strong_count(&record.reason) <= 2 {
-            self.reasons.remove(&*record.reason);
+        for s in [&record.reason, &record.ifname] {
+            if Arc::strong_count(s) <= 2 {
+                self.strings.remove(&**s);
+            }
         }
-        if self.configs.len() + self.reasons.len() > 2 * records + 64 {
+        if self.configs.len() + self.strings.len() > 2 * records + 64 {
             self.configs.retain(|c| Arc::strong_count(c) > 1);
-            self.reasons.retain(|r| Arc::strong_count(r) > 1);
+            self.strings.retain(|s| Arc::strong_count(s) > 1);
         }
     }
 }
@@ -516,15 +528,17 @@ mod tests {
         let get = |id| reg.get(id).unwrap().unwrap();
         assert!(Arc::ptr_eq(&get("a").config, &get("c").config));
         assert!(Arc::ptr_eq(&get("a").reason, &get("d").reason));
+        assert!(Arc::ptr_eq(&get("b").ifname, &get("d").ifname));
         assert!(!Arc::ptr_eq(&get("a").config, &get("d").config));
         let pool = |reg: &Registry| {
             let r = reg.records();
-            (r.interned.configs.len(), r.interned.reasons.len())
+            (r.interned.configs.len(), r.interned.strings.len())
         };
-        assert_eq!(pool(&reg), (2, 1));
+        // Two configs; one reason and one interface name.
+        assert_eq!(pool(&reg), (2, 2));
         // A value leaves the pool with the last record holding it.
         assert!(reg.remove("d").unwrap());
-        assert_eq!(pool(&reg), (1, 1));
+        assert_eq!(pool(&reg), (1, 2));
         for id in ["a", "b", "c"] {
             assert!(reg.remove(id).unwrap());
         }

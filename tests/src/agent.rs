@@ -139,7 +139,7 @@ impl Drop for AgentHarness {
         }
         self.agent = None;
         let _ = dataplane::detach(&self.config.pin_root.join(paths::PIN_SHARED));
-        let _ = std::fs::remove_dir_all(&self.config.pin_root);
+        let _ = crate::node::remove_pin_root(&self.config.pin_root);
         let _ = std::fs::remove_dir_all(&self.config.state_dir);
     }
 }

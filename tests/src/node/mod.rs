@@ -34,7 +34,7 @@ pub use self::{
     plugin::{PluginOutcome, run_plugin},
     pods::{PodSpec, SimPod, namespace_manifest},
     process::{AgentCommand, AgentProcess, ApiServerProcess, ApiStats},
-    sim::{PinRoot, SimNode},
+    sim::{PinRoot, SimNode, remove_pin_root},
     state::{AgentState, read_state},
 };
 use crate::{

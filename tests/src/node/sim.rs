@@ -39,7 +39,7 @@ impl PinRoot {
         if let Ok(entries) = fs::read_dir(BPFFS) {
             for e in entries.flatten() {
                 if e.file_name().to_str().is_some_and(names::is_stale) {
-                    let _ = fs::remove_dir_all(e.path());
+                    let _ = remove_pin_root(&e.path());
                 }
             }
         }
@@ -65,7 +65,7 @@ impl Default for PinRoot {
 impl Drop for PinRoot {
     fn drop(&mut self) {
         // Unpinning the links (no process holds them any more) detaches the programs.
-        match fs::remove_dir_all(&self.path) {
+        match remove_pin_root(&self.path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => eprintln!(
@@ -74,6 +74,22 @@ impl Drop for PinRoot {
             ),
         }
     }
+}
+
+/// Removes a pin root and everything pinned in it, one pod's links at a time, pacing the
+/// program frees as the agent does ([`linkerd_cni_agent::bpf_sys::pace_program_frees`]): each
+/// pod's inbound link holds the pod's own `sk_lookup` stub, and unpinning thousands at once (a
+/// node of 10,000 pods in the benchmark) queues thousands of JIT frees on the kernel's
+/// workqueue, which deadlocked program loads on 6.18 when the next node loaded its programs.
+pub fn remove_pin_root(path: &Path) -> std::io::Result<()> {
+    if let Ok(pods) = fs::read_dir(path.join(linkerd_cni_common::paths::PIN_PODS)) {
+        for pod in pods.flatten() {
+            if fs::remove_dir_all(pod.path()).is_ok() {
+                linkerd_cni_agent::bpf_sys::pace_program_frees(1);
+            }
+        }
+    }
+    fs::remove_dir_all(path)
 }
 
 /// A bpffs mounted for one node (see [`NodeOptions::private_bpffs`]), unmounted on drop.
