@@ -121,6 +121,15 @@ struct RunArgs {
     /// their goal rows (to iterate on the agent's per-pod cost; writes no report).
     #[arg(long, hide = true)]
     only_pod_setup: bool,
+    /// With `--traffic-only`: only these scenarios (labels, comma-separated).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    scenarios: Vec<String>,
+    /// With `--traffic-only`: only these modes (labels, comma-separated).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    modes: Vec<String>,
+    /// Rounds of the traffic scenarios instead of the default (2 quick, 5 full).
+    #[arg(long, hide = true)]
+    rounds: Option<usize>,
     /// Registered-pod checkpoints of the pod-setup scenario instead of the default ones
     /// (`1,100,1000` quick, `1,100,1000,10000` full), comma-separated.
     #[arg(long, hide = true, value_delimiter = ',')]
@@ -202,6 +211,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             concurrency: 32,
             streams: 2,
         }
+    };
+    let cfg = traffic::TrafficConfig {
+        rounds: args.rounds.unwrap_or(cfg.rounds),
+        ..cfg
     };
     let (checkpoints, samples, restarts, restart_ms) = if quick {
         (vec![1, 100, 1000], 20, 1, 4000)
@@ -303,7 +316,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let traffic = if args.skip_traffic {
             Default::default()
         } else {
-            traffic::run(&topo, &cfg)?
+            let only = traffic::Only {
+                scenarios: args.scenarios.clone(),
+                modes: args.modes.clone(),
+            };
+            traffic::run(&topo, &cfg, &only)?
         };
         drop(bpf_stats);
         let floor_check = if args.skip_traffic {

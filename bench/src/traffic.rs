@@ -725,13 +725,37 @@ impl Topology {
 /// Every sample, per scenario and mode; `None` where a mode does not support the scenario.
 pub type TrafficResults = BTreeMap<Scenario, BTreeMap<Mode, Option<Vec<Sample>>>>;
 
-/// Runs every scenario in every mode, `rounds` times, modes back to back and alternating (the
-/// order rotates each round).
-pub fn run(topo: &Topology, cfg: &TrafficConfig) -> anyhow::Result<TrafficResults> {
+/// Which scenarios and modes a run measures (labels; empty = all): `--traffic-only` runs that
+/// compare two modes over many rounds.
+#[derive(Debug, Clone, Default)]
+pub struct Only {
+    pub scenarios: Vec<String>,
+    pub modes: Vec<String>,
+}
+
+impl Only {
+    fn scenarios(&self) -> Vec<Scenario> {
+        Scenario::ALL
+            .into_iter()
+            .filter(|s| self.scenarios.is_empty() || self.scenarios.iter().any(|l| l == s.label()))
+            .collect()
+    }
+
+    fn modes(&self, topo: &Topology, scenario: Scenario) -> Vec<Mode> {
+        topo.modes(scenario)
+            .into_iter()
+            .filter(|m| self.modes.is_empty() || self.modes.iter().any(|l| l == m.label()))
+            .collect()
+    }
+}
+
+/// Runs every scenario in every mode (or those `only` names), `rounds` times, modes back to
+/// back and alternating (the order rotates each round).
+pub fn run(topo: &Topology, cfg: &TrafficConfig, only: &Only) -> anyhow::Result<TrafficResults> {
     let mut results: TrafficResults = BTreeMap::new();
     let mut supported: BTreeMap<(Scenario, Mode), bool> = BTreeMap::new();
-    for scenario in Scenario::ALL {
-        for mode in topo.modes(scenario) {
+    for scenario in only.scenarios() {
+        for mode in only.modes(topo, scenario) {
             let ok = !scenario.inbound() || topo.inbound_redirected(mode)?;
             if !ok {
                 eprintln!(
@@ -748,8 +772,8 @@ pub fn run(topo: &Topology, cfg: &TrafficConfig) -> anyhow::Result<TrafficResult
         }
     }
     for round in 0..cfg.rounds {
-        for scenario in Scenario::ALL {
-            let mut order = topo.modes(scenario);
+        for scenario in only.scenarios() {
+            let mut order = only.modes(topo, scenario);
             let n = order.len();
             order.rotate_left(round % n);
             for &mode in &order {
