@@ -157,7 +157,7 @@ struct Interned {
 }
 
 impl Interned {
-    /// `record` with its config and reason replaced by the pool's equal ones.
+    /// `record` with its config, reason and interface name replaced by the pool's equal ones.
     fn share(&mut self, mut record: PodRecord) -> PodRecord {
         record.config = Self::intern(&mut self.configs, record.config);
         record.reason = Self::intern(&mut self.strings, record.reason);
