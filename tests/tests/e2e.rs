@@ -730,6 +730,16 @@ fn registry_survives_an_agent_restart() {
         inspect.contains(&pod.container_id) && inspect.contains("in force"),
         "inspect shows the adopted pod: {inspect}"
     );
+    // The reason is the same words for every pod attached per pod (records share it); the
+    // pod's own cgroup has a line of its own.
+    let cgroup = pod.cgroup_path().expect("cgroup path");
+    assert!(
+        inspect.contains("redirected (programs attached to the pod's own cgroup)")
+            && inspect
+                .lines()
+                .any(|l| l.trim_start().starts_with("cgroup: ") && l.ends_with(&cgroup)),
+        "inspect names the reason and the pod's cgroup ({cgroup}): {inspect}"
+    );
     let before = server.received().len();
     request(&pod, &server, dst, "three\n");
     assert_proxied(&proxy, &server, dst, before);
