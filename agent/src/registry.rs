@@ -392,22 +392,31 @@ impl Registry {
 mod tests {
     use super::*;
 
+    /// A record of container `id` in netns cookie `cookie`, attached as `attachment`, with the
+    /// default config and an empty reason.
+    fn record(id: &str, cookie: u64, attachment: Attachment) -> PodRecord {
+        PodRecord {
+            id: id.into(),
+            ifname: "eth0".into(),
+            netns: "/run/netns/x".into(),
+            netns_ino: 1,
+            netns_cookie: cookie,
+            pod: None,
+            attachment,
+            reason: "".into(),
+            config: LinkerdConfig::default().into(),
+            pod_ips: vec![],
+            host_ids: None,
+        }
+    }
+
     #[test]
     fn records_persist_across_opens() {
         let dir = std::env::temp_dir().join(format!("l5d-registry-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let record = PodRecord {
-            id: "abc".into(),
-            ifname: "eth0".into(),
-            netns: "/run/netns/x".into(),
-            netns_ino: 1,
-            netns_cookie: 2,
-            pod: None,
-            attachment: Attachment::None,
             reason: "test".into(),
-            config: LinkerdConfig::default().into(),
-            pod_ips: vec![],
-            host_ids: None,
+            ..record("abc", 2, Attachment::None)
         };
         let reg = Registry::open(&dir).unwrap();
         reg.put(&record).unwrap();
@@ -429,20 +438,7 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         let reg = Registry::open(&dir).unwrap();
         for id in ["c", "a", "b", "d"] {
-            reg.put(&PodRecord {
-                id: id.into(),
-                ifname: "eth0".into(),
-                netns: "/run/netns/x".into(),
-                netns_ino: 1,
-                netns_cookie: 2,
-                pod: None,
-                attachment: Attachment::None,
-                reason: "".into(),
-                config: LinkerdConfig::default().into(),
-                pod_ips: vec![],
-                host_ids: None,
-            })
-            .unwrap();
+            reg.put(&record(id, 2, Attachment::None)).unwrap();
         }
         assert_eq!(reg.ids_from(None, 3), ["a", "b", "c"]);
         assert_eq!(reg.ids_from(Some("c"), 3), ["d", "a", "b"]);
@@ -457,33 +453,20 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("l5d-registry-idx-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let reg = Registry::open(&dir).unwrap();
-        let rec = |id: &str, cookie: u64, attachment: Attachment| PodRecord {
-            id: id.into(),
-            ifname: "eth0".into(),
-            netns: "/run/netns/x".into(),
-            netns_ino: 1,
-            netns_cookie: cookie,
-            pod: None,
-            attachment,
-            reason: "".into(),
-            config: LinkerdConfig::default().into(),
-            pod_ips: vec![],
-            host_ids: None,
-        };
         let shared = || Attachment::Shared {
             cgroup: "/sys/fs/cgroup".into(),
         };
         let per_pod = || Attachment::PerPod {
             cgroup: "/sys/fs/cgroup/p".into(),
         };
-        reg.put(&rec("a", 7, shared())).unwrap();
+        reg.put(&record("a", 7, shared())).unwrap();
         assert!(!reg.other_redirected_with_cookie("a", 7));
         assert!(reg.other_redirected_with_cookie("b", 7));
         assert!(!reg.other_shared("a") && reg.other_shared("b"));
-        reg.put(&rec("b", 7, per_pod())).unwrap();
+        reg.put(&record("b", 7, per_pod())).unwrap();
         assert!(reg.other_redirected_with_cookie("a", 7));
         // Replacing a record moves its counts.
-        reg.put(&rec("a", 8, per_pod())).unwrap();
+        reg.put(&record("a", 8, per_pod())).unwrap();
         assert!(!reg.other_redirected_with_cookie("b", 7));
         assert!(!reg.other_shared("zzz"));
         // The counts are rebuilt from the files.
@@ -504,13 +487,6 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         let reg = Registry::open(&dir).unwrap();
         let rec = |id: &str, port: u16| PodRecord {
-            id: id.into(),
-            ifname: "eth0".into(),
-            netns: "/run/netns/x".into(),
-            netns_ino: 1,
-            netns_cookie: 2,
-            pod: None,
-            attachment: Attachment::None,
             // Each record brings its own copies, as a registration does.
             reason: String::from("not meshed").into(),
             config: LinkerdConfig {
@@ -518,8 +494,7 @@ mod tests {
                 ..LinkerdConfig::default()
             }
             .into(),
-            pod_ips: vec![],
-            host_ids: None,
+            ..record(id, 2, Attachment::None)
         };
         for id in ["a", "b", "c"] {
             reg.put(&rec(id, 4140)).unwrap();

@@ -178,10 +178,15 @@ fn print_cpu(rows: &[report::TrafficRow], floor_check: &str) {
                 .collect::<Vec<_>>()
         );
     }
-    for g in report::cpu_goals(rows) {
+    eprint_goals(&report::cpu_goals(rows));
+    eprintln!("floor: {floor_check}");
+}
+
+/// The goal rows of a partial run (`--traffic-only`, `--only-pod-setup`), one per line on stderr.
+fn eprint_goals(goals: &[report::Goal]) {
+    for g in goals {
         eprintln!("goal {:?}: {} — {}", g.met, g.goal, g.observed);
     }
-    eprintln!("floor: {floor_check}");
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -268,16 +273,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         scale::BENCH_MAX_PODS,
     )?;
     eprintln!("bench: agent running, PID {}", agent.pid().unwrap_or(0));
+    let cni = node::Cni {
+        plugin: bins.plugin.clone(),
+        socket: agent.socket().to_path_buf(),
+    };
     if args.only_pod_setup {
-        let cni = node::Cni {
-            plugin: bins.plugin.clone(),
-            socket: agent.socket().to_path_buf(),
-        };
         let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)
             .map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()))?;
-        for g in report::pod_setup_goals(&pods) {
-            eprintln!("goal {:?}: {} — {}", g.met, g.goal, g.observed);
-        }
+        eprint_goals(&report::pod_setup_goals(&pods));
         return Ok(());
     }
     let baseline = match &args.baseline_bins {
@@ -292,10 +295,6 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             Some(b)
         }
         None => None,
-    };
-    let cni = node::Cni {
-        plugin: bins.plugin.clone(),
-        socket: agent.socket().to_path_buf(),
     };
     let outcome = (|| -> anyhow::Result<_> {
         let topo = traffic::Topology::build(

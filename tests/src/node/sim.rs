@@ -76,17 +76,16 @@ impl Drop for PinRoot {
     }
 }
 
-/// Removes a pin root and everything pinned in it, one pod's links at a time, pacing the
-/// program frees as the agent does ([`linkerd_cni_agent::bpf_sys::pace_program_frees`]): each
+/// Removes a pin root and everything pinned in it, one pod's links at a time as the agent
+/// detaches them ([`linkerd_cni_agent::dataplane::detach`], which paces the program frees): each
 /// pod's inbound link holds the pod's own `sk_lookup` stub, and unpinning thousands at once (a
 /// node of 10,000 pods in the benchmark) queues thousands of JIT frees on the kernel's
 /// workqueue, which deadlocked program loads on 6.18 when the next node loaded its programs.
 pub fn remove_pin_root(path: &Path) -> std::io::Result<()> {
     if let Ok(pods) = fs::read_dir(path.join(linkerd_cni_common::paths::PIN_PODS)) {
         for pod in pods.flatten() {
-            if fs::remove_dir_all(pod.path()).is_ok() {
-                linkerd_cni_agent::bpf_sys::pace_program_frees(1);
-            }
+            // Whatever detach leaves goes with the whole root below.
+            let _ = linkerd_cni_agent::dataplane::detach(&pod.path());
         }
     }
     fs::remove_dir_all(path)
