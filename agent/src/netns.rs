@@ -1,24 +1,24 @@
 //! Network namespaces: identify a pod's netns (its cookie, the key of every per-pod map entry)
 //! and read its addresses, from a path such as `/var/run/netns/cni-<uuid>`.
 //!
-//! Work inside a netns runs on one long-lived worker thread that `setns`es into the pod's
-//! namespace for each job and back into its own afterwards, so the agent's other threads never
-//! change namespace and an ADD pays no thread creation. A worker that cannot get back home
-//! exits, and the next job starts a fresh one.
+//! Work inside a netns runs on the calling thread: it `setns`es into the pod's namespace, runs
+//! the job (synchronous: nothing else runs on the thread meanwhile) and `setns`es back into the
+//! thread's own namespace, opened once per thread. No hand-off to another thread: on a busy
+//! node each wake-up can wait for a CPU, and the two a worker thread cost were most of the ADDs
+//! that took 5 ms or more. A thread that cannot get back home (`setns` into a namespace file it
+//! holds open failing) cannot be trusted with anything else: the agent aborts, and pods keep
+//! their pinned redirection while it restarts.
 //!
 //! # Minimum kernel version
 //! 5.14 (`SO_NETNS_COOKIE`).
 
 use std::{
+    cell::OnceCell,
     fs::File,
     io,
     net::IpAddr,
-    os::{
-        fd::{AsFd, OwnedFd},
-        unix::fs::MetadataExt,
-    },
+    os::{fd::OwnedFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
-    sync::{Mutex, mpsc},
 };
 
 use nix::sched::{CloneFlags, setns};
@@ -82,47 +82,42 @@ impl Netns {
         &self.file
     }
 
-    /// Runs `f` on the netns worker thread, inside this namespace.
-    pub fn run<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> io::Result<T> + Send + 'static,
-    ) -> Result<T, NetnsError> {
-        let fd = self
-            .file
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| self.io(e))?;
-        let path = self.path.clone();
-        let (tx, rx) = mpsc::sync_channel(1);
-        let job: Job = Box::new(move |home: &OwnedFd| {
-            let result = match setns(&fd, CloneFlags::CLONE_NEWNET) {
-                Err(nix::errno::Errno::EINVAL) => Err(NetnsError::NotNetns { path }),
-                Err(e) => Err(NetnsError::Io {
-                    path,
-                    source: e.into(),
-                }),
-                Ok(()) => {
-                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-                    let result = match ran {
-                        Ok(r) => r.map_err(|source| NetnsError::Io { path, source }),
-                        Err(_) => Err(NetnsError::Io {
-                            path,
-                            source: io::Error::other("work in the network namespace panicked"),
-                        }),
-                    };
-                    if setns(home, CloneFlags::CLONE_NEWNET).is_err() {
-                        let _ = tx.send(result);
-                        return false;
-                    }
-                    result
+    /// Runs `f` on the calling thread, inside this namespace, and brings the thread back into
+    /// its own namespace afterwards.
+    pub fn run<T>(&self, f: impl FnOnce() -> io::Result<T>) -> Result<T, NetnsError> {
+        HOME.with(|home| {
+            let home = match home.get() {
+                Some(fd) => fd,
+                None => {
+                    let fd: OwnedFd = File::open("/proc/thread-self/ns/net")
+                        .map_err(|e| self.io(e))?
+                        .into();
+                    home.get_or_init(|| fd)
                 }
             };
-            let _ = tx.send(result);
-            true
-        });
-        submit(job).map_err(|e| self.io(e))?;
-        rx.recv()
-            .unwrap_or_else(|_| Err(self.io(io::Error::other("netns worker thread failed"))))
+            match setns(&self.file, CloneFlags::CLONE_NEWNET) {
+                Err(nix::errno::Errno::EINVAL) => {
+                    return Err(NetnsError::NotNetns {
+                        path: self.path.clone(),
+                    });
+                }
+                Err(e) => return Err(self.io(e.into())),
+                Ok(()) => {}
+            }
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            if let Err(e) = setns(home, CloneFlags::CLONE_NEWNET) {
+                tracing::error!(
+                    error = %e,
+                    netns = %self.path.display(),
+                    "a thread could not return to the agent's network namespace; aborting"
+                );
+                std::process::abort();
+            }
+            match ran {
+                Ok(r) => r.map_err(|e| self.io(e)),
+                Err(_) => Err(self.io(io::Error::other("work in the network namespace panicked"))),
+            }
+        })
     }
 
     fn io(&self, source: io::Error) -> NetnsError {
@@ -143,42 +138,10 @@ impl Netns {
     }
 }
 
-/// A job for the netns worker, given the worker's own namespace; returns whether the worker
-/// is back in it (if not, it must not take another job).
-type Job = Box<dyn FnOnce(&OwnedFd) -> bool + Send>;
-
-/// The worker's queue; `None` until the first job, or after the worker exited.
-static WORKER: Mutex<Option<mpsc::Sender<Job>>> = Mutex::new(None);
-
-/// Hands `job` to the worker, starting one if there is none (or it exited).
-fn submit(job: Job) -> io::Result<()> {
-    let mut worker = WORKER.lock().unwrap_or_else(|p| p.into_inner());
-    let job = match worker.as_ref() {
-        Some(w) => match w.send(job) {
-            Ok(()) => return Ok(()),
-            Err(mpsc::SendError(job)) => job,
-        },
-        None => job,
-    };
-    // Its home: the namespace of the thread starting it, which is the agent's (no agent
-    // thread but the worker ever leaves it).
-    let home = std::fs::File::open("/proc/thread-self/ns/net")?.into();
-    let (tx, rx) = mpsc::channel::<Job>();
-    std::thread::Builder::new()
-        .name("netns-worker".into())
-        .spawn(move || {
-            let home: OwnedFd = home;
-            while let Ok(job) = rx.recv() {
-                if !job(&home) {
-                    tracing::error!("netns worker could not return to its own namespace; exiting");
-                    return;
-                }
-            }
-        })?;
-    tx.send(job)
-        .map_err(|_| io::Error::other("netns worker exited"))?;
-    *worker = Some(tx);
-    Ok(())
+thread_local! {
+    /// The calling thread's own network namespace, opened the first time it enters another
+    /// (every agent thread lives in the agent's namespace between jobs).
+    static HOME: OnceCell<OwnedFd> = const { OnceCell::new() };
 }
 
 /// The addresses of the calling thread's network namespace, except loopback.

@@ -607,29 +607,33 @@ fn del_of_one_of_two_attachments_sharing_a_netns_keeps_the_entries() {
     assert!(!s.pod_by_ip.iter().any(|k| k.starts_with(&format!("{c}:"))));
 }
 
-/// Per-ADD costs: the agent enters pod netns on one reused worker thread (no thread per ADD)
-/// that returns to the agent's own netns after each job, writes each record as one compact
-/// JSON line, and at debug level logs where each ADD's and DEL's time went.
+/// Per-ADD costs: the agent enters pod netns on the thread serving the ADD (no hand-off to
+/// another thread) and every thread is back in the agent's own netns afterwards, writes each
+/// record as one compact JSON line, and at debug level logs where each ADD's and DEL's time
+/// went.
 #[test]
-fn adds_use_one_netns_worker_that_returns_home_and_log_their_phases() {
+fn adds_enter_pod_netns_on_their_own_thread_return_home_and_log_their_phases() {
     let node = start_node(&[namespace_manifest("shop", &[])]);
     let pods: Vec<SimPod> = (0..3)
         .map(|i| add_pod(&node, PodSpec::meshed("shop", &format!("p{i}"))))
         .collect();
     let pid = node.agent().expect("agent running").pid();
     let own_netns = fs::read_link(format!("/proc/{pid}/ns/net")).expect("agent netns");
-    let mut workers = Vec::new();
+    let mut threads = Vec::new();
     for task in fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
         let task = task.expect("task").path();
         let comm = fs::read_to_string(task.join("comm")).unwrap_or_default();
-        if comm.trim() == "netns-worker" {
-            workers.push(fs::read_link(task.join("ns/net")).expect("worker netns"));
-        }
+        let netns = fs::read_link(task.join("ns/net")).expect("thread netns");
+        threads.push((comm.trim().to_string(), netns));
     }
-    assert_eq!(
-        workers,
-        vec![own_netns],
-        "one netns worker, back in the agent's netns after three ADDs"
+    assert!(threads.len() > 1, "{threads:?}");
+    assert!(
+        threads.iter().all(|(_, ns)| *ns == own_netns),
+        "every thread back in the agent's netns after three ADDs: {threads:?}"
+    );
+    assert!(
+        !threads.iter().any(|(comm, _)| comm == "netns-worker"),
+        "no netns worker thread: {threads:?}"
     );
 
     for pod in &pods {
@@ -656,4 +660,57 @@ fn adds_use_one_netns_worker_that_returns_home_and_log_their_phases() {
             .any(|l| l.contains("phases") && l.contains("stub_load=") && l.contains("registry=")),
         "ADD phases incomplete:\n{log}"
     );
+}
+
+/// The agent reads a pod's netns cookie and addresses on the calling thread (no hand-off to
+/// another thread): the work sees the pod's namespace, and the thread is back in its own
+/// afterwards however the work ended (result, error, panic).
+#[test]
+fn netns_work_runs_on_the_calling_thread_and_always_returns_home() {
+    use linkerd_cni_agent::netns::Netns;
+    use std::os::unix::fs::MetadataExt;
+    let thread_ns = || {
+        fs::metadata("/proc/thread-self/ns/net")
+            .expect("stat /proc/thread-self/ns/net")
+            .ino()
+    };
+    let home = thread_ns();
+    let pod_ns = linkerd_cni_tests::NetnsGuard::new().expect("netns");
+    let ns = Netns::open(pod_ns.path()).expect("opening the pod's netns");
+    assert_ne!(ns.ino, home);
+
+    let seen = ns.run(|| Ok(thread_ns())).expect("work in the netns");
+    assert_eq!(seen, ns.ino, "the work ran inside the pod's namespace");
+    assert_eq!(thread_ns(), home, "back home after a result");
+
+    let (cookie, addresses) = ns.cookie_and_addresses().expect("cookie and addresses");
+    assert_eq!(cookie, pod_ns.cookie().expect("cookie from inside"));
+    assert!(
+        addresses.is_empty(),
+        "a fresh netns has only loopback: {addresses:?}"
+    );
+    assert_ne!(
+        cookie,
+        linkerd_cni_agent::netns::current_netns_cookie().expect("host cookie")
+    );
+
+    let failed = ns.run(|| -> std::io::Result<()> { Err(std::io::Error::other("boom")) });
+    assert!(failed.unwrap_err().to_string().contains("boom"));
+    assert_eq!(thread_ns(), home, "back home after an error");
+
+    let panicked = ns.run(|| -> std::io::Result<()> { panic!("work panicked on purpose") });
+    assert!(panicked.unwrap_err().to_string().contains("panicked"));
+    assert_eq!(thread_ns(), home, "back home after a panic");
+
+    // Another kind of namespace file (nsfs too) is refused by `setns`; the thread stays home.
+    let uts = Netns::open(std::path::Path::new("/proc/self/ns/uts")).expect("an nsfs file");
+    let refused = uts.run(|| Ok(thread_ns()));
+    assert!(
+        refused
+            .unwrap_err()
+            .to_string()
+            .contains("is not a network namespace"),
+        "a UTS namespace file is not a netns"
+    );
+    assert_eq!(thread_ns(), home);
 }
