@@ -140,6 +140,11 @@ struct RunArgs {
     /// CPU per connection with it.
     #[arg(long)]
     baseline_bins: Option<PathBuf>,
+    /// With `--baseline-bins`: rounds of just ebpf and ebpf-baseline in the two connection
+    /// scenarios after the main rounds, for the baseline goal rows (default 10 quick, 15
+    /// full, 0 with `--traffic-only`).
+    #[arg(long, hide = true)]
+    baseline_pairs: Option<usize>,
 }
 
 /// The hand-written analysis kept in bench/ANALYSIS.md, if any.
@@ -159,8 +164,8 @@ fn git_commit(root: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// `--traffic-only`: the CPU figures and goals on stderr.
-fn print_cpu(rows: &[report::TrafficRow], floor_check: &str) {
+/// `--traffic-only`: the CPU figures and goals on stderr (the baseline rows from `paired`).
+fn print_cpu(rows: &[report::TrafficRow], paired: &[report::TrafficRow], floor_check: &str) {
     for x in rows {
         let bpf: f64 = x.bpf.values().map(|b| b.ns_per_unit.median).sum();
         eprintln!(
@@ -179,6 +184,7 @@ fn print_cpu(rows: &[report::TrafficRow], floor_check: &str) {
         );
     }
     eprint_goals(&report::cpu_goals(rows));
+    eprint_goals(&report::baseline_goals(paired));
     eprintln!("floor: {floor_check}");
 }
 
@@ -220,6 +226,18 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let cfg = traffic::TrafficConfig {
         rounds: args.rounds.unwrap_or(cfg.rounds),
         ..cfg
+    };
+    let pair_rounds = match (&args.baseline_bins, args.baseline_pairs) {
+        (None, _) => 0,
+        (Some(_), Some(n)) => n,
+        (Some(_), None) if args.traffic_only => 0,
+        (Some(_), None) => {
+            if quick {
+                10
+            } else {
+                15
+            }
+        }
     };
     let (checkpoints, samples, restarts, restart_ms) = if quick {
         (vec![1, 100, 1000], 20, 1, 4000)
@@ -321,6 +339,17 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             };
             traffic::run(&topo, &cfg, &only)?
         };
+        let paired = if baseline.is_some() && !args.skip_traffic && pair_rounds > 0 {
+            eprintln!("bench: {pair_rounds} more rounds of ebpf and ebpf-baseline only");
+            let extra = traffic::TrafficConfig {
+                rounds: pair_rounds,
+                ..cfg.clone()
+            };
+            let pairs = traffic::run(&topo, &extra, &traffic::Only::baseline_pairs())?;
+            traffic::with_extra_rounds(&traffic, pairs, cfg.rounds)
+        } else {
+            traffic.clone()
+        };
         drop(bpf_stats);
         let floor_check = if args.skip_traffic {
             String::new()
@@ -329,7 +358,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         if args.traffic_only {
             topo.teardown(&cni)?;
-            return Ok((traffic, floor_check, None));
+            return Ok((traffic, paired, floor_check, None));
         }
         let restart = restart::run(
             &bins.me,
@@ -343,7 +372,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let upgrade = upgrade::run(&bins.me, &bins.agent, &api.kubeconfig, &upgrade_cfg)?;
         topo.teardown(&cni)?;
         let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)?;
-        Ok((traffic, floor_check, Some((restart, upgrade, pods))))
+        Ok((traffic, paired, floor_check, Some((restart, upgrade, pods))))
     })();
     let outcome = outcome.map_err(|e| {
         let mut msg = format!("{e:#}\nagent log (last lines):\n{}", agent.log_tail());
@@ -357,9 +386,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let baseline = baseline.map(|b| b.description);
     drop(agent);
-    let (traffic, floor_check, rest) = outcome?;
+    let (traffic, paired, floor_check, rest) = outcome?;
+    let paired = report::traffic_rows(&paired);
     let Some((restart, upgrade, pods)) = rest else {
-        print_cpu(&report::traffic_rows(&traffic), &floor_check);
+        print_cpu(&report::traffic_rows(&traffic), &paired, &floor_check);
         return Ok(());
     };
     let api_load = apiload::run(&bins, &api_load_cfg).context("API load (scenario 7)")?;
@@ -369,6 +399,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let rows = report::traffic_rows(&traffic);
     let mut goals = report::cpu_goals(&rows);
+    goals.extend(report::baseline_goals(&paired));
     goals.extend(report::goals(&rows, &pods, &restart));
     goals.extend(report::upgrade_goals(&upgrade));
     goals.extend(report::api_goals(&api_load));
@@ -396,6 +427,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         goals,
         floor_check,
         baseline,
+        baseline_pair_rounds: pair_rounds,
         notes,
     };
     report::write(&args.out_dir, &results)?;

@@ -734,6 +734,18 @@ pub struct Only {
 }
 
 impl Only {
+    /// The two modes the baseline goal rows compare, in the two connection scenarios.
+    pub fn baseline_pairs() -> Self {
+        Self {
+            scenarios: [Scenario::OutboundConnections, Scenario::InboundConnections]
+                .map(|s| s.label().to_string())
+                .to_vec(),
+            modes: [Mode::Ebpf, Mode::EbpfBaseline]
+                .map(|m| m.label().to_string())
+                .to_vec(),
+        }
+    }
+
     fn scenarios(&self) -> Vec<Scenario> {
         Scenario::ALL
             .into_iter()
@@ -747,6 +759,28 @@ impl Only {
             .filter(|m| self.modes.is_empty() || self.modes.iter().any(|l| l == m.label()))
             .collect()
     }
+}
+
+/// `main` with the samples of `extra` (a later run of some of its scenarios and modes) added,
+/// their rounds numbered after `main`'s `offset` rounds so that pairs stay per round.
+pub fn with_extra_rounds(
+    main: &TrafficResults,
+    extra: TrafficResults,
+    offset: usize,
+) -> TrafficResults {
+    let mut out = main.clone();
+    for (scenario, modes) in extra {
+        for (mode, samples) in modes {
+            let Some(samples) = samples else { continue };
+            let slot = out.entry(scenario).or_default().entry(mode).or_default();
+            slot.get_or_insert_with(Vec::new)
+                .extend(samples.into_iter().map(|mut s| {
+                    s.round += offset;
+                    s
+                }));
+        }
+    }
+    out
 }
 
 /// Runs every scenario in every mode (or those `only` names), `rounds` times, modes back to
