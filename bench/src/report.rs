@@ -789,11 +789,15 @@ pub fn pod_setup_goals(pods: &PodSetupResults) -> Vec<Goal> {
             .iter()
             .map(|c| c.add_p50_ms - c.exec_floor_p50_ms)
             .fold(f64::MIN, f64::max);
+        // The issue's bound on the plugin is its start-up (above): the whole ADD, the agent's
+        // kernel work included, is judged by ADD p50 ≤ 2 ms (0.3 ms over a 0.2 ms floor would
+        // make that goal moot). Kept as information: what plugin and agent add together.
         out.push(Goal {
-            goal: "CNI ADD p50 within 0.3 ms of the exec floor (plugin and agent work together)"
+            goal: "CNI ADD p50 over the exec floor, plugin and agent together (information: \
+                   the ADD is judged by ADD p50 ≤ 2 ms, the plugin by its start-up)"
                 .into(),
             observed: format!("+{worst_add:.2} ms (worst checkpoint)"),
-            met: Some(worst_add <= 0.3),
+            met: None,
         });
     }
     for (n, mib) in [(1_000usize, 16u64), (10_000, 24)] {
