@@ -8,7 +8,6 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
-    sync::Mutex,
 };
 
 use linkerd_cni_common::{names, paths};
@@ -21,6 +20,7 @@ use crate::{
     kernel, limits,
     limits::LimitError,
     maps::{Maps, MapsError, PodEntries},
+    maps_lock::MapsLock,
     netns::{self, Netns, NetnsError},
     registry::{Attachment, PodRecord, Registry},
     userns::{self, UsernsError},
@@ -109,7 +109,7 @@ pub struct Agent {
     dataplane: Dataplane,
     registry: Registry,
     /// Serialises updates: maps, links and registry change together.
-    maps: Mutex<Maps>,
+    maps: MapsLock<Maps>,
     /// The cgroup2 root the pods' cgroups are found under.
     cgroup_root: PathBuf,
     shared_cgroup: PathBuf,
@@ -143,7 +143,7 @@ impl Agent {
             config,
             dataplane,
             registry,
-            maps: Mutex::new(maps),
+            maps: MapsLock::new(maps),
             cgroup_root,
             shared_cgroup,
         };
@@ -152,10 +152,14 @@ impl Agent {
         Ok(agent)
     }
 
+    /// The maps, for an ADD, a DEL or anything a caller waits for.
     fn lock(&self) -> std::sync::MutexGuard<'_, Maps> {
-        // A panic while holding the lock cannot leave the maps inconsistent beyond what the
-        // next operation repairs (writes are idempotent), so a poisoned lock is still usable.
-        self.maps.lock().unwrap_or_else(|p| p.into_inner())
+        self.maps.lock()
+    }
+
+    /// The maps, for a background pass (reconcile, adoption): after any waiting ADD or DEL.
+    fn lock_background(&self) -> std::sync::MutexGuard<'_, Maps> {
+        self.maps.lock_background()
     }
 
     fn pod_link_dir(&self, id: &str) -> PathBuf {

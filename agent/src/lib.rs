@@ -27,6 +27,7 @@ pub mod kernel;
 pub mod layout;
 pub mod limits;
 pub mod maps;
+pub mod maps_lock;
 pub mod netns;
 pub mod podscan;
 pub mod registry;

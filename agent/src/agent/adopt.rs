@@ -211,7 +211,7 @@ impl Agent {
             ));
         }
         {
-            let mut maps = self.lock();
+            let mut maps = self.lock_background();
             if self.knows_pod(&pod)? {
                 return Ok(Adopted::Waiting("registered meanwhile".into()));
             }
@@ -229,7 +229,7 @@ impl Agent {
         let record = match self.register(reg) {
             Ok(record) => record,
             Err(e) => {
-                let mut maps = self.lock();
+                let mut maps = self.lock_background();
                 for family in [AF_INET, AF_INET6] {
                     let _ = maps.listeners.remove(&ListenerKey {
                         netns_cookie,
@@ -250,7 +250,7 @@ impl Agent {
                         .collect::<Vec<_>>()
                 })
                 .unwrap_or_default();
-            let mut maps = self.lock();
+            let mut maps = self.lock_background();
             let missing = !maps.has_listener(netns_cookie, AF_INET)
                 && !maps.has_listener(netns_cookie, AF_INET6);
             if missing && !late.is_empty() {

@@ -260,7 +260,7 @@ impl Agent {
             path: pin_root.clone(),
             source,
         };
-        let _guard = self.lock();
+        let _guard = self.lock_background();
         if pin_root.starts_with(bpffs) {
             kernel::ensure_bpffs_at(bpffs).map_err(pin_dir)?;
         }
@@ -278,7 +278,7 @@ impl Agent {
     /// Verifies the registration `id` against its record and puts back what is missing: the
     /// record (if any) and what was repaired.
     pub fn repair(&self, id: &str) -> Result<(Option<PodRecord>, Vec<Repair>), AgentError> {
-        let mut maps = self.lock();
+        let mut maps = self.lock_background();
         // Read under the lock: a DEL in between must not be undone.
         let Some(record) = self.registry.get(id)? else {
             return Ok((None, Vec::new()));
