@@ -404,7 +404,7 @@ impl Dataplane {
     /// Attaches the inbound `sk_lookup` to a pod's network namespace and pins the link in
     /// `link_dir`, under the shared program's name.
     ///
-    /// What is attached is a stub of 18 instructions loaded for this netns, carrying its
+    /// What is attached is a stub of 19 instructions loaded for this netns, carrying its
     /// cookie: it tail-calls the shared program, which thereby knows which pod it runs for
     /// (sk_lookup programs cannot ask for their netns). A failed tail call refuses the
     /// connection. The pinned link keeps the stub alive across agent restarts.
