@@ -81,7 +81,8 @@ pub struct Checkpoint {
     pub scans: Vec<crate::diag::Scan>,
     /// One `remove_pod` of an unknown pod (all those walks plus the deletes), ms.
     pub remove_pod_ms: f64,
-    /// Reading every registry record (what each DEL does), ms.
+    /// Opening the registry and reading every record from disk (what an agent start does;
+    /// ADD and DEL use the agent's in-memory registry), ms.
     pub registry_all_ms: f64,
     /// The plugin answering VERSION, spawn to exit (no agent): the floor of a CNI call, p50 ms.
     pub plugin_floor_p50_ms: f64,

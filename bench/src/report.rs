@@ -1180,7 +1180,10 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(
         md,
         "The exec floor is a 151-byte static binary (reads its stdin to the end and exits 0; no loader, no libc) spawned \
-         exactly as the plugin is, once after every measured ADD: what any executable costs here.\n"
+         exactly as the plugin is, once after every measured ADD: what any executable costs here. \
+         Map walk: one removal of an unknown pod through the pinned maps with the agent library \
+         (every walk an unregistration makes). Registry read: opening the registry and reading every \
+         record from disk, as an agent start does (ADD and DEL use the agent's in-memory registry).\n"
     );
     let _ = writeln!(
         md,
