@@ -37,10 +37,10 @@ fn main() -> std::io::Result<()> {
         }
     }
     let start = Instant::now();
-    // Freed in batches, paced as the agent does.
-    for chunk in stubs.chunks(256).map(|c| c.len()).collect::<Vec<_>>() {
-        stubs.drain(..chunk);
-        bpf_sys::pace_program_frees(chunk as u32);
+    // Freed one at a time with the agent's pacing, as `dataplane::detach` frees a pod's stub.
+    for stub in stubs {
+        drop(stub);
+        bpf_sys::pace_program_frees(1);
     }
     println!(
         "freed {n} stubs in {:.0} ms",

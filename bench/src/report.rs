@@ -1633,6 +1633,18 @@ mod tests {
         Summary { median, min, max }
     }
 
+    /// A connection-scenario sample of round `round`: 1,000 exchanges at `busy_us` µs of CPU
+    /// each, machine-wide and own processes alike.
+    fn cpu_sample(round: usize, busy_us: f64) -> Sample {
+        serde_json::from_value(serde_json::json!({
+            "round": round, "rate": 0.0, "p50_us": 0.0, "p99_us": 0.0, "gbps": 0.0,
+            "failed": 0, "through_proxy": 0, "exchanges": 1000,
+            "cpu": { "secs": 1.0, "busy_ns": busy_us * 1000.0 * 1000.0, "steal_ns": 0.0,
+                     "softirq_ns": 0.0, "own_ns": busy_us * 1000.0 * 1000.0 },
+        }))
+        .unwrap()
+    }
+
     fn cpu_row(scenario: Scenario, mode: Mode, cpu: Summary) -> TrafficRow {
         TrafficRow {
             scenario,
@@ -1690,20 +1702,11 @@ mod tests {
         );
         // Rounds with CPU per connection of (ebpf, baseline): outbound ebpf 4 % dearer in every
         // round; inbound 3 % dearer in one round, cheaper in the others.
-        let sample = |round: usize, busy_us: f64| -> Sample {
-            serde_json::from_value(serde_json::json!({
-                "round": round, "rate": 0.0, "p50_us": 0.0, "p99_us": 0.0, "gbps": 0.0,
-                "failed": 0, "through_proxy": 0, "exchanges": 1000,
-                "cpu": { "secs": 1.0, "busy_ns": busy_us * 1000.0 * 1000.0, "steal_ns": 0.0,
-                         "softirq_ns": 0.0, "own_ns": busy_us * 1000.0 * 1000.0 },
-            }))
-            .unwrap()
-        };
         let with_samples = |mut r: TrafficRow, busy: &[f64]| {
             r.samples = busy
                 .iter()
                 .enumerate()
-                .map(|(i, b)| sample(i, *b))
+                .map(|(i, b)| cpu_sample(i, *b))
                 .collect();
             r
         };
@@ -1760,22 +1763,13 @@ mod tests {
     #[test]
     fn extra_rounds_add_pairs_to_the_baseline_rows() {
         use crate::traffic::{TrafficResults, with_extra_rounds};
-        let sample = |round: usize, busy_us: f64| -> Sample {
-            serde_json::from_value(serde_json::json!({
-                "round": round, "rate": 0.0, "p50_us": 0.0, "p99_us": 0.0, "gbps": 0.0,
-                "failed": 0, "through_proxy": 0, "exchanges": 1000,
-                "cpu": { "secs": 1.0, "busy_ns": busy_us * 1000.0 * 1000.0, "steal_ns": 0.0,
-                         "softirq_ns": 0.0, "own_ns": busy_us * 1000.0 * 1000.0 },
-            }))
-            .unwrap()
-        };
         let results = |ebpf: &[f64], base: &[f64]| -> TrafficResults {
             let mut modes = std::collections::BTreeMap::new();
             for (mode, busy) in [(Mode::Ebpf, ebpf), (Mode::EbpfBaseline, base)] {
                 let v = busy
                     .iter()
                     .enumerate()
-                    .map(|(i, b)| sample(i, *b))
+                    .map(|(i, b)| cpu_sample(i, *b))
                     .collect();
                 modes.insert(mode, Some(v));
             }

@@ -130,12 +130,13 @@ pub fn check_toolchain() -> Result<PathBuf, BuildError> {
     })
 }
 
-/// `program` (Debian's cargo, or its clippy) running `subcommand` on the eBPF crate for
-/// [`TARGET`] with [`PROFILE`], with Debian's rustc.
-fn bpf_cargo(workspace: &Path, program: &str, subcommand: &str, linker: &Path) -> Command {
+/// `program` (Debian's cargo, or its clippy) in `workspace` with Debian's rustc, unstable
+/// features allowed (`RUSTC_BOOTSTRAP`), and nothing else of the caller's environment but
+/// `PATH`, `HOME`, `CARGO_HOME`, `TERM` and `TMPDIR`: a build script or `cargo xtask` inherits
+/// the outer cargo's variables (RUSTC, RUSTFLAGS, CARGO_*), which would point this build at
+/// the other compiler. Also used for the plugin's musl build (std built from source).
+pub fn debian_cargo(workspace: &Path, program: &str) -> Command {
     let mut cmd = Command::new(program);
-    // Start from a clean environment: a build script inherits the outer cargo's variables
-    // (RUSTC, RUSTFLAGS, CARGO_*), which would point this build at the wrong compiler.
     cmd.env_clear();
     for keep in ["PATH", "HOME", "CARGO_HOME", "TERM", "TMPDIR"] {
         if let Some(v) = env::var_os(keep) {
@@ -144,9 +145,16 @@ fn bpf_cargo(workspace: &Path, program: &str, subcommand: &str, linker: &Path) -
     }
     cmd.current_dir(workspace)
         .env("RUSTC", BPF_RUSTC)
-        // aya-ebpf enables `asm_experimental_arch`.
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", linker)
+        .env("RUSTC_BOOTSTRAP", "1");
+    cmd
+}
+
+/// `program` (Debian's cargo, or its clippy) running `subcommand` on the eBPF crate for
+/// [`TARGET`] with [`PROFILE`], with Debian's rustc (aya-ebpf enables
+/// `asm_experimental_arch`, hence `RUSTC_BOOTSTRAP`).
+fn bpf_cargo(workspace: &Path, program: &str, subcommand: &str, linker: &Path) -> Command {
+    let mut cmd = debian_cargo(workspace, program);
+    cmd.env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", linker)
         .args([
             subcommand,
             "--package",

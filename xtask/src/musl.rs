@@ -68,21 +68,10 @@ pub fn build_plugin(
     check_toolchain()?;
     let unwind = libunwind()?;
     let target_dir = workspace().join("target/musl");
-    let mut cmd = Command::new(CARGO);
-    // A clean environment: the outer cargo's variables (RUSTC, RUSTFLAGS, CARGO_*) would point
-    // this build at the other compiler.
-    cmd.env_clear();
-    for keep in ["PATH", "HOME", "CARGO_HOME", "TERM", "TMPDIR"] {
-        if let Some(v) = std::env::var_os(keep) {
-            cmd.env(keep, v);
-        }
-    }
+    // Debian's cargo and rustc, `RUSTC_BOOTSTRAP` for -Zbuild-std, a clean environment.
+    let mut cmd = linkerd_cni_ebpf_build::debian_cargo(&workspace(), CARGO);
     let target_env = TARGET.replace('-', "_");
-    cmd.current_dir(workspace())
-        .env("RUSTC", RUSTC)
-        // -Zbuild-std.
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env("CARGO_TARGET_DIR", &target_dir)
+    cmd.env("CARGO_TARGET_DIR", &target_dir)
         // C code of dependencies (ring) for the target.
         .env(format!("CC_{target_env}"), MUSL_GCC)
         .env(format!("AR_{target_env}"), "ar")
