@@ -79,6 +79,7 @@ impl Adopter {
             }
         };
         let mut seen = Vec::new();
+        let v1 = Arc::new(self.agent.v1_hierarchies());
         for pod in pods.cached_pods() {
             let Some(uid) = pod.uid.as_deref() else {
                 continue;
@@ -99,9 +100,9 @@ impl Adopter {
             seen.push(uid.clone());
             // Host side first: a pod that does not run here yet (its CNI ADD may be under
             // way) costs no API request.
-            let agent = self.agent.clone();
+            let (agent, scan) = (self.agent.clone(), v1.clone());
             let id = uid.clone();
-            match tokio::task::spawn_blocking(move || agent.running_pod(&id)).await {
+            match tokio::task::spawn_blocking(move || agent.running_pod(&id, &scan)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(ScanError::NoCgroup | ScanError::NoProcess(_))) | Err(_) => continue,
                 // Refused below, with the pod's decision known.
@@ -124,10 +125,11 @@ impl Adopter {
             if !decision.redirect || decision.config.simulate {
                 continue;
             }
-            let agent = self.agent.clone();
+            let (agent, scan) = (self.agent.clone(), v1.clone());
             let config = decision.config;
             let attempt = pod_ref.clone();
-            let outcome = tokio::task::spawn_blocking(move || agent.adopt(attempt, config)).await;
+            let outcome =
+                tokio::task::spawn_blocking(move || agent.adopt(attempt, config, &scan)).await;
             match outcome {
                 Ok(Ok(Adopted::Registered(record))) => {
                     self.adopted.fetch_add(1, Ordering::Relaxed);

@@ -32,7 +32,7 @@ use super::{Agent, AgentError, Registration};
 use crate::{
     maps::Maps,
     netns::Netns,
-    podscan::{self, Listening, RunningPod, ScanError},
+    podscan::{self, Listening, RunningPod, ScanError, V1Hierarchies},
     registry::PodRecord,
     userns,
 };
@@ -129,27 +129,36 @@ impl Agent {
         Ok(known)
     }
 
-    /// The pod with UID `uid` as the host sees it (cgroup, processes, netns), without
-    /// touching anything: whether there is anything to adopt.
-    pub fn running_pod(&self, uid: &str) -> Result<RunningPod, ScanError> {
-        let proc_root = self.host_path(Path::new("/proc"));
+    /// The host's cgroup v1 hierarchies, for one scan of the node's pods (the mount table is
+    /// read once, when a pod without a cgroup v2 directory first needs it).
+    pub fn v1_hierarchies(&self) -> V1Hierarchies {
         let within = self.config.host_root.clone().unwrap_or_else(|| "/".into());
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|e| ScanError::Io(format!("/proc/self/mountinfo: {e}")))?;
-        let v1 = podscan::v1_roots(&mountinfo, &within);
-        podscan::find(&self.cgroup_root, &v1, &proc_root, uid)
+        V1Hierarchies::new("/proc/self/mountinfo", within)
+    }
+
+    /// The pod with UID `uid` as the host sees it (cgroup, processes, netns), without
+    /// touching anything: whether there is anything to adopt. `v1` is the scan's view of the
+    /// cgroup v1 hierarchies ([`Agent::v1_hierarchies`]).
+    pub fn running_pod(&self, uid: &str, v1: &V1Hierarchies) -> Result<RunningPod, ScanError> {
+        let proc_root = self.host_path(Path::new("/proc"));
+        podscan::find(&self.cgroup_root, v1, &proc_root, uid)
     }
 
     /// Adopts the running pod `pod` (its UID is required: it names the pod's cgroup) with the
     /// decided `config`: see the module documentation.
-    pub fn adopt(&self, pod: PodRef, config: LinkerdConfig) -> Result<Adopted, AdoptError> {
+    pub fn adopt(
+        &self,
+        pod: PodRef,
+        config: LinkerdConfig,
+        v1: &V1Hierarchies,
+    ) -> Result<Adopted, AdoptError> {
         let uid = pod
             .uid
             .clone()
             .filter(|u| !u.is_empty())
             .ok_or(ScanError::NoCgroup)?;
         let proc_root = self.host_path(Path::new("/proc"));
-        let running = self.running_pod(&uid)?;
+        let running = self.running_pod(&uid, v1)?;
         let RunningPod {
             cgroup_v2,
             pids,
