@@ -82,9 +82,8 @@ impl V1Hierarchies {
     pub fn roots(&self) -> Result<&[PathBuf], ScanError> {
         self.roots
             .get_or_init(|| {
-                let text = fs::read_to_string(&self.mountinfo).map_err(|e| {
-                    ScanError::Io(format!("{}: {e}", self.mountinfo.display()))
-                })?;
+                let text = fs::read_to_string(&self.mountinfo)
+                    .map_err(|e| ScanError::Io(format!("{}: {e}", self.mountinfo.display())))?;
                 Ok(v1_roots(&text, &self.within))
             })
             .as_ref()
@@ -390,7 +389,7 @@ mod tests {
             "{found:?}"
         );
         fs::remove_file(&mountinfo).expect("rm mountinfo");
-        assert_eq!(scan.roots().expect("kept"), [v1_root.clone()]);
+        assert_eq!(scan.roots().expect("kept"), std::slice::from_ref(&v1_root));
         let found = find(&v2_root, &scan, Path::new("/proc"), "v1pod");
         assert!(matches!(&found, Err(ScanError::NoProcess(_))), "{found:?}");
         assert_eq!(
