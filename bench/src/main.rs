@@ -143,7 +143,7 @@ struct RunArgs {
     /// Rounds of just the compared modes (direct, iptables-nft, ebpf, ebpf-baseline and the
     /// two unmeshed pods) in the two connection scenarios after the main rounds, with the
     /// kernel's BPF statistics off: the CPU goal rows are judged on their per-round pairs
-    /// (default 8 quick, 15 full, 0 with `--traffic-only`).
+    /// (default 6 quick, 15 full, 0 with `--traffic-only`).
     #[arg(long, alias = "baseline-pairs")]
     pair_rounds: Option<usize>,
 }
@@ -233,7 +233,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let pair_rounds = match args.pair_rounds {
         Some(n) => n,
         None if args.traffic_only => 0,
-        None if quick => 8,
+        None if quick => 6,
         None => 15,
     };
     let (checkpoints, samples, restarts, restart_ms) = if quick {

@@ -196,12 +196,9 @@ impl AgentProc {
             socket: run_dir.join("agent.sock"),
             kubeconfig: kubeconfig.into(),
             node_name: node_name.into(),
-            // LINKERD_CNI_BENCH_AGENT_LOG=<file>: the agent logs each ADD's and DEL's phases
-            // there (debug), to see where pod setup's time goes.
-            log_level: match std::env::var_os("LINKERD_CNI_BENCH_AGENT_LOG") {
-                Some(_) => "warn,linkerd_cni_agent::agent=debug".into(),
-                None => "warn".into(),
-            },
+            // The agent logs each ADD's and DEL's phases (debug): the pod-setup scenario reads
+            // its own handling time from them. LINKERD_CNI_BENCH_AGENT_LOG=<file> keeps the log.
+            log_level: "warn,linkerd_cni_agent::agent=debug".into(),
             reap_interval: None,
             reconcile_interval: None,
             bpffs: None,
@@ -288,6 +285,11 @@ impl AgentProc {
         }
         self.agent = Some(agent);
         Ok(t0.elapsed())
+    }
+
+    /// The agent's log file.
+    pub fn log_path(&self) -> &Path {
+        &self.command.log
     }
 
     /// The last lines of the agent's log.
