@@ -242,42 +242,42 @@ const INFO: &str = "(information: rates are not judged)";
 /// Largest ratio of medians that still counts as "no regression" against the baseline build.
 pub const BASELINE_MAX_RATIO: f64 = 1.02;
 
-/// The rounds a paired comparison of `a` with `b` uses: those measured without the kernel's
-/// BPF statistics when both rows have such rounds (the statistics read the clock around every
-/// program run, which only the modes with programs pay), otherwise every round.
-fn judged_rounds<'a>(a: &'a TrafficRow, b: &TrafficRow) -> Vec<(&'a Sample, bool)> {
+/// Whether a paired comparison of `a` with `b` uses only the rounds measured without the
+/// kernel's BPF statistics: when both rows have such rounds (the statistics read the clock
+/// around every program run, which only the modes with programs pay); otherwise every round.
+fn statistics_off(a: &TrafficRow, b: &TrafficRow) -> bool {
     let quiet = |r: &TrafficRow| r.samples.iter().any(|x| x.without_bpf_stats);
-    let only_quiet = quiet(a) && quiet(b);
-    a.samples
+    quiet(a) && quiet(b)
+}
+
+/// The samples of `r` a comparison uses ([`statistics_off`]).
+fn judged(r: &TrafficRow, off: bool) -> impl Iterator<Item = &Sample> {
+    r.samples
         .iter()
-        .filter(|x| !only_quiet || x.without_bpf_stats)
-        .map(|x| (x, only_quiet))
-        .collect()
+        .filter(move |x| !off || x.without_bpf_stats)
+}
+
+/// `f` of a sample's CPU window per unit of `scenario` (ns); none without a window or units.
+fn cpu_per_unit(x: &Sample, scenario: Scenario, f: fn(&CpuWindow) -> f64) -> Option<f64> {
+    let units = x.units(scenario);
+    x.cpu.filter(|_| units > 0.0).map(|c| f(&c) / units)
 }
 
 /// Per-round ratios of `a`'s CPU per connection to `b`'s in their scenario, machine-wide busy
-/// time and own processes' time, over [`judged_rounds`]. The two modes run back to back in
+/// time and own processes' time, over the rounds [`judged`]. The two modes run back to back in
 /// every round, so each pair saw the same state of the shared machine: the spread between
 /// rounds (±10 % here) cancels out of a pair, and the median of the pairs is the comparison.
 pub fn paired_ratios(a: &TrafficRow, b: &TrafficRow) -> (Vec<f64>, Vec<f64>) {
-    let per = |x: &Sample, ns: fn(&crate::cpu::CpuWindow) -> f64| {
-        let units = x.units(a.scenario);
-        x.cpu
-            .as_ref()
-            .filter(|_| units > 0.0)
-            .map(|c| ns(c) / units)
-    };
     let (mut busy, mut own) = (Vec::new(), Vec::new());
-    for (x, _) in judged_rounds(a, b) {
+    for x in judged(a, statistics_off(a, b)) {
         let Some(y) = b.samples.iter().find(|y| y.round == x.round) else {
             continue;
         };
-        if let (Some(p), Some(q)) = (per(x, |c| c.busy_ns), per(y, |c| c.busy_ns)) {
-            busy.push(p / q);
-        }
-        if let (Some(p), Some(q)) = (per(x, |c| c.own_ns), per(y, |c| c.own_ns)) {
-            own.push(p / q);
-        }
+        let ratio = |f: fn(&CpuWindow) -> f64| {
+            Some(cpu_per_unit(x, a.scenario, f)? / cpu_per_unit(y, b.scenario, f)?)
+        };
+        busy.extend(ratio(|c| c.busy_ns));
+        own.extend(ratio(|c| c.own_ns));
     }
     (busy, own)
 }
@@ -293,21 +293,14 @@ fn paired_goal(goal: String, a: &TrafficRow, b: &TrafficRow, limit: f64, more: &
             met: None,
         };
     }
-    let quiet = judged_rounds(a, b).first().is_some_and(|(_, q)| *q);
+    let quiet = statistics_off(a, b);
     let (median, interval) = median_with_interval(&busy);
     let (own_median, _) = median_with_interval(&own);
     let cheaper = busy.iter().filter(|r| **r < 1.0).count();
     let cpu = |r: &TrafficRow| {
-        let v: Vec<f64> = r
-            .samples
-            .iter()
-            .filter(|x| !quiet || x.without_bpf_stats)
-            .filter_map(|x| {
-                let units = x.units(r.scenario);
-                x.cpu
-                    .filter(|_| units > 0.0)
-                    .map(|c| c.busy_ns / units / 1000.0)
-            })
+        let v: Vec<f64> = judged(r, quiet)
+            .filter_map(|x| cpu_per_unit(x, r.scenario, |c| c.busy_ns))
+            .map(|ns| ns / 1000.0)
             .collect();
         crate::stats::percentile(&v, 0.5)
     };

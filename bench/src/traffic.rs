@@ -552,13 +552,15 @@ impl Topology {
         let before = proxy.map(Daemon::counters).unwrap_or_default();
         let pids = self.pids(mode)?;
         let (ids, other_ids) = self.bpf_ids(mode);
+        // Without the statistics there are no run counts to read.
+        let stats = !cfg.without_bpf_stats;
         let take = |load_pid: u32| {
             let mut all = pids.clone();
             all.push(load_pid);
             (
                 cpu::Reading::take(&all),
-                bpfstats::snapshot(ids),
-                other_ids.map(bpfstats::snapshot),
+                stats.then(|| bpfstats::snapshot(ids)).unwrap_or_default(),
+                other_ids.filter(|_| stats).map(bpfstats::snapshot),
             )
         };
         let (r, window) = cpu::run_load_window(&self.me, &placement, &args, take)?;
@@ -586,9 +588,6 @@ impl Topology {
             );
         }
         let (cpu, bpf, other_agent_runs) = match window {
-            Some(((c0, _, _), (c1, _, _))) if cfg.without_bpf_stats => {
-                (Some(CpuWindow::between(&c0, &c1)), Default::default(), None)
-            }
             Some(((c0, b0, o0), (c1, b1, o1))) => (
                 Some(CpuWindow::between(&c0, &c1)),
                 bpfstats::delta(&b0, &b1),
