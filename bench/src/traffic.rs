@@ -559,7 +559,11 @@ impl Topology {
             all.push(load_pid);
             (
                 cpu::Reading::take(&all),
-                stats.then(|| bpfstats::snapshot(ids)).unwrap_or_default(),
+                if stats {
+                    bpfstats::snapshot(ids)
+                } else {
+                    Default::default()
+                },
                 other_ids.filter(|_| stats).map(bpfstats::snapshot),
             )
         };
