@@ -7,7 +7,8 @@
 //! `::1`, as [`crate::connect`] rewrote it): any other peer returns before any lookup. The
 //! destination is in the socket's storage ([`APP_DST`]), or, for a socket that connected under
 //! layout-2 programs (before an upgrade), under its cookie in [`SOCK_DST`]. A loopback peer
-//! with neither changes nothing.
+//! with neither changes nothing. The proxy's accepted socket of a redirected outbound
+//! connection also has a loopback peer: its own storage ([`ACC_DST`]) ends the search there.
 //!
 //! # Minimum kernel version
 //! 5.8.
@@ -20,7 +21,7 @@ use linkerd_cni_common::{FAMILY_V4, OrigDst, v4_mapped_words};
 
 use crate::{
     addr::{LOOPBACK4_BE, read_ip6},
-    maps::{APP_DST, SOCK_DST, stored_dst},
+    maps::{ACC_DST, APP_DST, SOCK_DST, stored_dst},
 };
 
 /// The app socket's original destination, if it was redirected.
@@ -33,6 +34,14 @@ unsafe fn redirected_dst(ctx: &SockAddrContext) -> Option<OrigDst> {
     // SAFETY: the hook's socket, checked for null.
     if let Some(dst) = unsafe { stored_dst(&APP_DST, sk.cast()) } {
         return Some(dst);
+    }
+    // The proxy's accepted side of a redirected outbound connection has a loopback peer too
+    // (the app's socket) and runs this hook at every `accept`: its own storage, created when
+    // its handshake completed, says it is not an app socket, before the socket's cookie is
+    // made and the layout-2 map probed for nothing.
+    // SAFETY: as above.
+    if unsafe { stored_dst(&ACC_DST, sk.cast()) }.is_some() {
+        return None;
     }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // SAFETY: the value is copied out at once.

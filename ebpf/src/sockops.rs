@@ -18,7 +18,10 @@
 //!   early the app closes and however late the proxy accepts. The kernel frees it with the
 //!   socket. The client's `ACTIVE_ESTABLISHED_CB` always runs first (it runs before the client
 //!   sends the final ACK), except with TCP Fast Open: then the 4-tuple entry stays, and
-//!   `getsockopt` falls back to it.
+//!   `getsockopt` falls back to it. Accepted sockets of a netns without a pod config (an
+//!   unmeshed pod under the shared attachment) stop at that lookup; a meshed pod's config
+//!   only goes at its DEL, when a connection still in flight keeps its 4-tuple entry for the
+//!   same fallback.
 //! - `TCP_LISTEN_CB`: a socket of a meshed pod listens on the inbound proxy port; put it in
 //!   the listener SOCKHASH (the kernel removes it when the socket closes).
 //! - `STATE_CB` to `TCP_CLOSE` (only sockets that asked: a layout-2 app socket, an accepted
@@ -100,11 +103,20 @@ unsafe fn sockops(ctx: &SockOpsContext) {
                 }
                 None => return,
             };
-            let tuple = unsafe { Tuple::read(ctx) };
+            let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+            let tuple = unsafe { Tuple::read(ctx, netns_cookie) };
             let _ = CONN_DST.insert(&tuple.app_side_key(), &dst, 0);
         }
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
-            let key = unsafe { Tuple::read(ctx) }.accepted_key();
+            // Every accepted socket of every attached cgroup gets here: a pod without a
+            // config (an unmeshed pod under the shared attachment) stops at one small hash
+            // probe instead of reading the 4-tuple and probing the connection map.
+            let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+            // SAFETY: lookup only.
+            if unsafe { POD_CONFIG.get(&netns_cookie) }.is_none() {
+                return;
+            }
+            let key = unsafe { Tuple::read(ctx, netns_cookie) }.accepted_key();
             // SAFETY: the value is copied out at once.
             let Some(mut dst) = (unsafe { CONN_DST.get(&key) }).copied() else {
                 return;
@@ -135,7 +147,8 @@ unsafe fn sockops(ctx: &SockOpsContext) {
             }
             let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
             let app = SOCK_DST.remove(&cookie).is_ok();
-            let tuple = unsafe { Tuple::read(ctx) };
+            let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+            let tuple = unsafe { Tuple::read(ctx, netns_cookie) };
             // Only sockets we asked state callbacks for get here. A redirected app socket (it
             // still had a saved destination) owns at most its app-side entry: one removal.
             // Otherwise (an accepted socket whose storage could not be allocated, or an app
@@ -217,7 +230,7 @@ impl Tuple {
     /// branch LLVM merges them into one load at `ctx + variable offset`, which the verifier
     /// rejects (`dereference of modified ctx ptr`).
     #[inline(always)]
-    unsafe fn read(ctx: &SockOpsContext) -> Self {
+    unsafe fn read(ctx: &SockOpsContext, netns_cookie: u64) -> Self {
         let ops = ctx.ops;
         let v = |p: *const u32| unsafe { read_volatile(p) };
         let (family, lip4, rip4, lport, rport) = unsafe {
@@ -238,7 +251,7 @@ impl Tuple {
         // A v4-mapped connection reports `::ffff:a.b.c.d` as its IPv6 addresses: same keys.
         let v4 = family == AF_INET;
         Tuple {
-            netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
+            netns_cookie,
             local: if v4 { v4_mapped_words(lip4) } else { lip6 },
             local_port: lport,
             remote: if v4 { v4_mapped_words(rip4) } else { rip6 },

@@ -146,6 +146,20 @@ fn outbound_goes_through_the_proxy_with_the_original_destination() {
         proxied(&proxy, 1),
         vec![(sock(Ipv4Addr::LOCALHOST, 4140), world.server.addr())]
     );
+    // The proxy's accepted socket has a loopback peer too (the app's socket), and the same
+    // getpeername hook ran for it at accept: it must report the app side, not the server.
+    let peers: Vec<SocketAddr> = proxy
+        .events()
+        .expect("proxy log")
+        .iter()
+        .filter_map(|e| match e {
+            Event::Accepted { peer, .. } => Some(*peer),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(peers.len(), 1, "{peers:?}");
+    assert_eq!(peers[0].ip(), IpAddr::V4(Ipv4Addr::LOCALHOST), "{peers:?}");
+    assert_ne!(peers[0], world.server.addr(), "{peers:?}");
     // The server was reached by the proxy (from the pod's address).
     let got = world.server.wait_for(1, TIMEOUT).expect("server reached");
     assert_eq!(got[0].peer.ip(), IpAddr::V4(world.net.pod_v4()));
