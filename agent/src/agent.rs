@@ -498,16 +498,31 @@ impl Agent {
     /// Copies out only what the check needs (id, netns path and inode), not whole records,
     /// and holds the registry lock only for that copy: ADD and DEL are not held up by the
     /// filesystem checks.
+    ///
+    /// Logs the pass (registrations checked, wall and CPU time of this thread) at debug level,
+    /// and at info level when it took [`SLOW_REAP`] or more.
     pub fn reap_dead(&self) -> Result<Vec<String>, AgentError> {
+        let start = std::time::Instant::now();
+        let cpu_start = thread_cpu_time();
         let mut removed = Vec::new();
         let netns = self
             .registry
             .map_each(|r| (r.id.clone(), r.netns.clone(), r.netns_ino));
+        let checked = netns.len();
         for (id, path, ino) in netns {
             if !netns::still_exists(&path, ino) && self.unregister(&id)? {
                 tracing::info!(id = %id, netns = %path.display(), "netns gone: registration dropped");
                 removed.push(id);
             }
+        }
+        let wall = start.elapsed();
+        let cpu_us = (thread_cpu_time() - cpu_start).as_micros() as u64;
+        let wall_us = wall.as_micros() as u64;
+        let dropped = removed.len();
+        if wall >= SLOW_REAP {
+            tracing::info!(checked, dropped, wall_us, cpu_us, "slow reap pass");
+        } else {
+            tracing::debug!(checked, dropped, wall_us, cpu_us, "reap pass");
         }
         Ok(removed)
     }
@@ -608,6 +623,21 @@ pub(crate) struct Phases<'a> {
     start: std::time::Instant,
     last: std::time::Instant,
     marks: Vec<(&'static str, std::time::Duration)>,
+}
+
+/// A reap pass at least this long is logged at info level (a pass checks every registration
+/// with one `stat`).
+pub const SLOW_REAP: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// An ADD or DEL at least this long in the agent is logged with its phases at info level

@@ -99,6 +99,44 @@ pub struct Checkpoint {
     pub agent_add_p50_us: f64,
     #[serde(default)]
     pub agent_del_p50_us: f64,
+    /// The agent's last reap pass before this checkpoint was read (its log), if any.
+    #[serde(default)]
+    pub reap_pass: Option<ReapPass>,
+}
+
+/// One pass of the agent's reaper over every registration (checking each pod's netns still
+/// exists), as its log line reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReapPass {
+    /// Registrations checked.
+    pub checked: u64,
+    /// Wall time, µs.
+    pub wall_us: u64,
+    /// CPU time of the thread that ran it, µs.
+    pub cpu_us: u64,
+}
+
+/// The last reap pass in the agent's log (`reap pass` at debug, `slow reap pass` at info).
+pub fn last_reap_pass(log: &str) -> Option<ReapPass> {
+    strip_ansi(log)
+        .lines()
+        .rev()
+        .filter(|l| l.contains("reap pass"))
+        .find_map(|l| {
+            let field = |name: &str| -> Option<u64> {
+                l.split(&format!(" {name}="))
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            };
+            Some(ReapPass {
+                checked: field("checked")?,
+                wall_us: field("wall_us")?,
+                cpu_us: field("cpu_us")?,
+            })
+        })
 }
 
 /// The agent's own time for operation `op` (`add`, `del`) of each container id in `ids`, µs,
@@ -315,6 +353,7 @@ pub fn run(
                 }
             };
             let (agent_add_p50_us, agent_del_p50_us) = (handled("add"), handled("del"));
+            let reap_pass = last_reap_pass(&log);
             drop(log);
             drop(measured);
             let rss = agent.rss()?.rss;
@@ -350,15 +389,17 @@ pub fn run(
                 agent_mem,
                 agent_add_p50_us,
                 agent_del_p50_us,
+                reap_pass,
             };
             eprintln!(
-                "bench: pod setup with {registered} registered: ADD p50 {:.2} ms p99 {:.2} ms, DEL p50 {:.2} ms p99 {:.2} ms, agent's own ADD p50 {:.0} µs DEL p50 {:.0} µs, agent RSS {} KiB, map walks {:.2} ms, registry read {:.2} ms, plugin floor {:.2} ms, exec floor {:.2} ms, agent memory {:?} {:?}",
+                "bench: pod setup with {registered} registered: ADD p50 {:.2} ms p99 {:.2} ms, DEL p50 {:.2} ms p99 {:.2} ms, agent's own ADD p50 {:.0} µs DEL p50 {:.0} µs, last reap pass {:?}, agent RSS {} KiB, map walks {:.2} ms, registry read {:.2} ms, plugin floor {:.2} ms, exec floor {:.2} ms, agent memory {:?} {:?}",
                 cp.add_p50_ms,
                 cp.add_p99_ms,
                 cp.del_p50_ms,
                 cp.del_p99_ms,
                 cp.agent_add_p50_us,
                 cp.agent_del_p50_us,
+                cp.reap_pass,
                 rss,
                 cp.remove_pod_ms,
                 cp.registry_all_ms,
@@ -438,5 +479,31 @@ mod tests {
         assert_eq!(agent_handling_us(log, "add", &ids), [1222.0, 6100.0]);
         assert_eq!(agent_handling_us(log, "del", &ids), [284.0]);
         assert!(agent_handling_us(log, "check", &ids).is_empty());
+    }
+
+    /// The last pass counts, at debug or (slow) at info level; other lines are skipped.
+    #[test]
+    fn last_reap_pass_from_the_agent_log() {
+        let log = "2026-11-25T18:16:42Z \u{1b}[34mDEBUG\u{1b}[0m \u{1b}[2mlinkerd_cni_agent::agent\u{1b}[0m\u{1b}[2m:\u{1b}[0m reap pass \u{1b}[3mchecked\u{1b}[0m\u{1b}[2m=\u{1b}[0m100 \u{1b}[3mdropped\u{1b}[0m\u{1b}[2m=\u{1b}[0m0 \u{1b}[3mwall_us\u{1b}[0m\u{1b}[2m=\u{1b}[0m900 \u{1b}[3mcpu_us\u{1b}[0m\u{1b}[2m=\u{1b}[0m800
+2026-11-25T18:16:52Z  INFO linkerd_cni_agent::agent: slow reap pass checked=10100 dropped=2 wall_us=150000 cpu_us=90000
+2026-11-25T18:16:53Z DEBUG linkerd_cni_agent::agent: phases op=\"add\" id=\"pod-1\" total_us=300 phases=netns=1us
+";
+        assert_eq!(
+            last_reap_pass(log),
+            Some(ReapPass {
+                checked: 10_100,
+                wall_us: 150_000,
+                cpu_us: 90_000
+            })
+        );
+        assert_eq!(
+            last_reap_pass(log.lines().next().unwrap()),
+            Some(ReapPass {
+                checked: 100,
+                wall_us: 900,
+                cpu_us: 800
+            })
+        );
+        assert_eq!(last_reap_pass("no such line"), None);
     }
 }

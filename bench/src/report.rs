@@ -1182,20 +1182,26 @@ pub fn markdown(r: &Results) -> String {
         "The agent's own time is its handling of the same ADDs and DELs, from its phase log \
          (taking the pod's netns to writing the registry): the part of a CNI call that can \
          depend on the pod count, where the spawn-to-exit figures also carry the machine's \
-         drift between checkpoints minutes apart.\n"
+         drift between checkpoints minutes apart. The last reap pass is the agent's periodic \
+         check that every registered pod's netns still exists (every 10 s, one `stat` per \
+         registration), from its log: how many it checked and the CPU time its thread took.\n"
     );
     let _ = writeln!(
         md,
-        "| pods registered | samples | ADD p50 ms | ADD p99 ms | DEL p50 ms | DEL p99 ms | agent's own ADD / DEL p50 µs | agent RSS MiB | exec floor ms | plugin floor ms | map walk ms | registry read ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| pods registered | samples | ADD p50 ms | ADD p99 ms | DEL p50 ms | DEL p99 ms | agent's own ADD / DEL p50 µs | agent RSS MiB | exec floor ms | plugin floor ms | map walk ms | registry read ms | last reap pass: pods, CPU ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for cp in &p.checkpoints {
         let own = match cp.agent_add_p50_us > 0.0 {
             true => format!("{:.0} / {:.0}", cp.agent_add_p50_us, cp.agent_del_p50_us),
             false => "–".into(),
         };
+        let reap = match cp.reap_pass {
+            Some(p) => format!("{}, {:.1}", p.checked, p.cpu_us as f64 / 1e3),
+            None => "–".into(),
+        };
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {own} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {own} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {reap} |",
             cp.registered,
             cp.add_ms.len(),
             cp.add_p50_ms,
