@@ -725,17 +725,29 @@ fn a_netns_pin_is_alive_while_it_is_the_same_nsfs_inode() {
     let pin = linkerd_cni_tests::NetnsGuard::new().expect("netns");
     let ino = Netns::open(pin.path()).expect("open the pin").ino;
     assert!(still_exists(pin.path(), ino), "the live pin");
-    assert!(!still_exists(pin.path(), ino + 1), "another namespace's inode");
+    assert!(
+        !still_exists(pin.path(), ino + 1),
+        "another namespace's inode"
+    );
     // The namespace file of this process is nsfs too, with its own inode.
     let own = fs::metadata("/proc/self/ns/net").expect("stat").ino();
     assert!(still_exists(std::path::Path::new("/proc/self/ns/net"), own));
-    assert!(!still_exists(std::path::Path::new("/proc/self/ns/net"), ino));
+    assert!(!still_exists(
+        std::path::Path::new("/proc/self/ns/net"),
+        ino
+    ));
 
     // The runtime unmounts the pin but leaves the file: a plain file now, dead.
     nix::mount::umount2(pin.path(), nix::mount::MntFlags::MNT_DETACH).expect("umount the pin");
     let left = fs::metadata(pin.path()).expect("the file is still there");
     assert_ne!(left.ino(), ino);
     assert!(!still_exists(pin.path(), ino), "an unmounted pin");
-    assert!(!still_exists(pin.path(), left.ino()), "the plain file is no namespace");
-    assert!(!still_exists(&pin.path().with_extension("gone"), ino), "no file");
+    assert!(
+        !still_exists(pin.path(), left.ino()),
+        "the plain file is no namespace"
+    );
+    assert!(
+        !still_exists(&pin.path().with_extension("gone"), ino),
+        "no file"
+    );
 }
