@@ -116,50 +116,56 @@ pub struct ReapPass {
     pub cpu_us: u64,
 }
 
-/// The last reap pass in the agent's log (`reap pass` at debug, `slow reap pass` at info).
-pub fn last_reap_pass(log: &str) -> Option<ReapPass> {
-    strip_ansi(log)
+/// The last reap pass in the agent's log, colour codes removed ([`strip_ansi`]): `reap pass`
+/// at debug, `slow reap pass` at info.
+pub fn last_reap_pass(plain_log: &str) -> Option<ReapPass> {
+    plain_log
         .lines()
         .rev()
         .filter(|l| l.contains("reap pass"))
         .find_map(|l| {
-            let field = |name: &str| -> Option<u64> {
-                l.split(&format!(" {name}="))
-                    .nth(1)?
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            };
+            let number = |name| log_field(l, name)?.parse().ok();
             Some(ReapPass {
-                checked: field("checked")?,
-                wall_us: field("wall_us")?,
-                cpu_us: field("cpu_us")?,
+                checked: number("checked")?,
+                wall_us: number("wall_us")?,
+                cpu_us: number("cpu_us")?,
             })
         })
 }
 
 /// The agent's own time for operation `op` (`add`, `del`) of each container id in `ids`, µs,
-/// from the phase lines of its log (`phases` at debug, `slow operation` at info, each with
-/// `op`, `id` and `total_us`; colour codes are skipped).
-pub fn agent_handling_us(log: &str, op: &str, ids: &std::collections::BTreeSet<&str>) -> Vec<f64> {
-    let plain = strip_ansi(log);
-    let op_field = format!("op=\"{op}\"");
-    plain
+/// from the phase lines of its log, colour codes removed ([`strip_ansi`]): `phases` at debug,
+/// `slow operation` at info, each with `op`, `id` and `total_us`.
+pub fn agent_handling_us(
+    plain_log: &str,
+    op: &str,
+    ids: &std::collections::BTreeSet<&str>,
+) -> Vec<f64> {
+    let op_value = format!("\"{op}\"");
+    plain_log
         .lines()
-        .filter(|l| l.contains(&op_field))
+        .filter(|l| log_field(l, "op") == Some(op_value.as_str()))
         .filter_map(|l| {
-            let id = l.split("id=\"").nth(1)?.split('"').next()?;
-            let total = l.split("total_us=").nth(1)?.split_whitespace().next()?;
+            let id = log_field(l, "id")?.trim_matches('"');
             ids.contains(id)
-                .then(|| total.parse::<f64>().ok())
+                .then(|| log_field(l, "total_us")?.parse::<f64>().ok())
                 .flatten()
         })
         .collect()
 }
 
-/// `text` without ANSI escape sequences (`ESC [ ... letter`).
-fn strip_ansi(text: &str) -> String {
+/// The value of field `name` in one line of the agent's log (` name=value`, up to the next
+/// space; strings keep their quotes).
+fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split(&format!(" {name}="))
+        .nth(1)?
+        .split_whitespace()
+        .next()
+}
+
+/// `text` without ANSI escape sequences (`ESC [ ... letter`): the agent's log file has them
+/// around field names.
+pub fn strip_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
@@ -342,7 +348,7 @@ pub fn run(
             for r in &measured {
                 let _ = api.delete_pod(&r.pod.name);
             }
-            let log = std::fs::read_to_string(agent.log_path()).unwrap_or_default();
+            let log = strip_ansi(&std::fs::read_to_string(agent.log_path()).unwrap_or_default());
             let ids: std::collections::BTreeSet<&str> =
                 measured.iter().map(|r| r.pod.name.as_str()).collect();
             let handled = |op: &str| {
@@ -475,6 +481,7 @@ mod tests {
 2026-11-25T18:16:43Z DEBUG linkerd_cni_agent::agent: phases op=\"del\" id=\"pod-7\" total_us=284 phases=detach=175us
 2026-11-25T18:16:43Z DEBUG linkerd_cni_agent::agent: phases op=\"add\" id=\"filler-1\" total_us=300 phases=netns=1us
 ";
+        let log = &strip_ansi(log);
         let ids: std::collections::BTreeSet<&str> = ["pod-7", "pod-8"].into_iter().collect();
         assert_eq!(agent_handling_us(log, "add", &ids), [1222.0, 6100.0]);
         assert_eq!(agent_handling_us(log, "del", &ids), [284.0]);
@@ -488,6 +495,7 @@ mod tests {
 2026-11-25T18:16:52Z  INFO linkerd_cni_agent::agent: slow reap pass checked=10100 dropped=2 wall_us=150000 cpu_us=90000
 2026-11-25T18:16:53Z DEBUG linkerd_cni_agent::agent: phases op=\"add\" id=\"pod-1\" total_us=300 phases=netns=1us
 ";
+        let log = &strip_ansi(log);
         assert_eq!(
             last_reap_pass(log),
             Some(ReapPass {
