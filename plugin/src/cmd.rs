@@ -24,7 +24,10 @@
 
 use std::{io::Read, time::Duration};
 
-use linkerd_cni_proto::wire::{AddRequest, AttachmentRef, GcRequest, Request, Response};
+use linkerd_cni_proto::{
+    escape::Escaped,
+    wire::{AddRequest, AttachmentRef, GcRequest, Request, Response},
+};
 use serde_json::{Value, json};
 
 use crate::{
@@ -183,7 +186,8 @@ impl Ctx<'_> {
         let excluded = self.conf.linkerd.is_excluded(ns);
         if excluded {
             self.log.info(format_args!(
-                "namespace {ns} is in linkerd.excluded-namespaces: not sent to the node agent"
+                "namespace {} is in linkerd.excluded-namespaces: not sent to the node agent",
+                Escaped(ns)
             ));
         }
         excluded

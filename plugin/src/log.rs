@@ -4,6 +4,8 @@
 
 use std::{fmt, io::Write};
 
+use linkerd_cni_proto::escape::{Escaped, escape_unprintable};
+
 /// Log levels, least severe first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -35,12 +37,30 @@ impl Level {
 }
 
 /// Writes prefixed, single-line log records carrying the attachment's identity.
+///
+/// Every field and message may hold outside input (`CNI_ARGS`, the network config, the
+/// agent's replies, the Kubernetes API), so nothing reaches the sink unescaped: the identity
+/// fields print as [`Escaped`] tokens (quoted when not plain, `-` when absent), and the message
+/// has every unprintable character written as its escape (`\n`, `\u{1b}`). A record is always
+/// one line, and no value can pass for another field or another record.
 pub struct Logger {
     level: Level,
-    container: String,
-    namespace: String,
-    pod: String,
+    container: Option<String>,
+    namespace: Option<String>,
+    pod: Option<String>,
     sink: Box<dyn Write>,
+}
+
+/// An identity field: its value as one [`Escaped`] token, or `-` when unknown.
+struct Field<'a>(Option<&'a str>);
+
+impl fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(v) => Escaped(v).fmt(f),
+            None => f.write_str("-"),
+        }
+    }
 }
 
 impl Logger {
@@ -48,9 +68,9 @@ impl Logger {
     pub fn new(sink: Box<dyn Write>) -> Self {
         Self {
             level: Level::Warn,
-            container: "-".into(),
-            namespace: "-".into(),
-            pod: "-".into(),
+            container: None,
+            namespace: None,
+            pod: None,
             sink,
         }
     }
@@ -66,31 +86,32 @@ impl Logger {
 
     /// Sets the identity every later line carries; empty values print as `-`.
     pub fn set_context(&mut self, container: &str, namespace: Option<&str>, pod: Option<&str>) {
-        let or_dash = |s: Option<&str>| s.filter(|s| !s.is_empty()).unwrap_or("-").to_string();
-        self.container = or_dash(Some(container));
-        self.namespace = or_dash(namespace);
-        self.pod = or_dash(pod);
+        let known = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_string);
+        self.container = known(Some(container));
+        self.namespace = known(namespace);
+        self.pod = known(pod);
     }
 
     pub fn enabled(&self, level: Level) -> bool {
         level >= self.level
     }
 
-    /// Logs `msg` at `level`; newlines in it become spaces so each record stays one line.
+    /// Logs `msg` at `level`; unprintable characters in it (newlines included) are escaped so
+    /// each record stays one line.
     pub fn log(&mut self, level: Level, msg: fmt::Arguments<'_>) {
         if !self.enabled(level) {
             return;
         }
-        let msg = msg.to_string().replace(['\n', '\r'], " ");
+        let msg = msg.to_string();
         // A failing stderr cannot be reported anywhere; the CNI result on stdout matters more.
         let _ = writeln!(
             self.sink,
             "linkerd-cni: {} container={} namespace={} pod={} {}",
             level.as_str(),
-            self.container,
-            self.namespace,
-            self.pod,
-            msg
+            Field(self.container.as_deref()),
+            Field(self.namespace.as_deref()),
+            Field(self.pod.as_deref()),
+            escape_unprintable(&msg)
         );
     }
 
@@ -172,8 +193,35 @@ pub(crate) mod tests {
         assert_eq!(
             lines,
             [
-                "linkerd-cni: INFO container=c1 namespace=ns pod=web two lines",
+                r"linkerd-cni: INFO container=c1 namespace=ns pod=web two\nlines",
                 "linkerd-cni: ERROR container=c1 namespace=ns pod=web bad",
+            ]
+        );
+    }
+
+    #[test]
+    fn outside_values_cannot_forge_a_record_or_a_field() {
+        let sink = Captured::default();
+        let mut log = Logger::new(Box::new(sink.clone()));
+        log.set_level(Level::Info);
+        log.set_context(
+            "c1",
+            Some("shop\nlinkerd-cni: INFO container=c9 namespace=shop pod=web forged"),
+            Some("web pod=admin"),
+        );
+        log.info(format_args!(
+            "reason: {}",
+            "a\u{1b}[2K\rb\u{85}c\u{2028}d\u{7f}"
+        ));
+        log.set_context("c1", Some("-"), Some("\"web\""));
+        log.info(format_args!("two\nlines"));
+        let text = sink.text();
+        let lines: Vec<_> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                r#"linkerd-cni: INFO container=c1 namespace="shop\nlinkerd-cni: INFO container=c9 namespace=shop pod=web forged" pod="web pod=admin" reason: a\u{1b}[2K\rb\u{85}c\u{2028}d\u{7f}"#,
+                r#"linkerd-cni: INFO container=c1 namespace="-" pod="\"web\"" two\nlines"#,
             ]
         );
     }

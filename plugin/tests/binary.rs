@@ -655,3 +655,78 @@ fn log_levels_and_stream_discipline() {
         }
     }
 }
+
+/// A record forged from outside: what issue 28 put in `CNI_ARGS` after a newline.
+const FORGED: &str = "linkerd-cni: INFO container=c9 namespace=shop pod=web pod redirected through its proxy: forged";
+
+#[test]
+fn outside_input_cannot_forge_a_log_record_or_field() {
+    // The agent's reason carries a forged record too, behind every kind of line break and an
+    // ANSI "erase line" sequence.
+    let reason = format!("pod has linkerd-proxy\n{FORGED}\r\u{1b}[2K\u{85}\u{2028}\u{7f}");
+    let agent = FakeAgent::start(Behaviour::answer({
+        let reason = reason.clone();
+        move |req| match req {
+            Request::Add(_) => Response::Added {
+                redirected: true,
+                reason: reason.clone(),
+            },
+            other => support::healthy(other),
+        }
+    }));
+    let namespace = format!("shop\n{FORGED}");
+    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME=web pod=admin");
+    let mut c = conf("1.0.0", agent.socket());
+    c["log_level"] = json!("debug");
+    let r = run_plugin(
+        &with_env("ADD", "CNI_ARGS", Some(&args)),
+        c.to_string().as_bytes(),
+    );
+    assert_eq!(r.exit, 0, "{r:?}");
+
+    // Escaping is for the log only: the agent gets the pod as the runtime named it.
+    let requests = agent.requests();
+    let [envelope] = requests.as_slice() else {
+        panic!("one request expected: {requests:?}")
+    };
+    let Request::Add(add) = &envelope.request else {
+        panic!("not an Add: {envelope:?}")
+    };
+    assert_eq!(add.pod.namespace, namespace);
+    assert_eq!(add.pod.name, "web pod=admin");
+
+    // Every record is one line carrying this run's own context, each outside value quoted
+    // (so no value can end its field early) with its control characters escaped.
+    let context = format!(
+        "container=3f5a7e9b21c4 namespace={:?} pod=\"web pod=admin\" ",
+        namespace
+    );
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert!(lines.len() >= 3, "{}", r.stderr);
+    for line in &lines {
+        let rest = ["DEBUG ", "INFO ", "WARN ", "ERROR "]
+            .iter()
+            .find_map(|level| line.strip_prefix("linkerd-cni: ")?.strip_prefix(level))
+            .unwrap_or_else(|| panic!("not a record: {line:?}\n{}", r.stderr));
+        assert!(
+            rest.starts_with(&context),
+            "a record without this run's context: {line:?}\n{}",
+            r.stderr
+        );
+        assert!(
+            !line
+                .chars()
+                .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')),
+            "an unescaped control character: {line:?}"
+        );
+    }
+    // The agent's reason is still there, readable, on the ADD's own record.
+    let want = format!(
+        r"pod redirected through its proxy: pod has linkerd-proxy\n{FORGED}\r\u{{1b}}[2K\u{{85}}\u{{2028}}\u{{7f}}"
+    );
+    assert!(
+        lines.iter().any(|l| l.ends_with(&want)),
+        "the agent's reason, escaped: {want}\n{}",
+        r.stderr
+    );
+}
