@@ -370,18 +370,15 @@ fn no_agent_and_rejected_credentials_names_the_way_out() {
 
 #[test]
 fn silent_or_garbled_agent() {
-    let agent = FakeAgent::start(Behaviour::Silent(Duration::from_secs(3)));
+    // The agent says nothing for a minute: only the plugin's own timeout can end the ADD with
+    // "300 ms" in its message (a plugin that waited would see the connection close instead),
+    // however long this machine takes to schedule it.
+    let agent = FakeAgent::start(Behaviour::Silent(Duration::from_secs(60)));
     let mut c = conf("1.0.0", agent.socket());
     c["linkerd"]["agent-timeout-ms"] = json!(300);
-    let start = std::time::Instant::now();
     let r = run("ADD", &c);
     assert_eq!(r.code(), 11, "{r:?}");
-    assert!(r.msg().contains("300 ms"), "{r:?}");
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "bounded by the timeout: {:?}",
-        start.elapsed()
-    );
+    assert!(r.msg().contains("300 ms"), "bounded by the timeout: {r:?}");
     assert_eq!(agent.requests().len(), 1);
 
     let agent = FakeAgent::start(Behaviour::Garbage);
