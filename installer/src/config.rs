@@ -10,7 +10,7 @@ use linkerd_cni_common::paths;
 use crate::{
     conflist::{ConfKind, PLUGIN_TYPE},
     error::ConfigError,
-    json::Json,
+    json::{Json, Object},
 };
 
 /// The placeholder in the config template that becomes the host path of the kubeconfig.
@@ -191,22 +191,19 @@ impl InstallerConfig {
                 reason: "not a JSON object",
             });
         };
-        if !fields
-            .iter()
-            .any(|(k, v)| k == "type" && v.as_str().is_some())
-        {
+        if fields.get("type").and_then(Json::as_str).is_none() {
             return Err(ConfigError::TemplateShape {
                 reason: "no string \"type\"",
             });
         }
-        match fields.iter_mut().find(|(k, _)| k == "capabilities") {
-            None => fields.push((
-                "capabilities".into(),
-                Json::Object(vec![("cgroupPath".into(), Json::Scalar(true.into()))]),
-            )),
-            Some((_, Json::Object(caps))) => {
-                if !caps.iter().any(|(k, _)| k == "cgroupPath") {
-                    caps.push(("cgroupPath".into(), Json::Scalar(true.into())));
+        match fields.get_mut("capabilities") {
+            None => {
+                let caps = Object::from_iter([("cgroupPath".into(), Json::Scalar(true.into()))]);
+                fields.insert("capabilities".into(), Json::Object(caps));
+            }
+            Some(Json::Object(caps)) => {
+                if !caps.contains_key("cgroupPath") {
+                    caps.insert("cgroupPath".into(), Json::Scalar(true.into()));
                 }
             }
             Some(_) => {

@@ -18,7 +18,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{error::Malformed, json::Json};
+use crate::{
+    error::Malformed,
+    json::{Json, Object},
+};
 
 /// The name of the plugin binary in the image and on the host. It is also the `type` the
 /// runtime looks up in the bin dir, and the `type` of old entries the installer replaces.
@@ -127,14 +130,14 @@ pub fn patch(path: &Path, input: &[u8], entry: &Json) -> Result<Option<Patched>,
             if is_linkerd(&doc, ty) {
                 return Err(Malformed::NoPrimary);
             }
-            Json::Object(vec![
+            Json::Object(Object::from_iter([
                 ("name".into(), Json::string(WRAPPED_NAME)),
                 ("cniVersion".into(), Json::string(WRAPPED_CNI_VERSION)),
                 (
                     "plugins".into(),
                     Json::Array(vec![doc.clone(), entry.clone()]),
                 ),
-            ])
+            ]))
         }
         Shape::List(plugins) => {
             let mut kept: Vec<Json> = plugins

@@ -3,10 +3,13 @@
 //! `serde_json::Value` sorts keys unless the `preserve_order` feature is on, and that feature
 //! is global to a build: turning it on here would change key order for every other crate of
 //! the workspace. Conflists written by other CNIs should come back in the order their authors
-//! chose, so this crate carries its own small ordered tree instead. Scalars stay
-//! `serde_json::Value`.
+//! chose, so this crate carries its own small ordered tree instead: objects are
+//! [`IndexMap`]s (the map serde_json itself uses for `preserve_order`), so key order is kept
+//! and a look-up is O(1) however many keys an object has. Scalars stay `serde_json::Value`.
 
 use std::fmt;
+
+use indexmap::IndexMap;
 
 use serde::{
     Deserialize, Deserializer, Serialize, Serializer,
@@ -14,11 +17,17 @@ use serde::{
     ser::{SerializeMap, SerializeSeq},
 };
 
+/// The entries of a JSON object, in the order they were read or inserted.
+pub type Object = IndexMap<String, Json>;
+
 /// A JSON document whose objects remember their key order.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Two documents are equal when they hold the same values with object keys in the same order
+/// (the order is part of what the installer writes).
+#[derive(Clone, Debug)]
 pub enum Json {
     /// An object, keys in the order they were read or inserted.
-    Object(Vec<(String, Json)>),
+    Object(Object),
     /// An array.
     Array(Vec<Json>),
     /// `null`, a boolean, a number or a string.
@@ -44,7 +53,7 @@ impl Json {
     }
 
     /// The entries of an object, or `None` for any other value.
-    pub fn as_object(&self) -> Option<&[(String, Json)]> {
+    pub fn as_object(&self) -> Option<&Object> {
         match self {
             Json::Object(entries) => Some(entries),
             _ => None,
@@ -53,16 +62,13 @@ impl Json {
 
     /// The value under `key` of an object.
     pub fn get(&self, key: &str) -> Option<&Json> {
-        self.as_object()?
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v)
+        self.as_object()?.get(key)
     }
 
     /// Mutable access to the value under `key` of an object.
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Json> {
         match self {
-            Json::Object(entries) => entries.iter_mut().find(|(k, _)| k == key).map(|(_, v)| v),
+            Json::Object(entries) => entries.get_mut(key),
             _ => None,
         }
     }
@@ -83,6 +89,18 @@ impl Json {
     /// A string value.
     pub fn string(s: impl Into<String>) -> Self {
         Json::Scalar(serde_json::Value::String(s.into()))
+    }
+}
+
+impl PartialEq for Json {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            // `IndexMap`'s own equality ignores order; ours does not.
+            (Json::Object(a), Json::Object(b)) => a.len() == b.len() && a.iter().eq(b.iter()),
+            (Json::Array(a), Json::Array(b)) => a == b,
+            (Json::Scalar(a), Json::Scalar(b)) => a == b,
+            _ => false,
+        }
     }
 }
 
@@ -159,14 +177,12 @@ impl<'de> Visitor<'de> for JsonVisitor {
         Ok(Json::Array(items))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
-        let mut entries: Vec<(String, Json)> = Vec::new();
+        let mut entries = Object::with_capacity(map.size_hint().unwrap_or(0));
         while let Some((k, v)) = map.next_entry::<String, Json>()? {
-            // A repeated key: the last one wins, as in every other JSON reader the runtimes use.
-            if let Some(slot) = entries.iter_mut().find(|(ek, _)| *ek == k) {
-                slot.1 = v;
-            } else {
-                entries.push((k, v));
-            }
+            // A repeated key: the last one wins, as in every other JSON reader the runtimes use,
+            // and keeps the position of its first occurrence (`insert` on an existing key
+            // replaces the value in place).
+            entries.insert(k, v);
         }
         Ok(Json::Object(entries))
     }
@@ -198,6 +214,86 @@ mod tests {
             let compact = serde_json::to_string(&doc).unwrap_or_else(|e| panic!("{input}: {e}"));
             assert_eq!(&compact, input, "compact re-serialization of {input}");
         }
+    }
+
+    /// 60,000 keys in one object, every seventh given again later (twice for every 49th):
+    /// each key keeps its first position and takes its last value. With a linear search per
+    /// key this took seconds (quadratic); it must stay linear.
+    #[test]
+    fn sixty_thousand_keys_with_repeats_keep_first_position_and_last_value() {
+        const KEYS: usize = 60_000;
+        let mut text = String::from("{");
+        for i in 0..KEYS {
+            text.push_str(&format!("\"k{i}\":{i},"));
+        }
+        for i in (0..KEYS).step_by(7) {
+            text.push_str(&format!("\"k{i}\":\"again {i}\","));
+        }
+        for i in (0..KEYS).step_by(49) {
+            text.push_str(&format!("\"k{i}\":[{i}],"));
+        }
+        text.push_str("\"end\":null}");
+
+        let doc = Json::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        let object = doc.as_object().unwrap_or_else(|| panic!("not an object"));
+        assert_eq!(object.len(), KEYS + 1, "one entry per distinct key");
+        for (i, (k, v)) in object.iter().take(KEYS).enumerate() {
+            assert_eq!(*k, format!("k{i}"), "key at position {i}");
+            let want = if i % 49 == 0 {
+                format!("[{i}]")
+            } else if i % 7 == 0 {
+                format!("\"again {i}\"")
+            } else {
+                i.to_string()
+            };
+            let got = serde_json::to_string(v).unwrap_or_default();
+            assert_eq!(got, want, "value of k{i}");
+        }
+        assert_eq!(object.get_index(KEYS).map(|(k, _)| k.as_str()), Some("end"));
+        assert_eq!(
+            doc.get("k59999")
+                .and_then(|v| serde_json::to_string(v).ok())
+                .as_deref(),
+            Some("59999")
+        );
+        assert_eq!(
+            doc.get("k59990")
+                .and_then(|v| serde_json::to_string(v).ok())
+                .as_deref(),
+            Some("\"again 59990\"")
+        );
+        assert_eq!(
+            doc.get("k59976")
+                .and_then(|v| serde_json::to_string(v).ok())
+                .as_deref(),
+            Some("[59976]")
+        );
+
+        // Re-serialized, the document is the de-duplicated one, in first-position order.
+        let mut want = String::from("{");
+        for i in 0..KEYS {
+            let v = if i % 49 == 0 {
+                format!("[{i}]")
+            } else if i % 7 == 0 {
+                format!("\"again {i}\"")
+            } else {
+                i.to_string()
+            };
+            want.push_str(&format!("\"k{i}\":{v},"));
+        }
+        want.push_str("\"end\":null}");
+        assert!(
+            serde_json::to_string(&doc).unwrap_or_default() == want,
+            "re-serialized document differs from the de-duplicated input"
+        );
+    }
+
+    #[test]
+    fn equality_sees_key_order() {
+        let a = Json::parse(br#"{"a":1,"b":2}"#).unwrap_or_else(|e| panic!("{e}"));
+        let b = Json::parse(br#"{"b":2,"a":1}"#).unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(a, b);
+        assert_eq!(a, a.clone());
     }
 
     #[test]
