@@ -19,6 +19,16 @@ use serde_json::{Map, Value as Json};
 /// Helm's largest accepted list index.
 pub const MAX_INDEX: usize = 65536;
 
+/// Helm's limit on nested names in a key: `a.b.c` is nested level 2, and a key nested deeper
+/// than this (more than 31 names) is refused, as Helm refuses it.
+pub const MAX_NESTED_NAME_LEVEL: usize = 30;
+
+/// The most steps (names and list indexes together) a key may have. The values tree is merged,
+/// checked and rendered by recursive walks, so its depth must be bounded: a key 20,000 levels
+/// deep would overflow the stack. Helm bounds only the names (its stacks grow); no value of the
+/// chart is nested deeper than a few levels, Kubernetes objects included.
+pub const MAX_KEY_DEPTH: usize = 64;
+
 /// Which flag an expression came from: how its values are typed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SetKind {
@@ -44,14 +54,14 @@ impl SetKind {
 #[derive(Debug, thiserror::Error)]
 pub enum SetError {
     /// The expression is malformed.
-    #[error("invalid {flag} {expr:?}: {reason}")]
+    #[error("invalid {flag} {:?}: {reason}", shown(expr))]
     Syntax {
         flag: &'static str,
         expr: String,
         reason: String,
     },
     /// `--set-file` names a file that cannot be read.
-    #[error("{flag} {expr:?}: reading {}: {source}", path.display())]
+    #[error("{flag} {:?}: reading {}: {source}", shown(expr), path.display())]
     File {
         flag: &'static str,
         expr: String,
@@ -59,6 +69,19 @@ pub enum SetError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// An expression as error messages show it: its first 200 characters, then how many more.
+fn shown(expr: &str) -> String {
+    const SHOWN: usize = 200;
+    match expr.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!(
+            "{}... ({} more characters)",
+            &expr[..at],
+            expr[at..].chars().count()
+        ),
+        None => expr.to_string(),
+    }
 }
 
 /// One step of a key: a map key or a list index.
@@ -111,10 +134,21 @@ fn unescape(s: &str) -> String {
     out
 }
 
-/// Parses a key (`a.b[1].c`) into steps.
+fn too_deep() -> String {
+    format!(
+        "key has more than {MAX_KEY_DEPTH} names and list indexes: no value of the chart is \
+         nested that deep"
+    )
+}
+
+/// Parses a key (`a.b[1].c`) into steps: at most [`MAX_KEY_DEPTH`] of them, nested at most
+/// [`MAX_NESTED_NAME_LEVEL`] levels as Helm counts them (each `.` after a name; a `.` after a
+/// list index does not count).
 pub fn parse_key(key: &str) -> Result<Vec<Step>, String> {
     let mut steps = Vec::new();
     let mut name = String::new();
+    // Helm's nested name level: the `.`s that follow a name.
+    let mut nested_level = 0usize;
     // Whether the current name may be empty: right after an index (`a[0].b` or `a[0][1]`).
     let mut after_index = false;
     let mut chars = key.chars().peekable();
@@ -127,6 +161,18 @@ pub fn parse_key(key: &str) -> Result<Vec<Step>, String> {
                 }
                 if !name.is_empty() {
                     steps.push(Step::Key(std::mem::take(&mut name)));
+                }
+                if steps.len() >= MAX_KEY_DEPTH {
+                    return Err(too_deep());
+                }
+                if !after_index {
+                    nested_level += 1;
+                    if nested_level > MAX_NESTED_NAME_LEVEL {
+                        return Err(format!(
+                            "key nested level is greater than the maximum supported nested \
+                             level of {MAX_NESTED_NAME_LEVEL} (Helm's limit)"
+                        ));
+                    }
                 }
                 after_index = false;
                 if chars.peek().is_none() {
@@ -161,6 +207,9 @@ pub fn parse_key(key: &str) -> Result<Vec<Step>, String> {
                     return Err(format!(
                         "list index {index} is greater than the maximum supported index {MAX_INDEX}"
                     ));
+                }
+                if steps.len() >= MAX_KEY_DEPTH {
+                    return Err(too_deep());
                 }
                 steps.push(Step::Index(index));
                 after_index = true;
@@ -390,6 +439,54 @@ mod tests {
                 .expect_err(&format!("--set {bad} should be rejected"));
             assert!(err.to_string().contains(why), "--set {bad}: {err}");
         }
+    }
+
+    /// Helm's nested name limit, counted as Helm counts it (a `.` after a list index is not a
+    /// level), and the bound on all steps that keeps the recursive walks off the end of the
+    /// stack: a key 20,000 levels deep is an error, not a crash.
+    #[test]
+    fn key_depth_is_bounded() {
+        let dotted = |n: usize| vec!["a"; n].join(".");
+        let ok = |key: &str| {
+            parse(SetKind::Typed, &format!("{key}=1"))
+                .unwrap_or_else(|e| panic!("{} rejected: {e}", shown(key)))
+        };
+        let refused = |key: &str, why: &str| {
+            let err = parse(SetKind::Typed, &format!("{key}=1"))
+                .map(|_| ())
+                .expect_err(&format!("{} accepted", shown(key)));
+            assert!(err.to_string().contains(why), "{}: {err}", shown(key));
+            assert!(
+                err.to_string().len() < 600,
+                "the message quotes a bounded part of the expression: {err}"
+            );
+        };
+        assert_eq!(
+            ok(&dotted(31))[0].0.len(),
+            31,
+            "nested level 30: Helm's most"
+        );
+        refused(&dotted(32), "maximum supported nested level of 30");
+        // Helm counts the `.`s after names only.
+        ok(&format!("x[0].{}", dotted(31)));
+        refused(&format!("x[0].{}", dotted(32)), "nested level of 30");
+        ok(&format!("{}[0].{}", dotted(20), dotted(12)));
+        refused(
+            &format!("{}[0].{}", dotted(20), dotted(13)),
+            "nested level of 30",
+        );
+        ok(&format!("b{}", "[0].c".repeat(31)));
+        // Every step counts towards the bound on depth.
+        assert_eq!(ok(&format!("a{}", "[0]".repeat(63)))[0].0.len(), 64);
+        refused(
+            &format!("a{}", "[0]".repeat(64)),
+            "more than 64 names and list indexes",
+        );
+        refused(&format!("b{}", "[0].c".repeat(40)), "more than 64");
+        // The fuzzer's finding: 20,000 levels, as names and as indexes.
+        refused(&dotted(20_000), "nested level of 30");
+        refused(&format!("a{}", "[0]".repeat(20_000)), "more than 64");
+        refused(&format!("b{}", "[0].c".repeat(20_000)), "more than 64");
     }
 
     #[test]

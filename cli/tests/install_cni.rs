@@ -782,3 +782,35 @@ fn kubernetes_validate_strict() {
         "kubernetes-validate --strict accepted an unknown field"
     );
 }
+
+/// A `--set` key 20,000 levels deep (found by fuzzing: it overflowed the stack) is refused with
+/// a message that says why, as names (Helm's nested level limit) and as list indexes (the
+/// CLI's bound on depth); the process exits with an error, not a signal.
+#[test]
+fn deep_set_keys_are_refused_not_a_crash() {
+    let names = format!("{}=1", vec!["a"; 20_000].join("."));
+    let indexes = format!("a{}=1", "[0]".repeat(20_000));
+    for (flag, expr, why) in [
+        (
+            "--set",
+            &names,
+            "key nested level is greater than the maximum supported nested level of 30",
+        ),
+        (
+            "--set-string",
+            &indexes,
+            "key has more than 64 names and list indexes",
+        ),
+    ] {
+        let out = linkerd(&["install-cni", flag, expr], &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {stderr}");
+        assert!(out.stdout.is_empty(), "{flag}: printed manifests");
+        assert!(stderr.contains(why), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(&format!("invalid {flag}")),
+            "{flag}: the message names the flag: {stderr}"
+        );
+        assert!(stderr.len() < 1000, "{flag}: a short message: {stderr}");
+    }
+}
