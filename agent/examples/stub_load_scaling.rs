@@ -6,7 +6,7 @@
 
 use std::{os::fd::AsFd, time::Instant};
 
-use linkerd_cni_agent::bpf_sys;
+use linkerd_cni_agent::dataplane::bpf_sys;
 
 const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
 const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;

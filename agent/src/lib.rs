@@ -1,37 +1,27 @@
 //! The linkerd-cni node agent: loads and pins the eBPF programs, meshes the pods the CNI
 //! plugin registers, and keeps their redirection in force.
 //!
-//! - [`agent`]: the library API (register, unregister, check, gc) over the three stores of
-//!   state: pinned maps, pinned links and the registry; [`agent::reconcile`] re-verifies every
-//!   registered pod and repairs what was removed behind the agent's back.
-//! - [`dataplane`]: loading the object, pinning, attaching. [`maps`]: the pinned maps.
-//!   [`layout`]: the pinned state's layout version, upgrades and rollbacks.
-//! - [`netns`], [`userns`], [`cgroup`], [`kernel`]: the host facts registration depends on.
-//! - [`limits`]: how much of the node-wide maps one pod may take; [`capacity`]: how large
-//!   the node-wide maps are (configured).
-//! - [`inspect`]: the human view of the pinned state.
-//! - [`adopt`]: attaching redirection to meshed pods that started before the plugin was in the
-//!   node's chain, found from the host's side by [`podscan`].
+//! Four layers, each a folder, each calling only the ones below it:
+//!
+//! - [`service`]: the running agent: the registration socket ([`service::server`]), the
+//!   health and metrics endpoint ([`service::health`]), the background passes and the stop
+//!   ([`service::run`]); and the `inspect` view ([`service::inspect`]).
+//! - [`agent`]: pods: registering and unregistering them, checking and garbage collection over
+//!   the three stores of state (pinned maps, pinned links, [`agent::registry`]);
+//!   [`agent::reconcile`] re-verifies every registered pod and repairs what was removed behind
+//!   the agent's back; [`agent::adopt`] attaches redirection to meshed pods that started
+//!   before the plugin was in the node's chain.
+//! - [`dataplane`]: the eBPF side: loading the object, pinning, attaching; the pinned maps
+//!   ([`dataplane::maps`]) and their layout across versions ([`dataplane::layout`]); how large
+//!   the maps are ([`dataplane::capacity`]) and how much of them one pod may take
+//!   ([`dataplane::limits`]); the raw `bpf(2)` commands aya does not offer
+//!   ([`dataplane::bpf_sys`]).
+//! - [`host`]: facts read from the kernel and the filesystem: a pod's netns, cgroup and user
+//!   namespace, a running pod as the host sees it, the kernel's features.
 
-pub mod adopt;
 pub mod agent;
-pub mod bpf_sys;
-pub mod capacity;
-pub mod cgroup;
 pub mod dataplane;
-pub mod health;
-#[cfg(feature = "heap-profile")]
-pub mod heap_profile;
-pub mod inspect;
-pub mod kernel;
-pub mod layout;
-pub mod limits;
-pub mod maps;
-pub mod maps_lock;
-pub mod netns;
-pub mod podscan;
-pub mod registry;
-pub mod server;
-pub mod userns;
+pub mod host;
+pub mod service;
 
 pub use agent::{Agent, AgentConfig, AgentError, Registration};

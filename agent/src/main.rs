@@ -1,17 +1,14 @@
-//! `linkerd-cni-agent`: the node agent binary.
+//! `linkerd-cni-agent`: the node agent binary: its command line, then one call into the
+//! library (`run` is [`linkerd_cni_agent::service::run`]).
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use linkerd_cni_agent::{
     Agent, AgentConfig,
-    adopt::Adopter,
-    agent::reconcile::Reconciler,
-    capacity::MapSizes,
-    health::Health,
-    inspect,
-    server::{self, Server},
+    dataplane::capacity::MapSizes,
+    host::kernel,
+    service::{self, inspect},
 };
 use linkerd_cni_common::{names, paths};
 
@@ -145,44 +142,24 @@ struct RunArgs {
     daemonset: String,
 }
 
-/// Runtime worker threads (async: the socket, the API watch, the health endpoint).
-const RUNTIME_WORKERS: usize = 2;
-/// Threads for blocking work (registrations, reaping, reconciling), at most.
-const RUNTIME_BLOCKING_THREADS: usize = 8;
-
-/// How long SIGTERM waits for the API to say whether the DaemonSet is being deleted.
-const TERMINATION_API_BOUND: Duration = Duration::from_secs(2);
-
-/// glibc's allocator, tuned for a long-running process whose memory is mostly many small
-/// long-lived blocks (a record per pod) between short-lived ones:
-/// - one arena: glibc gives each thread that allocates an arena of its own (up to eight per
-///   core), and the agent's blocking threads (netns work, bpf syscalls) left megabytes of
-///   fragmented second arenas behind (10 of 26 MiB at 10,000 pods); the agent's threads
-///   rarely allocate at the same time, so one arena costs no measurable contention;
-/// - a fixed mmap threshold: by default it rises to the size of the largest block freed, so
-///   after one large buffer (a page of a pod list, a response) every later one of that size
-///   comes from the heap and leaves a hole there; fixed, large buffers are mapped and
-///   unmapped whole.
-fn tune_malloc() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only tunes the allocator; called before any thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+impl RunArgs {
+    fn options(self, bpffs: PathBuf) -> service::Options {
+        service::Options {
+            socket: self.socket,
+            kubeconfig: self.kubeconfig,
+            node_name: self.node_name,
+            bpffs,
+            health_addr: self.health_addr,
+            install: self.install,
+            reap_interval: self.reap_interval,
+            reconcile_interval: self.reconcile_interval,
+            adopt_running_pods: self.adopt_running_pods,
+            adopt_interval: self.adopt_interval,
+            cleanup_on_sigterm: self.cleanup_on_sigterm,
+            pod_namespace: self.pod_namespace,
+            daemonset: self.daemonset,
+        }
     }
-}
-
-/// The `linkerd` section of the plugin entry the installer writes, parsed as the plugin does
-/// (malformed list entries dropped).
-fn linkerd_section(
-    installer: &linkerd_cni_installer::Installer,
-) -> Option<linkerd_cni_proto::config::LinkerdConfig> {
-    use serde::Deserialize;
-    let bytes = installer.plugin_entry().get("linkerd")?.to_pretty_bytes();
-    let mut section: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&bytes).ok()?;
-    linkerd_cni_proto::config::drop_malformed_entries(&mut section);
-    linkerd_cni_proto::config::LinkerdConfig::deserialize(serde_json::Value::Object(section)).ok()
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -198,10 +175,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 #[cfg(feature = "heap-profile")]
 #[global_allocator]
-static ALLOC: linkerd_cni_agent::heap_profile::Counting = linkerd_cni_agent::heap_profile::Counting;
+static ALLOC: linkerd_cni_memory::heap_profile::Counting =
+    linkerd_cni_memory::heap_profile::Counting;
 
 fn main() -> anyhow::Result<()> {
-    tune_malloc();
+    linkerd_cni_memory::tune_allocator();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
@@ -226,7 +204,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::MountBpffs => {
-            linkerd_cni_agent::kernel::ensure_bpffs_at(&cli.bpffs)?;
+            kernel::ensure_bpffs_at(&cli.bpffs)?;
             println!("bpffs mounted at {}", cli.bpffs.display());
             Ok(())
         }
@@ -250,213 +228,7 @@ fn main() -> anyhow::Result<()> {
                 host_root: args.host_root.clone(),
                 ..config
             };
-            // A fixed, small runtime whatever the node's core count: the agent's work is a few
-            // requests at a time, serialised on its maps anyway, and every thread costs
-            // resident memory (stack pages, allocator caches).
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(RUNTIME_WORKERS)
-                .max_blocking_threads(RUNTIME_BLOCKING_THREADS)
-                .enable_all()
-                .build()?
-                .block_on(run(config, *args, cli.bpffs))
+            service::run(config, args.options(cli.bpffs))
         }
     }
-}
-
-async fn run(config: AgentConfig, args: RunArgs, bpffs: PathBuf) -> anyhow::Result<()> {
-    // Before anything serves: SIGHUP's default action would end the agent.
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    let agent = Arc::new(tokio::task::spawn_blocking(move || Agent::start(config)).await??);
-    let node = match args.node_name {
-        Some(n) => n,
-        None => nix::unistd::gethostname()?.to_string_lossy().into_owned(),
-    };
-    let client = linkerd_cni_k8s::client::client(args.kubeconfig.as_deref()).await?;
-    let pods = linkerd_cni_k8s::PodSource::new(client.clone(), node.clone());
-    let reconciler = Arc::new(Reconciler::new(agent.clone(), &bpffs));
-    let adopter = Arc::new(Adopter::new(agent.clone()));
-    let server = Arc::new(Server {
-        agent: agent.clone(),
-        pods,
-        stats: Default::default(),
-        reconciler: reconciler.clone(),
-        adopter: adopter.clone(),
-    });
-    #[cfg(feature = "heap-profile")]
-    {
-        let profiled = server.clone();
-        linkerd_cni_agent::heap_profile::spawn_reporter(move || profiled.pods.cached_len());
-    }
-    let listener =
-        server::bind(&args.socket).with_context(|| format!("binding {}", args.socket.display()))?;
-    tracing::info!(socket = %args.socket.display(), %node, "registration service listening");
-
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let installer = if args.install {
-        let cfg = linkerd_cni_installer::InstallerConfig::from_env()?;
-        Some(linkerd_cni_installer::Installer::new(cfg)?)
-    } else {
-        None
-    };
-    // Adoption decides with the conflist's `linkerd` section: the one this agent installs,
-    // until an ADD brings the one in force.
-    if let Some(section) = installer.as_ref().and_then(linkerd_section) {
-        adopter.remember_config(&section);
-    }
-    // Install and keep the installation until told to stop; the cleanup (if any) is decided
-    // below, from why the agent stops.
-    let installer_task = installer.clone().map(|i| {
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            let first = i.clone();
-            match tokio::task::spawn_blocking(move || first.install_once()).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::error!(error = %e, "node installer: first install failed"),
-                Err(e) => tracing::error!(error = %e, "node installer: first install panicked"),
-            }
-            if let Err(e) = i.watch_until(shutdown).await {
-                tracing::error!(error = %e, "node installer failed");
-            }
-        })
-    });
-    let health = Arc::new(Health {
-        server: server.clone(),
-        installer: installer.clone(),
-        reconciler: reconciler.clone(),
-    });
-    tokio::spawn(async move {
-        if let Err(e) = health.serve(args.health_addr).await {
-            tracing::error!(error = %e, "health endpoint failed");
-        }
-    });
-    let reaper = agent.clone();
-    let interval = args.reap_interval;
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(interval).await;
-            let a = reaper.clone();
-            match tokio::task::spawn_blocking(move || a.reap_dead()).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "reaping dead registrations"),
-                Err(e) => tracing::warn!(error = %e, "reaper task failed"),
-            }
-            linkerd_cni_k8s::memory::trim_if_worthwhile();
-        }
-    });
-    let every = args.reconcile_interval;
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(every) => {}
-                _ = hup.recv() => tracing::info!("SIGHUP: verifying every pod now"),
-            }
-            let r = reconciler.clone();
-            if let Err(e) = tokio::task::spawn_blocking(move || r.run_once()).await {
-                tracing::warn!(error = %e, "reconcile pass failed");
-            }
-            // Return what the pass (and the requests since the last one) freed.
-            linkerd_cni_k8s::memory::trim_if_worthwhile();
-        }
-    });
-    let host_proc = match &args.host_root {
-        Some(root) => root.join("proc"),
-        None => PathBuf::from("/proc"),
-    };
-    let adopt = args.adopt_running_pods
-        && match linkerd_cni_agent::podscan::in_host_pid_namespace(&host_proc) {
-            Ok(true) => true,
-            Ok(false) => {
-                tracing::warn!(
-                    "adoption of running pods is off: the agent is not in the host's PID \
-                     namespace (run its pod with hostPID: true), so it cannot take a proxy's \
-                     listener; meshed pods that started without linkerd-cni keep running \
-                     without redirection until they are recreated"
-                );
-                false
-            }
-            Err(error) => {
-                tracing::warn!(%error, proc = %host_proc.display(), "adoption of running pods is off: cannot compare PID namespaces");
-                false
-            }
-        };
-    if adopt {
-        let every = args.adopt_interval;
-        let source = server.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                adopter.run_once(&source.pods).await;
-            }
-        });
-    }
-    let serving = tokio::spawn(server.clone().serve(listener));
-
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let sigterm = tokio::select! {
-        _ = term.recv() => {
-            tracing::info!("SIGTERM: shutting down (redirection stays in force)");
-            true
-        }
-        _ = tokio::signal::ctrl_c() => {
-            tracing::info!("interrupted: shutting down (redirection stays in force)");
-            false
-        }
-        r = serving => {
-            // Cannot happen (accept errors are retried); if it does, fail closed: the
-            // conflists stay as they are and the exit status says something went wrong.
-            tracing::error!(result = ?r, "registration service stopped");
-            anyhow::bail!("the registration service stopped: {r:?}");
-        }
-    };
-    let _ = stop_tx.send(true);
-    if let Some(task) = installer_task {
-        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
-    }
-    if let Some(i) = installer {
-        let remove = if !sigterm {
-            None
-        } else if args.cleanup_on_sigterm {
-            Some("--cleanup-on-sigterm".to_string())
-        } else {
-            use linkerd_cni_k8s::termination::{Termination, termination};
-            match termination(
-                client,
-                &args.pod_namespace,
-                &args.daemonset,
-                TERMINATION_API_BOUND,
-            )
-            .await
-            {
-                Termination::Uninstall(why) => Some(why),
-                Termination::Rollout => {
-                    tracing::info!(
-                        daemonset = %args.daemonset,
-                        namespace = %args.pod_namespace,
-                        "the DaemonSet stays (rollout): linkerd-cni stays in the CNI configs, \
-                         new pods wait for the next agent"
-                    );
-                    None
-                }
-                Termination::Unknown(why) => {
-                    tracing::warn!(
-                        reason = %why,
-                        "cannot tell a rollout from an uninstall: linkerd-cni stays in the CNI \
-                         configs; if the DaemonSet is being removed, run \
-                         `linkerd-cni-agent uninstall` on this node (or remove the linkerd-cni \
-                         entry from its conflists)"
-                    );
-                    None
-                }
-            }
-        };
-        if let Some(why) = remove {
-            tracing::info!(reason = %why, "uninstall: removing linkerd-cni from the host");
-            tokio::task::spawn_blocking(move || i.cleanup()).await??;
-        }
-    }
-    let _ = std::fs::remove_file(&args.socket);
-    Ok(())
 }

@@ -5,7 +5,7 @@
 
 use std::{path::Path, time::Instant};
 
-use linkerd_cni_agent::maps::Maps;
+use linkerd_cni_agent::dataplane::maps::Maps;
 use serde::{Deserialize, Serialize};
 
 /// One map walk.
@@ -36,14 +36,17 @@ pub fn scan_costs(maps_dir: &Path) -> anyhow::Result<(Vec<Scan>, f64)> {
     time("l5d_pod_by_ip", &mut || maps.pod_by_ip.iter().count());
     time("l5d_listeners", &mut || maps.listeners.keys().count());
     let t0 = Instant::now();
-    maps.remove_pod(0, &linkerd_cni_agent::maps::PodEntries::default())?;
+    maps.remove_pod(
+        0,
+        &linkerd_cni_agent::dataplane::maps::PodEntries::default(),
+    )?;
     Ok((out, t0.elapsed().as_secs_f64() * 1e3))
 }
 
 /// Times loading the registry from the agent's state directory (what an agent start reads), ms.
 pub fn registry_cost(state_dir: &Path) -> anyhow::Result<f64> {
     let t0 = Instant::now();
-    let registry = linkerd_cni_agent::registry::Registry::open(state_dir)?;
+    let registry = linkerd_cni_agent::agent::registry::Registry::open(state_dir)?;
     let n = registry.all()?.len();
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     anyhow::ensure!(n > 0, "the registry at {} is empty", state_dir.display());

@@ -39,7 +39,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use linkerd_cni_agent::bpf_sys;
+use linkerd_cni_agent::dataplane::bpf_sys;
 use linkerd_cni_common::{LAYOUT_VERSION, paths};
 use linkerd_cni_tests::{Bridge, IfAddr, NetnsGuard, Placement, Pod, layout, link::PodPort};
 use serde::{Deserialize, Serialize};

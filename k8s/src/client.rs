@@ -7,8 +7,9 @@ use std::{
     time::Duration,
 };
 
+pub use kube::Client;
 use kube::{
-    Client, Config,
+    Config,
     config::{KubeConfigOptions, Kubeconfig},
 };
 

@@ -15,7 +15,6 @@
 pub mod client;
 pub mod decision;
 mod error;
-pub mod memory;
 pub mod names;
 pub mod podcache;
 pub mod source;

@@ -41,13 +41,13 @@ use kube::{
         watcher,
     },
 };
+use linkerd_cni_memory::{Site, in_site};
 use linkerd_cni_proto::config::LinkerdConfig;
 use tokio::task::JoinHandle;
 
 use crate::{
     decision::{self, Decision},
     error::K8sError,
-    memory::{Site, Tagged, in_site},
     podcache::{CachedPod, PodCache},
 };
 
@@ -120,9 +120,9 @@ impl PodSource {
                         }
                         if synced {
                             // A (re)list just freed its pages of full pods.
-                            crate::memory::trim();
+                            linkerd_cni_memory::trim();
                         } else if gone > 0 {
-                            crate::memory::pods_gone(gone);
+                            linkerd_cni_memory::pods_gone(gone);
                         }
                     }
                     // The stream retries with backoff; the cache keeps its last state meanwhile
@@ -367,5 +367,23 @@ fn keep_override_annotations(ns: &mut PartialObjectMeta<Namespace>) {
     ns.metadata.labels = None;
     if let Some(annotations) = ns.metadata.annotations.as_mut() {
         annotations.retain(|k, _| k.starts_with(OVERRIDE_PREFIX));
+    }
+}
+
+/// A stream whose polls (and so the decoding done in them) are attributed to a [`Site`].
+struct Tagged<S> {
+    inner: S,
+    site: Site,
+}
+
+impl<S: futures_util::Stream + Unpin> futures_util::Stream for Tagged<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let site = self.site;
+        in_site(site, || self.inner.poll_next_unpin(cx))
     }
 }

@@ -1,5 +1,5 @@
 //! A counting allocator for the `heap-profile` feature: live heap bytes and blocks by site
-//! ([`linkerd_cni_k8s::memory::Site`], a thread-local tag set around the pod and namespace
+//! ([`crate::Site`], a thread-local tag set around the pod and namespace
 //! watches), written once a second, with the pod cache's size and the process's RSS, to the
 //! file named by `LINKERD_CNI_HEAP_PROFILE`.
 //!
@@ -12,7 +12,7 @@ use std::{
     sync::atomic::{AtomicIsize, Ordering},
 };
 
-use linkerd_cni_k8s::memory::{SITE_NAMES, current_site};
+use crate::{SITE_NAMES, current_site};
 
 const SITES: usize = SITE_NAMES.len();
 

@@ -8,7 +8,7 @@ use std::{
 };
 
 use linkerd_cni_agent::{
-    Agent, AgentConfig, Registration, dataplane, maps::Maps, registry::PodRecord,
+    Agent, AgentConfig, Registration, agent::registry::PodRecord, dataplane, dataplane::maps::Maps,
 };
 use linkerd_cni_common::paths;
 use linkerd_cni_proto::config::LinkerdConfig;

@@ -16,17 +16,17 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps};
 use linkerd_cni_agent::{
-    bpf_sys::{self, AttachType, MapInfo},
-    dataplane, kernel,
-    maps::{Maps, PodEntries},
-    netns::Netns,
-    registry::{Attachment, PodRecord, Registry},
+    agent::registry::{Attachment, PodRecord, Registry},
+    dataplane,
+    dataplane::bpf_sys::{self, AttachType, MapInfo},
+    dataplane::maps::{Maps, PodEntries},
+    host::kernel,
+    host::netns::Netns,
 };
 use linkerd_cni_common::{
     LAYOUT_VERSION, LayoutMeta,
-    names::{self, Hook, MAX_PODS, Program},
+    names::{self, MAX_PODS, Program},
     paths,
 };
 use linkerd_cni_proto::config::LinkerdConfig;
@@ -67,13 +67,7 @@ pub fn previous_loads(pin_root: &Path) -> Result<aya::Ebpf> {
         let program = ebpf
             .program_mut(name)
             .ok_or_else(|| Error::Missing(format!("{name} not in the previous object")))?;
-        match hook {
-            Hook::SockOps => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
-            Hook::Getsockopt => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
-            Hook::SkLookup => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
-            _ => <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load()),
-        }
-        .map_err(|e| other(format!("loading {name}"), e))?;
+        dataplane::load_program(program, hook).map_err(|e| other(format!("loading {name}"), e))?;
         let prog = program_fd(&ebpf, name)?;
         bpf_sys::obj_pin(prog, &pin_root.join(paths::PIN_PROGS).join(name))
             .map_err(missing(format!("pinning {name}")))?;
@@ -176,7 +170,8 @@ pub fn map_info(path: &Path) -> Result<MapInfo> {
 
 /// The layout record pinned under `pin_root`, if any.
 pub fn meta(pin_root: &Path) -> Result<Option<LayoutMeta>> {
-    linkerd_cni_agent::layout::read_meta(pin_root).map_err(|e| other("reading the meta map", e))
+    linkerd_cni_agent::dataplane::layout::read_meta(pin_root)
+        .map_err(|e| other("reading the meta map", e))
 }
 
 /// Overwrites the layout record pinned under `pin_root`.

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use linkerd_cni_agent::registry::Attachment;
+use linkerd_cni_agent::agent::registry::Attachment;
 use linkerd_cni_common::names;
 use linkerd_cni_proto::config::LinkerdConfig;
 use linkerd_cni_tests::{

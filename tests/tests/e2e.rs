@@ -437,8 +437,9 @@ fn check_detects_redirection_removed_behind_the_agents_back() {
     cni_ok(&node, Verb::Check, &pod, Some(pod.netns_path()));
     let c = cookie(&pod);
     {
-        let mut maps = linkerd_cni_agent::maps::Maps::open(&node.pin_root().join("maps"))
-            .unwrap_or_else(|e| panic!("opening the pinned maps: {e}"));
+        let mut maps =
+            linkerd_cni_agent::dataplane::maps::Maps::open(&node.pin_root().join("maps"))
+                .unwrap_or_else(|e| panic!("opening the pinned maps: {e}"));
         maps.pod_config
             .remove(&c)
             .unwrap_or_else(|e| panic!("deleting the pod_config entry of {c}: {e}"));

@@ -203,7 +203,7 @@ fn detached_link_is_reattached() {
 fn deleted_map_entry_is_rewritten() {
     let s = scene(NodeOptions::default());
     let cookie = s.client.cookie().expect("cookie");
-    let mut maps = linkerd_cni_agent::maps::Maps::open(&s.node.pin_root().join("maps"))
+    let mut maps = linkerd_cni_agent::dataplane::maps::Maps::open(&s.node.pin_root().join("maps"))
         .unwrap_or_else(|e| panic!("opening the pinned maps: {e}"));
     let expected = maps.pod_config(cookie).expect("config entry");
     maps.pod_config.remove(&cookie).expect("delete the entry");

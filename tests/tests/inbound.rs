@@ -483,11 +483,12 @@ fn original_destination_survives_a_5s_late_accept() {
 }
 
 /// The id of the program the pod's inbound link runs (its stub).
-fn stub_of(h: &AgentHarness, record: &linkerd_cni_agent::registry::PodRecord) -> u32 {
+fn stub_of(h: &AgentHarness, record: &linkerd_cni_agent::agent::registry::PodRecord) -> u32 {
     let link_dir = h.agent().link_dir(record).expect("per-pod link dir");
-    let link = linkerd_cni_agent::bpf_sys::obj_get(&link_dir.join(names::PROG_SK_LOOKUP))
-        .expect("pinned netns link");
-    linkerd_cni_agent::bpf_sys::link_info(&link)
+    let link =
+        linkerd_cni_agent::dataplane::bpf_sys::obj_get(&link_dir.join(names::PROG_SK_LOOKUP))
+            .expect("pinned netns link");
+    linkerd_cni_agent::dataplane::bpf_sys::link_info(&link)
         .expect("link info")
         .prog_id
 }

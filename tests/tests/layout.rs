@@ -22,7 +22,9 @@ use std::{
     time::Duration,
 };
 
-use linkerd_cni_agent::{Agent, AgentConfig, bpf_sys, maps::PodEntries, registry::PodRecord};
+use linkerd_cni_agent::{
+    Agent, AgentConfig, agent::registry::PodRecord, dataplane::bpf_sys, dataplane::maps::PodEntries,
+};
 use linkerd_cni_common::{
     LAYOUT_VERSION, LayoutMeta,
     names::{self, MAX_PODS},

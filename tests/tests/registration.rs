@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use linkerd_cni_agent::{Registration, maps::Maps};
+use linkerd_cni_agent::{Registration, dataplane::maps::Maps};
 use linkerd_cni_common::{AF_INET, names, paths};
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig};
 use linkerd_cni_tests::{
@@ -309,7 +309,8 @@ fn a_failed_write_is_rolled_back_entirely() {
             .collect(),
         ..LinkerdConfig::default()
     };
-    let filler_entries = linkerd_cni_agent::maps::PodEntries::new(u64::MAX, &filler, &[]);
+    let filler_entries =
+        linkerd_cni_agent::dataplane::maps::PodEntries::new(u64::MAX, &filler, &[]);
     maps.write_pod(u64::MAX, &filler_entries)
         .expect("filler entries fit");
     // A pod with 10 ignored subnets (under the per-pod limit): the 4th write fails.
@@ -667,7 +668,7 @@ fn adds_enter_pod_netns_on_their_own_thread_return_home_and_log_their_phases() {
 /// afterwards however the work ended (result, error, panic).
 #[test]
 fn netns_work_runs_on_the_calling_thread_and_always_returns_home() {
-    use linkerd_cni_agent::netns::Netns;
+    use linkerd_cni_agent::host::netns::Netns;
     use std::os::unix::fs::MetadataExt;
     let thread_ns = || {
         fs::metadata("/proc/thread-self/ns/net")
@@ -691,7 +692,7 @@ fn netns_work_runs_on_the_calling_thread_and_always_returns_home() {
     );
     assert_ne!(
         cookie,
-        linkerd_cni_agent::netns::current_netns_cookie().expect("host cookie")
+        linkerd_cni_agent::host::netns::current_netns_cookie().expect("host cookie")
     );
 
     let failed = ns.run(|| -> std::io::Result<()> { Err(std::io::Error::other("boom")) });
@@ -720,7 +721,7 @@ fn netns_work_runs_on_the_calling_thread_and_always_returns_home() {
 /// at all is a dead namespace.
 #[test]
 fn a_netns_pin_is_alive_while_it_is_the_same_nsfs_inode() {
-    use linkerd_cni_agent::netns::{Netns, still_exists};
+    use linkerd_cni_agent::host::netns::{Netns, still_exists};
     use std::os::unix::fs::MetadataExt;
     let pin = linkerd_cni_tests::NetnsGuard::new().expect("netns");
     let ino = Netns::open(pin.path()).expect("open the pin").ino;

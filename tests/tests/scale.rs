@@ -6,8 +6,8 @@
 use std::{path::Path, sync::Arc};
 
 use linkerd_cni_agent::{
-    Agent, AgentConfig, Registration, agent::reconcile::Reconciler, bpf_sys, capacity::MapSizes,
-    dataplane,
+    Agent, AgentConfig, Registration, agent::reconcile::Reconciler, dataplane, dataplane::bpf_sys,
+    dataplane::capacity::MapSizes,
 };
 use linkerd_cni_common::{names, paths};
 use linkerd_cni_proto::config::LinkerdConfig;

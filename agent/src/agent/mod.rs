@@ -14,20 +14,22 @@ use linkerd_cni_common::{names, paths};
 use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 
 use crate::{
-    capacity::MapSizes,
-    cgroup,
+    agent::registry::{Attachment, PodRecord, Registry},
+    dataplane::capacity::MapSizes,
+    dataplane::limits,
+    dataplane::limits::LimitError,
+    dataplane::maps::{Maps, MapsError, PodEntries},
+    dataplane::maps_lock::MapsLock,
     dataplane::{self, Dataplane, DataplaneError},
-    kernel, limits,
-    limits::LimitError,
-    maps::{Maps, MapsError, PodEntries},
-    maps_lock::MapsLock,
-    netns::{self, Netns, NetnsError},
-    registry::{Attachment, PodRecord, Registry},
-    userns::{self, UsernsError},
+    host::cgroup,
+    host::kernel,
+    host::netns::{self, Netns, NetnsError},
+    host::userns::{self, UsernsError},
 };
 
 pub mod adopt;
 pub mod reconcile;
+pub mod registry;
 
 /// Where the agent keeps its state.
 #[derive(Clone, Debug)]
@@ -563,7 +565,7 @@ impl Agent {
 
     /// How full each node-wide map is. Walks the maps through handles of its own, so a
     /// metrics scrape never holds up a registration.
-    pub fn fill_levels(&self) -> Result<Vec<crate::maps::Fill>, AgentError> {
+    pub fn fill_levels(&self) -> Result<Vec<crate::dataplane::maps::Fill>, AgentError> {
         Ok(Maps::open(&self.config.pin_root.join(paths::PIN_MAPS))?.fill_levels())
     }
 

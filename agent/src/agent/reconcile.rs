@@ -34,12 +34,12 @@ use linkerd_cni_common::{
 
 use super::{Agent, AgentError};
 use crate::{
-    bpf_sys::{self, AttachType},
+    agent::registry::{Attachment, PodRecord},
     dataplane::DataplaneError,
-    kernel,
-    maps::Maps,
-    netns::{self, Netns},
-    registry::{Attachment, PodRecord},
+    dataplane::bpf_sys::{self, AttachType},
+    dataplane::maps::Maps,
+    host::kernel,
+    host::netns::{self, Netns},
 };
 
 /// What a repair put back.
@@ -375,7 +375,7 @@ fn repair_entries(maps: &mut Maps, record: &PodRecord) -> Result<Option<Repair>,
     let cookie = record.netns_cookie;
     let entries = super::entries_of(record);
     let mut missing = Vec::new();
-    let update = |name| move |source| crate::maps::MapsError::Update { name, source };
+    let update = |name| move |source| crate::dataplane::maps::MapsError::Update { name, source };
     if maps.pod_stats.get(&cookie, 0).is_err() {
         missing.push("counters");
         let cpus = aya::util::nr_cpus()

@@ -16,11 +16,11 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use linkerd_cni_k8s::memory::{Site, in_site};
+use linkerd_cni_memory::{Site, in_site};
 use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 use serde::{Deserialize, Serialize};
 
-use crate::userns::HostIds;
+use crate::host::userns::HostIds;
 
 /// How a pod's traffic is steered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 //! (4,096 pods); the agent creates the maps with the sizes configured here instead
 //! (`--max-pods` and friends), so a node meant for 10,000 pods gets maps for them and a small
 //! node does not pay for them. A pinned map of another size is replaced at the next start
-//! like any other layout change ([`crate::layout`]) when it is rewritten from the registry
+//! like any other layout change ([`super::layout`]) when it is rewritten from the registry
 //! (pod config, port sets, subnets, pod addresses; `l5d_pod_stats` is copied). The maps the
 //! programs fill per connection and per socket (`l5d_sock_dst`, `l5d_conn_dst`,
 //! `l5d_listeners`) are kept as pinned, whatever their size, so that no live connection or
@@ -13,7 +13,7 @@
 
 use linkerd_cni_common::names;
 
-use crate::layout::MapSpec;
+use crate::dataplane::layout::MapSpec;
 
 /// The sizes of the node-wide maps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

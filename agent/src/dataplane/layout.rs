@@ -30,7 +30,7 @@ use std::{
 
 use linkerd_cni_common::{LAYOUT_OLDEST_READER, LAYOUT_VERSION, LayoutMeta, names, paths};
 
-use crate::bpf_sys::{self, MapInfo};
+use crate::dataplane::bpf_sys::{self, MapInfo};
 
 /// Earlier layouts whose entries mean what ours mean when key and value sizes match (their
 /// entries are copied). Layout 1 differs from 2 only by the missing BTF; 3 only adds a map.

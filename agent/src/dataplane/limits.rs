@@ -15,7 +15,7 @@ use linkerd_cni_k8s::names::{
     SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION, SKIP_SUBNETS_ANNOTATION,
 };
 
-use crate::maps::PodEntries;
+use crate::dataplane::maps::PodEntries;
 
 /// Port-set blocks (256 ports each) one pod may use, all its port lists together: 32,768
 /// ports' worth (`1-65535` in one list needs 256 and is refused). 512 pods × 128 = the

@@ -20,7 +20,7 @@ use linkerd_cni_common::{
 };
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
 
-use crate::userns::HostIds;
+use crate::host::userns::HostIds;
 
 /// A pinned map could not be opened or used.
 #[derive(Debug, thiserror::Error)]

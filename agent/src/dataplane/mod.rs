@@ -2,10 +2,22 @@
 //! cgroups as pinned bpf_links.
 //!
 //! Maps are pinned by name under `<pin root>/maps` and reused by every later load whose layout
-//! they have (see [`crate::layout`]: other maps are migrated, or the load is refused before
-//! anything changes), so pods registered by an earlier agent keep their state. Programs are
-//! loaded afresh at each start and pinned under `<pin root>/progs`; [`Dataplane::finish_load`]
-//! swaps the links made by an earlier run to them (`BPF_LINK_UPDATE`).
+//! they have (see [`layout`]: other maps are migrated, or the load is refused before anything
+//! changes), so pods registered by an earlier agent keep their state. Programs are loaded
+//! afresh at each start and pinned under `<pin root>/progs`; [`Dataplane::finish_load`] swaps
+//! the links made by an earlier run to them (`BPF_LINK_UPDATE`).
+//!
+//! Below it: [`maps`] (the pinned maps, opened by path: every read and write of per-pod
+//! state), [`maps_lock`] (ADDs and DELs before background passes), [`capacity`] and
+//! [`limits`] (how large the maps are, how much one pod may take), [`bpf_sys`] (the `bpf(2)`
+//! commands issued directly).
+
+pub mod bpf_sys;
+pub mod capacity;
+pub mod layout;
+pub mod limits;
+pub mod maps;
+pub mod maps_lock;
 
 use std::{
     fs, io,
@@ -22,13 +34,13 @@ use linkerd_cni_common::{
     paths,
 };
 
-use crate::{
-    bpf_sys::{self, AttachType},
+use self::{
+    bpf_sys::AttachType,
     capacity::MapSizes,
-    kernel,
-    layout::{self, Action, Carry, LayoutError, MapSpec, Plan},
+    layout::{Action, Carry, LayoutError, MapSpec, Plan},
     maps::{Maps, MapsError, PodEntries},
 };
+use crate::host::kernel;
 
 /// The object built from `ebpf/` (see `linkerd-cni-ebpf-build`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LINKERD_CNI_EBPF_OBJECT"));
@@ -145,15 +157,7 @@ impl Dataplane {
             let program = ebpf
                 .program_mut(name)
                 .ok_or(DataplaneError::MissingProgram(name))?;
-            let loaded = match hook {
-                Hook::SockOps => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
-                Hook::Getsockopt => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
-                Hook::SkLookup => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
-                Hook::Connect4 | Hook::Connect6 | Hook::Getpeername4 | Hook::Getpeername6 => {
-                    <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load())
-                }
-            };
-            loaded.map_err(|source| DataplaneError::Program {
+            load_program(program, hook).map_err(|source| DataplaneError::Program {
                 program: name,
                 source,
             })?;
@@ -548,6 +552,23 @@ pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+/// Loads one program of an object into the kernel as the program type of its `hook`.
+///
+/// Used for the object the agent embeds and, by the tests, for an earlier version's object.
+pub fn load_program(
+    program: &mut aya::programs::Program,
+    hook: Hook,
+) -> Result<(), aya::programs::ProgramError> {
+    match hook {
+        Hook::SockOps => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
+        Hook::Getsockopt => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
+        Hook::SkLookup => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
+        Hook::Connect4 | Hook::Connect6 | Hook::Getpeername4 | Hook::Getpeername6 => {
+            <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load())
+        }
+    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use std::{
     sync::OnceLock,
 };
 
-use crate::cgroup;
+use crate::host::cgroup;
 
 /// Why a running pod cannot be adopted safely (now or ever).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -188,7 +188,7 @@ pub fn pinned_netns(dirs: &[PathBuf], ino: u64) -> Option<PathBuf> {
         fs::read_dir(dir).ok()?.flatten().find_map(|e| {
             let path = e.path();
             // Opened as a namespace file (nsfs), not just a file with the same inode number.
-            crate::netns::Netns::open(&path)
+            crate::host::netns::Netns::open(&path)
                 .is_ok_and(|ns| ns.ino == ino)
                 .then_some(path)
         })

@@ -21,7 +21,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use linkerd_cni_installer::Installer;
 use tokio::sync::oneshot;
 
-use crate::{agent::reconcile::Reconciler, server::Server};
+use crate::{agent::reconcile::Reconciler, service::server::Server};
 
 /// Connections open at once; one more closes the oldest.
 pub const MAX_CONNECTIONS: usize = 64;

@@ -6,9 +6,10 @@ use std::{fmt::Write, path::Path};
 use linkerd_cni_common::{FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6, paths};
 
 use crate::{
-    agent, dataplane,
-    maps::{Maps, MapsError},
-    registry::Registry,
+    agent,
+    agent::registry::Registry,
+    dataplane,
+    dataplane::maps::{Maps, MapsError},
 };
 
 /// Renders the state under `pin_root` and `state_dir` for humans.

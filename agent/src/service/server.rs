@@ -34,10 +34,10 @@ use tokio::{
 use tracing::Instrument;
 
 use crate::{
-    adopt::Adopter,
+    agent::adopt::Adopter,
     agent::{Agent, AgentError, Registration, reconcile::Reconciler},
-    netns::NetnsError,
-    userns::UsernsError,
+    host::netns::NetnsError,
+    host::userns::UsernsError,
 };
 
 /// How long one request may take, end to end (Kubernetes lookup included). An ADD whose

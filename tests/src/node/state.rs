@@ -6,7 +6,7 @@ use std::{
     path::Path,
 };
 
-use linkerd_cni_agent::maps::{Maps, cidr_of};
+use linkerd_cni_agent::dataplane::maps::{Maps, cidr_of};
 use linkerd_cni_common::paths;
 use serde_json::Value;
 

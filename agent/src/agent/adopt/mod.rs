@@ -2,7 +2,7 @@
 //! because it started before linkerd-cni was in its node's CNI chain (or while the agent was
 //! not ready), so no CNI ADD ever reached the agent for it.
 //!
-//! The pod is found from the host's side ([`crate::podscan`]): its cgroup by pod UID, its
+//! The pod is found from the host's side ([`crate::host::podscan`]): its cgroup by pod UID, its
 //! processes, the one network namespace they share (never the host's). The programs are
 //! attached only once something listens on the outbound port (outbound connections are never
 //! sent to a port nothing serves), and:
@@ -20,6 +20,10 @@
 //! ADD does. Connections established before the adoption stay as they are (not redirected):
 //! only new `connect()`s and new inbound connections go through the proxy.
 
+mod pass;
+
+pub use pass::Adopter;
+
 use std::{
     os::fd::{AsFd, OwnedFd},
     path::{Path, PathBuf},
@@ -30,11 +34,11 @@ use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 
 use super::{Agent, AgentError, Registration};
 use crate::{
-    maps::Maps,
-    netns::Netns,
-    podscan::{self, Listening, RunningPod, ScanError, V1Hierarchies},
-    registry::PodRecord,
-    userns,
+    agent::registry::PodRecord,
+    dataplane::maps::Maps,
+    host::netns::Netns,
+    host::podscan::{self, Listening, RunningPod, ScanError, V1Hierarchies},
+    host::userns,
 };
 
 /// `BPF_NOEXIST`: insert only if the key is absent.

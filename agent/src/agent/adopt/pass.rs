@@ -30,7 +30,7 @@ use crate::{
         Agent,
         adopt::{AdoptError, Adopted},
     },
-    podscan::ScanError,
+    host::podscan::ScanError,
 };
 
 /// Attaches redirection to meshed pods that run without it.
