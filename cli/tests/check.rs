@@ -291,12 +291,10 @@ fn wait_retries_until_a_fresh_daemonset_is_ready() {
     );
     assert_eq!(marks(&stdout).get(CHECKS[5]), Some(&'√'), "{stdout}");
     assert!(stdout.contains("(2/2 nodes)"), "{stdout}");
-    // Three reads of the DaemonSet (exists + two retries), five seconds apart.
+    // Three reads of the DaemonSet (exists + two retries), five seconds apart (at least: a
+    // busy machine only adds to it; success says the last one came before the deadline).
     assert_eq!(api.server().hits(DS_PATH), 3, "{:?}", api.requested());
-    assert!(
-        took >= Duration::from_secs(10) && took < Duration::from_secs(30),
-        "took {took:?}"
-    );
+    assert!(took >= Duration::from_secs(10), "took {took:?}");
 }
 
 /// An API server that fails while the readiness check is retried: the failed read is one
@@ -324,9 +322,13 @@ fn wait_retries_through_api_errors() {
     .expect("starting linkerd check");
     // After the first read (not ready), and during the 5 s pause before the next one, the
     // server starts failing the DaemonSet's path for one request.
+    // (The minute only turns a hang into a failure; a busy machine is nowhere near it.)
     let started = Instant::now();
     while api.server().hits(DS_PATH) < 1 {
-        if started.elapsed() > Duration::from_secs(4) {
+        if let Some(status) = child.try_wait().expect("linkerd check") {
+            panic!("linkerd check ended ({status}) without reading the DaemonSet");
+        }
+        if started.elapsed() > Duration::from_secs(60) {
             let _ = child.kill();
             let _ = child.wait();
             panic!("linkerd check never read the DaemonSet");
@@ -360,18 +362,16 @@ fn wait_gives_up_at_its_deadline() {
         stdout.contains("see https://linkerd.io/2/checks/#cni-plugin-ready for hints"),
         "{stdout}"
     );
-    // Read at 0s (retried: before the deadline) and at 5s (past it: reported).
+    // Read at 0s (retried: before the deadline) and at 5s (past it: reported), no third time.
     assert_eq!(api.server().hits(DS_PATH), 2);
-    assert!(
-        took >= Duration::from_secs(5) && took < Duration::from_secs(20),
-        "took {took:?}"
-    );
+    assert!(took >= Duration::from_secs(5), "took {took:?}");
 
+    // Read once: every pause is followed by a read, so one read means no pause (however long
+    // a busy machine takes to run the command).
     api.server().clear_requests();
-    let (out, took) = check_cni(&api, "kubeconfig-deadline", &["--wait", "0"]);
+    let (out, _) = check_cni(&api, "kubeconfig-deadline", &["--wait", "0"]);
     assert!(!out.status.success());
     assert_eq!(api.server().hits(DS_PATH), 1);
-    assert!(took < Duration::from_secs(5), "took {took:?}");
 
     // A missing object is not waited for (Linkerd retries only the readiness), even with the
     // default --wait of five minutes.
@@ -379,10 +379,9 @@ fn wait_gives_up_at_its_deadline() {
     routes.remove(&format!("{NS}/configmaps/linkerd-cni-config"));
     routes.insert(DS_PATH.into(), daemonset_at(Some(1), 2, 1));
     let api = FakeApi::start(routes);
-    let (out, took) = check_cni(&api, "kubeconfig-missing", &[]);
+    let (out, _) = check_cni(&api, "kubeconfig-missing", &[]);
     assert!(!out.status.success());
     assert_eq!(api.server().hits(DS_PATH), 1);
-    assert!(took < Duration::from_secs(5), "took {took:?}");
 }
 
 /// `-o json`: Linkerd's document (success, categories with their checks' description,
