@@ -460,19 +460,21 @@ fn post_install_check_honours_cni_enabled() {
     );
     let m = marks(&stdout);
     for check in [
-        "linkerd-config is readable",
-        "webhook configuration exists",
+        "control plane Namespace exists",
+        "control plane MutatingWebhookConfigurations exist",
+        "'linkerd-config' config map exists",
+        "proxy injector webhook has a caBundle",
         "proxy injector is available",
-        "cni plugin DaemonSet linkerd-cni exists",
-        "cni plugin ServiceAccount linkerd-cni exists",
-        "cni plugin is ready on all nodes",
+        "cni plugin DaemonSet exists",
+        "cni plugin ServiceAccount exists",
+        "cni plugin pod is running on all nodes",
         "control plane namespace enforces Pod Security restricted",
         "network validators succeeded",
     ] {
         assert_eq!(m.get(check), Some(&'√'), "{check}:\n{stdout}{stderr}");
     }
     assert!(
-        stdout.contains("linkerd-config is readable (cniEnabled: true)"),
+        stdout.contains("'linkerd-config' config map exists (cniEnabled: true)"),
         "{stdout}"
     );
     assert!(
@@ -514,9 +516,97 @@ fn post_install_check_honours_cni_enabled() {
     );
     assert!(!success, "{stdout}");
     assert_eq!(
-        marks(&stdout).get("linkerd-config is readable"),
+        marks(&stdout).get("'linkerd-config' config map exists"),
         Some(&'×'),
         "{stdout}"
+    );
+}
+
+/// `linkerd check -o json` after install: the checks that are Linkerd's carry Linkerd's
+/// category and description, so scripts written for Linkerd's output find them: the
+/// linkerd-cni category holds Linkerd's six checks, in Linkerd's order, named exactly as the
+/// pre-install check names them; with cniEnabled false the category is absent (Linkerd skips
+/// its checks silently).
+#[test]
+fn post_install_json_uses_linkerds_names() {
+    let api = FakeApi::start(cluster(true, vec![injected_pod("fresh", true)]));
+    let kubeconfig = api.kubeconfig("kubeconfig-check-json");
+    let (success, stdout, stderr) = run(
+        &[
+            "check",
+            "-o",
+            "json",
+            "--kubeconfig",
+            kubeconfig.to_str().expect("path"),
+        ],
+        "",
+    );
+    assert!(success, "{stdout}{stderr}");
+    let doc: Json = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let category = |name: &str| -> Vec<(String, String)> {
+        doc["categories"]
+            .as_array()
+            .expect("categories")
+            .iter()
+            .filter(|c| c["categoryName"] == name)
+            .flat_map(|c| c["checks"].as_array().cloned().unwrap_or_default())
+            .map(|c| {
+                (
+                    c["description"].as_str().unwrap_or("").to_string(),
+                    c["result"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    };
+    let ok = |names: &[&str]| -> Vec<(String, String)> {
+        names
+            .iter()
+            .map(|n| (n.to_string(), "success".to_string()))
+            .collect()
+    };
+    assert_eq!(
+        category("linkerd-cni-plugin"),
+        ok(&[
+            "cni plugin ConfigMap exists",
+            "cni plugin ClusterRole exists",
+            "cni plugin ClusterRoleBinding exists",
+            "cni plugin ServiceAccount exists",
+            "cni plugin DaemonSet exists",
+            "cni plugin pod is running on all nodes",
+        ])
+    );
+    assert_eq!(
+        category("linkerd-existence"),
+        ok(&["'linkerd-config' config map exists"])
+    );
+    assert_eq!(
+        category("linkerd-config")[..2],
+        ok(&[
+            "control plane Namespace exists",
+            "control plane MutatingWebhookConfigurations exist"
+        ])[..]
+    );
+
+    let api = FakeApi::start(cluster(false, vec![]));
+    let kubeconfig = api.kubeconfig("kubeconfig-check-json-plain");
+    let (success, stdout, stderr) = run(
+        &[
+            "check",
+            "--output=json",
+            "--kubeconfig",
+            kubeconfig.to_str().expect("path"),
+        ],
+        "",
+    );
+    assert!(success, "{stdout}{stderr}");
+    let doc: Json = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert!(
+        doc["categories"]
+            .as_array()
+            .expect("categories")
+            .iter()
+            .all(|c| c["categoryName"] != "linkerd-cni-plugin"),
+        "{doc:#}"
     );
 }
 

@@ -28,8 +28,39 @@ pub const CATEGORY: &str = "linkerd-cni-plugin";
 /// How long a failing check that is retried waits before the next attempt (Linkerd's).
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The check retried until `--wait` runs out.
+/// The check retried until `--wait` runs out (Linkerd's name: scripts parse `-o json`).
 pub const READY_CHECK: &str = "cni plugin pod is running on all nodes";
+
+/// Linkerd's hint anchor of [`READY_CHECK`].
+pub const READY_HINT: &str = "cni-plugin-ready";
+
+/// The linkerd-cni objects whose existence is checked, in Linkerd's order, with the anchor of
+/// Linkerd's documentation of each check.
+pub const OBJECTS: &[(&str, &str, &str)] = &[
+    ("ConfigMap", names::CNI_CONFIG_MAP, "cni-plugin-cm-exists"),
+    ("ClusterRole", names::CNI_NAME, "cni-plugin-cr-exists"),
+    (
+        "ClusterRoleBinding",
+        names::CNI_NAME,
+        "cni-plugin-crb-exists",
+    ),
+    ("ServiceAccount", names::CNI_NAME, "cni-plugin-sa-exists"),
+    ("DaemonSet", names::CNI_NAME, "cni-plugin-ds-exists"),
+];
+
+/// Linkerd's name of the existence check of the linkerd-cni object of `kind` ("cni plugin
+/// ConfigMap exists"), the same in the pre-install and the post-install checks.
+pub fn exists_check(kind: &str) -> String {
+    format!("cni plugin {kind} exists")
+}
+
+/// The hint anchor of the existence check of `kind`, if it is one of [`OBJECTS`].
+pub fn exists_hint(kind: &str) -> Option<&'static str> {
+    OBJECTS
+        .iter()
+        .find(|(k, _, _)| *k == kind)
+        .map(|(_, _, hint)| *hint)
+}
 
 /// Until when, and how often, a failing check is tried again.
 #[derive(Clone, Copy, Debug)]
@@ -73,7 +104,7 @@ async fn get<K>(api: Api<K>, what: &str, name: &str, where_: &str) -> (CheckResu
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let check = format!("cni plugin {what} exists");
+    let check = exists_check(what);
     match api.get_opt(name).await {
         Ok(Some(obj)) => (CheckResult::ok(CATEGORY, check, ""), Some(obj)),
         Ok(None) => (
@@ -185,8 +216,7 @@ pub async fn run(
     results.push(ds_check);
     let Some(ds) = ds else {
         results.push(
-            CheckResult::fail(CATEGORY, READY_CHECK, "no DaemonSet to check")
-                .with_hint("cni-plugin-ready"),
+            CheckResult::fail(CATEGORY, READY_CHECK, "no DaemonSet to check").with_hint(READY_HINT),
         );
         return results;
     };
@@ -199,7 +229,7 @@ pub async fn run(
             READY_CHECK,
             attempt.and_then(|ds| daemonset_ready(&ds)),
         )
-        .with_hint("cni-plugin-ready");
+        .with_hint(READY_HINT);
         if ready.passed() || !may_wait || !retry.again() {
             results.push(ready);
             return results;

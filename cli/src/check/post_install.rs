@@ -24,7 +24,7 @@ use linkerd_cni_k8s::names;
 use linkerd_injector::{decision, values::Values};
 
 use super::{
-    cluster::Retry,
+    cluster::{self, Retry},
     result::{CheckResult, Printer, Status},
 };
 use crate::kubernetes::KubeArgs;
@@ -34,10 +34,28 @@ pub const DATA_PLANE: &str = "linkerd-data-plane";
 
 /// The checks retried (everything gathered again) while they are the only failures: the
 /// installation is complete and its pods are starting.
-pub const RETRIED: &[&str] = &[
-    "proxy injector is available",
-    "cni plugin is ready on all nodes",
-];
+pub const RETRIED: &[&str] = &["proxy injector is available", cluster::READY_CHECK];
+
+/// Linkerd's category of the control plane's objects.
+pub const CONFIG: &str = "linkerd-config";
+/// Linkerd's category of `linkerd-config` and the control plane's readiness.
+pub const EXISTENCE: &str = "linkerd-existence";
+/// This project's category of the proxy injector (Linkerd has no check of the same scope).
+pub const INJECTOR: &str = "linkerd-proxy-injector";
+
+/// Linkerd's names of the checks that are the same here (scripts parse `-o json`), each with
+/// the anchor of Linkerd's documentation of it.
+pub const NAMESPACE_CHECK: (&str, &str) = ("control plane Namespace exists", "l5d-existence-ns");
+/// Linkerd's check of `linkerd-config` (read and parsed, as Linkerd's reads it).
+pub const CONFIG_MAP_CHECK: (&str, &str) = (
+    "'linkerd-config' config map exists",
+    "l5d-existence-linkerd-config",
+);
+/// Linkerd's check of the MutatingWebhookConfiguration's existence.
+pub const WEBHOOK_CHECK: (&str, &str) = (
+    "control plane MutatingWebhookConfigurations exist",
+    "l5d-existence-mwc",
+);
 
 /// Exit code of the network validator when redirection is not in place.
 pub const VALIDATOR_FAILED_EXIT_CODE: i64 = 95;
@@ -207,46 +225,41 @@ fn list(pods: &[String]) -> String {
 /// The checks' verdicts on what was observed.
 pub fn judge(o: &Observed) -> Vec<CheckResult> {
     let mut out = Vec::new();
-    const CONFIG: &str = "linkerd-config";
-    match &o.control_plane_namespace {
-        Ok(Some(_)) => out.push(CheckResult::new(
-            CONFIG,
-            "control plane namespace exists",
-            Status::Ok,
-            "",
-        )),
-        Ok(None) => out.push(CheckResult::new(
-            CONFIG,
-            "control plane namespace exists",
-            Status::Fail,
-            "not found: run linkerd install | kubectl apply -f -",
-        )),
-        Err(e) => out.push(CheckResult::new(
-            CONFIG,
-            "control plane namespace exists",
-            Status::Fail,
-            e.clone(),
-        )),
-    }
+    let (ns_check, ns_hint) = NAMESPACE_CHECK;
+    out.push(
+        match &o.control_plane_namespace {
+            Ok(Some(_)) => CheckResult::new(CONFIG, ns_check, Status::Ok, ""),
+            Ok(None) => CheckResult::new(
+                CONFIG,
+                ns_check,
+                Status::Fail,
+                "not found: run linkerd install | kubectl apply -f -",
+            ),
+            Err(e) => CheckResult::new(CONFIG, ns_check, Status::Fail, e.clone()),
+        }
+        .with_hint(ns_hint),
+    );
     let values = config_values(&o.config);
-    match &values {
-        Ok(v) => out.push(CheckResult::new(
-            CONFIG,
-            "linkerd-config is readable",
+    let (cm_check, cm_hint) = CONFIG_MAP_CHECK;
+    let config_check = match &values {
+        Ok(v) => CheckResult::new(
+            EXISTENCE,
+            cm_check,
             Status::Ok,
             format!("cniEnabled: {}", v.cni_enabled),
-        )),
-        Err(e) => out.push(CheckResult::new(
-            CONFIG,
-            "linkerd-config is readable",
-            Status::Fail,
-            e.clone(),
-        )),
+        ),
+        Err(e) => CheckResult::new(EXISTENCE, cm_check, Status::Fail, e.clone()),
     }
+    .with_hint(cm_hint);
 
-    const INJECTOR: &str = "linkerd-proxy-injector";
-    out.push(match &o.webhook {
+    // Linkerd's check: the configuration exists. This project's own: the API server can trust
+    // the injector (a caBundle, or cert-manager injecting one).
+    let (wh_check, wh_hint) = WEBHOOK_CHECK;
+    let ca_check = "proxy injector webhook has a caBundle";
+    let mut ca_result = None;
+    match &o.webhook {
         Ok(Some(w)) => {
+            out.push(CheckResult::new(CONFIG, wh_check, Status::Ok, "").with_hint(wh_hint));
             let has_ca = w
                 .pointer("/webhooks/0/clientConfig/caBundle")
                 .and_then(Value::as_str)
@@ -254,30 +267,32 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
             let cert_manager = w
                 .pointer("/metadata/annotations/cert-manager.io~1inject-ca-from")
                 .is_some();
-            if has_ca || cert_manager {
-                CheckResult::new(INJECTOR, "webhook configuration exists", Status::Ok, "")
+            ca_result = Some(if has_ca || cert_manager {
+                CheckResult::new(INJECTOR, ca_check, Status::Ok, "")
             } else {
                 CheckResult::new(
                     INJECTOR,
-                    "webhook configuration exists",
+                    ca_check,
                     Status::Fail,
                     "it has no caBundle: the API server cannot trust the injector",
                 )
-            }
+            });
         }
-        Ok(None) => CheckResult::new(
-            INJECTOR,
-            "webhook configuration exists",
-            Status::Fail,
-            format!("{} not found", names::WEBHOOK_CONFIG),
+        Ok(None) => out.push(
+            CheckResult::new(
+                CONFIG,
+                wh_check,
+                Status::Fail,
+                format!("{} not found", names::WEBHOOK_CONFIG),
+            )
+            .with_hint(wh_hint),
         ),
-        Err(e) => CheckResult::new(
-            INJECTOR,
-            "webhook configuration exists",
-            Status::Fail,
-            e.clone(),
-        ),
-    });
+        Err(e) => {
+            out.push(CheckResult::new(CONFIG, wh_check, Status::Fail, e.clone()).with_hint(wh_hint))
+        }
+    }
+    out.push(config_check);
+    out.extend(ca_result);
     out.push(match &o.injector {
         Ok(Some(d)) => {
             let available = d.pointer("/status/availableReplicas").and_then(Value::as_i64).unwrap_or(0);
@@ -292,7 +307,7 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
     });
 
     let Ok(values) = values else { return out };
-    const CNI: &str = "linkerd-cni";
+    const CNI: &str = cluster::CATEGORY;
     let pods = match &o.pods {
         Ok(p) => p.as_slice(),
         Err(e) => {
@@ -315,6 +330,8 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
     };
 
     if !values.cni_enabled {
+        // Linkerd skips each of its CNI checks silently; the table says so once (`-o json`
+        // leaves skipped checks out, as Linkerd's does).
         out.push(CheckResult::new(
             CNI,
             "linkerd-cni checks",
@@ -344,40 +361,46 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
     }
 
     for (kind, name, lookup) in &o.cni {
-        let check = format!("cni plugin {kind} {name} exists");
-        out.push(match lookup {
+        let check = cluster::exists_check(kind);
+        let result = match lookup {
             Ok(Some(_)) => CheckResult::new(CNI, check, Status::Ok, ""),
             Ok(None) => CheckResult::new(
                 CNI,
                 check,
                 Status::Fail,
-                "not found: linkerd install-cni | kubectl apply -f -",
+                format!("{kind} {name:?} not found: linkerd install-cni | kubectl apply -f -"),
             ),
             Err(e) => CheckResult::new(CNI, check, Status::Fail, e.clone()),
+        };
+        out.push(match cluster::exists_hint(kind) {
+            Some(hint) => result.with_hint(hint),
+            None => result,
         });
     }
-    if let Some((_, _, Ok(Some(ds)))) = o.cni.iter().find(|(k, _, _)| k == "DaemonSet") {
-        let outcome = serde_json::from_value::<DaemonSet>(ds.clone())
-            .map_err(|e| format!("unexpected DaemonSet: {e}"))
-            .and_then(|ds| super::cluster::daemonset_ready(&ds));
-        out.push(CheckResult::from_outcome(
-            CNI,
-            "cni plugin is ready on all nodes",
-            outcome,
-        ));
+    if let Some((_, _, lookup)) = o.cni.iter().find(|(k, _, _)| k == "DaemonSet") {
+        let outcome = match lookup {
+            Ok(Some(ds)) => serde_json::from_value::<DaemonSet>(ds.clone())
+                .map_err(|e| format!("unexpected DaemonSet: {e}"))
+                .and_then(|ds| cluster::daemonset_ready(&ds)),
+            Ok(None) | Err(_) => Err("no DaemonSet to check".to_string()),
+        };
+        out.push(
+            CheckResult::from_outcome(CNI, cluster::READY_CHECK, outcome)
+                .with_hint(cluster::READY_HINT),
+        );
     }
     if let Ok(Some(ns)) = &o.control_plane_namespace {
         let level = decision::label(ns, names::PSA_ENFORCE_LABEL).unwrap_or("(none)");
         out.push(if level == "restricted" {
             CheckResult::new(
-                CNI,
+                CONFIG,
                 "control plane namespace enforces Pod Security restricted",
                 Status::Ok,
                 "",
             )
         } else {
             CheckResult::new(
-                CNI,
+                CONFIG,
                 "control plane namespace enforces Pod Security restricted",
                 Status::Warn,
                 format!(
@@ -569,17 +592,17 @@ mod tests {
             ),
         ];
         let r = judge(&observed(true, "privileged", pods));
-        assert_eq!(status_of(&r, "linkerd-config is readable"), Status::Ok);
         assert_eq!(
-            status_of(&r, "cni plugin ConfigMap linkerd-cni-config exists"),
+            status_of(&r, "'linkerd-config' config map exists"),
             Status::Ok
         );
+        assert_eq!(status_of(&r, "cni plugin ConfigMap exists"), Status::Ok);
         assert_eq!(
-            status_of(&r, "cni plugin ServiceAccount linkerd-cni exists"),
+            status_of(&r, "cni plugin ServiceAccount exists"),
             Status::Fail
         );
         assert_eq!(
-            status_of(&r, "cni plugin is ready on all nodes"),
+            status_of(&r, "cni plugin pod is running on all nodes"),
             Status::Fail
         );
         assert_eq!(
@@ -609,6 +632,86 @@ mod tests {
         );
     }
 
+    /// The checks that are Linkerd's keep Linkerd's category, name and hint anchor, in
+    /// Linkerd's order (`linkerd check -o json` is parsed by scripts); the others are this
+    /// project's own.
+    #[test]
+    fn linkerd_checks_keep_linkerd_names() {
+        let r = judge(&observed(true, "restricted", vec![]));
+        let linkerd: Vec<(&str, &str, Option<&str>)> = r
+            .iter()
+            .filter(|c| c.hint_anchor.is_some())
+            .map(|c| (c.category, c.name.as_str(), c.hint_anchor))
+            .collect();
+        assert_eq!(
+            linkerd,
+            [
+                (
+                    "linkerd-config",
+                    "control plane Namespace exists",
+                    Some("l5d-existence-ns")
+                ),
+                (
+                    "linkerd-config",
+                    "control plane MutatingWebhookConfigurations exist",
+                    Some("l5d-existence-mwc")
+                ),
+                (
+                    "linkerd-existence",
+                    "'linkerd-config' config map exists",
+                    Some("l5d-existence-linkerd-config")
+                ),
+                (
+                    "linkerd-cni-plugin",
+                    "cni plugin ConfigMap exists",
+                    Some("cni-plugin-cm-exists")
+                ),
+                (
+                    "linkerd-cni-plugin",
+                    "cni plugin ClusterRole exists",
+                    Some("cni-plugin-cr-exists")
+                ),
+                (
+                    "linkerd-cni-plugin",
+                    "cni plugin ClusterRoleBinding exists",
+                    Some("cni-plugin-crb-exists")
+                ),
+                (
+                    "linkerd-cni-plugin",
+                    "cni plugin ServiceAccount exists",
+                    Some("cni-plugin-sa-exists")
+                ),
+                (
+                    "linkerd-cni-plugin",
+                    "cni plugin DaemonSet exists",
+                    Some("cni-plugin-ds-exists")
+                ),
+                (
+                    "linkerd-cni-plugin",
+                    "cni plugin pod is running on all nodes",
+                    Some("cni-plugin-ready")
+                ),
+            ]
+        );
+        let categories: Vec<&str> = r.iter().map(|c| c.category).fold(Vec::new(), |mut v, c| {
+            if !v.contains(&c) {
+                v.push(c);
+            }
+            v
+        });
+        assert_eq!(
+            categories,
+            [
+                "linkerd-config",
+                "linkerd-existence",
+                "linkerd-proxy-injector",
+                "linkerd-cni-plugin",
+                "linkerd-data-plane"
+            ],
+            "Linkerd's categories in Linkerd's order, then this project's"
+        );
+    }
+
     #[test]
     fn cni_disabled_skips_the_cni_checks() {
         let pods = vec![pod(
@@ -633,7 +736,10 @@ mod tests {
         let mut o = observed(true, "restricted", vec![]);
         o.config = Ok(None);
         let r = judge(&o);
-        assert_eq!(status_of(&r, "linkerd-config is readable"), Status::Fail);
-        assert!(r.iter().all(|c| c.category != "linkerd-cni"), "{r:#?}");
+        assert_eq!(
+            status_of(&r, "'linkerd-config' config map exists"),
+            Status::Fail
+        );
+        assert!(r.iter().all(|c| c.category != cluster::CATEGORY), "{r:#?}");
     }
 }

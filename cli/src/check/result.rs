@@ -224,12 +224,17 @@ impl<W: Write> Printer<W> {
             OutputFormat::Table => print_results(&mut self.out, title, results, false),
             OutputFormat::Short => print_results(&mut self.out, title, results, true),
             OutputFormat::Json => {
-                let checks = results.iter().filter_map(Option::<JsonCheck>::from);
+                let checks: Vec<JsonCheck> = results
+                    .iter()
+                    .filter_map(Option::<JsonCheck>::from)
+                    .collect();
                 match self.categories.iter_mut().find(|c| c.name == title) {
                     Some(c) => c.checks.extend(checks),
+                    // A category whose checks were all skipped is left out, as in Linkerd's.
+                    None if checks.is_empty() => {}
                     None => self.categories.push(JsonCategory {
                         name: title.to_string(),
-                        checks: checks.collect(),
+                        checks,
                     }),
                 }
                 Ok(())
