@@ -2,6 +2,8 @@
 //! `linkerd2-cni` chart, `check` checks the installation and the node. One module per
 //! subcommand; the chart and its values live in [`chart`] and [`values`].
 
+#![forbid(unsafe_code)]
+
 pub mod chart;
 pub mod check;
 pub mod install_cni;

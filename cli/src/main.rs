@@ -1,6 +1,8 @@
 //! `linkerd`: one variant of [`Command`] per subcommand, each implemented in its own module of
 //! the `linkerd_cli` library.
 
+#![forbid(unsafe_code)]
+
 use std::{io::Write, process::ExitCode};
 
 use anyhow::Context;

@@ -11,6 +11,8 @@
 //! cannot (no `core` for BPF, and a different compiler version), Debian's `rust-web-clippy`,
 //! built from the same sources as `rustc-web`, can.
 
+#![forbid(unsafe_code)]
+
 use std::{
     env, fmt,
     path::{Path, PathBuf},

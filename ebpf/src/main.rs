@@ -33,6 +33,9 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     unsafe { core::hint::unreachable_unchecked() }
 }
 
+/// The license the kernel is told: GPL-compatible (some helpers are GPL-only), and the same
+/// as the crate's `license` in Cargo.toml (`GPL-2.0-only OR BSD-2-Clause`, the kernel's
+/// "Dual BSD/GPL"; the agent's tests check that the two agree).
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
-static LICENSE: [u8; 4] = *b"GPL\0";
+static LICENSE: [u8; 13] = *b"Dual BSD/GPL\0";

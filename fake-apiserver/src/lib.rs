@@ -40,6 +40,8 @@
 //!
 //! A crate of its own, with no dependency on the agent, so that every crate's tests can use it.
 
+#![forbid(unsafe_code)]
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     convert::Infallible,

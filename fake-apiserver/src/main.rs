@@ -8,6 +8,8 @@
 //! `listening on URL` on stdout once ready. SIGTERM / SIGINT: removes the kubeconfig it wrote
 //! and exits.
 
+#![forbid(unsafe_code)]
+
 use std::{io::Write, net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context;

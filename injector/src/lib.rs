@@ -13,6 +13,8 @@
 //! shared with the node agent's decision; `linkerd inject`, `linkerd install` and the
 //! post-install checks live in the CLI (`linkerd-cli`), on top of this crate.
 
+#![forbid(unsafe_code)]
+
 pub mod admission;
 pub mod decision;
 pub mod metrics;

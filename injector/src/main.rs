@@ -1,6 +1,8 @@
 //! `linkerd-proxy-injector`: the HTTPS admission webhook injecting Linkerd's proxy, honouring
 //! `cniEnabled` from `linkerd-config` (re-read for every pod it injects).
 
+#![forbid(unsafe_code)]
+
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;

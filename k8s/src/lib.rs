@@ -12,6 +12,8 @@
 //! - [`termination::termination`]: on SIGTERM, a rollout or an uninstall, from the agent's
 //!   own DaemonSet.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod decision;
 mod error;

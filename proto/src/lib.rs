@@ -7,6 +7,8 @@
 //!
 //! Kept free of async runtimes and TLS so the plugin binary stays small and starts fast.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod escape;
 pub mod wire;

@@ -585,6 +585,26 @@ mod tests {
 
     use super::*;
 
+    /// The license the object declares to the kernel is the eBPF crate's own (Cargo.toml),
+    /// in the kernel's spelling, and one the kernel counts as GPL-compatible.
+    #[test]
+    fn object_license_is_the_ebpf_crates() {
+        let manifest = include_str!("../../../ebpf/Cargo.toml");
+        let spdx = manifest
+            .lines()
+            .find_map(|l| l.strip_prefix("license = "))
+            .map(|v| v.trim().trim_matches('"'))
+            .expect("the eBPF crate names its license in Cargo.toml");
+        // SPDX expression -> the kernel's module-license string (include/linux/license.h).
+        let kernel = match spdx {
+            "GPL-2.0-only OR BSD-2-Clause" => "Dual BSD/GPL",
+            "GPL-2.0-only OR MIT" => "Dual MIT/GPL",
+            "GPL-2.0-only" | "GPL-2.0-or-later" => "GPL",
+            other => panic!("no GPL-compatible kernel license string for {other:?}"),
+        };
+        assert_eq!(object().license.to_str(), Ok(kernel));
+    }
+
     fn object() -> Object {
         Object::parse(OBJECT).expect("the embedded eBPF object parses")
     }
