@@ -1,6 +1,9 @@
 //! A tiny stderr logger: one line per event, each `linkerd-cni: LEVEL container=.. namespace=..
-//! pod=.. message`, so `journalctl -t kubelet | grep linkerd-cni:` finds them all. stdout is
-//! reserved for the CNI result.
+//! pod=.. message`; stdout is reserved for the CNI result. The container runtime (containerd,
+//! CRI-O) runs the plugin through libcni, which copies this stderr into the runtime's own log
+//! (`journalctl -u containerd | grep linkerd-cni:`) when the call succeeds and drops it when the
+//! call fails: a failing call's `msg; details` reach the pod's `FailedCreatePodSandBox` event
+//! instead (docs/logs.md). The kubelet runs no CNI plugin since the dockershim's removal.
 
 use std::{fmt, io::Write};
 
