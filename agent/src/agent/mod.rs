@@ -11,7 +11,7 @@ use std::{
 };
 
 use linkerd_cni_common::{names, paths};
-use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
+use linkerd_cni_proto::{config::LinkerdConfig, escape::Escaped, wire::PodRef};
 
 use crate::{
     agent::registry::{Attachment, PodRecord, Registry},
@@ -294,7 +294,7 @@ impl Agent {
             return Err(e.into());
         }
         phases.mark("registry");
-        tracing::info!(id = %record.id, netns_cookie = record.netns_cookie, reason = %record.reason, cgroup = ?record.attachment.cgroup(), "pod registered");
+        tracing::info!(id = %record.id, netns_cookie = record.netns_cookie, reason = %Escaped(&record.reason), cgroup = ?record.attachment.cgroup(), "pod registered");
         Ok(record)
     }
 
@@ -513,7 +513,7 @@ impl Agent {
         let checked = netns.len();
         for (id, path, ino) in netns {
             if !netns::still_exists(&path, ino) && self.unregister(&id)? {
-                tracing::info!(id = %id, netns = %path.display(), "netns gone: registration dropped");
+                tracing::info!(id = %id, netns = %Escaped(&path.to_string_lossy()), "netns gone: registration dropped");
                 removed.push(id);
             }
         }

@@ -108,7 +108,7 @@ impl Netns {
             if let Err(e) = setns(home, CloneFlags::CLONE_NEWNET) {
                 tracing::error!(
                     error = %e,
-                    netns = %self.path.display(),
+                    netns = %linkerd_cni_proto::escape::Escaped(&self.path.to_string_lossy()),
                     "a thread could not return to the agent's network namespace; aborting"
                 );
                 std::process::abort();

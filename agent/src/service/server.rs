@@ -22,9 +22,12 @@ use std::{
 };
 
 use linkerd_cni_k8s::PodSource;
-use linkerd_cni_proto::wire::{
-    self, AddRequest, AttachmentRef, Envelope, ErrorKind, FrameError, PROTOCOL_VERSION, Request,
-    Response,
+use linkerd_cni_proto::{
+    escape::Escaped,
+    wire::{
+        self, AddRequest, AttachmentRef, Envelope, ErrorKind, FrameError, PROTOCOL_VERSION,
+        Request, Response,
+    },
 };
 use tokio::sync::Semaphore;
 use tokio::{
@@ -242,12 +245,7 @@ impl Server {
     }
 
     async fn add(&self, add: AddRequest, deadline: Option<Instant>) -> Response {
-        let span = tracing::info_span!(
-            "add",
-            container = %add.attachment.container_id,
-            namespace = %add.pod.namespace,
-            pod = %add.pod.name
-        );
+        let span = add_span(&add);
         // `instrument`, not `enter`: the future moves between runtime threads at each await,
         // and an entered span guard held across one corrupts the span stack (a panic under
         // concurrent ADDs).
@@ -338,7 +336,7 @@ impl Server {
         match result {
             Ok(None) => abandoned("while registering (rolled back)"),
             Ok(Some(record)) => {
-                tracing::info!(redirected = record.redirected(), reason = %reason, "pod added");
+                tracing::info!(redirected = record.redirected(), reason = %Escaped(&reason), "pod added");
                 // An unredirected record's reason is the decision's: say it once.
                 let reason = if *record.reason == *reason {
                     reason
@@ -382,6 +380,17 @@ async fn read_request(conn: &mut UnixStream) -> Result<Envelope, FrameError> {
     Ok(serde_json::from_slice(&body)?)
 }
 
+/// The span every log line of an ADD carries: the attachment and pod as the plugin named them,
+/// escaped (they are unchecked input: a newline in one must not start a forged record).
+fn add_span(add: &AddRequest) -> tracing::Span {
+    tracing::info_span!(
+        "add",
+        container = %Escaped(&add.attachment.container_id),
+        namespace = %Escaped(&add.pod.namespace),
+        pod = %Escaped(&add.pod.name)
+    )
+}
+
 /// The answer to an ADD whose plugin has stopped waiting: nothing stays registered, the
 /// runtime sees the ADD fail and retries it.
 fn abandoned(when: &str) -> Response {
@@ -411,4 +420,68 @@ fn agent_error(e: AgentError) -> Response {
         _ => ErrorKind::Internal,
     };
     error(kind, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
+
+    use super::*;
+
+    /// A log sink the test reads back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the plugin forwards from `CNI_ARGS` and `CNI_CONTAINERID` cannot forge a record of
+    /// the agent's log or a field of one: each value is one token, escaped (issue 28).
+    #[test]
+    fn an_adds_span_escapes_what_the_plugin_sent() {
+        const FORGED: &str = "2026-01-01T00:00:00Z  INFO add{container=c9 namespace=shop pod=web}: linkerd_cni_agent: pod added";
+        let add = AddRequest {
+            attachment: AttachmentRef {
+                container_id: "c1\r\u{1b}[2K".into(),
+                ifname: "eth0".into(),
+                netns: "/proc/self/ns/net".into(),
+            },
+            pod: PodRef {
+                namespace: format!("shop\n{FORGED}"),
+                name: "web pod=admin".into(),
+                uid: None,
+            },
+            cgroup_path: None,
+            pod_ips: Vec::new(),
+            config: LinkerdConfig::default(),
+        };
+        let sink = Captured::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let _entered = add_span(&add).entered();
+            tracing::info!("pod added");
+        });
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "one record: {text:?}");
+        let want = format!(
+            "add{{container=\"c1\\r\\u{{1b}}[2K\" namespace={:?} pod=\"web pod=admin\"}}",
+            add.pod.namespace
+        );
+        assert!(lines[0].contains(&want), "{want}\n{text}");
+        assert!(!text.trim_end().chars().any(char::is_control), "{text:?}");
+    }
 }

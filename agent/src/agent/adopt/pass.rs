@@ -23,7 +23,7 @@ use std::{
 };
 
 use linkerd_cni_k8s::PodSource;
-use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
+use linkerd_cni_proto::{config::LinkerdConfig, escape::Escaped, wire::PodRef};
 
 use crate::{
     agent::{
@@ -117,7 +117,7 @@ impl Adopter {
                 Ok(d) => d,
                 Err(error) => {
                     self.log_once(uid, "decision", || {
-                        tracing::warn!(namespace, pod = %name, %error, "adoption: cannot decide whether the pod is redirected; retrying")
+                        tracing::warn!(namespace, pod = %Escaped(name), %error, "adoption: cannot decide whether the pod is redirected; retrying")
                     });
                     continue;
                 }
@@ -135,23 +135,23 @@ impl Adopter {
                     self.adopted.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         namespace,
-                        pod = %name,
+                        pod = %Escaped(name),
                         id = %record.id,
-                        netns = %record.netns.display(),
+                        netns = %Escaped(&record.netns.to_string_lossy()),
                         netns_cookie = record.netns_cookie,
-                        reason = %record.reason,
+                        reason = %Escaped(&record.reason),
                         "adopted a meshed pod that started without linkerd-cni: redirection \
                          attached (connections opened before now are not redirected)"
                     );
                 }
                 Ok(Ok(Adopted::Waiting(why))) => self.log_once(uid, &why, || {
-                    tracing::info!(namespace, pod = %name, reason = %why, "adoption: waiting for the pod's proxy")
+                    tracing::info!(namespace, pod = %Escaped(name), reason = %Escaped(&why), "adoption: waiting for the pod's proxy")
                 }),
                 // Not started yet (its CNI ADD may be under way): nothing to adopt now.
                 Ok(Err(AdoptError::Unsafe(
                     error @ (ScanError::NoCgroup | ScanError::NoProcess(_)),
                 ))) => self.log_once(uid, "not running", || {
-                    tracing::debug!(namespace, pod = %name, %error, "adoption: the pod does not run here yet")
+                    tracing::debug!(namespace, pod = %Escaped(name), %error, "adoption: the pod does not run here yet")
                 }),
                 Ok(Err(error)) => {
                     let label = error.label();
@@ -159,7 +159,7 @@ impl Adopter {
                         self.count_failure(&error);
                         tracing::warn!(
                             namespace,
-                            pod = %name,
+                            pod = %Escaped(name),
                             %error,
                             reason = label,
                             "adoption: cannot attach redirection to this running pod; it runs \
