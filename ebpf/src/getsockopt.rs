@@ -12,7 +12,7 @@
 //! the kernel's answer stands. Other options pass through untouched.
 //!
 //! # Minimum kernel version
-//! 5.3 (cgroup sockopt hooks).
+//! 5.3 (cgroup sockopt hooks), 5.15 for `bpf_get_netns_cookie` here.
 
 use core::ptr::{read_volatile, write_volatile};
 

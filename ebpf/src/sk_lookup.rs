@@ -15,7 +15,7 @@
 //! the destination address plays no part in finding the pod.
 //!
 //! # Minimum kernel version
-//! 5.9.
+//! 5.9, 5.17 for `ingress_ifindex` in the context.
 
 use core::ptr::read_volatile;
 
