@@ -180,39 +180,64 @@ impl InstallerConfig {
     /// path filled in, declaring the `cgroupPath` capability (the plugin reads
     /// `runtimeConfig.cgroupPath`) unless the template already says something about it.
     pub fn plugin_entry(&self) -> Result<Json, ConfigError> {
-        let text = self.network_config_template.replace(
-            KUBECONFIG_PLACEHOLDER,
+        plugin_entry(
+            &self.network_config_template,
             &self.kubeconfig_host_path().to_string_lossy(),
-        );
-        let mut entry =
-            Json::parse(text.as_bytes()).map_err(|source| ConfigError::TemplateJson { source })?;
-        let Json::Object(fields) = &mut entry else {
+        )
+    }
+}
+
+/// The plugin entry made from `template` (the `CNI_NETWORK_CONFIG` text), with
+/// `__KUBECONFIG_FILEPATH__` replaced by `kubeconfig` in its string values.
+///
+/// The template is parsed first and the path goes in as data: whatever the path holds (`"`,
+/// `\`, control characters) stays inside the string and cannot add keys to the entry. A
+/// pure function, for tests and fuzzing.
+pub fn plugin_entry(template: &str, kubeconfig: &str) -> Result<Json, ConfigError> {
+    let mut entry =
+        Json::parse(template.as_bytes()).map_err(|source| ConfigError::TemplateJson { source })?;
+    replace_in_strings(&mut entry, KUBECONFIG_PLACEHOLDER, kubeconfig);
+    let Json::Object(fields) = &mut entry else {
+        return Err(ConfigError::TemplateShape {
+            reason: "not a JSON object",
+        });
+    };
+    if fields.get("type").and_then(Json::as_str).is_none() {
+        return Err(ConfigError::TemplateShape {
+            reason: "no string \"type\"",
+        });
+    }
+    match fields.get_mut("capabilities") {
+        None => {
+            let caps = Object::from_iter([("cgroupPath".into(), Json::Bool(true))]);
+            fields.insert("capabilities".into(), Json::Object(caps));
+        }
+        Some(Json::Object(caps)) => {
+            if !caps.contains_key("cgroupPath") {
+                caps.insert("cgroupPath".into(), Json::Bool(true));
+            }
+        }
+        Some(_) => {
             return Err(ConfigError::TemplateShape {
-                reason: "not a JSON object",
-            });
-        };
-        if fields.get("type").and_then(Json::as_str).is_none() {
-            return Err(ConfigError::TemplateShape {
-                reason: "no string \"type\"",
+                reason: "\"capabilities\" is not an object",
             });
         }
-        match fields.get_mut("capabilities") {
-            None => {
-                let caps = Object::from_iter([("cgroupPath".into(), Json::Scalar(true.into()))]);
-                fields.insert("capabilities".into(), Json::Object(caps));
-            }
-            Some(Json::Object(caps)) => {
-                if !caps.contains_key("cgroupPath") {
-                    caps.insert("cgroupPath".into(), Json::Scalar(true.into()));
-                }
-            }
-            Some(_) => {
-                return Err(ConfigError::TemplateShape {
-                    reason: "\"capabilities\" is not an object",
-                });
-            }
-        }
-        Ok(entry)
+    }
+    Ok(entry)
+}
+
+/// Replaces `from` by `to` in every string value of `doc` (keys are left as they are). The
+/// recursion is bounded by the parser's nesting limit.
+fn replace_in_strings(doc: &mut Json, from: &str, to: &str) {
+    match doc {
+        Json::String(s) if s.contains(from) => *s = s.replace(from, to),
+        Json::Array(items) => items
+            .iter_mut()
+            .for_each(|item| replace_in_strings(item, from, to)),
+        Json::Object(entries) => entries
+            .values_mut()
+            .for_each(|value| replace_in_strings(value, from, to)),
+        _ => {}
     }
 }
 
@@ -398,11 +423,7 @@ mod tests {
             let entry = c
                 .plugin_entry()
                 .unwrap_or_else(|e| panic!("{template}: {e}"));
-            assert_eq!(
-                serde_json::to_string(&entry).unwrap_or_default(),
-                *want,
-                "entry from {template}"
-            );
+            assert_eq!(entry.to_compact_string(), *want, "entry from {template}");
         }
     }
 }

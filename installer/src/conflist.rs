@@ -13,14 +13,21 @@
 //! one the primary CNI wrote. A converted `.conf` stays a `.conflist` holding its one plugin
 //! (this is what Linkerd does; the runtime treats both the same way).
 //!
-//! Output is pretty-printed JSON; patching its own output yields the same bytes, so a file the
-//! installer wrote is a fixed point and can never start a rewrite loop.
+//! The installer writes its entry and nothing else: old entries are cut out of the file's text
+//! and ours is inserted, so every other byte (other plugins, their number spellings such as
+//! `6e81` or 44-digit integers, the primary CNI's layout) stays exactly as it was. Patching the
+//! output again changes nothing, so a file the installer wrote is a fixed point and can never
+//! start a rewrite loop. [`patch_bytes`] and [`unpatch_bytes`] are the pure core, for tests and
+//! fuzzing.
 
-use std::path::{Path, PathBuf};
+use std::{
+    ops::Range,
+    path::{Path, PathBuf},
+};
 
 use crate::{
     error::Malformed,
-    json::{Json, Object},
+    json::{self, Json},
 };
 
 /// The name of the plugin binary in the image and on the host. It is also the `type` the
@@ -103,8 +110,11 @@ fn shape(doc: &Json) -> Result<Shape<'_>, Malformed> {
     }
 }
 
-fn parse(input: &[u8]) -> Result<Json, Malformed> {
-    Json::parse(input).map_err(|e| Malformed::Json(e.to_string()))
+fn parse(input: &[u8]) -> Result<(&str, Json), Malformed> {
+    let doc = Json::parse(input).map_err(|e| Malformed::Json(e.to_string()))?;
+    // `Json::parse` accepts UTF-8 text only.
+    let text = std::str::from_utf8(input).map_err(|e| Malformed::Json(e.to_string()))?;
+    Ok((text, doc))
 }
 
 /// Whether `plugin` is a linkerd-cni entry (ours or an older one): its `type` is
@@ -122,78 +132,192 @@ fn entry_type(entry: &Json) -> &str {
 
 /// The patch for the file at `path` holding `input`, with `entry` as our plugin entry.
 /// `Ok(None)`: the file is already as it should be.
+///
+/// Only our entry is written; every other byte of the file stays as it was (see
+/// [`patch_bytes`]). A `.conf` is moved to its `.conflist`.
 pub fn patch(path: &Path, input: &[u8], entry: &Json) -> Result<Option<Patched>, Malformed> {
-    let doc = parse(input)?;
-    let ty = entry_type(entry);
-    let new_doc = match shape(&doc)? {
-        Shape::Single => {
-            if is_linkerd(&doc, ty) {
-                return Err(Malformed::NoPrimary);
-            }
-            Json::Object(Object::from_iter([
-                ("name".into(), Json::string(WRAPPED_NAME)),
-                ("cniVersion".into(), Json::string(WRAPPED_CNI_VERSION)),
-                (
-                    "plugins".into(),
-                    Json::Array(vec![doc.clone(), entry.clone()]),
-                ),
-            ]))
-        }
-        Shape::List(plugins) => {
-            let mut kept: Vec<Json> = plugins
-                .iter()
-                .filter(|p| !is_linkerd(p, ty))
-                .cloned()
-                .collect();
-            if kept.is_empty() {
-                return Err(Malformed::NoPrimary);
-            }
-            kept.push(entry.clone());
-            let mut new_doc = doc.clone();
-            if let Some(slot) = new_doc.get_mut("plugins") {
-                *slot = Json::Array(kept);
-            }
-            new_doc
-        }
-    };
+    let bytes = patched(input, entry)?;
     let (out_path, remove) = match ConfKind::of(path) {
         Some(ConfKind::Conf) => (path.with_extension("conflist"), Some(path.to_path_buf())),
         _ => (path.to_path_buf(), None),
     };
-    if remove.is_none() && new_doc == doc {
-        return Ok(None);
+    match (bytes, remove) {
+        (None, None) => Ok(None),
+        (bytes, remove) => Ok(Some(Patched {
+            path: out_path,
+            bytes: bytes.unwrap_or_else(|| input.to_vec()),
+            remove,
+        })),
     }
-    Ok(Some(Patched {
-        path: out_path,
-        bytes: new_doc.to_pretty_bytes(),
-        remove,
-    }))
+}
+
+/// What a file holding `input` holds once patched with `entry`: a pure function of bytes,
+/// for tests and fuzzing.
+///
+/// - A list (`plugins` array): every linkerd-cni entry is cut out together with the separator
+///   before it, and `entry` is inserted after the last remaining plugin, as `,` + the
+///   whitespace that precedes that plugin + the entry (pretty-printed with that plugin's
+///   indentation when it sits on its own line, else on one line). Nothing else changes: every
+///   other byte, number spellings and whitespace included, is the input's.
+/// - A single plugin: `{"name":"k8s-pod-network","cniVersion":"0.3.1","plugins":[<input>,
+///   <entry>]}`, pretty-printed, the input inside it verbatim (without surrounding whitespace).
+///
+/// Patching the output again returns it unchanged (a fixed point); [`unpatch_bytes`] of the
+/// output of a list without linkerd-cni entries is the input, byte for byte.
+pub fn patch_bytes(input: &[u8], entry: &Json) -> Result<Vec<u8>, Malformed> {
+    Ok(patched(input, entry)?.unwrap_or_else(|| input.to_vec()))
+}
+
+/// The patched bytes, or `None` when `input` already carries `entry` as it should.
+fn patched(input: &[u8], entry: &Json) -> Result<Option<Vec<u8>>, Malformed> {
+    let (text, doc) = parse(input)?;
+    let ty = entry_type(entry);
+    match shape(&doc)? {
+        Shape::Single => {
+            if is_linkerd(&doc, ty) {
+                return Err(Malformed::NoPrimary);
+            }
+            Ok(Some(wrap(text, entry)))
+        }
+        Shape::List(plugins) => {
+            let keep: Vec<bool> = plugins.iter().map(|p| !is_linkerd(p, ty)).collect();
+            if !keep.contains(&true) {
+                return Err(Malformed::NoPrimary);
+            }
+            let n = plugins.len();
+            let in_place = plugins.last() == Some(entry) && keep[..n - 1].iter().all(|k| *k);
+            if in_place {
+                return Ok(None);
+            }
+            edit_list(text, &keep, Some(entry)).map(Some)
+        }
+    }
+}
+
+/// A single plugin's text wrapped into a list with `entry` after it.
+fn wrap(text: &str, entry: &Json) -> Vec<u8> {
+    let original = text.trim_matches(|c: char| c.is_ascii() && json::is_ws(c as u8));
+    let mut out = String::with_capacity(text.len() + 1024);
+    out.push_str("{\n  \"name\": ");
+    out.push_str(&Json::string(WRAPPED_NAME).to_compact_string());
+    out.push_str(",\n  \"cniVersion\": ");
+    out.push_str(&Json::string(WRAPPED_CNI_VERSION).to_compact_string());
+    out.push_str(",\n  \"plugins\": [\n    ");
+    out.push_str(original);
+    out.push_str(",\n    ");
+    entry.write_pretty(&mut out, "    ", "  ");
+    out.push_str("\n  ]\n}\n");
+    out.into_bytes()
+}
+
+/// `text` (a list whose `plugins` are kept or cut as `keep` says, at least one kept) with the
+/// cut plugins removed and `insert` after the last kept one. Every other byte is kept.
+fn edit_list(text: &str, keep: &[bool], insert: Option<&Json>) -> Result<Vec<u8>, Malformed> {
+    let layout_changed = || Malformed::Json("the plugin list could not be located".into());
+    let spans = json::array_spans(text, "plugins").ok_or_else(layout_changed)?;
+    let el = &spans.elements;
+    let (Some(first), Some(last)) = (keep.iter().position(|k| *k), keep.iter().rposition(|k| *k))
+    else {
+        return Err(Malformed::NoPrimary);
+    };
+    if el.len() != keep.len() {
+        return Err(layout_changed());
+    }
+    // Each cut plugin goes with the separator before it (the first ones: with the separator
+    // after them), so the list stays valid and the rest keeps its layout.
+    let mut cuts: Vec<Range<usize>> = Vec::new();
+    if first > 0 {
+        cuts.push(el[0].start..el[first].start);
+    }
+    for k in first + 1..el.len() {
+        if !keep[k] {
+            cuts.push(el[k - 1].end..el[k].end);
+        }
+    }
+    let at = el[last].end;
+    let insertion = insert.map(|entry| {
+        let sep = leading_ws(text, el[last].start);
+        let mut s = String::from(",");
+        s.push_str(sep);
+        match sep.rfind('\n') {
+            Some(nl) => {
+                let indent = &sep[nl + 1..];
+                let unit = indent_unit(&text[el[last].clone()], indent);
+                entry.write_pretty(&mut s, indent, unit);
+            }
+            None => s.push_str(&entry.to_compact_string()),
+        }
+        s
+    });
+    let mut out = String::with_capacity(text.len() + insertion.as_ref().map_or(0, String::len));
+    let mut pos = 0;
+    let mut pending = insertion.as_deref();
+    for cut in cuts {
+        if let Some(ins) = pending.filter(|_| at <= cut.start) {
+            out.push_str(&text[pos..at]);
+            out.push_str(ins);
+            pos = at;
+            pending = None;
+        }
+        out.push_str(&text[pos..cut.start]);
+        pos = cut.end;
+    }
+    if let Some(ins) = pending {
+        out.push_str(&text[pos..at]);
+        out.push_str(ins);
+        pos = at;
+    }
+    out.push_str(&text[pos..]);
+    Ok(out.into_bytes())
+}
+
+/// The whitespace right before byte `at` of `text`.
+fn leading_ws(text: &str, at: usize) -> &str {
+    let before = &text.as_bytes()[..at];
+    let n = before.iter().rev().take_while(|b| json::is_ws(**b)).count();
+    &text[at - n..at]
+}
+
+/// One level of indentation as the plugin `element` (whose first line starts at `indent`) uses
+/// it: what its second line adds to `indent`; two spaces when it does not tell.
+fn indent_unit<'a>(element: &'a str, indent: &str) -> &'a str {
+    let Some(nl) = element.find('\n') else {
+        return "  ";
+    };
+    let next = &element[nl + 1..];
+    let n = next
+        .bytes()
+        .take_while(|b| matches!(b, b' ' | b'\t'))
+        .count();
+    match next[..n].strip_prefix(indent) {
+        Some(unit) if !unit.is_empty() => unit,
+        _ => "  ",
+    }
 }
 
 /// The file without any linkerd-cni entry. `Ok(None)`: there is none, nothing to write.
 /// A list made only of linkerd-cni entries is not ours to empty: `Err(NoPrimary)`.
+///
+/// Each entry is cut out with the separator before it; every other byte stays as it was.
 pub fn unpatch(input: &[u8], entry: &Json) -> Result<Option<Vec<u8>>, Malformed> {
-    let doc = parse(input)?;
+    let (text, doc) = parse(input)?;
     let ty = entry_type(entry);
     let Shape::List(plugins) = shape(&doc)? else {
         return Ok(None);
     };
-    let kept: Vec<Json> = plugins
-        .iter()
-        .filter(|p| !is_linkerd(p, ty))
-        .cloned()
-        .collect();
-    if kept.len() == plugins.len() {
+    let keep: Vec<bool> = plugins.iter().map(|p| !is_linkerd(p, ty)).collect();
+    if !keep.contains(&false) {
         return Ok(None);
     }
-    if kept.is_empty() {
+    if !keep.contains(&true) {
         return Err(Malformed::NoPrimary);
     }
-    let mut new_doc = doc.clone();
-    if let Some(slot) = new_doc.get_mut("plugins") {
-        *slot = Json::Array(kept);
-    }
-    Ok(Some(new_doc.to_pretty_bytes()))
+    edit_list(text, &keep, None).map(Some)
+}
+
+/// [`unpatch`] as a pure function of bytes: the input when there is nothing to remove.
+pub fn unpatch_bytes(input: &[u8], entry: &Json) -> Result<Vec<u8>, Malformed> {
+    Ok(unpatch(input, entry)?.unwrap_or_else(|| input.to_vec()))
 }
 
 /// Whether the file at `path` holding `input` carries `entry` the way [`patch`] leaves it.

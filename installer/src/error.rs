@@ -32,7 +32,7 @@ pub enum ConfigError {
         /// The read error.
         source: io::Error,
     },
-    /// The template, once the kubeconfig path is filled in, is not JSON.
+    /// The template is not JSON.
     #[error("the plugin config template is not valid JSON: {source}")]
     TemplateJson {
         /// The parse error.

@@ -1,61 +1,199 @@
-//! A JSON value that keeps object keys in file order.
+//! A JSON value that keeps object keys in file order and numbers as they were written.
 //!
-//! `serde_json::Value` sorts keys unless the `preserve_order` feature is on, and that feature
-//! is global to a build: turning it on here would change key order for every other crate of
-//! the workspace. Conflists written by other CNIs should come back in the order their authors
-//! chose, so this crate carries its own small ordered tree instead: objects are
-//! [`IndexMap`]s (the map serde_json itself uses for `preserve_order`), so key order is kept
-//! and a look-up is O(1) however many keys an object has. Scalars stay `serde_json::Value`.
+//! `serde_json::Value` sorts keys unless the `preserve_order` feature is on, and it reads
+//! every number into a `u64`, `i64` or `f64` (so `6e81`, `6.4345e-68` or a 44-digit integer
+//! come back spelled differently) unless `arbitrary_precision` is on. Both features are global
+//! to a build: turning them on here would change how every other crate of the workspace reads
+//! JSON. Conflists written by other CNIs must come back exactly as their authors wrote them, so
+//! this crate carries its own small tree instead:
+//! - objects are [`IndexMap`]s (the map serde_json itself uses for `preserve_order`): key order
+//!   is kept and a look-up is O(1) however many keys an object has; a repeated key keeps the
+//!   position of its first occurrence and takes its last value, as in serde_json;
+//! - a [`Number`] is the text of the number, byte for byte;
+//! - strings are decoded (two spellings of the same string are equal).
+//!
+//! serde_json checks the syntax ([`Json::parse`] accepts what `serde_json::Value` accepts, with
+//! its error messages: a nesting limit of [`MAX_DEPTH`], no number beyond `f64`'s range); this
+//! module then reads the checked
+//! text into the tree, and finds where values sit in it ([`array_spans`]), so the installer can
+//! edit a file without touching any byte it does not mean to change.
 
-use std::fmt;
+use std::{fmt, ops::Range};
 
 use indexmap::IndexMap;
 
-use serde::{
-    Deserialize, Deserializer, Serialize, Serializer,
-    de::{MapAccess, SeqAccess, Visitor},
-    ser::{SerializeMap, SerializeSeq},
-};
+/// The deepest nesting of arrays and objects [`Json::parse`] accepts (serde_json's own limit).
+pub const MAX_DEPTH: usize = 128;
 
 /// The entries of a JSON object, in the order they were read or inserted.
 pub type Object = IndexMap<String, Json>;
 
-/// A JSON document whose objects remember their key order.
+/// A JSON number, exactly as it was written (`6e81` stays `6e81`, `1.0` stays `1.0`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Number(String);
+
+impl Number {
+    /// The number's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Number {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A JSON document whose objects remember their key order and whose numbers keep their text.
 ///
 /// Two documents are equal when they hold the same values with object keys in the same order
-/// (the order is part of what the installer writes).
+/// (the order is part of what the installer writes) and numbers spelled the same way.
 #[derive(Clone, Debug)]
 pub enum Json {
-    /// An object, keys in the order they were read or inserted.
-    Object(Object),
+    /// `null`.
+    Null,
+    /// `true` or `false`.
+    Bool(bool),
+    /// A number, as written.
+    Number(Number),
+    /// A string (decoded).
+    String(String),
     /// An array.
     Array(Vec<Json>),
-    /// `null`, a boolean, a number or a string.
-    Scalar(serde_json::Value),
+    /// An object, keys in the order they were read or inserted.
+    Object(Object),
+}
+
+impl PartialEq for Json {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            // `IndexMap`'s own equality ignores order; ours does not.
+            (Json::Object(a), Json::Object(b)) => a.len() == b.len() && a.iter().eq(b.iter()),
+            (Json::Array(a), Json::Array(b)) => a == b,
+            (Json::String(a), Json::String(b)) => a == b,
+            (Json::Number(a), Json::Number(b)) => a == b,
+            (Json::Bool(a), Json::Bool(b)) => a == b,
+            (Json::Null, Json::Null) => true,
+            _ => false,
+        }
+    }
+}
+
+fn error(msg: impl fmt::Display) -> serde_json::Error {
+    <serde_json::Error as serde::de::Error>::custom(msg)
 }
 
 impl Json {
-    /// Parses a document.
+    /// Parses a document: UTF-8 text that serde_json accepts, nested at most [`MAX_DEPTH`]
+    /// deep.
     pub fn parse(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(bytes)
+        let text = checked(bytes)?;
+        let mut scanner = Scanner { text, pos: 0 };
+        scanner.ws();
+        let doc = scanner.value(0)?;
+        Ok(doc)
     }
 
-    /// Pretty-printed with two-space indentation and a final newline, the way the installer
-    /// writes every file.
+    /// Pretty-printed with two-space indentation and a final newline.
     pub fn to_pretty_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        // Serializing this tree into a Vec cannot fail: every key is a string and writing to
-        // a Vec has no I/O error.
-        if serde_json::to_writer_pretty(&mut out, self).is_ok() {
-            out.push(b'\n');
-        }
+        let mut out = String::new();
+        self.write_pretty(&mut out, "", "  ");
+        out.push('\n');
+        out.into_bytes()
+    }
+
+    /// On one line, with no space anywhere outside strings.
+    pub fn to_compact_string(&self) -> String {
+        let mut out = String::new();
+        self.write_compact(&mut out);
         out
+    }
+
+    /// Appends the value pretty-printed: nested lines start with `indent` followed by `unit`
+    /// once per level (the first line is not indented: it continues the caller's line).
+    pub fn write_pretty(&self, out: &mut String, indent: &str, unit: &str) {
+        let mut line = String::from(indent);
+        self.pretty(out, &mut line, unit);
+    }
+
+    fn pretty(&self, out: &mut String, line: &mut String, unit: &str) {
+        match self {
+            Json::Array(items) if !items.is_empty() => {
+                out.push('[');
+                line.push_str(unit);
+                for (i, item) in items.iter().enumerate() {
+                    out.push_str(if i == 0 { "\n" } else { ",\n" });
+                    out.push_str(line);
+                    item.pretty(out, line, unit);
+                }
+                line.truncate(line.len() - unit.len());
+                out.push('\n');
+                out.push_str(line);
+                out.push(']');
+            }
+            Json::Object(entries) if !entries.is_empty() => {
+                out.push('{');
+                line.push_str(unit);
+                for (i, (k, v)) in entries.iter().enumerate() {
+                    out.push_str(if i == 0 { "\n" } else { ",\n" });
+                    out.push_str(line);
+                    write_string(out, k);
+                    out.push_str(": ");
+                    v.pretty(out, line, unit);
+                }
+                line.truncate(line.len() - unit.len());
+                out.push('\n');
+                out.push_str(line);
+                out.push('}');
+            }
+            scalar => scalar.write_compact(out),
+        }
+    }
+
+    fn write_compact(&self, out: &mut String) {
+        match self {
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Number(n) => out.push_str(n.as_str()),
+            Json::String(s) => write_string(out, s),
+            Json::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    item.write_compact(out);
+                }
+                out.push(']');
+            }
+            Json::Object(entries) => {
+                out.push('{');
+                for (i, (k, v)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write_string(out, k);
+                    out.push(':');
+                    v.write_compact(out);
+                }
+                out.push('}');
+            }
+        }
     }
 
     /// The entries of an object, or `None` for any other value.
     pub fn as_object(&self) -> Option<&Object> {
         match self {
             Json::Object(entries) => Some(entries),
+            _ => None,
+        }
+    }
+
+    /// The items of an array, or `None` for any other value.
+    pub fn as_array(&self) -> Option<&[Json]> {
+        match self {
+            Json::Array(items) => Some(items),
             _ => None,
         }
     }
@@ -81,227 +219,299 @@ impl Json {
     /// The string, if this is a string.
     pub fn as_str(&self) -> Option<&str> {
         match self {
-            Json::Scalar(serde_json::Value::String(s)) => Some(s),
+            Json::String(s) => Some(s),
             _ => None,
         }
     }
 
     /// A string value.
     pub fn string(s: impl Into<String>) -> Self {
-        Json::Scalar(serde_json::Value::String(s.into()))
+        Json::String(s.into())
     }
 }
 
-impl PartialEq for Json {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            // `IndexMap`'s own equality ignores order; ours does not.
-            (Json::Object(a), Json::Object(b)) => a.len() == b.len() && a.iter().eq(b.iter()),
-            (Json::Array(a), Json::Array(b)) => a == b,
-            (Json::Scalar(a), Json::Scalar(b)) => a == b,
-            _ => false,
-        }
-    }
-}
-
-impl Serialize for Json {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Json::Object(entries) => {
-                let mut map = s.serialize_map(Some(entries.len()))?;
-                for (k, v) in entries {
-                    map.serialize_entry(k, v)?;
-                }
-                map.end()
+/// Appends `s` as a JSON string, escaped the way serde_json escapes it.
+fn write_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if u32::from(c) < 0x20 => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let b = u32::from(c) as usize;
+                out.push_str("\\u00");
+                out.push(char::from(HEX[b >> 4]));
+                out.push(char::from(HEX[b & 0xf]));
             }
-            Json::Array(items) => {
-                let mut seq = s.serialize_seq(Some(items.len()))?;
-                for item in items {
-                    seq.serialize_element(item)?;
-                }
-                seq.end()
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// `bytes` as text, once serde_json has accepted it as one JSON document.
+fn checked(bytes: &[u8]) -> Result<&str, serde_json::Error> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| error(format_args!("invalid UTF-8 at byte {}", e.valid_up_to())))?;
+    serde_json::from_str::<serde::de::IgnoredAny>(text)?;
+    Ok(text)
+}
+
+/// Where the array under `key` of a document's top-level object sits in its text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArraySpans {
+    /// The byte range of each element, in order.
+    pub elements: Vec<Range<usize>>,
+}
+
+/// The byte ranges of the elements of the array under `key` in the top-level object of `text`
+/// (the last `key` when it is repeated: the one [`Json::parse`] keeps). `None` when `text` is
+/// not a JSON document, its top level is not an object, or `key` does not hold an array.
+pub fn array_spans(text: &str, key: &str) -> Option<ArraySpans> {
+    checked(text.as_bytes()).ok()?;
+    let mut s = Scanner { text, pos: 0 };
+    s.ws();
+    s.eat(b'{')?;
+    let mut found = None;
+    loop {
+        s.ws();
+        if s.eat(b'}').is_some() {
+            break;
+        }
+        let k = s.string().ok()?;
+        s.ws();
+        s.eat(b':')?;
+        s.ws();
+        if k == key {
+            found = Some(s.pos);
+        }
+        s.skip_value()?;
+        s.ws();
+        if s.eat(b',').is_none() {
+            s.eat(b'}')?;
+            break;
+        }
+    }
+    s.pos = found?;
+    s.eat(b'[')?;
+    let mut elements = Vec::new();
+    loop {
+        s.ws();
+        if s.eat(b']').is_some() {
+            break;
+        }
+        let start = s.pos;
+        s.skip_value()?;
+        elements.push(start..s.pos);
+        s.ws();
+        if s.eat(b',').is_none() {
+            s.eat(b']')?;
+            break;
+        }
+    }
+    Some(ArraySpans { elements })
+}
+
+/// Whether `b` is JSON whitespace.
+pub fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Reads text that serde_json has already accepted. Anything unexpected is still an error,
+/// never a panic.
+struct Scanner<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl Scanner<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.pos).copied()
+    }
+
+    fn ws(&mut self) {
+        while self.peek().is_some_and(is_ws) {
+            self.pos += 1;
+        }
+    }
+
+    fn eat(&mut self, b: u8) -> Option<()> {
+        (self.peek() == Some(b)).then(|| self.pos += 1)
+    }
+
+    fn unexpected(&self) -> serde_json::Error {
+        error(format_args!("unexpected input at byte {}", self.pos))
+    }
+
+    /// The end (one past the closing quote) of the string starting at `self.pos`.
+    fn string_end(&self) -> Option<usize> {
+        let bytes = self.text.as_bytes();
+        if bytes.get(self.pos) != Some(&b'"') {
+            return None;
+        }
+        let mut i = self.pos + 1;
+        loop {
+            match bytes.get(i)? {
+                b'"' => return Some(i + 1),
+                b'\\' => i += 2,
+                _ => i += 1,
             }
-            Json::Scalar(v) => v.serialize(s),
+        }
+    }
+
+    fn string(&mut self) -> Result<String, serde_json::Error> {
+        let end = self.string_end().ok_or_else(|| self.unexpected())?;
+        let raw = self
+            .text
+            .get(self.pos..end)
+            .ok_or_else(|| self.unexpected())?;
+        self.pos = end;
+        match raw.get(1..raw.len() - 1) {
+            Some(inner) if !inner.contains('\\') => Ok(inner.to_owned()),
+            _ => serde_json::from_str(raw),
+        }
+    }
+
+    /// The end of the number or literal starting at `self.pos`.
+    fn token_end(&self) -> usize {
+        let bytes = self.text.as_bytes();
+        let mut i = self.pos;
+        while bytes
+            .get(i)
+            .is_some_and(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'+' | b'.'))
+        {
+            i += 1;
+        }
+        i
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Json, serde_json::Error> {
+        match self.peek() {
+            Some(b'{') => {
+                let depth = deeper(depth)?;
+                self.pos += 1;
+                let mut entries = Object::new();
+                self.ws();
+                if self.eat(b'}').is_some() {
+                    return Ok(Json::Object(entries));
+                }
+                loop {
+                    self.ws();
+                    let key = self.string()?;
+                    self.ws();
+                    self.eat(b':').ok_or_else(|| self.unexpected())?;
+                    self.ws();
+                    let value = self.value(depth)?;
+                    // A repeated key: the last one wins, as in every other JSON reader the
+                    // runtimes use, and keeps the position of its first occurrence (`insert`
+                    // on an existing key replaces the value in place).
+                    entries.insert(key, value);
+                    self.ws();
+                    if self.eat(b',').is_none() {
+                        self.eat(b'}').ok_or_else(|| self.unexpected())?;
+                        return Ok(Json::Object(entries));
+                    }
+                }
+            }
+            Some(b'[') => {
+                let depth = deeper(depth)?;
+                self.pos += 1;
+                let mut items = Vec::new();
+                self.ws();
+                if self.eat(b']').is_some() {
+                    return Ok(Json::Array(items));
+                }
+                loop {
+                    self.ws();
+                    items.push(self.value(depth)?);
+                    self.ws();
+                    if self.eat(b',').is_none() {
+                        self.eat(b']').ok_or_else(|| self.unexpected())?;
+                        return Ok(Json::Array(items));
+                    }
+                }
+            }
+            Some(b'"') => Ok(Json::String(self.string()?)),
+            Some(_) => {
+                let end = self.token_end();
+                let token = self
+                    .text
+                    .get(self.pos..end)
+                    .ok_or_else(|| self.unexpected())?;
+                let value = match token {
+                    "null" => Json::Null,
+                    "true" => Json::Bool(true),
+                    "false" => Json::Bool(false),
+                    // A number beyond `f64` (`1e400`) is refused, as serde_json refuses it
+                    // and as the runtimes' JSON readers do: no file the runtime cannot read
+                    // counts as patched.
+                    n if n.starts_with(|c: char| c == '-' || c.is_ascii_digit()) => {
+                        if !n.parse::<f64>().is_ok_and(f64::is_finite) {
+                            return Err(error(format_args!(
+                                "number out of range at byte {}",
+                                self.pos
+                            )));
+                        }
+                        Json::Number(Number(n.to_owned()))
+                    }
+                    _ => return Err(self.unexpected()),
+                };
+                self.pos = end;
+                Ok(value)
+            }
+            None => Err(self.unexpected()),
+        }
+    }
+
+    /// Moves past one value, without building it and without recursion.
+    fn skip_value(&mut self) -> Option<()> {
+        let mut depth = 0usize;
+        loop {
+            self.ws();
+            match self.peek()? {
+                b'{' | b'[' => {
+                    depth += 1;
+                    self.pos += 1;
+                    continue;
+                }
+                b',' | b':' if depth > 0 => {
+                    self.pos += 1;
+                    continue;
+                }
+                b'}' | b']' => {
+                    depth = depth.checked_sub(1)?;
+                    self.pos += 1;
+                }
+                b'"' => self.pos = self.string_end()?,
+                _ => {
+                    let end = self.token_end();
+                    if end == self.pos {
+                        return None;
+                    }
+                    self.pos = end;
+                }
+            }
+            if depth == 0 {
+                return Some(());
+            }
         }
     }
 }
 
-impl<'de> Deserialize<'de> for Json {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(JsonVisitor)
+fn deeper(depth: usize) -> Result<usize, serde_json::Error> {
+    if depth >= MAX_DEPTH {
+        return Err(error(format_args!(
+            "nested more than {MAX_DEPTH} arrays or objects deep"
+        )));
     }
-}
-
-struct JsonVisitor;
-
-impl<'de> Visitor<'de> for JsonVisitor {
-    type Value = Json;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Json, E> {
-        Ok(Json::Scalar(v.into()))
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Json, E> {
-        Ok(Json::Scalar(v.into()))
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Json, E> {
-        Ok(Json::Scalar(v.into()))
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<Json, E> {
-        // Non-finite floats cannot come out of a JSON parser; `Null` keeps this total.
-        Ok(Json::Scalar(serde_json::Number::from_f64(v).map_or(
-            serde_json::Value::Null,
-            serde_json::Value::Number,
-        )))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Json, E> {
-        Ok(Json::string(v))
-    }
-    fn visit_string<E>(self, v: String) -> Result<Json, E> {
-        Ok(Json::string(v))
-    }
-    fn visit_unit<E>(self) -> Result<Json, E> {
-        Ok(Json::Scalar(serde_json::Value::Null))
-    }
-    fn visit_none<E>(self) -> Result<Json, E> {
-        Ok(Json::Scalar(serde_json::Value::Null))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(item) = seq.next_element()? {
-            items.push(item);
-        }
-        Ok(Json::Array(items))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
-        let mut entries = Object::with_capacity(map.size_hint().unwrap_or(0));
-        while let Some((k, v)) = map.next_entry::<String, Json>()? {
-            // A repeated key: the last one wins, as in every other JSON reader the runtimes use,
-            // and keeps the position of its first occurrence (`insert` on an existing key
-            // replaces the value in place).
-            entries.insert(k, v);
-        }
-        Ok(Json::Object(entries))
-    }
+    Ok(depth + 1)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trips_keep_key_order_and_values() {
-        let cases: &[(&str, &str)] = &[
-            (r#"{"z":1,"a":2,"m":{"y":true,"b":null}}"#, "zam"),
-            (
-                r#"{"type":"calico","ipam":{"type":"calico-ipam"},"mtu":1440}"#,
-                "tim",
-            ),
-            (r#"{"b":1.5,"a":-3,"c":"x"}"#, "bac"),
-        ];
-        for (input, first_letters) in cases {
-            let doc = Json::parse(input.as_bytes()).unwrap_or_else(|e| panic!("{input}: {e}"));
-            let keys: String = doc
-                .as_object()
-                .unwrap_or_else(|| panic!("{input}: not an object"))
-                .iter()
-                .filter_map(|(k, _)| k.chars().next())
-                .collect();
-            assert_eq!(&keys, first_letters, "key order of {input}");
-            let compact = serde_json::to_string(&doc).unwrap_or_else(|e| panic!("{input}: {e}"));
-            assert_eq!(&compact, input, "compact re-serialization of {input}");
-        }
-    }
-
-    /// 60,000 keys in one object, every seventh given again later (twice for every 49th):
-    /// each key keeps its first position and takes its last value. With a linear search per
-    /// key this took seconds (quadratic); it must stay linear.
-    #[test]
-    fn sixty_thousand_keys_with_repeats_keep_first_position_and_last_value() {
-        const KEYS: usize = 60_000;
-        let mut text = String::from("{");
-        for i in 0..KEYS {
-            text.push_str(&format!("\"k{i}\":{i},"));
-        }
-        for i in (0..KEYS).step_by(7) {
-            text.push_str(&format!("\"k{i}\":\"again {i}\","));
-        }
-        for i in (0..KEYS).step_by(49) {
-            text.push_str(&format!("\"k{i}\":[{i}],"));
-        }
-        text.push_str("\"end\":null}");
-
-        let doc = Json::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-        let object = doc.as_object().unwrap_or_else(|| panic!("not an object"));
-        assert_eq!(object.len(), KEYS + 1, "one entry per distinct key");
-        for (i, (k, v)) in object.iter().take(KEYS).enumerate() {
-            assert_eq!(*k, format!("k{i}"), "key at position {i}");
-            let want = if i % 49 == 0 {
-                format!("[{i}]")
-            } else if i % 7 == 0 {
-                format!("\"again {i}\"")
-            } else {
-                i.to_string()
-            };
-            let got = serde_json::to_string(v).unwrap_or_default();
-            assert_eq!(got, want, "value of k{i}");
-        }
-        assert_eq!(object.get_index(KEYS).map(|(k, _)| k.as_str()), Some("end"));
-        assert_eq!(
-            doc.get("k59999")
-                .and_then(|v| serde_json::to_string(v).ok())
-                .as_deref(),
-            Some("59999")
-        );
-        assert_eq!(
-            doc.get("k59990")
-                .and_then(|v| serde_json::to_string(v).ok())
-                .as_deref(),
-            Some("\"again 59990\"")
-        );
-        assert_eq!(
-            doc.get("k59976")
-                .and_then(|v| serde_json::to_string(v).ok())
-                .as_deref(),
-            Some("[59976]")
-        );
-
-        // Re-serialized, the document is the de-duplicated one, in first-position order.
-        let mut want = String::from("{");
-        for i in 0..KEYS {
-            let v = if i % 49 == 0 {
-                format!("[{i}]")
-            } else if i % 7 == 0 {
-                format!("\"again {i}\"")
-            } else {
-                i.to_string()
-            };
-            want.push_str(&format!("\"k{i}\":{v},"));
-        }
-        want.push_str("\"end\":null}");
-        assert!(
-            serde_json::to_string(&doc).unwrap_or_default() == want,
-            "re-serialized document differs from the de-duplicated input"
-        );
-    }
-
-    #[test]
-    fn equality_sees_key_order() {
-        let a = Json::parse(br#"{"a":1,"b":2}"#).unwrap_or_else(|e| panic!("{e}"));
-        let b = Json::parse(br#"{"b":2,"a":1}"#).unwrap_or_else(|e| panic!("{e}"));
-        assert_ne!(a, b);
-        assert_eq!(a, a.clone());
-    }
-
-    #[test]
-    fn repeated_key_keeps_first_position_last_value() {
-        let doc = Json::parse(br#"{"a":1,"b":2,"a":3}"#).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            serde_json::to_string(&doc).unwrap_or_default(),
-            r#"{"a":3,"b":2}"#
-        );
-    }
-}
+mod tests;
