@@ -602,7 +602,6 @@ fn agent_stopped_during_add_means_try_again_and_nothing_half_registered() {
         })
         .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
         // The agent dies in the middle of the ADD.
-        let killed = Instant::now();
         linkerd_cni_tests::node::signal(agent.pid(), nix::sys::signal::Signal::SIGKILL)
             .expect("SIGKILL");
         let out = add
@@ -610,10 +609,16 @@ fn agent_stopped_during_add_means_try_again_and_nothing_half_registered() {
             .unwrap_or_else(|_| panic!("plugin thread panicked"))
             .unwrap_or_else(|e| panic!("running the plugin: {e}"));
         // The agent gone, the plugin asks the (frozen) API whether the pod is meshed, bounded
-        // by the plugin's API timeout (5 s), far below the 20 s agent timeout.
+        // by the plugin's API timeout (5 s), far below the 20 s agent timeout. What it says
+        // shows which happened, however busy the machine: the connection broke (noticed at
+        // once), not "did not answer within 20000 ms" (its timeout).
         assert!(
-            killed.elapsed() < Duration::from_secs(8),
-            "the plugin notices the agent's death at once, not after its timeout"
+            out.stdout
+                .contains("the connection to the linkerd-cni node agent")
+                && !out.stdout.contains("did not answer within"),
+            "the plugin notices the agent's death at once, not after its timeout: {} {}",
+            out.stdout,
+            out.stderr
         );
         out
     });

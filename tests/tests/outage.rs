@@ -6,7 +6,7 @@
 //!
 //! Run: `cargo build --bins && cargo test -p linkerd-cni-tests --test outage -- --test-threads=1`
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use linkerd_cni_tests::{
     cniruntime::{CniError, Verb},
@@ -247,17 +247,21 @@ fn an_add_past_the_plugins_deadline_is_abandoned() {
     // Freeze the API server: the agent's decision (it GETs the pod) waits for it.
     let api = node.apiserver().pid();
     linkerd_cni_tests::node::signal(api, Signal::SIGSTOP).expect("SIGSTOP");
-    let start = Instant::now();
     let out = node.run_plugin(&env, stdin.as_bytes());
-    let took = start.elapsed();
     // Thaw it while the agent's own API timeout (5 s) still runs: the GET then succeeds.
     std::thread::sleep(Duration::from_millis(500));
     linkerd_cni_tests::node::signal(api, Signal::SIGCONT).expect("SIGCONT");
     let out = out.unwrap_or_else(|e| panic!("running the plugin: {e}"));
     assert_eq!(out.code(), Some(11), "{} {}", out.stdout, out.stderr);
+    // The ADD ended at the plugin's deadline, however long the machine took to run it: the
+    // agent abandoned it there (its answer says so), or the plugin stopped waiting at its own
+    // timeout. (Which of the two comes first is a matter of the 250 ms margin between them.)
     assert!(
-        took < Duration::from_millis(1_500 + 1_000),
-        "the plugin answered within its timeout: {took:?}"
+        out.stdout.contains("the plugin's deadline passed")
+            || out.stdout.contains("did not answer within 1500 ms"),
+        "the plugin answered within its timeout: {} {}",
+        out.stdout,
+        out.stderr
     );
     // Give a late registration every chance to appear.
     std::thread::sleep(Duration::from_secs(5));
