@@ -42,8 +42,9 @@ use self::{
 };
 use crate::host::kernel;
 
-/// The object built from `ebpf/` (see `linkerd-cni-ebpf-build`).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LINKERD_CNI_EBPF_OBJECT"));
+/// The object built from `ebpf/` (see `linkerd-cni-ebpf-build`). Public for the tests that
+/// hold the kernel feature table to what the verifier accepts.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LINKERD_CNI_EBPF_OBJECT"));
 
 /// Why the data plane could not be loaded or attached.
 #[derive(Debug, thiserror::Error)]

@@ -8,83 +8,38 @@ use std::{
 
 use linkerd_cni_common::paths;
 
-/// A kernel feature the data plane relies on, with the release that brought it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Feature {
-    pub name: &'static str,
-    pub since: (u32, u32),
-}
+pub use linkerd_cni_common::kernel::{FEATURES, Feature, parse_release};
+use linkerd_cni_common::kernel::{MissingList, missing};
 
-/// Every feature, oldest first. The real proof is loading and attaching the programs; this
-/// check exists to name what is missing in words an operator can act on.
-pub const FEATURES: &[Feature] = &[
-    Feature {
-        name: "cgroup sock_addr hooks (connect4/connect6)",
-        since: (4, 17),
-    },
-    Feature {
-        name: "cgroup getsockopt hook",
-        since: (5, 3),
-    },
-    Feature {
-        name: "bpf_link for cgroups and bpf_get_netns_cookie in sock_addr",
-        since: (5, 7),
-    },
-    Feature {
-        name: "cgroup getpeername hooks",
-        since: (5, 8),
-    },
-    Feature {
-        name: "sk_lookup programs",
-        since: (5, 9),
-    },
-    Feature {
-        name: "SO_NETNS_COOKIE",
-        since: (5, 14),
-    },
-];
-
-/// The kernel is too old for the data plane.
+/// The kernel lacks features the data plane needs (named in one line, from the table the CLI's
+/// `check --node` reads too).
 #[derive(Debug, thiserror::Error)]
-#[error("kernel {release} is too old for linkerd-cni's eBPF mode; missing: {}", missing.join(", "))]
+#[error("kernel {release} is too old for linkerd-cni's eBPF mode; missing: {missing}")]
 pub struct KernelTooOld {
+    /// `uname -r`.
     pub release: String,
-    pub missing: Vec<String>,
+    /// Each missing feature with the release that brought it: `name (5.15+), ...`.
+    pub missing: String,
 }
 
-/// Parses `major.minor` from a release string such as `6.18.44-fc-v595`.
-pub fn parse_release(release: &str) -> Option<(u32, u32)> {
-    let mut parts = release.split(|c: char| !c.is_ascii_digit());
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
+/// Checks a kernel release against [`FEATURES`]. A release that does not parse passes: loading
+/// the programs is the real proof, and the verifier then names what is wrong.
+pub fn check_release(release: &str) -> Result<(), KernelTooOld> {
+    match parse_release(release) {
+        Some(version) if missing(version).next().is_some() => Err(KernelTooOld {
+            release: release.to_string(),
+            missing: MissingList(version).to_string(),
+        }),
+        _ => Ok(()),
+    }
 }
 
-/// The features a kernel release lacks.
-pub fn missing_features(version: (u32, u32)) -> Vec<&'static Feature> {
-    FEATURES.iter().filter(|f| version < f.since).collect()
-}
-
-/// Checks the running kernel against [`FEATURES`].
+/// Checks the running kernel against [`FEATURES`]; returns its release.
 pub fn check_kernel() -> Result<String, KernelTooOld> {
     let release = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
-    let missing = match parse_release(&release) {
-        Some(v) => missing_features(v),
-        None => Vec::new(),
-    };
-    if missing.is_empty() {
-        Ok(release)
-    } else {
-        Err(KernelTooOld {
-            release,
-            missing: missing
-                .iter()
-                .map(|f| format!("{} ({}.{}+)", f.name, f.since.0, f.since.1))
-                .collect(),
-        })
-    }
+    check_release(&release).map(|()| release)
 }
 
 /// Finds the cgroup v2 mount point in `/proc/self/mountinfo` (hybrid hosts mount it at
@@ -180,13 +135,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn releases_and_floors() {
-        assert_eq!(parse_release("6.18.44-fc-v595"), Some((6, 18)));
-        assert_eq!(parse_release("5.4.0-150-generic"), Some((5, 4)));
-        assert!(missing_features((6, 18)).is_empty());
-        let names: Vec<_> = missing_features((5, 4)).iter().map(|f| f.since).collect();
-        assert_eq!(names, vec![(5, 7), (5, 8), (5, 9), (5, 14)]);
-        assert_eq!(missing_features((4, 19)).len(), 5);
+    fn releases_below_the_floor_are_refused_naming_each_missing_feature() {
+        assert!(check_release("6.18.44-fc-v595").is_ok());
+        assert!(check_release("5.17.0").is_ok());
+        assert!(check_release("not a release").is_ok());
+        let err = check_release("5.10.0-46-amd64").expect_err("5.10 is too old");
+        assert_eq!(
+            err.to_string(),
+            "kernel 5.10.0-46-amd64 is too old for linkerd-cni's eBPF mode; missing: \
+             SO_NETNS_COOKIE (5.14+), bpf_get_netns_cookie in sock_ops and cgroup sockopt \
+             programs (5.15+), ingress_ifindex in the sk_lookup context (5.17+)"
+        );
     }
 
     #[test]

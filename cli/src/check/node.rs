@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use linkerd_cni_common::kernel;
+
 use super::result::CheckResult;
 
 /// The category these checks are printed under.
@@ -33,20 +35,12 @@ impl fmt::Display for KernelVersion {
     }
 }
 
-/// Each kernel feature the eBPF mode uses, with the first kernel that has it.
-pub const KERNEL_FEATURES: &[(&str, KernelVersion)] = &[
-    (
-        "cgroup sock_addr programs (connect redirection)",
-        KernelVersion(4, 17, 0),
-    ),
-    (
-        "cgroup getsockopt programs (SO_ORIGINAL_DST)",
-        KernelVersion(5, 3, 0),
-    ),
-    ("cgroup bpf_link attachments", KernelVersion(5, 7, 0)),
-    ("cgroup getpeername programs", KernelVersion(5, 8, 0)),
-    ("sk_lookup programs", KernelVersion(5, 9, 0)),
-];
+/// The name of the kernel check: one line, failing with every missing feature named (the
+/// table is `linkerd_cni_common::kernel`, the one the agent checks at start-up).
+pub fn kernel_check_name() -> String {
+    let (major, minor) = kernel::FLOOR;
+    format!("kernel has every feature the eBPF mode needs (>= {major}.{minor})")
+}
 
 /// What the node checks look at, read from `/proc` (tests pass their own).
 #[derive(Clone, Debug, Default)]
@@ -122,25 +116,28 @@ pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
         .kernel_release
         .as_deref()
         .map(|r| (r.trim(), KernelVersion::parse(r)));
-    for (feature, min) in KERNEL_FEATURES {
-        let name = format!("kernel supports {feature} (>= {}.{})", min.0, min.1);
-        results.push(match version {
-            Some((_, Some(v))) if v >= *min => {
-                CheckResult::ok(CATEGORY, name, format!("kernel {v}"))
+    let name = kernel_check_name();
+    results.push(match version {
+        Some((release, Some(v))) => match kernel::parse_release(release) {
+            Some(major_minor) if kernel::missing(major_minor).next().is_some() => {
+                CheckResult::fail(
+                    CATEGORY,
+                    name,
+                    format!(
+                        "kernel {v} is too old; missing: {}",
+                        kernel::MissingList(major_minor)
+                    ),
+                )
             }
-            Some((_, Some(v))) => CheckResult::fail(
-                CATEGORY,
-                name,
-                format!("kernel {v} is older than {}.{}", min.0, min.1),
-            ),
-            Some((release, None)) => CheckResult::fail(
-                CATEGORY,
-                name,
-                format!("cannot parse kernel release {release:?}"),
-            ),
-            None => CheckResult::fail(CATEGORY, name, "cannot read /proc/sys/kernel/osrelease"),
-        });
-    }
+            _ => CheckResult::ok(CATEGORY, name, format!("kernel {v}")),
+        },
+        Some((release, None)) => CheckResult::fail(
+            CATEGORY,
+            name,
+            format!("cannot parse kernel release {release:?}"),
+        ),
+        None => CheckResult::fail(CATEGORY, name, "cannot read /proc/sys/kernel/osrelease"),
+    });
 
     let Some(mountinfo) = facts.mountinfo.as_deref() else {
         results.push(CheckResult::fail(
@@ -216,35 +213,49 @@ mod tests {
         assert!(!filesystem_supported("nodev\tsysfs\n", "bpf"));
     }
 
-    /// Each kernel floor: one version below fails exactly the features that need more.
+    /// Each kernel below the floor fails the one kernel check, naming exactly the features
+    /// that need more; the floor and above pass it.
     #[test]
     fn kernel_floors() {
-        let cases: &[(&str, usize)] = &[
-            ("6.1.0", 0),
-            ("5.9.0", 0),
-            ("5.8.18", 1),
-            ("5.7.0", 2),
-            ("5.4.0", 3),
-            ("4.19.0", 4),
-            ("4.14.0", 5),
+        let cases: &[(&str, Option<&str>)] = &[
+            ("6.1.0", None),
+            ("5.17.0", None),
+            (
+                "5.16.20",
+                Some("missing: ingress_ifindex in the sk_lookup context (5.17+)"),
+            ),
+            (
+                "5.15.0-1049-aws",
+                Some("missing: ingress_ifindex in the sk_lookup context (5.17+)"),
+            ),
+            (
+                "5.10.0-46-amd64",
+                Some(
+                    "missing: SO_NETNS_COOKIE (5.14+), bpf_get_netns_cookie in sock_ops and \
+                     cgroup sockopt programs (5.15+), ingress_ifindex in the sk_lookup context \
+                     (5.17+)",
+                ),
+            ),
         ];
-        for (release, failing) in cases {
+        for (release, want) in cases {
             let facts = NodeFacts {
                 kernel_release: Some(release.to_string()),
                 mountinfo: Some(MOUNTINFO.into()),
                 filesystems: None,
             };
             let results = run(&facts);
-            let failed: Vec<_> = results
-                .iter()
-                .filter(|r| !r.passed())
-                .map(|r| r.name.clone())
-                .collect();
-            assert_eq!(
-                failed.len(),
-                *failing,
-                "kernel {release}: failed {failed:?}"
-            );
+            let failed: Vec<_> = results.iter().filter(|r| !r.passed()).collect();
+            match want {
+                None => assert!(failed.is_empty(), "kernel {release}: {failed:?}"),
+                Some(missing) => {
+                    assert_eq!(failed.len(), 1, "kernel {release}: {failed:?}");
+                    assert_eq!(failed[0].name, kernel_check_name());
+                    assert!(
+                        failed[0].detail.contains(missing),
+                        "kernel {release}: {failed:?}"
+                    );
+                }
+            }
         }
     }
 
