@@ -88,17 +88,26 @@ struct RunArgs {
     /// mounts them under /host): netns and cgroup paths from the runtime are host paths.
     #[arg(long, env = "LINKERD_CNI_AGENT_HOST_ROOT")]
     host_root: Option<PathBuf>,
-    /// Address of the /live, /ready and /metrics endpoint. With `hostNetwork` the default
-    /// (every address of the node, port 9990) is where kubelet's probes (which go to the pod IP,
-    /// the node's IP) and Prometheus reach it, and also anything else on the node's network:
-    /// the endpoint only reads, bounds its connections and times idle ones out. To keep it on
-    /// the node itself, use 127.0.0.1:9990 and set `host: 127.0.0.1` in the probes.
+    /// Addresses of the /live, /ready and /metrics endpoint, comma-separated. With
+    /// `hostNetwork` every address is the node's: the default, loopback, is where kubelet (in
+    /// the host's network namespace) probes and where no pod reaches. An IPv6 address is
+    /// skipped when the node has no IPv6.
     #[arg(
-        long,
+        long = "health-addr",
         env = "LINKERD_CNI_AGENT_HEALTH_ADDR",
-        default_value = "0.0.0.0:9990"
+        value_delimiter = ',',
+        default_value = "127.0.0.1:9990,[::1]:9990"
     )]
-    health_addr: SocketAddr,
+    health_addrs: Vec<SocketAddr>,
+    /// Addresses where `/metrics` alone is also served, comma-separated, for a Prometheus that
+    /// scrapes the node (e.g. `0.0.0.0:9991`: then anything that reaches the node's addresses
+    /// reads the agent's counters). Default: none (`/metrics` only on the health addresses).
+    #[arg(
+        long = "metrics-addr",
+        env = "LINKERD_CNI_AGENT_METRICS_ADDR",
+        value_delimiter = ','
+    )]
+    metrics_addrs: Vec<SocketAddr>,
     /// Also run the node installer (plugin binary, kubeconfig, conflist patching), configured
     /// by Linkerd's installer environment variables.
     #[arg(long, env = "LINKERD_CNI_AGENT_INSTALL")]
@@ -149,7 +158,8 @@ impl RunArgs {
             kubeconfig: self.kubeconfig,
             node_name: self.node_name,
             bpffs,
-            health_addr: self.health_addr,
+            health_addrs: self.health_addrs,
+            metrics_addrs: self.metrics_addrs,
             install: self.install,
             reap_interval: self.reap_interval,
             reconcile_interval: self.reconcile_interval,

@@ -3,23 +3,27 @@
 //! and, when the installer runs, the plugin is in every conflist) and `/metrics` (Prometheus
 //! text format).
 //!
-//! The endpoint is reachable from the node's network once the DaemonSet runs with
-//! `hostNetwork`, so it is hardened: an accept error (EMFILE and the like) is logged and retried
+//! The DaemonSet runs with `hostNetwork`, so whatever address the endpoint binds is the
+//! node's. By default it binds loopback only (`127.0.0.1`, and `::1` where the node has IPv6):
+//! kubelet, in the host's network namespace, probes `127.0.0.1`, and no pod can reach it.
+//! `/metrics` can also be served alone on an address of its own (`--metrics-addr`), for a
+//! Prometheus that scrapes the node. A peer that is not on loopback learns only whether the
+//! agent is ready, never why not. The endpoint is hardened all the same: an accept error (EMFILE and the like) is logged and retried
 //! after a pause, never fatal; at most [`MAX_CONNECTIONS`] are open at once, a new one closing
 //! the oldest (so a probe always gets through); one request per connection, whose headers must
 //! arrive within [`IDLE_TIMEOUT`], and no connection lives longer than [`MAX_LIFETIME`];
 //! `/metrics` walks the maps on a blocking thread, never on a runtime thread.
 
 use std::{
-    collections::VecDeque, convert::Infallible, net::SocketAddr, sync::Arc, sync::atomic::Ordering,
-    time::Duration,
+    collections::VecDeque, convert::Infallible, io, net::SocketAddr, sync::Arc,
+    sync::atomic::Ordering, time::Duration,
 };
 
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Bytes, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use linkerd_cni_installer::Installer;
-use tokio::sync::oneshot;
+use tokio::{net::TcpListener, sync::oneshot};
 
 use crate::{agent::reconcile::Reconciler, service::server::Server};
 
@@ -150,13 +154,15 @@ impl Health {
         out
     }
 
-    async fn respond(self: Arc<Self>, path: &str) -> Response<Full<Bytes>> {
+    async fn respond(
+        self: Arc<Self>,
+        path: &str,
+        serves: Serves,
+        peer_on_loopback: bool,
+    ) -> Response<Full<Bytes>> {
         let (status, body) = match path {
-            "/live" => (StatusCode::OK, "ok\n".to_string()),
-            "/ready" => match self.not_ready() {
-                None => (StatusCode::OK, "ready\n".to_string()),
-                Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-            },
+            "/live" if serves == Serves::Probes => (StatusCode::OK, "ok\n".to_string()),
+            "/ready" if serves == Serves::Probes => ready(self.not_ready(), peer_on_loopback),
             // Walks every pod's entries under the maps lock: not on a runtime thread.
             "/metrics" => match tokio::task::spawn_blocking(move || self.metrics()).await {
                 Ok(text) => (StatusCode::OK, text),
@@ -169,15 +175,14 @@ impl Health {
         response
     }
 
-    /// Binds `addr`, then serves for ever (accept errors are logged and retried).
-    pub async fn serve(self: Arc<Self>, addr: SocketAddr) -> std::io::Result<()> {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        tracing::info!(%addr, "health and metrics endpoint listening");
+    /// Serves `listener` for ever (accept errors are logged and retried): the probes and
+    /// `/metrics`, or `/metrics` alone.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, serves: Serves) {
         // One sender per open connection, oldest first; sending closes that connection.
         let mut open: VecDeque<oneshot::Sender<()>> = VecDeque::new();
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!(error = %e, "health endpoint: accept failed; retrying");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -196,7 +201,11 @@ impl Health {
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                     let this = this.clone();
-                    async move { Ok::<_, Infallible>(this.respond(req.uri().path()).await) }
+                    let on_loopback = peer.ip().to_canonical().is_loopback();
+                    async move {
+                        let response = this.respond(req.uri().path(), serves, on_loopback).await;
+                        Ok::<_, Infallible>(response)
+                    }
                 });
                 let conn = http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -212,9 +221,118 @@ impl Health {
     }
 }
 
+/// What a listener of the endpoint serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serves {
+    /// `/live`, `/ready` and `/metrics` (`--health-addr`).
+    Probes,
+    /// `/metrics` only (`--metrics-addr`).
+    Metrics,
+}
+
+/// Binds every address of `addrs`. An IPv6 address that the node cannot bind because it has
+/// no IPv6 (the module not loaded, `disable_ipv6`, or `::1` absent) is skipped with a log line,
+/// as long as another address was bound; any other failure is an error naming the address.
+pub async fn bind(addrs: &[SocketAddr], what: &str) -> io::Result<Vec<TcpListener>> {
+    let mut bound = Vec::new();
+    let mut skipped = Vec::new();
+    for addr in addrs {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => {
+                tracing::info!(%addr, "{what} listening");
+                bound.push(listener);
+            }
+            Err(e) if addr.is_ipv6() && no_ipv6(&e) => {
+                tracing::info!(%addr, error = %e, "{what}: no IPv6 on this node; not listening there");
+                skipped.push(e);
+            }
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("binding {addr} ({what}): {e}"),
+                ));
+            }
+        }
+    }
+    if bound.is_empty()
+        && let Some(e) = skipped.pop()
+    {
+        return Err(io::Error::new(
+            e.kind(),
+            format!("{what}: no address could be bound: {e}"),
+        ));
+    }
+    Ok(bound)
+}
+
+/// `/ready`'s answer: why the agent is not ready only to a peer on loopback (the node
+/// itself); anyone else learns ready or not.
+fn ready(not_ready: Option<String>, peer_on_loopback: bool) -> (StatusCode, String) {
+    match not_ready {
+        None => (StatusCode::OK, "ready\n".to_string()),
+        Some(why) if peer_on_loopback => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        Some(_) => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string()),
+    }
+}
+
+/// Whether a bind failed because the node has no IPv6.
+fn no_ipv6(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL) | Some(libc::EPROTONOSUPPORT)
+    )
+}
+
 /// Appends one counter in the Prometheus text format.
 fn counter(out: &mut String, name: &str, help: &str, v: u64) {
     out.push_str(&format!(
         "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_says_why_only_to_loopback() {
+        let why = || Some("installer not ready: conflist missing".to_string());
+        assert_eq!(
+            ready(why(), true),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "installer not ready: conflist missing\n".to_string()
+            )
+        );
+        assert_eq!(
+            ready(why(), false),
+            (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string())
+        );
+        assert_eq!(ready(None, false), (StatusCode::OK, "ready\n".to_string()));
+    }
+
+    #[tokio::test]
+    async fn binds_every_address_and_names_the_one_that_fails() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let taken_addr = taken.local_addr().expect("addr");
+        let ok: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let bound = bind(&[ok], "test").await.expect("loopback binds");
+        assert_eq!(bound.len(), 1);
+        let err = bind(&[ok, taken_addr], "test endpoint")
+            .await
+            .expect_err("an address in use is an error");
+        assert!(
+            err.to_string().contains(&taken_addr.to_string()),
+            "names the address: {err}"
+        );
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+    }
+
+    #[test]
+    fn a_node_without_ipv6_is_told_apart_from_other_failures() {
+        assert!(no_ipv6(&io::Error::from_raw_os_error(libc::EADDRNOTAVAIL)));
+        assert!(no_ipv6(&io::Error::from_raw_os_error(libc::EAFNOSUPPORT)));
+        assert!(!no_ipv6(&io::Error::from_raw_os_error(libc::EADDRINUSE)));
+        assert!(!no_ipv6(&io::Error::from_raw_os_error(libc::EACCES)));
+    }
 }

@@ -24,7 +24,7 @@ pub mod health;
 pub mod inspect;
 pub mod server;
 
-use health::Health;
+use health::{Health, Serves};
 use server::Server;
 
 /// How `run` serves and how often its passes repeat (the agent's `run` flags).
@@ -38,8 +38,11 @@ pub struct Options {
     pub node_name: Option<String>,
     /// Where bpffs is mounted (the reconciler re-mounts it if it goes).
     pub bpffs: PathBuf,
-    /// Address of the /live, /ready and /metrics endpoint.
-    pub health_addr: SocketAddr,
+    /// Addresses of the /live, /ready and /metrics endpoint (IPv6 ones skipped where the
+    /// node has no IPv6).
+    pub health_addrs: Vec<SocketAddr>,
+    /// Addresses where `/metrics` alone is also served (none: only on `health_addrs`).
+    pub metrics_addrs: Vec<SocketAddr>,
     /// Also run the node installer (Linkerd's installer environment variables).
     pub install: bool,
     /// How often registrations whose netns is gone are dropped.
@@ -128,12 +131,25 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         installer: installer.clone(),
         reconciler: reconciler.clone(),
     });
-    let health_addr = args.health_addr;
-    tokio::spawn(async move {
-        if let Err(e) = health.serve(health_addr).await {
-            tracing::error!(error = %e, "health endpoint failed");
-        }
-    });
+    // Bound before anything is spawned: an address that cannot be bound stops the agent
+    // with its name, rather than leaving kubelet's probes to fail without a word.
+    let probes = health::bind(
+        &args.health_addrs,
+        "health endpoint (/live, /ready, /metrics)",
+    )
+    .await?;
+    let metrics = if args.metrics_addrs.is_empty() {
+        Vec::new()
+    } else {
+        health::bind(&args.metrics_addrs, "metrics endpoint (/metrics)").await?
+    };
+    let listeners = probes
+        .into_iter()
+        .map(|l| (l, Serves::Probes))
+        .chain(metrics.into_iter().map(|l| (l, Serves::Metrics)));
+    for (listener, serves) in listeners {
+        tokio::spawn(health.clone().serve(listener, serves));
+    }
     spawn_reaper(agent.clone(), args.reap_interval);
     spawn_reconciler(reconciler, args.reconcile_interval, hup);
     if args.adopt_running_pods && adoption_possible(host_root.as_deref()) {
