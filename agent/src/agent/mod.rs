@@ -21,6 +21,7 @@ use crate::{
     dataplane::maps::{Maps, MapsError, PodEntries},
     dataplane::maps_lock::MapsLock,
     dataplane::{self, Dataplane, DataplaneError},
+    host::capabilities,
     host::cgroup,
     host::kernel,
     host::netns::{self, Netns, NetnsError},
@@ -79,6 +80,9 @@ pub struct Registration {
 /// Why an agent operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The agent lacks a capability it needs (named, with what needs it).
+    #[error(transparent)]
+    Capabilities(#[from] capabilities::MissingCapabilities),
     /// The pod's network namespace is missing or not a netns.
     #[error(transparent)]
     Netns(#[from] NetnsError),
@@ -121,6 +125,7 @@ impl Agent {
     /// Loads the programs (reusing pinned maps) and opens the registry. Pods registered by an
     /// earlier run are adopted as they are: their links and map entries were never touched.
     pub fn start(config: AgentConfig) -> Result<Self, AgentError> {
+        capabilities::check()?;
         let registry = Registry::open(&config.state_dir)?;
         let dataplane = Dataplane::load_sized(&config.pin_root, &config.map_sizes)?;
         // Registered pods, for maps a layout migration replaces (the registry is the source of
@@ -194,6 +199,8 @@ impl Agent {
         let id = reg.id.clone();
         let mut phases = Phases::new("add", &id);
         reg.netns = self.host_path(&reg.netns);
+        // Lists longer than a pod may have are refused before any work is done for them.
+        limits::check_config(&reg.config)?;
         let ns = Netns::open(&reg.netns)?;
         let (netns_cookie, addresses) = ns.cookie_and_addresses()?;
         phases.mark("netns");

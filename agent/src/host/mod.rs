@@ -1,11 +1,14 @@
 //! The host facts registration depends on, read from the kernel and the filesystem: a pod's
 //! network namespace ([`netns`]) and cgroup ([`cgroup`]), its user namespace's view of the
-//! proxy's IDs ([`userns`]), a running pod as the host sees it ([`podscan`]), and what the
-//! kernel offers ([`kernel`]).
+//! proxy's IDs ([`userns`]), a running pod as the host sees it ([`podscan`]), what the
+//! kernel offers ([`kernel`]), how it lays out the structures the iterator reads ([`btf`])
+//! and which capabilities this process holds ([`capabilities`]).
 //!
 //! Nothing here knows about pods' redirection state: the layers above ([`crate::agent`],
 //! [`crate::dataplane`]) call down into it, never the other way.
 
+pub mod btf;
+pub mod capabilities;
 pub mod cgroup;
 pub mod kernel;
 pub mod netns;
