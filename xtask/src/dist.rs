@@ -14,7 +14,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use crate::{build_ebpf, cargo, run, workspace};
+use linkerd_cni_common::paths;
+
+use crate::{
+    build_ebpf,
+    cross::{Arch, Libc, Target},
+    workspace,
+};
 
 /// The plugin's binary name: the `type` in a CNI configuration.
 pub const PLUGIN_BIN: &str = "linkerd-cni";
@@ -31,13 +37,10 @@ const PLUGIN_RUSTC_FLAGS: [&str; 4] = [
 /// it where the other binaries are (`target/release` or `target/debug`); returns that path,
 /// checked to be what it must be.
 pub fn build_plugin(release: bool) -> anyhow::Result<PathBuf> {
-    let built = crate::musl::build_plugin(
-        "linkerd-cni-plugin",
-        PLUGIN_BIN,
-        release,
-        &PLUGIN_RUSTC_FLAGS,
-    )?;
-    check_static(&built)?;
+    let Some(host) = Arch::host() else {
+        bail!("the plugin is built for amd64 and arm64 machines only");
+    };
+    let built = build_plugin_for(host, release)?;
     let bin = workspace()
         .join("target")
         .join(if release { "release" } else { "debug" })
@@ -52,10 +55,49 @@ pub fn build_plugin(release: bool) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// Builds the plugin as shipped for `arch` (cross-built on another architecture: see
+/// `cross.rs`), checked to be static and not PIE; returns the binary in its target directory.
+pub fn build_plugin_for(arch: Arch, release: bool) -> anyhow::Result<PathBuf> {
+    let built = crate::musl::build_plugin(
+        arch,
+        "linkerd-cni-plugin",
+        PLUGIN_BIN,
+        release,
+        &PLUGIN_RUSTC_FLAGS,
+    )?;
+    check_static(&built)?;
+    crate::cross::check_static_for(&built, arch)?;
+    Ok(built)
+}
+
 /// Fails unless `path` is an ELF executable that is not position-independent (`ET_EXEC`) and
 /// asks for no dynamic loader (no `PT_INTERP`).
 pub fn check_static(path: &Path) -> anyhow::Result<()> {
     let elf = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    // 64-bit little-endian ELF only (the targets this project builds for).
+    if elf.get(..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) {
+        bail!("{} is not a 64-bit little-endian ELF file", path.display());
+    }
+    const ET_EXEC: u16 = 2;
+    if u16_at(16) != Some(ET_EXEC) {
+        bail!(
+            "{} is position-independent: build it with `cargo xtask dist`",
+            path.display()
+        );
+    }
+    if has_interp(&elf) {
+        bail!(
+            "{} is dynamically linked: build it with `cargo xtask dist`",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Whether a 64-bit little-endian ELF file asks for a dynamic loader (has a `PT_INTERP`
+/// program header).
+pub fn has_interp(elf: &[u8]) -> bool {
     let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
     let u32_at = |o: usize| {
         elf.get(o..o + 4)
@@ -65,58 +107,73 @@ pub fn check_static(path: &Path) -> anyhow::Result<()> {
         elf.get(o..o + 8)
             .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
     };
-    // 64-bit little-endian ELF only (the targets this project builds for).
-    if elf.get(..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) {
-        bail!("{} is not a 64-bit little-endian ELF file", path.display());
-    }
-    const ET_EXEC: u16 = 2;
     const PT_INTERP: u32 = 3;
-    if u16_at(16) != Some(ET_EXEC) {
-        bail!(
-            "{} is position-independent: build it with `cargo xtask dist`",
-            path.display()
-        );
-    }
     let (phoff, phentsize, phnum) = (
         u64_at(32).unwrap_or(0) as usize,
         u16_at(54).unwrap_or(0) as usize,
         u16_at(56).unwrap_or(0) as usize,
     );
-    for i in 0..phnum {
-        if u32_at(phoff + i * phentsize) == Some(PT_INTERP) {
-            bail!(
-                "{} is dynamically linked: build it with `cargo xtask dist`",
-                path.display()
-            );
-        }
-    }
-    Ok(())
+    (0..phnum).any(|i| u32_at(phoff + i * phentsize) == Some(PT_INTERP))
 }
 
-/// `cargo xtask dist [--out DIR]`: builds the release agent and the static plugin and lays
-/// them out under `out` as the image's root filesystem holds them: the agent on `PATH`
-/// (`usr/local/bin/linkerd-cni-agent`: `run`, `mount-bpffs`, and the installer it runs) and
-/// the plugin where the installer copies it from (`opt/cni/bin/linkerd-cni`, the default
-/// `CONTAINER_CNI_BIN_DIR`). An image is these files on a base with nothing else needed.
-pub fn dist(out: &Path) -> anyhow::Result<()> {
-    build_ebpf()?;
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "linkerd-cni-agent",
-        "--bin",
-        "linkerd-cni-agent",
-    ]))?;
-    let plugin = build_plugin(true)?;
-    let agent = workspace().join("target/release/linkerd-cni-agent");
-    for (from, to) in [
-        (agent, out.join("usr/local/bin/linkerd-cni-agent")),
-        (plugin, out.join("opt/cni/bin").join(PLUGIN_BIN)),
-    ] {
+/// The agent's binary name: the DaemonSet's commands are `linkerd-cni-agent run` and
+/// `linkerd-cni-agent mount-bpffs`, found through the image's `PATH`.
+pub const AGENT_BIN: &str = "linkerd-cni-agent";
+/// Where the image holds the agent (a directory on the image's `PATH`).
+pub const AGENT_IN_IMAGE: &str = "usr/local/bin/linkerd-cni-agent";
+
+/// Where the image holds the plugin: where the installer copies it from
+/// (`CONTAINER_CNI_BIN_DIR`'s default).
+pub fn plugin_in_image() -> String {
+    format!(
+        "{}/{PLUGIN_BIN}",
+        paths::CONTAINER_CNI_BIN_DIR.trim_matches('/')
+    )
+}
+
+/// Builds the agent as shipped for `arch`: release, static glibc (see `cross.rs`), embedding
+/// `ebpf_object`; returns the binary, checked to be static.
+pub fn build_agent_for(arch: Arch, ebpf_object: &Path) -> anyhow::Result<PathBuf> {
+    let agent = crate::cross::build(&crate::cross::Build {
+        target: Target::new(arch, Libc::Gnu),
+        package: "linkerd-cni-agent",
+        bin: AGENT_BIN,
+        release: true,
+        rustc_flags: &[],
+        envs: vec![("LINKERD_CNI_EBPF_OBJECT", ebpf_object.into())],
+    })?;
+    crate::cross::check_static_for(&agent, arch)?;
+    Ok(agent)
+}
+
+/// Builds every file the image of `arch` holds: (path in the image, built file), in the
+/// image's order. One eBPF object for every architecture (BPF bytecode is the same).
+pub fn build_image_files(arch: Arch) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let plugin = build_plugin_for(arch, true)?;
+    let object = build_ebpf()?;
+    let agent = build_agent_for(arch, &object)?;
+    Ok(vec![
+        (AGENT_IN_IMAGE.to_string(), agent),
+        (plugin_in_image(), plugin),
+    ])
+}
+
+/// `cargo xtask dist [--out DIR] [--arch ARCH]`: builds the agent and the plugin as shipped
+/// (both static) and lays them out under `out` as the image's root filesystem holds them: the
+/// agent on `PATH` (`usr/local/bin/linkerd-cni-agent`: `run`, `mount-bpffs`, and the installer
+/// it runs) and the plugin where the installer copies it from (`opt/cni/bin/linkerd-cni`, the
+/// default `CONTAINER_CNI_BIN_DIR`). The image (`cargo xtask image`) is these files and
+/// nothing else.
+pub fn dist(out: &Path, arch: Option<Arch>) -> anyhow::Result<()> {
+    let Some(arch) = arch.or_else(Arch::host) else {
+        bail!("name the architecture to build for: --arch amd64 or --arch arm64");
+    };
+    for (to, from) in build_image_files(arch)? {
+        let to = out.join(to);
         if let Some(dir) = to.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
+        let _ = std::fs::remove_file(&to);
         std::fs::copy(&from, &to)
             .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
         eprintln!("{}", to.display());
@@ -127,6 +184,12 @@ pub fn dist(out: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_plugin_is_where_the_installer_copies_it_from() {
+        assert_eq!(plugin_in_image(), "opt/cni/bin/linkerd-cni");
+        assert!(AGENT_IN_IMAGE.ends_with(&format!("/{AGENT_BIN}")));
+    }
 
     #[test]
     fn this_test_binary_is_not_static() {

@@ -4,8 +4,16 @@
 //! - `build-ebpf`: builds the eBPF object.
 //! - `demo`: setup, build, then the demo on a simulated node (root; see `demo.rs`).
 //! - `bench [--quick] [--baseline-bins DIR]`: the benchmarks (see `bench.rs`).
-//! - `dist [--out DIR]`: the release agent and the static plugin, laid out as the DaemonSet's
-//!   image holds them (see `dist.rs`, the one place the plugin's link flags are defined).
+//! - `dist [--out DIR] [--arch ARCH]`: the static agent and the static plugin, laid out as the
+//!   DaemonSet's image holds them (see `dist.rs`, the one place the plugin's link flags are
+//!   defined; `cross.rs` for the other architecture).
+//! - `image [--out DIR] [--arch ARCH]`: the DaemonSet's image, OCI archives for linux/amd64 and
+//!   linux/arm64, reproducible (see `image.rs`).
+//! - `release [--out DIR] [--chart-url URL]`: `dist/` with the image archives, the packaged
+//!   chart and its repository index, the static CLI for both architectures, SHA256SUMS (see
+//!   `release.rs`).
+//! - `cross-test [--arch arm64]`: the node-side crates' unit tests built for another
+//!   architecture, run under qemu-user (see `cross.rs`).
 //! - `vmtest --kernel 6.1|6.12|5.10|<image>`: the privileged tests in a QEMU guest on that kernel.
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
 //! - `test` (alias `ci`): setup, build, lint, then every test (unit in parallel, privileged one at a
@@ -13,10 +21,13 @@
 //!   command and what `.ci/run` runs.
 
 mod bench;
+mod cross;
 mod demo;
 mod dist;
+mod image;
 mod musl;
 mod privileged;
+mod release;
 mod setup;
 mod vmtest;
 
@@ -49,11 +60,41 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-    /// Build the shipped binaries (release agent, static plugin) into an image's file layout.
+    /// Build the shipped binaries (static agent, static plugin) into an image's file layout.
     Dist {
         /// Where to lay them out (`usr/local/bin/linkerd-cni-agent`, `opt/cni/bin/linkerd-cni`).
         #[arg(long, default_value = "target/dist")]
         out: PathBuf,
+        /// The architecture to build for [default: this machine's].
+        #[arg(long, value_enum)]
+        arch: Option<cross::Arch>,
+    },
+    /// Build the DaemonSet's image (linux/amd64 and linux/arm64) as OCI archives.
+    Image {
+        /// Where to write the archives.
+        #[arg(long, default_value = "target/image")]
+        out: PathBuf,
+        /// Only these architectures (repeatable) [default: amd64 and arm64].
+        #[arg(long, value_enum)]
+        arch: Vec<cross::Arch>,
+    },
+    /// Build a release into dist/: image archives, the packaged chart and its repository
+    /// index, the static `linkerd` CLI for amd64 and arm64, SHA256SUMS.
+    Release {
+        /// Where to put it (emptied first).
+        #[arg(long, default_value = "dist")]
+        out: PathBuf,
+        /// The URL the chart repository will be served from (`helm repo index --url`);
+        /// without it, the index names the chart by a relative URL.
+        #[arg(long)]
+        chart_url: Option<String>,
+    },
+    /// Build the unit tests of the node-side crates for another architecture and run them
+    /// under qemu-user (not the privileged tests).
+    CrossTest {
+        /// The architecture to build and run them for.
+        #[arg(long, value_enum, default_value = "arm64")]
+        arch: cross::Arch,
     },
     /// Build and run the benchmarks (ebpf vs iptables vs direct); writes BENCHMARKS.md (root).
     Bench {
@@ -115,7 +156,19 @@ fn main() -> anyhow::Result<()> {
             baseline_bins,
         } => bench::bench(quick, baseline_bins.as_deref()),
         Task::Vmtest { kernel, only, args } => vmtest::vmtest(&kernel, &only, &args),
-        Task::Dist { out } => dist::dist(&workspace().join(out)),
+        Task::Dist { out, arch } => dist::dist(&workspace().join(out), arch),
+        Task::CrossTest { arch } => cross::test_node_crates(arch),
+        Task::Image { out, arch } => {
+            let archs = if arch.is_empty() {
+                cross::Arch::ALL.to_vec()
+            } else {
+                arch
+            };
+            image::image(&workspace().join(out), &archs).map(drop)
+        }
+        Task::Release { out, chart_url } => {
+            release::release(&workspace().join(out), chart_url.as_deref())
+        }
         Task::BuildEbpf => {
             let object = build_ebpf()?;
             println!("{}", object.display());

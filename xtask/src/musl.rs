@@ -13,6 +13,13 @@
 //! `musl-gcc`. Static musl std links LLVM's libunwind (panics unwind: the plugin's `main`
 //! catches them); Debian ships none built for musl, so [`libunwind`] compiles it with
 //! `musl-gcc` from Debian's LLVM 15 source tarball, as Rust's own musl target does.
+//!
+//! For another architecture (arm64 from an amd64 machine: the release's), Debian's `musl-gcc`
+//! is the host's, so [`musl_gcc`] builds musl itself from Debian's musl source tarball with
+//! Debian's cross compiler (`aarch64-linux-gnu-gcc`): its `libc.a`, start files and the
+//! `musl-gcc` wrapper that points that compiler at them, in `target/musl/<cpu>-linux-musl`.
+//! The build itself goes through `cross.rs`, which also serves a rustup toolchain that has the
+//! musl target (`rustup target add`): then none of this is needed.
 
 use std::{
     path::{Path, PathBuf},
@@ -21,16 +28,14 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{run, workspace};
+use crate::{
+    cross::{Arch, Libc, Target},
+    run, workspace,
+};
 
-/// The plugin's target.
-pub const TARGET: &str = "x86_64-unknown-linux-musl";
-/// Debian's compiler and cargo (`rustc-web`, `cargo-web`), whose version `rust-web-src` matches.
-const RUSTC: &str = linkerd_cni_ebpf_build::BPF_RUSTC;
-const CARGO: &str = linkerd_cni_ebpf_build::BPF_CARGO;
 /// Where `rust-web-src` puts std's sources for `/usr/bin/rustc` (sysroot `/usr`).
 const STD_SOURCES: &str = "/usr/lib/rustlib/src/rust/library/std";
-/// The C compiler wrapper of `musl-tools`.
+/// The C compiler wrapper of `musl-tools` (for the host's architecture).
 const MUSL_GCC: &str = "/usr/bin/musl-gcc";
 
 /// LLVM's sources as Debian ships them for bookworm (libunwind is 0.7 MB of the 137 MB).
@@ -38,16 +43,21 @@ const LLVM_SOURCE_URL: &str = "http://deb.debian.org/debian/pool/main/l/llvm-too
 /// Its SHA-256, as in the Debian source package's `.dsc`.
 const LLVM_SOURCE_SHA256: &str = "076ac9fe372b3141b4fcbee80abfae34f9574fdb959cd8d14a7fd3f39ff89399";
 
-/// Checks what the musl build needs, naming the first missing piece.
-pub fn check_toolchain() -> anyhow::Result<()> {
+/// musl's sources as Debian ships them for bookworm (the version of its `musl-dev`).
+const MUSL_SOURCE_URL: &str =
+    "http://deb.debian.org/debian/pool/main/m/musl/musl_1.2.3.orig.tar.gz";
+/// Its SHA-256, as in the Debian source package's `.dsc` (`musl_1.2.3-1.dsc`).
+const MUSL_SOURCE_SHA256: &str = "7d5b0b6062521e4627e099e4c9dc8248d32a30285e959b7eecaa780cf8cfd4a4";
+
+/// Checks that Debian's compiler, cargo and std's sources (for `-Zbuild-std`) are installed.
+pub fn check_std_sources() -> anyhow::Result<()> {
     for (path, what) in [
-        (RUSTC, "Debian's rustc-web"),
-        (CARGO, "Debian's cargo-web"),
+        (linkerd_cni_ebpf_build::BPF_RUSTC, "Debian's rustc-web"),
+        (linkerd_cni_ebpf_build::BPF_CARGO, "Debian's cargo-web"),
         (
             STD_SOURCES,
             "Debian's rust-web-src (std's sources for -Zbuild-std)",
         ),
-        (MUSL_GCC, "Debian's musl-tools"),
     ] {
         if !Path::new(path).exists() {
             bail!("{path} is missing: install {what} (`cargo xtask setup` does)");
@@ -56,72 +66,102 @@ pub fn check_toolchain() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Builds the plugin for [`TARGET`] in the release or the debug profile with `rustc_flags`
+/// Checks what the host's musl build needs, naming the first missing piece.
+pub fn check_toolchain() -> anyhow::Result<()> {
+    check_std_sources()?;
+    if !Path::new(MUSL_GCC).exists() {
+        bail!("{MUSL_GCC} is missing: install Debian's musl-tools (`cargo xtask setup` does)");
+    }
+    Ok(())
+}
+
+/// Builds the plugin for `arch` (musl) in the release or the debug profile with `rustc_flags`
 /// (its own target directory, `target/musl`, so the host builds' artifacts of the other
 /// compiler are never invalidated); returns the binary.
 pub fn build_plugin(
+    arch: Arch,
     package: &str,
     bin: &str,
     release: bool,
     rustc_flags: &[&str],
 ) -> anyhow::Result<PathBuf> {
-    check_toolchain()?;
-    let unwind = libunwind()?;
-    let target_dir = workspace().join("target/musl");
-    // Debian's cargo and rustc, `RUSTC_BOOTSTRAP` for -Zbuild-std, a clean environment.
-    let mut cmd = linkerd_cni_ebpf_build::debian_cargo(&workspace(), CARGO);
-    let target_env = TARGET.replace('-', "_");
-    cmd.env("CARGO_TARGET_DIR", &target_dir)
-        // C code of dependencies (ring) for the target.
-        .env(format!("CC_{target_env}"), MUSL_GCC)
-        .env(format!("AR_{target_env}"), "ar")
-        .arg("rustc");
-    if release {
-        cmd.arg("--release");
-    }
-    cmd.args(["-p", package, "--bin", bin, "--target", TARGET])
-        .arg("-Zbuild-std=std,panic_unwind")
-        .arg("--")
-        .args(rustc_flags)
-        .args([
-            "-C",
-            &format!("linker={MUSL_GCC}"),
-            "-C",
-            "link-self-contained=no",
-        ])
-        .arg("-L")
-        .arg(format!("native={}", unwind.display()));
-    run(&mut cmd)?;
-    Ok(target_dir
-        .join(TARGET)
-        .join(if release { "release" } else { "debug" })
-        .join(bin))
+    crate::cross::build(&crate::cross::Build {
+        target: Target::new(arch, Libc::Musl),
+        package,
+        bin,
+        release,
+        rustc_flags,
+        envs: Vec::new(),
+    })
 }
 
-/// The directory holding `libunwind.a` built for musl (`target/musl/libunwind`), built on
-/// first use from LLVM's sources (downloaded from Debian's archive and checked).
-fn libunwind() -> anyhow::Result<PathBuf> {
-    let dir = workspace().join("target/musl/libunwind");
-    let lib = dir.join("libunwind.a");
-    let stamp = dir.join("source.sha256");
-    if lib.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == LLVM_SOURCE_SHA256)
+/// The `musl-gcc` wrapper for `arch`: Debian's for the host's architecture, else one built
+/// from Debian's musl sources with Debian's cross compiler (on first use).
+pub fn musl_gcc(arch: Arch) -> anyhow::Result<PathBuf> {
+    if arch.is_host() {
+        check_toolchain()?;
+        return Ok(PathBuf::from(MUSL_GCC));
+    }
+    let prefix = workspace()
+        .join("target/musl")
+        .join(format!("{}-linux-musl", arch.cpu()));
+    let wrapper = prefix.join("bin/musl-gcc");
+    let stamp = prefix.join("source.sha256");
+    if wrapper.exists()
+        && std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == MUSL_SOURCE_SHA256)
     {
+        return Ok(wrapper);
+    }
+    let cc = arch.gnu_tool("gcc");
+    eprintln!("+ building musl for {arch} with {cc} (sources from Debian's archive, 1 MB)");
+    let work = workspace()
+        .join("target/musl")
+        .join(format!("{}-musl-build", arch.cpu()));
+    let _ = std::fs::remove_dir_all(&work);
+    let _ = std::fs::remove_dir_all(&prefix);
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let tarball = work.join("musl.tar.gz");
+    download(MUSL_SOURCE_URL, MUSL_SOURCE_SHA256, &tarball)?;
+    run(Command::new("tar")
+        .arg("xzf")
+        .arg(&tarball)
+        .arg("--strip-components=1")
+        .current_dir(&work))?;
+    run(Command::new("./configure")
+        .env("CC", &cc)
+        .env("CROSS_COMPILE", arch.gnu_tool(""))
+        .arg(format!("--target={}-linux-musl", arch.cpu()))
+        .arg(format!("--prefix={}", prefix.display()))
+        .arg("--disable-shared")
+        .current_dir(&work))?;
+    let jobs = std::thread::available_parallelism().map_or(1, usize::from);
+    run(Command::new("make")
+        .arg(format!("-j{jobs}"))
+        .arg("-s")
+        .current_dir(&work))?;
+    run(Command::new("make")
+        .args(["-s", "install"])
+        .current_dir(&work))?;
+    if !wrapper.exists() {
+        bail!("musl's build installed no {}", wrapper.display());
+    }
+    std::fs::write(&stamp, MUSL_SOURCE_SHA256)?;
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(wrapper)
+}
+
+/// libunwind's sources (`libunwind/src`, `libunwind/include`), taken from LLVM's source
+/// tarball on first use and kept for every architecture (`target/musl/libunwind/src`).
+fn libunwind_sources() -> anyhow::Result<PathBuf> {
+    let dir = workspace().join("target/musl/libunwind/src");
+    let stamp = dir.join("source.sha256");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == LLVM_SOURCE_SHA256) {
         return Ok(dir);
     }
-    eprintln!("+ building LLVM's libunwind for musl (sources from Debian's archive, 137 MB)");
-    let work = workspace().join("target/musl/libunwind-build");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let tarball = work.join("llvm.tar.xz");
-    run(Command::new("curl")
-        .args(["-sSfL", "--retry", "3", "-o"])
-        .arg(&tarball)
-        .arg(LLVM_SOURCE_URL))?;
-    let out = Command::new("sha256sum").arg(&tarball).output()?;
-    let digest = String::from_utf8_lossy(&out.stdout);
-    if !digest.starts_with(LLVM_SOURCE_SHA256) {
-        bail!("{LLVM_SOURCE_URL} has digest {digest}, expected {LLVM_SOURCE_SHA256}");
-    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tarball = dir.join("llvm.tar.xz");
+    download(LLVM_SOURCE_URL, LLVM_SOURCE_SHA256, &tarball)?;
     run(Command::new("tar")
         .arg("xJf")
         .arg(&tarball)
@@ -131,10 +171,49 @@ fn libunwind() -> anyhow::Result<PathBuf> {
             "*/libunwind/src/*",
             "*/libunwind/include/*",
         ])
-        .current_dir(&work))?;
-    let _ = std::fs::remove_file(&tarball);
-    let src = work.join("libunwind/src");
-    let include = work.join("libunwind/include");
+        .current_dir(&dir))?;
+    std::fs::remove_file(&tarball)?;
+    std::fs::write(&stamp, LLVM_SOURCE_SHA256)?;
+    Ok(dir)
+}
+
+/// Downloads `url` to `to` and checks its SHA-256.
+fn download(url: &str, sha256: &str, to: &Path) -> anyhow::Result<()> {
+    run(Command::new("curl")
+        .args(["-sSfL", "--retry", "3", "-o"])
+        .arg(to)
+        .arg(url))?;
+    let out = Command::new("sha256sum").arg(to).output()?;
+    let digest = String::from_utf8_lossy(&out.stdout);
+    if !digest.starts_with(sha256) {
+        bail!("{url} has digest {digest}, expected {sha256}");
+    }
+    Ok(())
+}
+
+/// The directory holding `libunwind.a` built for musl on `arch`
+/// (`target/musl/libunwind/<cpu>`), built on first use from LLVM's sources (downloaded from
+/// Debian's archive and checked).
+pub fn libunwind(arch: Arch) -> anyhow::Result<PathBuf> {
+    let dir = workspace().join("target/musl/libunwind").join(arch.cpu());
+    let lib = dir.join("libunwind.a");
+    let stamp = dir.join("source.sha256");
+    if lib.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == LLVM_SOURCE_SHA256)
+    {
+        return Ok(dir);
+    }
+    let cc = musl_gcc(arch)?;
+    eprintln!(
+        "+ building LLVM's libunwind for musl on {arch} (sources from Debian's archive, 137 MB)"
+    );
+    let sources = libunwind_sources()?;
+    let work = workspace()
+        .join("target/musl")
+        .join(format!("libunwind-build-{}", arch.cpu()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let src = sources.join("libunwind/src");
+    let include = sources.join("libunwind/include");
     // The flags Rust's build of its musl targets compiles libunwind with.
     let common = [
         "-O2",
@@ -168,7 +247,7 @@ fn libunwind() -> anyhow::Result<PathBuf> {
     let mut objects = Vec::new();
     for (file, extra) in sources {
         let object = work.join(format!("{file}.o"));
-        run(Command::new(MUSL_GCC)
+        run(Command::new(&cc)
             .args(extra)
             .args(common)
             .arg("-I")
@@ -181,7 +260,10 @@ fn libunwind() -> anyhow::Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir)?;
     let _ = std::fs::remove_file(&lib);
-    run(Command::new("ar").arg("rcs").arg(&lib).args(&objects))?;
+    run(Command::new(arch.gnu_tool("ar"))
+        .arg("rcs")
+        .arg(&lib)
+        .args(&objects))?;
     std::fs::write(&stamp, LLVM_SOURCE_SHA256)?;
     let _ = std::fs::remove_dir_all(&work);
     Ok(dir)
