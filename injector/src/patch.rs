@@ -15,7 +15,7 @@
 //! must run before the proxy because it borrows the proxy's outbound port.
 
 use linkerd_cni_k8s::{
-    decision::{OverrideOrigin, override_value},
+    decision::{OverrideOrigin, override_value, quote_value as decision_quote},
     names,
 };
 use linkerd_cni_proto::config::{parse_cidr_list, parse_port_list};
@@ -41,7 +41,8 @@ pub enum InjectError {
     InvalidAnnotation {
         /// The annotation.
         key: &'static str,
-        /// Its value.
+        /// Its value, cut as the agent's decision cuts it
+        /// ([`linkerd_cni_k8s::decision::quote_value`]).
         value: String,
         /// `pod` or `namespace`.
         source_object: &'static str,
@@ -106,7 +107,7 @@ fn invalid(
 ) -> InjectError {
     InjectError::InvalidAnnotation {
         key,
-        value: value.to_string(),
+        value: decision_quote(value),
         source_object,
         reason: reason.to_string(),
     }
@@ -843,6 +844,16 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(key) && msg.contains(value), "{key}: {msg}");
         }
+        // Issue 28: the agent's limits hold at admission too (refused before it is parsed),
+        // and the message quotes only the start of a 256 KiB value.
+        let hostile = vec!["1-65535"; 32_760].join(",");
+        let key = names::SKIP_INBOUND_PORTS_ANNOTATION;
+        let err = injected_pod(&pod(json!({key: hostile})), &values).expect_err("hostile");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("262079 bytes, over the per-pod limit of 16384 bytes") && msg.len() < 512,
+            "{msg}"
+        );
     }
 
     #[test]

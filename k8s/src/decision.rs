@@ -17,6 +17,10 @@
 //!
 //! A malformed override is an error naming the annotation and where it came from: the ADD fails
 //! with that message rather than meshing the pod with a configuration its owner did not ask for.
+//! A port or subnet list over `MAX_LIST_BYTES` (16 KiB) or `MAX_LIST_ENTRIES` (1,024 entries),
+//! on the pod or its namespace, is such an error too, refused before it is parsed
+//! ([`linkerd_cni_proto::config::parse_port_list`]): the work an annotation can cause is
+//! bounded by these limits, whatever the API server lets a pod carry (256 KiB).
 //! Annotations of pods that are not redirected are never read, so they cannot fail.
 
 use std::fmt;
@@ -71,7 +75,9 @@ impl fmt::Display for AnnotationSource {
 pub struct AnnotationError {
     /// The annotation's key.
     pub annotation: &'static str,
-    /// Its value, as written.
+    /// Its value, as written, cut to [`MAX_QUOTED_VALUE`] characters (then `...` and its size
+    /// in bytes): a pod may carry 256 KiB of annotations, and this message reaches the CNI
+    /// error, the runtime's log and the pod's events.
     pub value: String,
     /// The object that carries it.
     pub source_object: AnnotationSource,
@@ -302,6 +308,18 @@ fn ports(
     config::parse_port_list(value).map_err(|e| malformed(annotation, value, source, e.to_string()))
 }
 
+/// How many characters of a malformed annotation's value an error quotes.
+pub const MAX_QUOTED_VALUE: usize = 128;
+
+/// `value` as an error quotes it (the agent's decision and the proxy injector): whole when
+/// short, else its first [`MAX_QUOTED_VALUE`] characters, `...` and its size.
+pub fn quote_value(value: &str) -> String {
+    match value.char_indices().nth(MAX_QUOTED_VALUE) {
+        None => value.to_string(),
+        Some((at, _)) => format!("{}... ({} bytes)", &value[..at], value.len()),
+    }
+}
+
 fn malformed(
     annotation: &'static str,
     value: &str,
@@ -310,7 +328,7 @@ fn malformed(
 ) -> AnnotationError {
     AnnotationError {
         annotation,
-        value: value.to_string(),
+        value: quote_value(value),
         source_object: source.clone(),
         reason,
     }
@@ -556,6 +574,81 @@ mod tests {
                 "{name}: message {msg:?}"
             );
         }
+        // Issue 28: 32,760 copies of `1-65535` (about 256 KiB), on the pod or its namespace,
+        // are refused before any of it is parsed, and the error quotes only the start of it.
+        let hostile = vec!["1-65535"; 32_760].join(",");
+        for (on_pod, on_ns, source) in [
+            (
+                json!({SKIP_INBOUND_PORTS_ANNOTATION: hostile}),
+                none.clone(),
+                &pod_source,
+            ),
+            (
+                none.clone(),
+                json!({SKIP_INBOUND_PORTS_ANNOTATION: hostile}),
+                &ns_source,
+            ),
+            (
+                json!({SKIP_SUBNETS_ANNOTATION: hostile}),
+                none.clone(),
+                &pod_source,
+            ),
+        ] {
+            let err = decide(
+                &pod(PROXY, &[], on_pod, none.clone()),
+                Some(&namespace(on_ns)),
+                None,
+                &base(),
+            )
+            .map(|d| panic!("expected an error, got {:?}", d.reason))
+            .unwrap_err();
+            assert_eq!(&err.source_object, source);
+            assert!(
+                err.reason
+                    .contains("262079 bytes, over the per-pod limit of 16384 bytes"),
+                "{}",
+                err.reason
+            );
+            assert!(err.value.ends_with("... (262079 bytes)"), "{}", err.value);
+            let msg = err.to_string();
+            assert!(msg.len() < 512, "a short message: {msg}");
+        }
+        // Within the byte limit, more than 1,024 entries are refused at the first one too many.
+        let many = vec!["8080"; 1025].join(",");
+        let err = decide(
+            &pod(
+                PROXY,
+                &[],
+                json!({SKIP_OUTBOUND_PORTS_ANNOTATION: many}),
+                none.clone(),
+            ),
+            None,
+            None,
+            &base(),
+        )
+        .map(|d| panic!("expected an error, got {:?}", d.reason))
+        .unwrap_err();
+        assert!(
+            err.reason.contains("more than 1024 entries"),
+            "{}",
+            err.reason
+        );
+        // At both limits, accepted.
+        let at_limit = vec!["1-32767"; 1024].join(",");
+        let d = decide(
+            &pod(
+                PROXY,
+                &[],
+                json!({SKIP_INBOUND_PORTS_ANNOTATION: at_limit}),
+                none.clone(),
+            ),
+            None,
+            None,
+            &base(),
+        )
+        .expect("1,024 entries in 8 KiB are accepted");
+        assert_eq!(d.config.inbound_ports_to_ignore.len(), 2 + 1024);
+
         // A malformed namespace annotation is not read when the pod sets its own.
         let d = decide(
             &pod(

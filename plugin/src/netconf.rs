@@ -127,6 +127,9 @@ fn linkerd_section(
 }
 
 fn validate_linkerd(cfg: LinkerdConfig) -> Result<LinkerdConfig, PluginError> {
+    if let Err(e) = cfg.check_list_lengths() {
+        return Err(invalid(format!("linkerd.{}", e.key), e.to_string()));
+    }
     if cfg.agent_socket.is_empty() {
         return Err(invalid("linkerd.agent-socket", "must not be empty"));
     }
@@ -401,6 +404,34 @@ mod tests {
             nc.dropped_entries
                 .iter()
                 .any(|d| d.contains("linkerd.inbound-ports-to-ignore") && d.contains("\"http\""))
+        );
+    }
+
+    /// Issue 28: a list of the `linkerd` section over 1,024 entries (a 1 MiB conflist holds
+    /// 130,000) is refused, naming the key, as an annotation's list is; such a list is not
+    /// walked entry by entry for malformed ones either.
+    #[test]
+    fn lists_over_the_entry_limit_are_refused_naming_the_key() {
+        let at = vec!["1-65535"; 1024];
+        let over = vec!["1-65535"; 1025];
+        let conf = |list: &[&str]| {
+            serde_json::json!({"cniVersion": "1.0.0", "linkerd": {"inbound-ports-to-ignore": list}})
+                .to_string()
+        };
+        let nc = NetConf::parse(conf(&at).as_bytes()).expect("1,024 entries");
+        assert_eq!(nc.linkerd.inbound_ports_to_ignore.len(), 1024);
+        let err = NetConf::parse(conf(&over).as_bytes()).expect_err("1,025 entries");
+        assert_eq!(cni_code(&err), 7, "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("linkerd.inbound-ports-to-ignore") && msg.contains("1025 entries"),
+            "{msg}"
+        );
+        let malformed = vec!["http"; 1025];
+        let err = NetConf::parse(conf(&malformed).as_bytes()).expect_err("1,025 bad entries");
+        assert!(
+            err.to_string().contains("linkerd.inbound-ports-to-ignore"),
+            "{err}"
         );
     }
 

@@ -31,6 +31,30 @@ pub enum ParseError {
     /// Not `ADDR/PREFIX` with a prefix that fits the address family.
     #[error("invalid CIDR {0:?}: expected ADDR/PREFIX")]
     Cidr(String),
+    /// A list longer than [`MAX_LIST_BYTES`]: refused before any of it is parsed.
+    #[error("the list is {len} bytes, over the per-pod limit of {max} bytes; it was not parsed")]
+    TooLong { len: usize, max: usize },
+    /// A list of more than [`MAX_LIST_ENTRIES`] entries: refused at the first one too many.
+    #[error("the list has more than {max} entries, the per-pod limit")]
+    TooMany { max: usize },
+}
+
+/// The longest port or subnet list that is parsed at all, in bytes: a pod annotation
+/// (`config.linkerd.io/skip-*`, on the pod or its namespace) or a list given as text. The API
+/// server lets a pod carry 256 KiB of annotations; a list over this limit is refused before
+/// any of it is read, so the work a list can cause is bounded by its size.
+pub const MAX_LIST_BYTES: usize = 16 * 1024;
+/// The most entries (ports, ranges or subnets) one list may have, as text or in the conflist.
+pub const MAX_LIST_ENTRIES: usize = 1024;
+/// How much of a malformed entry an error quotes.
+const MAX_QUOTED: usize = 64;
+
+/// `s`, cut to [`MAX_QUOTED`] characters (with `...` when cut), for an error message.
+fn quoted(s: &str) -> String {
+    match s.char_indices().nth(MAX_QUOTED) {
+        None => s.to_string(),
+        Some((at, _)) => format!("{}...", &s[..at]),
+    }
 }
 
 /// An inclusive range of ports; a single port is `first == last`.
@@ -67,10 +91,10 @@ impl FromStr for PortRange {
         match s.split_once('-') {
             None => parse_port(s)
                 .map(Self::single)
-                .ok_or_else(|| ParseError::Port(s.into())),
+                .ok_or_else(|| ParseError::Port(quoted(s))),
             Some((a, b)) => match (parse_port(a), parse_port(b)) {
                 (Some(first), Some(last)) if first <= last => Ok(Self { first, last }),
-                _ => Err(ParseError::Range(s.into())),
+                _ => Err(ParseError::Range(quoted(s))),
             },
         }
     }
@@ -113,13 +137,48 @@ impl<'de> Deserialize<'de> for PortRange {
 }
 
 /// Parses a comma-separated list of ports and ranges, as in `config.linkerd.io/skip-*-ports`.
-/// Empty items are ignored.
+/// Empty items are ignored. A list over [`MAX_LIST_BYTES`] is refused before it is parsed,
+/// one of more than [`MAX_LIST_ENTRIES`] entries at the first entry too many.
 pub fn parse_port_list(s: &str) -> Result<Vec<PortRange>, ParseError> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(str::parse)
-        .collect()
+    parse_list(s)
+}
+
+/// The bounded comma-list parser behind [`parse_port_list`] and [`parse_cidr_list`].
+fn parse_list<T: FromStr<Err = ParseError>>(s: &str) -> Result<Vec<T>, ParseError> {
+    if s.len() > MAX_LIST_BYTES {
+        return Err(ParseError::TooLong {
+            len: s.len(),
+            max: MAX_LIST_BYTES,
+        });
+    }
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if out.len() == MAX_LIST_ENTRIES {
+            return Err(ParseError::TooMany {
+                max: MAX_LIST_ENTRIES,
+            });
+        }
+        out.push(item.parse()?);
+    }
+    Ok(out)
+}
+
+/// `ranges` sorted, with overlapping and adjacent ranges merged into one: the same ports in
+/// at most as many ranges, none of which touch. O(n log n) in the number of ranges, whatever
+/// ports they cover: 32,760 copies of `1-65535` become one range.
+pub fn merge_ranges(ranges: &[PortRange]) -> Vec<PortRange> {
+    let mut sorted = ranges.to_vec();
+    sorted.sort_unstable();
+    let mut out: Vec<PortRange> = Vec::with_capacity(sorted.len());
+    for r in sorted {
+        match out.last_mut() {
+            Some(last) if u32::from(r.first) <= u32::from(last.last) + 1 => {
+                last.last = last.last.max(r.last);
+            }
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 /// An IPv4 or IPv6 network, `ADDR/PREFIX` (a bare address is a host route).
@@ -158,7 +217,7 @@ impl Cidr {
 impl FromStr for Cidr {
     type Err = ParseError;
     fn from_str(s: &str) -> Result<Self, ParseError> {
-        let err = || ParseError::Cidr(s.into());
+        let err = || ParseError::Cidr(quoted(s));
         let (addr, prefix) = match s.trim().split_once('/') {
             Some((a, p)) => (a.parse::<IpAddr>().map_err(|_| err())?, Some(p)),
             None => (s.trim().parse::<IpAddr>().map_err(|_| err())?, None),
@@ -192,13 +251,10 @@ impl<'de> Deserialize<'de> for Cidr {
     }
 }
 
-/// Parses a comma-separated list of CIDRs, as in `config.linkerd.io/skip-subnets`.
+/// Parses a comma-separated list of CIDRs, as in `config.linkerd.io/skip-subnets`, bounded as
+/// [`parse_port_list`] is.
 pub fn parse_cidr_list(s: &str) -> Result<Vec<Cidr>, ParseError> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(str::parse)
-        .collect()
+    parse_list(s)
 }
 
 /// The port lists of the `linkerd` section.
@@ -227,6 +283,10 @@ pub fn drop_malformed_entries(
         let Some(serde_json::Value::Array(items)) = section.get_mut(*key) else {
             continue;
         };
+        // Refused whole by `LinkerdConfig::check_list_lengths`: not walked entry by entry.
+        if items.len() > MAX_LIST_ENTRIES {
+            continue;
+        }
         items.retain(|item| {
             let parsed = if ports {
                 PortRange::deserialize(item).map(drop)
@@ -307,7 +367,48 @@ impl Default for LinkerdConfig {
     }
 }
 
+/// A list of the `linkerd` section with more than [`MAX_LIST_ENTRIES`] entries.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{count} entries, over the limit of {max}")]
+pub struct ListTooLong {
+    /// The list's key in the section.
+    pub key: &'static str,
+    pub count: usize,
+    pub max: usize,
+}
+
 impl LinkerdConfig {
+    /// Checks every list of the section against [`MAX_LIST_ENTRIES`], as an annotation's list
+    /// is checked when it is parsed: the plugin refuses such a network config, naming the key.
+    /// (Deserializing does not check, so that what an earlier version stored still reads.)
+    pub fn check_list_lengths(&self) -> Result<(), ListTooLong> {
+        let lists = [
+            ("ports-to-redirect", self.ports_to_redirect.len()),
+            (
+                "inbound-ports-to-ignore",
+                self.inbound_ports_to_ignore.len(),
+            ),
+            (
+                "outbound-ports-to-ignore",
+                self.outbound_ports_to_ignore.len(),
+            ),
+            ("subnets-to-ignore", self.subnets_to_ignore.len()),
+            (
+                "outbound-subnets-to-ignore",
+                self.outbound_subnets_to_ignore.len(),
+            ),
+            ("excluded-namespaces", self.excluded_namespaces.len()),
+        ];
+        match lists.into_iter().find(|(_, n)| *n > MAX_LIST_ENTRIES) {
+            Some((key, count)) => Err(ListTooLong {
+                key,
+                count,
+                max: MAX_LIST_ENTRIES,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The proxy UID exemption, if any (`proxy-uid` 0 or absent in Linkerd means none).
     pub fn proxy_uid(&self) -> Option<u32> {
         u32::try_from(self.proxy_uid).ok().filter(|u| *u != 0)
@@ -373,6 +474,102 @@ mod tests {
                 }
             ]
         );
+    }
+
+    /// Issue 28: the work a list can cause is bounded by its size. Over the byte limit, a list
+    /// is refused before any of it is read: a list that starts with an invalid entry says it
+    /// is too long, not that its first entry is invalid.
+    #[test]
+    fn lists_over_the_byte_limit_are_refused_unread() {
+        let hostile = vec!["1-65535"; 32_760].join(",");
+        assert_eq!(hostile.len(), 262_079);
+        assert_eq!(
+            parse_port_list(&hostile),
+            Err(ParseError::TooLong {
+                len: 262_079,
+                max: MAX_LIST_BYTES
+            })
+        );
+        let unread = format!("not-a-port,{}", "1".repeat(MAX_LIST_BYTES));
+        assert!(matches!(
+            parse_port_list(&unread),
+            Err(ParseError::TooLong { .. })
+        ));
+        assert!(matches!(
+            parse_cidr_list(&unread),
+            Err(ParseError::TooLong { .. })
+        ));
+        // At the limit, parsed (and refused for what it holds).
+        let at = format!("x{}", " ".repeat(MAX_LIST_BYTES - 1));
+        assert_eq!(parse_port_list(&at), Err(ParseError::Port("x".into())));
+    }
+
+    #[test]
+    fn lists_over_the_entry_limit_are_refused_at_the_first_entry_too_many() {
+        let at = vec!["25"; MAX_LIST_ENTRIES].join(",");
+        assert_eq!(parse_port_list(&at).map(|l| l.len()), Ok(MAX_LIST_ENTRIES));
+        // Entry 1,025 is not even parsed: an invalid one is refused as one too many.
+        let over = format!("{at},not-a-port");
+        assert_eq!(
+            parse_port_list(&over),
+            Err(ParseError::TooMany {
+                max: MAX_LIST_ENTRIES
+            })
+        );
+        // Empty items do not count.
+        let sparse = format!("{at},,, ,");
+        assert!(parse_port_list(&sparse).is_ok());
+        let cidrs = vec!["10.0.0.0/8"; MAX_LIST_ENTRIES + 1].join(",");
+        assert_eq!(
+            parse_cidr_list(&cidrs),
+            Err(ParseError::TooMany {
+                max: MAX_LIST_ENTRIES
+            })
+        );
+    }
+
+    #[test]
+    fn errors_quote_at_most_64_characters_of_an_entry() {
+        let long = "9".repeat(5000);
+        let Err(ParseError::Port(quoted)) = parse_port_list(&long) else {
+            panic!("a port error");
+        };
+        assert_eq!(quoted, format!("{}...", "9".repeat(64)));
+    }
+
+    #[test]
+    fn merged_ranges_cover_the_same_ports_once() {
+        let r = |first, last| PortRange { first, last };
+        assert_eq!(merge_ranges(&vec![r(1, 65535); 32_760]), vec![r(1, 65535)]);
+        assert_eq!(
+            merge_ranges(&[
+                r(10, 20),
+                r(1, 3),
+                r(4, 5),
+                r(15, 30),
+                r(32, 32),
+                r(65535, 65535)
+            ]),
+            vec![r(1, 5), r(10, 30), r(32, 32), r(65535, 65535)]
+        );
+        assert_eq!(merge_ranges(&[]), vec![]);
+    }
+
+    #[test]
+    fn section_lists_are_bounded_in_entries() {
+        let mut c = LinkerdConfig::default();
+        assert_eq!(c.check_list_lengths(), Ok(()));
+        c.ports_to_redirect = vec![PortRange::single(80); MAX_LIST_ENTRIES];
+        assert_eq!(c.check_list_lengths(), Ok(()));
+        c.subnets_to_ignore = vec!["10.0.0.0/8".parse().unwrap(); MAX_LIST_ENTRIES + 1];
+        let err = c.check_list_lengths().unwrap_err();
+        assert_eq!(err.key, "subnets-to-ignore");
+        assert_eq!(err.count, MAX_LIST_ENTRIES + 1);
+        // Too long to be walked entry by entry: left whole for the check to refuse.
+        let mut section = serde_json::json!({
+            "inbound-ports-to-ignore": vec!["http"; MAX_LIST_ENTRIES + 1],
+        });
+        assert!(drop_malformed_entries(section.as_object_mut().unwrap()).is_empty());
     }
 
     #[test]
