@@ -20,6 +20,12 @@ pub const PROG_GETPEERNAME6: &str = "l5d_getpeer6";
 /// to the pod's network namespace.
 pub const PROG_SK_LOOKUP: &str = "l5d_sk_lookup";
 
+/// `iter/tcp`: run by the agent from inside a pod's network namespace when it adopts a pod
+/// that started before linkerd-cni: reports the namespace's listening TCP sockets and puts the
+/// proxy's inbound listener in [`MAP_LISTENERS`]. Attached to nothing: one iterator is created
+/// per run (see [`ITER_PROGRAMS`]).
+pub const PROG_ITER_TCP: &str = "l5d_iter_tcp";
+
 /// The per-netns stub the agent builds for each pod (not in the object): it hands the pod's
 /// netns cookie to [`PROG_SK_LOOKUP`] by a tail call. Its link is pinned under the name of
 /// [`PROG_SK_LOOKUP`].
@@ -43,12 +49,15 @@ pub enum Hook {
     Getpeername6,
     /// `sk_lookup` (`BPF_SK_LOOKUP`), attached to a network namespace.
     SkLookup,
+    /// `iter/tcp` (`BPF_TRACE_ITER` on `bpf_iter_tcp`): attached to nothing, run on demand.
+    IterTcp,
 }
 
 impl Hook {
-    /// Whether programs of this hook attach to a cgroup (otherwise to a network namespace).
+    /// Whether programs of this hook attach to a cgroup (otherwise to a network namespace, or,
+    /// for an iterator, to nothing).
     pub const fn on_cgroup(self) -> bool {
-        !matches!(self, Hook::SkLookup)
+        !matches!(self, Hook::SkLookup | Hook::IterTcp)
     }
 }
 
@@ -92,7 +101,29 @@ pub const PROGRAMS: [Program; 7] = [
     },
 ];
 
-/// The names of every program, in [`PROGRAMS`] order.
+/// The programs of the object that are attached to nothing: iterators the agent runs on
+/// demand. Loaded and pinned under `progs/` like [`PROGRAMS`], never linked to a pod.
+pub const ITER_PROGRAMS: [Program; 1] = [Program {
+    name: PROG_ITER_TCP,
+    hook: Hook::IterTcp,
+}];
+
+/// Every program of the object: the attached ones ([`ALL_PROGRAMS`]), then the iterators.
+pub const OBJECT_PROGRAMS: [&str; PROGRAMS.len() + ITER_PROGRAMS.len()] = {
+    let mut out = [""; PROGRAMS.len() + ITER_PROGRAMS.len()];
+    let mut i = 0;
+    while i < PROGRAMS.len() {
+        out[i] = PROGRAMS[i].name;
+        i += 1;
+    }
+    while i < out.len() {
+        out[i] = ITER_PROGRAMS[i - PROGRAMS.len()].name;
+        i += 1;
+    }
+    out
+};
+
+/// The names of every attached program, in [`PROGRAMS`] order.
 pub const ALL_PROGRAMS: [&str; PROGRAMS.len()] = program_names(Attached::Anywhere);
 
 /// Every program attached to a pod's cgroup, in attach order.
@@ -151,7 +182,8 @@ pub const MAP_POD_STATS: &str = "l5d_pod_stats";
 /// pod address (IPv6 words, IPv4 v4-mapped) → netns cookie: the pods' known addresses.
 pub const MAP_POD_BY_IP: &str = "l5d_pod_by_ip";
 /// SOCKHASH of [`crate::ListenerKey`]: each pod's inbound proxy listener, inserted by sockops
-/// when the proxy calls `listen()`, gone when it closes.
+/// when the proxy calls `listen()` (or by [`PROG_ITER_TCP`] when the agent adopts a pod whose
+/// proxy listened before), gone when it closes.
 pub const MAP_LISTENERS: &str = "l5d_listeners";
 
 /// Socket-local storage ([`crate::OrigDst`]) of the proxy's accepted sockets: their original
@@ -164,6 +196,9 @@ pub const MAP_APP_DST: &str = "l5d_app_dst";
 pub const MAP_LOOKUP_NS: &str = "l5d_lookup_ns";
 /// Program array, slot 0: the shared `sk_lookup` program the pods' stubs tail-call.
 pub const MAP_LOOKUP_PROG: &str = "l5d_lookup_prog";
+/// ARRAY of one [`crate::IterArgs`] (key `0u32`): what the agent asks of the next run of
+/// [`PROG_ITER_TCP`] (which pod, which port and owner are the proxy's, whether to register).
+pub const MAP_ITER_ARGS: &str = "l5d_iter_args";
 
 /// ARRAY of one [`crate::LayoutMeta`] (key `0u32`): the layout version of the pinned state.
 /// Created and pinned by the agent next to the maps; not part of the eBPF object.
@@ -171,7 +206,7 @@ pub const MAP_META: &str = "l5d_meta";
 
 /// Every map, as pinned under `paths::PIN_MAPS`. The map macro of `ebpf/` takes only string
 /// literals: the agent's tests check the built object against this list.
-pub const MAPS: [&str; 12] = [
+pub const MAPS: [&str; 13] = [
     MAP_POD_CONFIG,
     MAP_PORT_SETS,
     MAP_ADDRS,
@@ -184,15 +219,16 @@ pub const MAPS: [&str; 12] = [
     MAP_APP_DST,
     MAP_LOOKUP_NS,
     MAP_LOOKUP_PROG,
+    MAP_ITER_ARGS,
 ];
 
 // The kernel keeps 15 characters of a name (`BPF_OBJ_NAME_LEN` with its NUL): a longer one
 // would show truncated in `bpftool` and no longer match. Checked at compile time.
 const _: () = {
     let mut i = 0;
-    while i < ALL_PROGRAMS.len() {
+    while i < OBJECT_PROGRAMS.len() {
         assert!(
-            ALL_PROGRAMS[i].len() <= 15,
+            OBJECT_PROGRAMS[i].len() <= 15,
             "program name longer than 15 characters"
         );
         i += 1;

@@ -206,6 +206,71 @@ pub struct ListenerKey {
 }
 const _: () = assert!(core::mem::size_of::<ListenerKey>() == 16);
 
+/// Kernel structures the `iter/tcp` program reads at fixed offsets (Rust has no CO-RE field
+/// relocations). The fields are the first of `struct sock_common`, before any member that
+/// depends on the kernel's configuration, and have not moved since the 3.x kernels; the agent
+/// still reads the running kernel's BTF at start and refuses to run the iterator when one
+/// differs (see the agent's `host::btf`). Each entry: struct, member, byte offset, size.
+pub const ITER_KERNEL_FIELDS: [(&str, &str, u32, u32); 6] = [
+    ("sock_common", "skc_num", SKC_NUM_OFFSET, 2),
+    ("sock_common", "skc_family", SKC_FAMILY_OFFSET, 2),
+    ("sock_common", "skc_state", SKC_STATE_OFFSET, 1),
+    ("bpf_iter_meta", "seq", 0, 8),
+    ("bpf_iter__tcp", "sk_common", 8, 8),
+    ("bpf_iter__tcp", "uid", 16, 4),
+];
+/// `sock_common.skc_num`: the local port, host byte order (`__u16`).
+pub const SKC_NUM_OFFSET: u32 = 14;
+/// `sock_common.skc_family` (`unsigned short`).
+pub const SKC_FAMILY_OFFSET: u32 = 16;
+/// `sock_common.skc_state` (`volatile unsigned char`).
+pub const SKC_STATE_OFFSET: u32 = 18;
+/// `TCP_LISTEN` in `skc_state`.
+pub const TCP_LISTEN: u8 = 10;
+
+/// [`IterArgs::flags`]: put the proxy's inbound listener in the listener SOCKHASH (otherwise
+/// the run only reports what listens).
+pub const ITER_REGISTER: u32 = 1 << 0;
+
+/// What the agent asks of one run of the `iter/tcp` program (`names::MAP_ITER_ARGS`, key 0),
+/// written right before it creates the iterator inside the pod's network namespace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IterArgs {
+    /// The pod's netns cookie: the [`ListenerKey`] the listener goes under (an iterator program
+    /// cannot ask for its namespace's cookie).
+    pub netns_cookie: u64,
+    /// `ITER_*` bits.
+    pub flags: u32,
+    /// The proxy's UID as the iterator reports owners (in the agent's user namespace).
+    pub proxy_uid: u32,
+    /// The inbound proxy port (host byte order).
+    pub inbound_port: u16,
+    pub _pad: [u16; 3],
+}
+const _: () = assert!(core::mem::size_of::<IterArgs>() == 24);
+
+/// [`IterListener::registered`] when the run did not try to register this socket.
+pub const ITER_NOT_TRIED: i32 = 1;
+
+/// One listening TCP socket of the pod's network namespace, as the `iter/tcp` program writes
+/// it to the iterator's output (records back to back, nothing else).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IterListener {
+    /// Owner, in the user namespace of the process that created the iterator.
+    pub uid: u32,
+    /// [`AF_INET`] or [`AF_INET6`] (as `u16`, the socket's `skc_family`).
+    pub family: u16,
+    /// Local port, host byte order.
+    pub port: u16,
+    /// What registering it in the listener SOCKHASH returned: 0, a negative errno, or
+    /// [`ITER_NOT_TRIED`].
+    pub registered: i32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<IterListener>() == 16);
+
 /// Version of the layout of the pinned state (maps and what their entries mean), recorded in
 /// the pinned [`crate::names::MAP_META`] map as a [`LayoutMeta`]. Bump it whenever a map's
 /// key, value, type, flags or the meaning of its entries changes; the agent migrates pinned
@@ -262,4 +327,6 @@ mod user {
     unsafe impl aya::Pod for PodStats {}
     unsafe impl aya::Pod for ListenerKey {}
     unsafe impl aya::Pod for LayoutMeta {}
+    unsafe impl aya::Pod for IterArgs {}
+    unsafe impl aya::Pod for IterListener {}
 }

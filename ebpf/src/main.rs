@@ -8,8 +8,10 @@
 //! - [`getpeername`]: shows the app its original destination as the peer.
 //! - [`sk_lookup`]: hands connections arriving at the pod to the proxy's inbound listener
 //!   (tail-called by a per-pod stub the agent builds).
+//! - [`iter`]: `iter/tcp`, attached to nothing: the agent runs it inside a pod's network
+//!   namespace to adopt a pod whose proxy listened before the programs were attached.
 //!
-//! Every program returns 1 (allow): redirection never refuses a connection.
+//! Every attached program returns 1 (allow): redirection never refuses a connection.
 #![no_std]
 #![no_main]
 // Map keys and values are passed by reference (`&key`) although aya-ebpf's maps take
@@ -22,6 +24,7 @@ mod addr;
 mod connect;
 mod getpeername;
 mod getsockopt;
+mod iter;
 mod maps;
 mod sk_lookup;
 mod sockops;

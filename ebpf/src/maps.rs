@@ -8,13 +8,14 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::BPF_SK_STORAGE_GET_F_CREATE,
     btf_maps::{
-        HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, SkStorage, SockHash,
+        Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, SkStorage,
+        SockHash,
     },
     helpers::generated::bpf_sk_storage_get,
     macros::btf_map,
 };
 use linkerd_cni_common::{
-    AddrKey, ConnKey, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
+    AddrKey, ConnKey, IterArgs, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
     names::{MAX_ADDRS, MAX_CONNS, MAX_PODS, MAX_PORT_BLOCKS},
 };
 
@@ -70,6 +71,11 @@ pub static LOOKUP_NS: PerCpuArray<u64, 1> = PerCpuArray::new();
 /// No program of this object uses it; the agent's stubs do. A program array takes no BTF.
 #[btf_map(name = "l5d_lookup_prog")]
 pub static LOOKUP_PROG: ProgramArray<1> = ProgramArray::new();
+
+/// Slot 0: what the agent asks of the next run of [`crate::iter`] (written by the agent right
+/// before it creates the iterator; one run at a time).
+#[btf_map(name = "l5d_iter_args")]
+pub static ITER_ARGS: Array<IterArgs, 1> = Array::new();
 
 /// The original destination saved in `storage` for the socket `sk`, if any.
 ///

@@ -35,6 +35,7 @@ const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_ITER_CREATE: libc::c_long = 33;
 const BPF_LINK_DETACH: libc::c_long = 34;
 
 /// Kernel attach types (`enum bpf_attach_type`) of the programs we attach.
@@ -47,6 +48,8 @@ pub enum AttachType {
     CgroupGetsockopt = 21,
     CgroupInet4Getpeername = 29,
     CgroupInet6Getpeername = 30,
+    /// `BPF_TRACE_ITER`: an iterator program's link (attached to nothing).
+    TraceIter = 28,
     SkLookup = 36,
 }
 
@@ -61,6 +64,7 @@ impl AttachType {
             Hook::Getpeername4 => Self::CgroupInet4Getpeername,
             Hook::Getpeername6 => Self::CgroupInet6Getpeername,
             Hook::SkLookup => Self::SkLookup,
+            Hook::IterTcp => Self::TraceIter,
         }
     }
 }
@@ -112,6 +116,29 @@ pub fn link_create(prog: impl AsFd, target: impl AsFd, attach: AttachType) -> io
         .put_u32(4, target.as_fd().as_raw_fd() as u32)
         .put_u32(8, attach as u32);
     bpf(BPF_LINK_CREATE, &mut attr).map(owned)
+}
+
+/// `BPF_LINK_CREATE` for an iterator program (`BPF_TRACE_ITER`, no target, no parameters):
+/// the link each iterator is created from.
+///
+/// # Minimum kernel version
+/// 5.9.
+pub fn iter_link_create(prog: impl AsFd) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, prog.as_fd().as_raw_fd() as u32)
+        .put_u32(8, AttachType::TraceIter as u32);
+    bpf(BPF_LINK_CREATE, &mut attr).map(owned)
+}
+
+/// `BPF_ITER_CREATE`: a new iterator of the iterator link `link`; reading it runs the program.
+/// A network iterator walks the network namespace of the calling thread.
+///
+/// # Minimum kernel version
+/// 5.8.
+pub fn iter_create(link: impl AsFd) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, link.as_fd().as_raw_fd() as u32);
+    bpf(BPF_ITER_CREATE, &mut attr).map(owned)
 }
 
 /// `BPF_MAP_UPDATE_ELEM` with a `u32` key and a `u32` value (a program array slot takes a

@@ -7,13 +7,20 @@
 //! afresh at each start and pinned under `<pin root>/progs`; [`Dataplane::finish_load`] swaps
 //! the links made by an earlier run to them (`BPF_LINK_UPDATE`).
 //!
+//! The iterator program ([`names::ITER_PROGRAMS`]) is loaded and pinned with the others but
+//! attached to nothing: [`iter`] runs it on demand, inside a pod's network namespace. Where it
+//! cannot be used (no kernel BTF to load it against, or a kernel that lays out the fields it
+//! reads differently), the rest of the data plane loads as usual and
+//! [`Dataplane::listener_iter`] says why.
+//!
 //! Below it: [`maps`] (the pinned maps, opened by path: every read and write of per-pod
 //! state), [`maps_lock`] (ADDs and DELs before background passes), [`capacity`] and
 //! [`limits`] (how large the maps are, how much one pod may take), [`bpf_sys`] (the `bpf(2)`
-//! commands issued directly).
+//! commands issued directly), [`iter`] (running the iterator).
 
 pub mod bpf_sys;
 pub mod capacity;
+pub mod iter;
 pub mod layout;
 pub mod limits;
 pub mod maps;
@@ -26,8 +33,8 @@ use std::{
 };
 
 use aya::{
-    Ebpf, EbpfLoader,
-    programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
+    Btf, Ebpf, EbpfLoader,
+    programs::{CgroupSockAddr, CgroupSockopt, Iter, SkLookup, SockOps},
 };
 use linkerd_cni_common::{
     names::{self, Hook, Program},
@@ -37,10 +44,11 @@ use linkerd_cni_common::{
 use self::{
     bpf_sys::AttachType,
     capacity::MapSizes,
+    iter::ListenerIter,
     layout::{Action, Carry, LayoutError, MapSpec, Plan},
     maps::{Maps, MapsError, PodEntries},
 };
-use crate::host::kernel;
+use crate::host::{btf, kernel};
 
 /// The object built from `ebpf/` (see `linkerd-cni-ebpf-build`). Public for the tests that
 /// hold the kernel feature table to what the verifier accepts.
@@ -109,6 +117,8 @@ pub struct Dataplane {
     /// program array holding the shared `sk_lookup` program.
     lookup_ns: OwnedFd,
     lookup_prog: OwnedFd,
+    /// The `iter/tcp` program ready to run, or why it cannot be.
+    listener_iter: Result<ListenerIter, String>,
     /// What [`Self::load`] decided about the pinned maps; carried out by
     /// [`Self::finish_load`].
     plan: Plan,
@@ -144,7 +154,11 @@ impl Dataplane {
         }
         let maps_dir = pin_root.join(paths::PIN_MAPS);
         let adopted: Vec<(&str, PathBuf)> = plan.adopted().map(|n| (n, maps_dir.join(n))).collect();
+        // The kernel's BTF: for the loader's relocations and for loading the iterator, which is
+        // attached to a kernel function it names (`bpf_iter_tcp`).
+        let vmlinux = Btf::from_sys_fs().map_err(|e| e.to_string());
         let mut loader = EbpfLoader::new();
+        loader.btf(vmlinux.as_ref().ok());
         for spec in &specs {
             if let Some(n) = sizes.of(&spec.name) {
                 loader.map_max_entries(&spec.name, n);
@@ -163,6 +177,31 @@ impl Dataplane {
                 source,
             })?;
         }
+        // The iterator serves adoption only: without it everything else still works.
+        let mut iter_loaded = Vec::new();
+        let mut iter_error = None;
+        for Program { name, hook } in names::ITER_PROGRAMS {
+            let program = ebpf
+                .program_mut(name)
+                .ok_or(DataplaneError::MissingProgram(name))?;
+            let loaded = match &vmlinux {
+                Ok(btf) => load_program_btf(program, hook, btf).map_err(|e| match e {
+                    aya::programs::ProgramError::LoadError { verifier_log, .. } => {
+                        format!("loading {name}: the verifier refused it: {verifier_log}")
+                    }
+                    e => format!("loading {name}: {e}"),
+                }),
+                Err(e) => Err(format!(
+                    "loading {name}: the kernel's BTF ({}) cannot be read: {e}",
+                    btf::VMLINUX_BTF
+                )),
+            };
+            match loaded {
+                Ok(()) => iter_loaded.push(name),
+                Err(e) => iter_error = Some(e),
+            }
+        }
+        drop(vmlinux);
         // Stage: every map of the new generation under `next/` (a leftover of an interrupted
         // migration is discarded first), so they can be opened and filled like the live ones.
         let next_dir = pin_root.join(paths::PIN_NEXT);
@@ -190,14 +229,38 @@ impl Dataplane {
             let path = dir.join(name);
             bpf_sys::obj_get(&path).map_err(|source| DataplaneError::Pin { path, source })
         };
+        let listener_iter = match iter_error {
+            Some(e) => Err(e),
+            None => {
+                let prog = ebpf
+                    .program(names::PROG_ITER_TCP)
+                    .ok_or(DataplaneError::MissingProgram(names::PROG_ITER_TCP))?
+                    .fd()
+                    .map_err(|source| DataplaneError::Program {
+                        program: names::PROG_ITER_TCP,
+                        source,
+                    })?;
+                // Rust has no CO-RE: the fields it reads at fixed offsets must be where this
+                // kernel keeps them.
+                match btf::check_iter_fields(std::path::Path::new(btf::VMLINUX_BTF)) {
+                    Ok(()) => ListenerIter::new(prog, open_map(names::MAP_ITER_ARGS)?)
+                        .map_err(|e| format!("creating the {} link: {e}", names::PROG_ITER_TCP)),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        if let Err(reason) = &listener_iter {
+            tracing::warn!(%reason, "the iter/tcp program cannot be used: running pods that started without linkerd-cni cannot be adopted");
+        }
         let this = Self {
             pin_root: pin_root.into(),
             ebpf,
             lookup_ns: open_map(names::MAP_LOOKUP_NS)?,
             lookup_prog: open_map(names::MAP_LOOKUP_PROG)?,
+            listener_iter,
             plan,
         };
-        for name in names::ALL_PROGRAMS {
+        for name in names::ALL_PROGRAMS.into_iter().chain(iter_loaded) {
             let path = this.pin_root.join(paths::PIN_PROGS).join(name);
             replace_pin(this.prog_fd(name)?, &path)?;
         }
@@ -320,6 +383,11 @@ impl Dataplane {
         Ok(())
     }
 
+    /// The `iter/tcp` program, ready to run; or why it cannot be used on this kernel.
+    pub fn listener_iter(&self) -> Result<&ListenerIter, &str> {
+        self.listener_iter.as_ref().map_err(String::as_str)
+    }
+
     fn prog_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, DataplaneError> {
         let program = self
             .ebpf
@@ -396,7 +464,11 @@ impl Dataplane {
                 made += 1;
             }
         }
-        for name in names::ALL_PROGRAMS {
+        let iters = names::ITER_PROGRAMS
+            .iter()
+            .map(|p| p.name)
+            .filter(|_| self.listener_iter.is_ok());
+        for name in names::ALL_PROGRAMS.into_iter().chain(iters) {
             let path = self.pin_root.join(paths::PIN_PROGS).join(name);
             if !path.exists() {
                 replace_pin(self.prog_fd(name)?, &path)?;
@@ -558,11 +630,30 @@ pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<(), String> 
 /// Loads one program of an object into the kernel as the program type of its `hook`.
 ///
 /// Used for the object the agent embeds and, by the tests, for an earlier version's object.
+/// An iterator is loaded against the kernel's BTF, read here for it.
 pub fn load_program(
     program: &mut aya::programs::Program,
     hook: Hook,
 ) -> Result<(), aya::programs::ProgramError> {
     match hook {
+        Hook::IterTcp => {
+            let btf = Btf::from_sys_fs().map_err(|e| {
+                aya::programs::ProgramError::IOError(io::Error::other(e.to_string()))
+            })?;
+            load_program_btf(program, hook, &btf)
+        }
+        _ => load_program_btf(program, hook, &Btf::new()),
+    }
+}
+
+/// [`load_program`] with the kernel's BTF already read (`vmlinux`, used by iterators only).
+fn load_program_btf(
+    program: &mut aya::programs::Program,
+    hook: Hook,
+    vmlinux: &Btf,
+) -> Result<(), aya::programs::ProgramError> {
+    match hook {
+        Hook::IterTcp => <&mut Iter>::try_from(program).and_then(|p| p.load("tcp", vmlinux)),
         Hook::SockOps => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
         Hook::Getsockopt => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
         Hook::SkLookup => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
@@ -686,10 +777,10 @@ mod tests {
         assert_same(
             "programs",
             object.programs.keys().map(String::as_str).collect(),
-            names::ALL_PROGRAMS.into_iter().collect(),
+            names::OBJECT_PROGRAMS.into_iter().collect(),
         );
         assert_eq!(
-            names::PROGRAMS.len(),
+            names::PROGRAMS.len() + names::ITER_PROGRAMS.len(),
             object.programs.len(),
             "no program name is listed twice"
         );
@@ -698,7 +789,7 @@ mod tests {
     #[test]
     fn object_programs_have_their_common_hooks() {
         let object = object();
-        for Program { name, hook } in names::PROGRAMS {
+        for Program { name, hook } in names::PROGRAMS.into_iter().chain(names::ITER_PROGRAMS) {
             let Some(program) = object.programs.get(name) else {
                 continue; // `object_programs_are_common_programs` reports it.
             };
@@ -720,6 +811,7 @@ mod tests {
                     attach_type: CgroupSockAddrAttachType::GetPeerName6,
                 },
                 Hook::SkLookup => ProgramSection::SkLookup,
+                Hook::IterTcp => ProgramSection::Iter { sleepable: false },
             };
             assert_eq!(
                 format!("{:?}", program.section),
