@@ -102,6 +102,12 @@ pub struct Options {
         env = "LINKERD_CNI_TEST_PROXY_ACCEPT_DELAY_MS"
     )]
     pub accept_delay_ms: u64,
+    /// No `accept()` until this file exists (after `--accept-delay-ms`): connections made
+    /// meanwhile wait in the accept queue for as long as the test wants, however slow the
+    /// machine. [`TestProxy::start`] places a relative path in the proxy's scratch directory;
+    /// [`TestProxy::open_accept_gate`] creates it.
+    #[arg(long, env = "LINKERD_CNI_TEST_PROXY_ACCEPT_GATE")]
+    pub accept_gate: Option<PathBuf>,
 }
 
 impl Options {
@@ -119,6 +125,7 @@ impl Options {
             connect_timeout_ms: 3000,
             no_splice: false,
             accept_delay_ms: 0,
+            accept_gate: None,
         }
     }
 
@@ -175,6 +182,11 @@ impl Options {
             &mut args,
             "--ready-file",
             self.ready_file.as_ref().map(|p| p.display().to_string()),
+        );
+        opt(
+            &mut args,
+            "--accept-gate",
+            self.accept_gate.as_ref().map(|p| p.display().to_string()),
         );
         args
     }
@@ -777,6 +789,11 @@ pub fn serve(opts: &Options) -> Result<()> {
         File::create(ready).ctx(|| format!("creating ready file {}", ready.display()))?;
     }
     std::thread::sleep(Duration::from_millis(opts.accept_delay_ms));
+    if let Some(gate) = &opts.accept_gate {
+        while !gate.exists() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     let mut threads = Vec::new();
     for (bound, listener) in listeners {
         let ctx = Arc::clone(&ctx);
@@ -810,12 +827,14 @@ pub struct TestProxy {
     child: ChildGuard,
     log: ProxyLog,
     stderr: PathBuf,
+    accept_gate: Option<PathBuf>,
     _dir: TempDir,
 }
 
 impl TestProxy {
     /// Starts the proxy as `placement` says (typically a pod's netns and cgroup, UID 2102),
-    /// with `opts` (its `log` and `ready_file` are set here), and waits until it listens.
+    /// with `opts` (its `log` and `ready_file` are set here, a relative `accept_gate` is put in
+    /// the scratch directory), and waits until it listens.
     pub fn start(placement: &Placement, opts: &Options) -> Result<Self> {
         let dir = TempDir::new()?;
         // The proxy writes its ready file after dropping privileges, as whichever UID it ends up.
@@ -833,6 +852,7 @@ impl TestProxy {
         let stderr = dir.path().join("stderr");
         opts.log = Some(log.clone());
         opts.ready_file = Some(ready.clone());
+        opts.accept_gate = opts.accept_gate.map(|gate| dir.path().join(gate));
         let stderr_file = File::create(&stderr).ctx(|| format!("creating {}", stderr.display()))?;
         let mut cmd = placement.command(bins::bin_path(bins::PROXY)?)?;
         cmd.args(opts.to_args())
@@ -863,8 +883,18 @@ impl TestProxy {
             child,
             log: ProxyLog::new(log),
             stderr,
+            accept_gate: opts.accept_gate,
             _dir: dir,
         })
+    }
+
+    /// Lets a proxy started with an `accept_gate` accept (see [`Options::accept_gate`]).
+    pub fn open_accept_gate(&self) -> Result<()> {
+        let gate = self.accept_gate.as_ref().ok_or_else(|| {
+            Error::Missing("this test proxy was started without an accept gate".into())
+        })?;
+        File::create(gate).ctx(|| format!("creating {}", gate.display()))?;
+        Ok(())
     }
 
     /// The proxy's PID.
@@ -936,6 +966,7 @@ mod tests {
         ];
         opts.log = Some("/tmp/x.jsonl".into());
         opts.no_splice = true;
+        opts.accept_gate = Some("accept-gate".into());
         let args = opts.to_args();
         let parsed =
             Options::try_parse_from(std::iter::once("proxy".to_string()).chain(args.clone()))

@@ -74,7 +74,9 @@ mod tests {
     use super::*;
 
     /// A background pass that releases the lock and takes it again lets the waiting ADD in
-    /// first, every time.
+    /// first, every time it gets in within the background's patience: the guarantee is
+    /// bounded by [`BACKGROUND_PATIENCE`], so on a machine too busy to run the woken ADD
+    /// within it, the pass may go first, and only then.
     #[test]
     fn a_waiting_operation_goes_before_the_next_background_step() {
         for _ in 0..20 {
@@ -89,18 +91,25 @@ mod tests {
                     std::thread::sleep(Duration::from_millis(2));
                 })
             };
+            // (Only a guard against a thread that never runs: no machine is that busy.)
             let start = Instant::now();
             while lock.waiting() == 0 {
-                assert!(start.elapsed() < Duration::from_secs(5), "never waited");
+                assert!(start.elapsed() < Duration::from_secs(60), "never waited");
                 std::thread::yield_now();
             }
             // The pass moves to its next pod: release, take again.
             drop(held);
+            let asked = Instant::now();
             let _g = lock.lock_background();
+            let patience_ran_out = asked.elapsed() >= BACKGROUND_PATIENCE;
             order.lock().unwrap().push("pass");
             drop(_g);
             foreground.join().unwrap();
-            assert_eq!(*order.lock().unwrap(), ["add", "pass"]);
+            let order = order.lock().unwrap().clone();
+            assert!(
+                order == ["add", "pass"] || patience_ran_out,
+                "the pass went first without waiting out its patience: {order:?}"
+            );
         }
     }
 
@@ -121,16 +130,25 @@ mod tests {
             })
             .collect();
         std::thread::sleep(Duration::from_millis(10));
-        let start = Instant::now();
-        drop(lock.lock_background());
+        // Getting the lock while the stream goes on is the point; the minute only turns
+        // starvation into a failure instead of a hang, far beyond any busy machine's delay.
+        let (got, got_it) = std::sync::mpsc::channel();
+        let background = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                drop(lock.lock_background());
+                let _ = got.send(());
+            })
+        };
+        let result = got_it.recv_timeout(Duration::from_secs(60));
         stop.store(true, Ordering::SeqCst);
         for h in hammer {
             h.join().unwrap();
         }
+        background.join().unwrap();
         assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "background waited {:?}",
-            start.elapsed()
+            result.is_ok(),
+            "background starved while operations went on"
         );
     }
 }
