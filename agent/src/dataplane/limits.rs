@@ -7,6 +7,14 @@
 //! their limits still fit (more than the 110 pods a kubelet runs by default, or the 250 most
 //! clusters allow): such a pod is refused at ADD with an error naming the limit and the
 //! annotation, and the maps are never touched.
+//!
+//! The limits bound the work as well as the result. An annotation's list is refused over
+//! 16 KiB or 1,024 entries before it is parsed (`linkerd_cni_proto::config::MAX_LIST_BYTES`,
+//! `MAX_LIST_ENTRIES`); [`check_config`] refuses a configuration with more ranges or subnets
+//! than a pod may have before any entry is built; and the entries are built by range
+//! ([`crate::dataplane::maps::fill_port_set`]: ranges merged, then whole words set), so
+//! building them — at ADD, at every reconcile pass and at DEL, all under the maps lock —
+//! costs O(n log n) in the ranges plus O(blocks), never one step per port.
 
 use linkerd_cni_common::{
     PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP,
@@ -14,6 +22,8 @@ use linkerd_cni_common::{
 use linkerd_cni_k8s::names::{
     SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION, SKIP_SUBNETS_ANNOTATION,
 };
+
+use linkerd_cni_proto::config::{LinkerdConfig, MAX_LIST_ENTRIES};
 
 use crate::dataplane::maps::PodEntries;
 
@@ -24,6 +34,10 @@ pub const MAX_PORT_BLOCKS_PER_POD: usize = 128;
 /// Ignored subnets (outbound destinations and inbound sources together) one pod may have.
 /// 512 pods × 128 = the 65,536 entries of `l5d_addrs`.
 pub const MAX_SUBNETS_PER_POD: usize = 128;
+/// Port ranges one pod's configuration may list, all its port lists together, checked before
+/// any entry is built: the conflist's three lists and an annotation's at their limits
+/// (1,024 entries each) fit.
+pub const MAX_PORT_RANGES_PER_POD: usize = 4 * MAX_LIST_ENTRIES;
 /// Addresses of one pod (its netns's and the runtime's) that `l5d_pod_by_ip` records:
 /// 4,096 pods (`l5d_pod_config`'s capacity) × 16 = the 65,536 entries of `l5d_pod_by_ip`.
 pub const MAX_ADDRESSES_PER_POD: usize = 16;
@@ -41,6 +55,50 @@ pub struct LimitError {
     pub max: usize,
     /// The annotation and conflist keys the entries come from, the largest first.
     pub source_keys: String,
+}
+
+/// Checks the lists of `cfg` against the per-pod limits before any entry is built from it:
+/// port ranges (all lists together) and ignored subnets. What they cover is checked once the
+/// entries are built ([`check`]).
+pub fn check_config(cfg: &LinkerdConfig) -> Result<(), LimitError> {
+    let mut range_sources = [
+        (
+            cfg.inbound_ports_to_ignore.len(),
+            format!("{SKIP_INBOUND_PORTS_ANNOTATION} / conflist inbound-ports-to-ignore"),
+        ),
+        (
+            cfg.outbound_ports_to_ignore.len(),
+            format!("{SKIP_OUTBOUND_PORTS_ANNOTATION} / conflist outbound-ports-to-ignore"),
+        ),
+        (
+            cfg.ports_to_redirect.len(),
+            "conflist ports-to-redirect".to_string(),
+        ),
+    ];
+    range_sources.sort_by_key(|s| std::cmp::Reverse(s.0));
+    over(
+        "port ranges of the ignored and redirected port lists",
+        range_sources.iter().map(|s| s.0).sum(),
+        MAX_PORT_RANGES_PER_POD,
+        &range_sources,
+    )?;
+    let mut subnet_sources = [
+        (
+            cfg.subnets_to_ignore.len(),
+            format!("{SKIP_SUBNETS_ANNOTATION} / conflist subnets-to-ignore"),
+        ),
+        (
+            cfg.outbound_subnets_to_ignore.len(),
+            "conflist outbound-subnets-to-ignore".to_string(),
+        ),
+    ];
+    subnet_sources.sort_by_key(|s| std::cmp::Reverse(s.0));
+    over(
+        "ignored subnets",
+        subnet_sources.iter().map(|s| s.0).sum(),
+        MAX_SUBNETS_PER_POD,
+        &subnet_sources,
+    )
 }
 
 /// Checks `entries` against every per-pod limit.
@@ -126,7 +184,7 @@ fn over(
 #[cfg(test)]
 mod tests {
     use linkerd_cni_common::names;
-    use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
+    use linkerd_cni_proto::config::PortRange;
 
     use super::*;
 
@@ -205,5 +263,34 @@ mod tests {
 
         let err = check(&entries(|_| {}, 17)).unwrap_err();
         assert_eq!((err.count, err.max), (17, MAX_ADDRESSES_PER_POD));
+    }
+
+    /// Issue 28: a configuration with more ranges or subnets than a pod may have is refused
+    /// from its lists' lengths, before one entry is built (the conflist and the wire are
+    /// bounded only by their 1 MiB size, which holds 130,000 ranges).
+    #[test]
+    fn long_lists_are_refused_before_entries_are_built() {
+        let all = PortRange {
+            first: 1,
+            last: 65535,
+        };
+        let mut cfg = LinkerdConfig {
+            inbound_ports_to_ignore: vec![all; 130_000],
+            ..LinkerdConfig::default()
+        };
+        let err = check_config(&cfg).unwrap_err();
+        assert_eq!((err.count, err.max), (130_000, MAX_PORT_RANGES_PER_POD));
+        assert!(
+            err.source_keys.starts_with(
+                "config.linkerd.io/skip-inbound-ports / conflist inbound-ports-to-ignore: 130000"
+            ),
+            "{err}"
+        );
+        cfg.inbound_ports_to_ignore = vec![all; MAX_PORT_RANGES_PER_POD];
+        assert_eq!(check_config(&cfg), Ok(()));
+        cfg.subnets_to_ignore = subnets(100);
+        cfg.outbound_subnets_to_ignore = subnets(29);
+        let err = check_config(&cfg).unwrap_err();
+        assert_eq!((err.count, err.max), (129, MAX_SUBNETS_PER_POD));
     }
 }
