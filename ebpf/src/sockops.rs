@@ -30,22 +30,6 @@
 //! A 4-tuple entry whose proxy side never completes its handshake (the proxy gone, the
 //! connection reset before the proxy's kernel answered) is left to the map's LRU eviction.
 //!
-//! Removing an entry can fail although it exists. On kernels 5.11 to 6.14 a hash map's bucket
-//! lock is guarded by a per-CPU counter (`map_locked`, eight slots per map) that makes any
-//! update or delete return `-EBUSY` while the same CPU is inside another update or delete of
-//! the same map under the same slot. Process context holds it too: `ACTIVE_ESTABLISHED_CB`
-//! often runs there (the SYN-ACK was queued to the app socket's backlog while `connect()` held
-//! the socket, and `release_sock` processes it with bottom halves enabled), and the agent's
-//! map syscalls do. An interrupt taken inside that window (a pending one fires exactly at the
-//! bucket lock's `irqrestore`, before the counter drops) runs softirqs on the way out, and a
-//! `PASSIVE_ESTABLISHED_CB` there (the final ACK of another connection reaching the proxy's
-//! listener) fails its removal: the entry outlived both sockets. So a failed removal makes
-//! the accepted socket ask for state callbacks, and the removal is retried at each of its
-//! state changes. Kernels from 6.15 take these locks with interrupts off first (rqspinlock)
-//! and have no such window. The same collision can fail an insert (`ACTIVE_ESTABLISHED_CB` in
-//! a softirq, or [`crate::sk_lookup`]), and then the proxy gets no original destination for
-//! that connection (`orig_dst_missed`); nothing here retries it.
-//!
 //! # Minimum kernel version
 //! 4.13 (sock_ops), 5.15 for `bpf_get_netns_cookie` here.
 
@@ -68,9 +52,6 @@ use crate::{
     addr::{LOOPBACK4_BE, read_ip6},
     maps::{ACC_DST, APP_DST, CONN_DST, LISTENERS, POD_CONFIG, SOCK_DST, stored_dst},
 };
-
-/// `-ENOENT` from a map removal: nothing to remove.
-const ENOENT: i32 = -2;
 
 /// The original destination in the socket's storage, saved by [`crate::connect`].
 #[inline(always)]
@@ -152,29 +133,15 @@ unsafe fn sockops(ctx: &SockOpsContext) {
                     )
                     .is_null()
             };
-            // No memory for the storage: keep the 4-tuple entry until the socket closes. A
-            // removal that fails although the lookup just found the entry is the bucket lock's
-            // per-CPU busy counter (see the module doc): retry at the socket's state changes.
-            if !stored || CONN_DST.remove(&key).is_err() {
+            if stored {
+                let _ = CONN_DST.remove(&key);
+            } else {
+                // No memory for the storage: keep the 4-tuple entry until the socket closes.
                 watch_state(ctx);
             }
         }
         BPF_SOCK_OPS_TCP_LISTEN_CB => unsafe { listening(ctx) },
         BPF_SOCK_OPS_STATE_CB => {
-            // An accepted socket that holds its destination in its own storage asked for state
-            // callbacks only because removing its 4-tuple entry failed: retry at every state
-            // change, then stop asking. Unless the connection was reset first, the proxy's own
-            // close() makes one in process context, where the removal cannot fail.
-            // SAFETY: the context's socket, checked for null.
-            let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
-            if !sk.is_null() && unsafe { stored_dst(&ACC_DST, sk.cast()) }.is_some() {
-                let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-                let key = unsafe { Tuple::read(ctx, netns_cookie) }.accepted_key();
-                if matches!(CONN_DST.remove(&key), Ok(()) | Err(ENOENT)) {
-                    let _ = ctx.set_cb_flags((ctx.cb_flags() & !BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
-                }
-                return;
-            }
             if ctx.arg(1) != BPF_TCP_CLOSE {
                 return;
             }

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use linkerd_cni_agent::agent::registry::Attachment;
+use linkerd_cni_agent::{agent::registry::Attachment, dataplane::maps};
 use linkerd_cni_common::names;
 use linkerd_cni_proto::config::LinkerdConfig;
 use linkerd_cni_tests::{
@@ -494,10 +494,16 @@ fn original_destination_maps_are_cleaned_after_many_connections() {
         "{:?}",
         r.first_failure
     );
-    proxy
+    let events = proxy
         .log()
         .wait_for_finished(10_000, Duration::from_secs(60))
         .expect("proxy finished every connection");
+    // The client counts a connection the proxy closed unanswered as a success: the proxy's
+    // own log says whether every accepted socket got its original destination.
+    let missed: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, Event::OrigDstError { .. }))
+        .collect();
     // Every connection is closed now: the maps must hold no entry for them.
     let deadline = Instant::now() + Duration::from_secs(10);
     let maps = h.maps();
@@ -506,12 +512,35 @@ fn original_destination_maps_are_cleaned_after_many_connections() {
         if (socks, conns) == (0, 0) {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "entries left after all connections closed: {socks} socket, {conns} connection"
-        );
+        if Instant::now() >= deadline {
+            let left: Vec<String> = maps
+                .conn_dst
+                .iter()
+                .filter_map(Result::ok)
+                .map(|(k, v)| {
+                    format!(
+                        "{}:{} (proxy port {}) -> {}:{}",
+                        maps::ip_of(k.addr),
+                        k.port,
+                        k.proxy_port,
+                        maps::ip_of(v.addr),
+                        u16::from_be(v.port_be)
+                    )
+                })
+                .collect();
+            panic!(
+                "entries left after all connections closed: {socks} socket, {conns} connection \
+                 {left:?}; the proxy missed {} original destinations: {missed:?}",
+                missed.len()
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert!(
+        missed.is_empty(),
+        "SO_ORIGINAL_DST failed for {} connections: {missed:?}",
+        missed.len()
+    );
     assert_eq!(maps.stats(record.netns_cookie).out_redirected, 10_000);
 }
 
