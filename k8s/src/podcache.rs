@@ -24,7 +24,8 @@ use crate::names::INJECTED_CONTAINERS;
 
 /// What the pod cache keeps of one pod: its identity, Linkerd's own annotations and labels
 /// (keys containing `linkerd.io/`), the names of the injected containers it has (nothing else of
-/// a container counts), `hostNetwork` and whether it is being deleted.
+/// a container counts), `hostNetwork`, whether it is being deleted, and its addresses (how
+/// adoption finds the network namespace of a pod that started without linkerd-cni).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachedPod {
     pub namespace: Box<str>,
@@ -43,6 +44,9 @@ pub struct CachedPod {
     pub has_spec: bool,
     pub host_network: Option<bool>,
     pub deletion_timestamp: Option<Time>,
+    /// `status.podIPs` (or `status.podIP` alone), as kubelet reports them once the sandbox has
+    /// its network; addresses that do not parse are left out.
+    pub pod_ips: Box<[std::net::IpAddr]>,
 }
 
 impl CachedPod {
@@ -75,6 +79,7 @@ impl CachedPod {
             has_spec: spec.is_some(),
             host_network: spec.and_then(|s| s.host_network),
             deletion_timestamp: meta.deletion_timestamp.clone(),
+            pod_ips: pod_ips(pod),
         })
     }
 
@@ -127,6 +132,25 @@ impl CachedPod {
                 self.init_containers.iter().flatten().copied(),
             )
     }
+}
+
+/// The addresses kubelet reported for `pod`: `status.podIPs`, else `status.podIP`.
+fn pod_ips(pod: &Pod) -> Box<[std::net::IpAddr]> {
+    let Some(status) = &pod.status else {
+        return Box::default();
+    };
+    let mut ips: Vec<std::net::IpAddr> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .filter_map(|p| p.ip.parse().ok())
+        .collect();
+    if ips.is_empty()
+        && let Some(ip) = status.pod_ip.as_deref().and_then(|ip| ip.parse().ok())
+    {
+        ips.push(ip);
+    }
+    ips.into_boxed_slice()
 }
 
 /// A pod's cache key, `(namespace, name)`, borrowed from a cached pod or from a lookup.

@@ -25,6 +25,7 @@ use crate::{
     host::cgroup,
     host::kernel,
     host::netns::{self, Netns, NetnsError},
+    host::podnetns,
     host::userns::{self, UsernsError},
 };
 
@@ -119,6 +120,8 @@ pub struct Agent {
     /// The cgroup2 root the pods' cgroups are found under.
     cgroup_root: PathBuf,
     shared_cgroup: PathBuf,
+    /// The runtime's pinned network namespaces by address, for adoption (kept across passes).
+    netns_index: std::sync::Mutex<podnetns::NetnsIndex>,
 }
 
 impl Agent {
@@ -146,14 +149,17 @@ impl Agent {
             .shared_cgroup
             .clone()
             .unwrap_or_else(|| cgroup_root.clone());
-        let agent = Self {
+        let mut agent = Self {
             config,
             dataplane,
             registry,
             maps: MapsLock::new(maps),
             cgroup_root,
             shared_cgroup,
+            netns_index: Default::default(),
         };
+        let dirs = podnetns::runtime_dirs(|p| agent.host_path(p));
+        agent.netns_index = std::sync::Mutex::new(podnetns::NetnsIndex::new(dirs));
         let adopted = agent.registry.all()?;
         tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
         Ok(agent)

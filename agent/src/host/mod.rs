@@ -1,8 +1,9 @@
 //! The host facts registration depends on, read from the kernel and the filesystem: a pod's
 //! network namespace ([`netns`]) and cgroup ([`cgroup`]), its user namespace's view of the
-//! proxy's IDs ([`userns`]), a running pod as the host sees it ([`podscan`]), what the
-//! kernel offers ([`kernel`]), how it lays out the structures the iterator reads ([`btf`])
-//! and which capabilities this process holds ([`capabilities`]).
+//! proxy's IDs ([`userns`]), a running pod as the host sees it ([`podscan`]), the runtime's
+//! network namespaces by address ([`podnetns`]), what the kernel offers ([`kernel`]), how it
+//! lays out the structures the iterator reads ([`btf`]) and which capabilities this process
+//! holds ([`capabilities`]).
 //!
 //! Nothing here knows about pods' redirection state: the layers above ([`crate::agent`],
 //! [`crate::dataplane`]) call down into it, never the other way.
@@ -12,5 +13,6 @@ pub mod capabilities;
 pub mod cgroup;
 pub mod kernel;
 pub mod netns;
+pub mod podnetns;
 pub mod podscan;
 pub mod userns;

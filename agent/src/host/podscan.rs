@@ -1,29 +1,24 @@
 //! A running pod as the host sees it, for adopting pods that started before the CNI plugin
-//! was in their node's chain: the processes in the pod's cgroup (v2, or any v1 hierarchy on a
-//! hybrid host), the one network namespace they share, and the sockets listening in it (the
-//! proxy's), read from `/proc`.
+//! was in their node's chain: its cgroup (v2, or any v1 hierarchy on a hybrid host) found by
+//! pod UID, and its network namespace found among the runtime's netns pins by the pod's
+//! address ([`crate::host::podnetns`]).
 //!
-//! [`take_socket`] duplicates a socket another process owns into the agent
-//! (`pidfd_open` + `pidfd_getfd`), so that a listener the proxy opened before the programs
-//! were attached can still be registered in the listener SOCKHASH.
-//!
-//! # Minimum kernel version
-//! 5.6 (`pidfd_getfd`).
+//! Nothing here reads another process's `/proc` entries: the agent needs neither the host's
+//! PID namespace nor any access to the pod's processes.
 
 use std::{
-    collections::BTreeSet,
-    fs, io,
-    os::{
-        fd::{FromRawFd, OwnedFd},
-        unix::fs::MetadataExt,
-    },
+    fs,
+    net::IpAddr,
     path::{Path, PathBuf},
-    sync::OnceLock,
+    sync::{Mutex, OnceLock},
 };
 
-use crate::host::cgroup;
+use crate::host::{
+    cgroup,
+    podnetns::{Found, NetnsIndex},
+};
 
-/// Why a running pod cannot be adopted safely (now or ever).
+/// Why a running pod cannot be adopted (now, or safely at all).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ScanError {
     /// No cgroup of the pod UID exists under any hierarchy.
@@ -32,13 +27,20 @@ pub enum ScanError {
     /// The pod's cgroup holds no process (not started yet, or every container exited).
     #[error("no process in the pod's cgroup {0}")]
     NoProcess(PathBuf),
-    /// The pod's processes are not all in one network namespace.
-    #[error("the pod's processes are in {0} different network namespaces")]
+    /// The API reports no address for the pod yet.
+    #[error("the pod has no address yet")]
+    NoAddress,
+    /// No network namespace pinned by the runtime holds the pod's address (its sandbox is not
+    /// set up yet, or the runtime pins its namespaces elsewhere).
+    #[error("no network namespace under {0} holds the pod's address")]
+    NoNetns(String),
+    /// Several network namespaces hold the pod's address: which one is the pod's is unknown.
+    #[error("{0} network namespaces hold the pod's address")]
     AmbiguousNetns(usize),
-    /// The processes run in the host's (or the agent's) network namespace.
-    #[error("the pod's processes run in the host network namespace")]
+    /// The pod's address is the agent's own network namespace's (the host's).
+    #[error("the pod's address is in the host network namespace")]
     HostNetns,
-    /// `/proc` could not be read.
+    /// The filesystem could not be read.
     #[error("{0}")]
     Io(String),
 }
@@ -49,9 +51,9 @@ pub struct RunningPod {
     /// The pod's cgroup v2 directory, when there is one (programs attach there); `None` when
     /// only v1 hierarchies hold the pod (the shared attachment applies).
     pub cgroup_v2: Option<PathBuf>,
-    /// Every process of the pod (all containers).
-    pub pids: Vec<u32>,
-    /// Inode of the network namespace they share.
+    /// The runtime's pin of the pod's network namespace, as the agent sees it.
+    pub netns_path: PathBuf,
+    /// Its inode.
     pub netns_ino: u64,
 }
 
@@ -92,79 +94,89 @@ impl V1Hierarchies {
     }
 }
 
-/// The pod with UID `uid`: its cgroup under the cgroup2 root `cgroup_root` (or, without one,
-/// under the v1 hierarchies `v1`, read only then), its processes and their netns. `proc_root`
-/// is the host's `/proc` as the agent sees it.
-pub fn find(
-    cgroup_root: &Path,
-    v1: &V1Hierarchies,
-    proc_root: &Path,
-    uid: &str,
-) -> Result<RunningPod, ScanError> {
-    let v2 = cgroup::resolve(cgroup_root, None, Some(uid));
-    let dirs: Vec<PathBuf> = match &v2 {
-        Some(dir) => vec![dir.clone()],
-        None => v1
-            .roots()?
-            .iter()
-            .filter_map(|root| cgroup::resolve(root, None, Some(uid)))
-            .collect(),
-    };
-    if dirs.is_empty() {
-        return Err(ScanError::NoCgroup);
-    }
-    let mut pids = BTreeSet::new();
-    for dir in &dirs {
-        collect_pids(dir, 0, &mut pids);
-    }
-    if pids.is_empty() {
-        return Err(ScanError::NoProcess(dirs[0].clone()));
-    }
-    let mut namespaces = BTreeSet::new();
-    for pid in &pids {
-        // A process that exited since the listing has no namespace left to look at.
-        if let Ok(meta) = fs::metadata(proc_root.join(pid.to_string()).join("ns/net")) {
-            namespaces.insert(meta.ino());
-        }
-    }
-    let netns_ino = match namespaces.len() {
-        0 => return Err(ScanError::NoProcess(dirs[0].clone())),
-        1 => *namespaces.first().unwrap_or(&0),
-        n => return Err(ScanError::AmbiguousNetns(n)),
-    };
-    let host = [
-        proc_root.join("1/ns/net"),
-        PathBuf::from("/proc/self/ns/net"),
-    ];
-    if host
-        .iter()
-        .any(|p| fs::metadata(p).is_ok_and(|m| m.ino() == netns_ino))
-    {
-        return Err(ScanError::HostNetns);
-    }
-    Ok(RunningPod {
-        cgroup_v2: v2,
-        pids: pids.into_iter().collect(),
-        netns_ino,
-    })
+/// One scan of the node's pods: the cgroup v1 hierarchies, read at most once, and whether the
+/// netns index (kept across scans) was brought up to date yet: at most once a scan, the first
+/// time a pod needs it.
+#[derive(Debug)]
+pub struct PodScan {
+    pub v1: V1Hierarchies,
+    refreshed: OnceLock<()>,
 }
 
-/// The processes of `dir` and its descendants (container cgroups under the pod's), a few
-/// levels deep.
-fn collect_pids(dir: &Path, depth: usize, out: &mut BTreeSet<u32>) {
-    if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
-        out.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+impl PodScan {
+    /// A scan with the cgroup v1 hierarchies `v1`.
+    pub fn new(v1: V1Hierarchies) -> Self {
+        Self {
+            v1,
+            refreshed: OnceLock::new(),
+        }
     }
-    if depth >= 4 {
-        return;
+
+    /// The netns among those of `index` that holds `ips`, refreshing the index first if this
+    /// scan has not yet.
+    pub fn netns_of(&self, index: &Mutex<NetnsIndex>, ips: &[IpAddr]) -> Found {
+        let mut index = index.lock().unwrap_or_else(|p| p.into_inner());
+        self.refreshed.get_or_init(|| {
+            let stats = index.refresh();
+            tracing::debug!(
+                pins = stats.pins,
+                entered = stats.entered,
+                "netns index refreshed"
+            );
+        });
+        index.find(ips)
     }
-    if let Ok(entries) = fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                collect_pids(&e.path(), depth + 1, out);
+}
+
+/// The pod with UID `uid` and addresses `ips`: its cgroup under the cgroup2 root
+/// `cgroup_root` (or, without one, under the v1 hierarchies of `scan`, read only then), and
+/// the runtime's pin of its network namespace, from `index`.
+pub fn find(
+    cgroup_root: &Path,
+    scan: &PodScan,
+    index: &Mutex<NetnsIndex>,
+    uid: &str,
+    ips: &[IpAddr],
+) -> Result<RunningPod, ScanError> {
+    let v2 = cgroup::resolve(cgroup_root, None, Some(uid));
+    match &v2 {
+        Some(dir) => {
+            // `populated` counts the processes of the whole subtree, whatever PID namespace
+            // they are in (`cgroup.procs` would show 0 for every PID the agent cannot see).
+            if !populated(dir) {
+                return Err(ScanError::NoProcess(dir.clone()));
+            }
+        }
+        None => {
+            let found = scan
+                .v1
+                .roots()?
+                .iter()
+                .any(|root| cgroup::resolve(root, None, Some(uid)).is_some());
+            if !found {
+                return Err(ScanError::NoCgroup);
             }
         }
     }
+    if ips.is_empty() {
+        return Err(ScanError::NoAddress);
+    }
+    match scan.netns_of(index, ips) {
+        Found::One { path, ino } => Ok(RunningPod {
+            cgroup_v2: v2,
+            netns_path: path,
+            netns_ino: ino,
+        }),
+        Found::Own => Err(ScanError::HostNetns),
+        Found::None { searched } => Err(ScanError::NoNetns(searched)),
+        Found::Several(n) => Err(ScanError::AmbiguousNetns(n)),
+    }
+}
+
+/// Whether the cgroup v2 directory `dir` or a descendant holds a process (`cgroup.events`).
+fn populated(dir: &Path) -> bool {
+    fs::read_to_string(dir.join("cgroup.events"))
+        .is_ok_and(|text| text.lines().any(|l| l.trim() == "populated 1"))
 }
 
 /// The mount points of cgroup v1 hierarchies under `within`, from mountinfo text.
@@ -180,157 +192,9 @@ pub fn v1_roots(mountinfo: &str, within: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// A path of the netns with inode `ino` a runtime keeps (`<dir>/<name>` in one of `dirs`,
-/// such as containerd's `/var/run/netns/cni-<uuid>`), so the registration outlives any one
-/// process; `None` when no such file exists.
-pub fn pinned_netns(dirs: &[PathBuf], ino: u64) -> Option<PathBuf> {
-    dirs.iter().find_map(|dir| {
-        fs::read_dir(dir).ok()?.flatten().find_map(|e| {
-            let path = e.path();
-            // Opened as a namespace file (nsfs), not just a file with the same inode number.
-            crate::host::netns::Netns::open(&path)
-                .is_ok_and(|ns| ns.ino == ino)
-                .then_some(path)
-        })
-    })
-}
-
-/// A TCP socket in the `LISTEN` state, from `/proc/<pid>/net/tcp{,6}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Listening {
-    /// `AF_INET` or `AF_INET6`.
-    pub family: u32,
-    pub port: u16,
-    /// Owner (as the host sees it).
-    pub uid: u32,
-    /// Socket inode (what `/proc/<pid>/fd/<n>` links to as `socket:[<inode>]`).
-    pub inode: u64,
-}
-
-/// `/proc/net/tcp` state of a listening socket.
-const TCP_LISTEN: &str = "0A";
-
-/// The listening TCP sockets of `pid`'s network namespace.
-pub fn listening(proc_root: &Path, pid: u32) -> io::Result<Vec<Listening>> {
-    let dir = proc_root.join(pid.to_string()).join("net");
-    let mut out = Vec::new();
-    for (file, family) in [
-        ("tcp", linkerd_cni_common::AF_INET),
-        ("tcp6", linkerd_cni_common::AF_INET6),
-    ] {
-        match fs::read_to_string(dir.join(file)) {
-            Ok(text) => out.extend(parse_listening(&text, family)),
-            // No IPv6 in this kernel: no tcp6 file.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(out)
-}
-
-/// The `LISTEN` rows of a `/proc/net/tcp` or `tcp6` table.
-pub fn parse_listening(text: &str, family: u32) -> Vec<Listening> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 10 || f[3] != TCP_LISTEN {
-                return None;
-            }
-            let port = u16::from_str_radix(f[1].rsplit(':').next()?, 16).ok()?;
-            Some(Listening {
-                family,
-                port,
-                uid: f[7].parse().ok()?,
-                inode: f[9].parse().ok()?,
-            })
-        })
-        .collect()
-}
-
-/// Which of `pids` holds the socket with inode `inode`, and under which fd number.
-pub fn owner_of(proc_root: &Path, pids: &[u32], inode: u64) -> Option<(u32, i32)> {
-    let wanted = format!("socket:[{inode}]");
-    pids.iter().find_map(|pid| {
-        let dir = proc_root.join(pid.to_string()).join("fd");
-        fs::read_dir(dir).ok()?.flatten().find_map(|e| {
-            let target = fs::read_link(e.path()).ok()?;
-            (target.as_os_str() == wanted.as_str())
-                .then(|| e.file_name().to_str()?.parse().ok().map(|fd| (*pid, fd)))
-                .flatten()
-        })
-    })
-}
-
-/// Whether the agent runs in the PID namespace of the host's `/proc` (`proc_root`):
-/// [`take_socket`] needs the host's PIDs to be the agent's (`hostPID: true` in a DaemonSet).
-pub fn in_host_pid_namespace(proc_root: &Path) -> io::Result<bool> {
-    // `self` in a procfs names the reader's PID in that procfs's PID namespace (a process of
-    // a child namespace has another PID there). `/proc/1/ns/*` may be unreadable, even to root.
-    let me = fs::read_link(proc_root.join("self"))?;
-    Ok(me.as_os_str() == std::process::id().to_string().as_str())
-}
-
-/// A duplicate, in this process, of fd `fd` of process `pid` (`pidfd_open` + `pidfd_getfd`).
-/// `pid` is a PID of the agent's own PID namespace.
-pub fn take_socket(pid: u32, fd: i32) -> io::Result<OwnedFd> {
-    let pid =
-        libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: plain syscalls; on success each returns a new fd that we own.
-    unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
-        if pidfd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
-        let dup = libc::syscall(
-            libc::SYS_pidfd_getfd,
-            std::os::fd::AsRawFd::as_raw_fd(&pidfd),
-            fd,
-            0,
-        );
-        if dup < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(OwnedFd::from_raw_fd(dup as i32))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn listening_rows_parse() {
-        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
-            0: 00000000:102F 00000000:0000 0A 00000000:00000000 00:00000000 00000000  2102        0 4242 1 0 100 0 0 10 0\n\
-            1: 0100007F:102C 00000000:0000 0A 00000000:00000000 00:00000000 00000000  2102        0 4243 1 0 100 0 0 10 0\n\
-            2: 0100007F:9C40 0100007F:102C 01 00000000:00000000 00:00000000 00000000  1000        0 4244 1 0 100 0 0 10 0\n";
-        let rows = parse_listening(tcp, 2);
-        assert_eq!(
-            rows,
-            vec![
-                Listening {
-                    family: 2,
-                    port: 4143,
-                    uid: 2102,
-                    inode: 4242
-                },
-                Listening {
-                    family: 2,
-                    port: 4140,
-                    uid: 2102,
-                    inode: 4243
-                },
-            ]
-        );
-        assert!(parse_listening("header only\n", 10).is_empty());
-    }
-
-    #[test]
-    fn own_procfs_is_own_pid_namespace() {
-        assert!(in_host_pid_namespace(Path::new("/proc")).expect("/proc/self"));
-    }
 
     #[test]
     fn v1_hierarchies_from_mountinfo() {
@@ -364,14 +228,15 @@ mod tests {
         fs::create_dir_all(v1_root.join("kubepods/besteffort/podv1pod")).expect("v1 cgroup");
         let mountinfo = dir.join("mountinfo");
 
+        let index = Mutex::new(NetnsIndex::new(vec![dir.join("netns")]));
         // No mount table at all: a pod found in cgroup v2 never needs it.
-        let scan = V1Hierarchies::new(&mountinfo, "/");
-        let found = find(&v2_root, &scan, Path::new("/proc"), "v2pod");
+        let scan = PodScan::new(V1Hierarchies::new(&mountinfo, "/"));
+        let found = find(&v2_root, &scan, &index, "v2pod", &[]);
         assert!(
             matches!(&found, Err(ScanError::NoProcess(d)) if d.ends_with("podv2pod")),
             "{found:?}"
         );
-        assert!(matches!(scan.roots(), Err(ScanError::Io(_))));
+        assert!(matches!(scan.v1.roots(), Err(ScanError::Io(_))));
 
         // Read on first need, then kept: the table is gone by the second pod.
         fs::write(
@@ -382,18 +247,20 @@ mod tests {
             ),
         )
         .expect("mountinfo");
-        let scan = V1Hierarchies::new(&mountinfo, "/");
-        let found = find(&v2_root, &scan, Path::new("/proc"), "v1pod");
-        assert!(
-            matches!(&found, Err(ScanError::NoProcess(d)) if d.ends_with("podv1pod")),
-            "{found:?}"
-        );
+        let scan = PodScan::new(V1Hierarchies::new(&mountinfo, "/"));
+        // Found under v1; then the pod has no address yet.
+        let found = find(&v2_root, &scan, &index, "v1pod", &[]);
+        assert_eq!(found, Err(ScanError::NoAddress));
         fs::remove_file(&mountinfo).expect("rm mountinfo");
-        assert_eq!(scan.roots().expect("kept"), std::slice::from_ref(&v1_root));
-        let found = find(&v2_root, &scan, Path::new("/proc"), "v1pod");
-        assert!(matches!(&found, Err(ScanError::NoProcess(_))), "{found:?}");
         assert_eq!(
-            find(&v2_root, &scan, Path::new("/proc"), "nowhere"),
+            scan.v1.roots().expect("kept"),
+            std::slice::from_ref(&v1_root)
+        );
+        let ip: IpAddr = [192, 0, 2, 7].into();
+        let found = find(&v2_root, &scan, &index, "v1pod", &[ip]);
+        assert!(matches!(&found, Err(ScanError::NoNetns(_))), "{found:?}");
+        assert_eq!(
+            find(&v2_root, &scan, &index, "nowhere", &[ip]),
             Err(ScanError::NoCgroup)
         );
         fs::remove_dir_all(&dir).expect("cleanup");

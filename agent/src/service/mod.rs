@@ -17,7 +17,6 @@ use linkerd_cni_k8s::termination::{Termination, termination};
 use crate::{
     Agent, AgentConfig,
     agent::{adopt::Adopter, reconcile::Reconciler},
-    host::podscan,
 };
 
 pub mod health;
@@ -85,7 +84,6 @@ pub fn run(config: AgentConfig, options: Options) -> anyhow::Result<()> {
 async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
     // Before anything serves: SIGHUP's default action would end the agent.
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    let host_root = config.host_root.clone();
     let agent = Arc::new(tokio::task::spawn_blocking(move || Agent::start(config)).await??);
     let node = match &args.node_name {
         Some(n) => n.clone(),
@@ -152,7 +150,7 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
     }
     spawn_reaper(agent.clone(), args.reap_interval);
     spawn_reconciler(reconciler, args.reconcile_interval, hup);
-    if args.adopt_running_pods && adoption_possible(host_root.as_deref()) {
+    if args.adopt_running_pods && adoption_possible(&agent) {
         spawn_adopter(adopter, server.clone(), args.adopt_interval);
     }
     let serving = tokio::spawn(server.clone().serve(listener));
@@ -248,26 +246,17 @@ fn spawn_reconciler(
     });
 }
 
-/// Whether running pods can be adopted from here: the agent must be in the host's PID
-/// namespace to take a proxy's listener. Says why not, once, when it cannot.
-fn adoption_possible(host_root: Option<&std::path::Path>) -> bool {
-    let host_proc = match host_root {
-        Some(root) => root.join("proc"),
-        None => PathBuf::from("/proc"),
-    };
-    match podscan::in_host_pid_namespace(&host_proc) {
-        Ok(true) => true,
-        Ok(false) => {
+/// Whether running pods can be adopted on this node: the `iter/tcp` program must be usable.
+/// Says why not, once, when it cannot.
+fn adoption_possible(agent: &Agent) -> bool {
+    match agent.adoption_unavailable() {
+        None => true,
+        Some(reason) => {
             tracing::warn!(
-                "adoption of running pods is off: the agent is not in the host's PID \
-                 namespace (run its pod with hostPID: true), so it cannot take a proxy's \
-                 listener; meshed pods that started without linkerd-cni keep running \
-                 without redirection until they are recreated"
+                %reason,
+                "adoption of running pods is off: meshed pods that started without \
+                 linkerd-cni keep running without redirection until they are recreated"
             );
-            false
-        }
-        Err(error) => {
-            tracing::warn!(%error, proc = %host_proc.display(), "adoption of running pods is off: cannot compare PID namespaces");
             false
         }
     }

@@ -2,15 +2,18 @@
 //! because it started before linkerd-cni was in its node's CNI chain (or while the agent was
 //! not ready), so no CNI ADD ever reached the agent for it.
 //!
-//! The pod is found from the host's side ([`crate::host::podscan`]): its cgroup by pod UID, its
-//! processes, the one network namespace they share (never the host's). The programs are
-//! attached only once something listens on the outbound port (outbound connections are never
-//! sent to a port nothing serves), and:
+//! The pod is found from the host's side without looking at its processes
+//! ([`crate::host::podscan`]): its cgroup by pod UID, and its network namespace among the
+//! runtime's netns pins by the pod's address (`status.podIPs`,
+//! [`crate::host::podnetns`]). Inside that namespace, the `iter/tcp` program
+//! ([`crate::dataplane::iter`]) lists the listening TCP sockets. The programs are attached
+//! only once something listens on the outbound port (outbound connections are never sent to
+//! a port nothing serves), and:
 //!
-//! - when the proxy runs (a socket of the pod owned by the proxy UID listens on the outbound
-//!   port), only once it also listens on the inbound port. That listener was opened before
-//!   `sockops` could see its `listen()`, so it is taken from the proxy with `pidfd_getfd` and
-//!   put in the listener SOCKHASH first;
+//! - when the proxy runs (a socket owned by the proxy UID listens on the outbound port), only
+//!   once it also listens on the inbound port. That listener was opened before `sockops` could
+//!   see its `listen()`, so the iterator puts it in the listener SOCKHASH first, from inside
+//!   the kernel: no `pidfd_getfd`, no host PID namespace;
 //! - otherwise the pod is in its init phase, Linkerd's network validator listening on the
 //!   outbound port (as another UID) and failing until connections are redirected: the pod is
 //!   attached, its inbound connections are refused until the proxy listens, and `sockops`
@@ -25,24 +28,21 @@ mod pass;
 pub use pass::Adopter;
 
 use std::{
-    os::fd::{AsFd, OwnedFd},
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
-use linkerd_cni_common::{AF_INET, AF_INET6, ListenerKey};
+use linkerd_cni_common::{AF_INET, AF_INET6, ITER_REGISTER, IterArgs, IterListener, ListenerKey};
 use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 
 use super::{Agent, AgentError, Registration};
 use crate::{
     agent::registry::PodRecord,
-    dataplane::maps::Maps,
-    host::netns::Netns,
-    host::podscan::{self, Listening, RunningPod, ScanError, V1Hierarchies},
+    dataplane::iter::ListenerIter,
+    host::netns::{self, Netns},
+    host::podscan::{self, PodScan, RunningPod, ScanError, V1Hierarchies},
     host::userns,
 };
-
-/// `BPF_NOEXIST`: insert only if the key is absent.
-const BPF_NOEXIST: u64 = 1;
 
 /// Prefix of the registration id of an adopted pod (no runtime gave it a `CNI_CONTAINERID`).
 pub const ADOPTED_PREFIX: &str = "adopted-";
@@ -84,9 +84,13 @@ pub enum Adopted {
 /// Why a pod cannot be adopted.
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
-    /// Adopting it would not be safe (no process, host netns, processes in several netns).
+    /// Adopting it would not be safe (not running, its address in the host netns or in
+    /// several netns).
     #[error(transparent)]
     Unsafe(#[from] ScanError),
+    /// The `iter/tcp` program cannot be used on this node (the reason).
+    #[error("the iter/tcp program is not available: {0}")]
+    NoIterator(String),
     /// The registration failed.
     #[error(transparent)]
     Agent(#[from] AgentError),
@@ -98,8 +102,11 @@ impl AdoptError {
         match self {
             Self::Unsafe(ScanError::NoCgroup) => "no_cgroup",
             Self::Unsafe(ScanError::NoProcess(_)) => "no_process",
+            Self::Unsafe(ScanError::NoAddress) => "no_address",
+            Self::Unsafe(ScanError::NoNetns(_)) => "no_netns",
             Self::Unsafe(ScanError::AmbiguousNetns(_)) => "ambiguous_netns",
             Self::Unsafe(ScanError::HostNetns) => "host_netns",
+            Self::NoIterator(_) => "no_iterator",
             Self::Unsafe(ScanError::Io(_)) | Self::Agent(_) => "error",
         }
     }
@@ -133,54 +140,72 @@ impl Agent {
         Ok(known)
     }
 
-    /// The host's cgroup v1 hierarchies, for one scan of the node's pods (the mount table is
-    /// read once, when a pod without a cgroup v2 directory first needs it).
-    pub fn v1_hierarchies(&self) -> V1Hierarchies {
+    /// Why running pods cannot be adopted on this node (the `iter/tcp` program cannot be
+    /// used), or `None` when they can.
+    pub fn adoption_unavailable(&self) -> Option<String> {
+        self.dataplane.listener_iter().err().map(str::to_string)
+    }
+
+    /// One scan of the node's pods: the host's cgroup v1 hierarchies (the mount table is read
+    /// once, when a pod without a cgroup v2 directory first needs it) and the runtime's netns
+    /// pins by address (brought up to date once, when a pod first needs it).
+    pub fn pod_scan(&self) -> PodScan {
         let within = self.config.host_root.clone().unwrap_or_else(|| "/".into());
-        V1Hierarchies::new("/proc/self/mountinfo", within)
+        PodScan::new(V1Hierarchies::new("/proc/self/mountinfo", within))
     }
 
-    /// The pod with UID `uid` as the host sees it (cgroup, processes, netns), without
-    /// touching anything: whether there is anything to adopt. `v1` is the scan's view of the
-    /// cgroup v1 hierarchies ([`Agent::v1_hierarchies`]).
-    pub fn running_pod(&self, uid: &str, v1: &V1Hierarchies) -> Result<RunningPod, ScanError> {
-        let proc_root = self.host_path(Path::new("/proc"));
-        podscan::find(&self.cgroup_root, v1, &proc_root, uid)
+    /// Forgets what the netns index holds of the namespace with inode `ino` (it did not hold
+    /// what the index said): the next scan enters it again.
+    fn forget_netns(&self, ino: u64) {
+        self.netns_index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .forget(ino);
     }
 
-    /// Adopts the running pod `pod` (its UID is required: it names the pod's cgroup) with the
-    /// decided `config`: see the module documentation.
+    /// The pod with UID `uid` and addresses `ips` as the host sees it (cgroup, netns),
+    /// without touching anything: whether there is anything to adopt.
+    pub fn running_pod(
+        &self,
+        uid: &str,
+        ips: &[IpAddr],
+        scan: &PodScan,
+    ) -> Result<RunningPod, ScanError> {
+        podscan::find(&self.cgroup_root, scan, &self.netns_index, uid, ips)
+    }
+
+    /// Adopts the running pod `pod` (its UID is required: it names the pod's cgroup) whose
+    /// addresses are `ips`, with the decided `config`: see the module documentation.
     pub fn adopt(
         &self,
         pod: PodRef,
+        ips: &[IpAddr],
         config: LinkerdConfig,
-        v1: &V1Hierarchies,
+        scan: &PodScan,
     ) -> Result<Adopted, AdoptError> {
         let uid = pod
             .uid
             .clone()
             .filter(|u| !u.is_empty())
             .ok_or(ScanError::NoCgroup)?;
-        let proc_root = self.host_path(Path::new("/proc"));
-        let running = self.running_pod(&uid, v1)?;
         let RunningPod {
             cgroup_v2,
-            pids,
+            netns_path,
             netns_ino,
-        } = running;
-        // Prefer the runtime's pin of the netns (it lives as long as the sandbox); otherwise
-        // a process's view of it. Registry paths are host paths.
-        let dirs = ["/run/netns", "/var/run/netns"].map(|d| self.host_path(Path::new(d)));
-        let netns_path = podscan::pinned_netns(&dirs, netns_ino)
-            .unwrap_or_else(|| proc_root.join(pids[0].to_string()).join("ns/net"));
+        } = self.running_pod(&uid, ips, scan)?;
+        let iter = self
+            .dataplane
+            .listener_iter()
+            .map_err(|why| AdoptError::NoIterator(why.to_string()))?;
+        // Registry paths are host paths.
         let host_netns_path = unprefixed(self.config.host_root.as_deref(), &netns_path);
         let ns = Netns::open(&netns_path).map_err(AgentError::from)?;
         if ns.ino != netns_ino {
+            self.forget_netns(netns_ino);
             return Ok(Adopted::Waiting(
                 "the pod's network namespace changed".into(),
             ));
         }
-        let netns_cookie = ns.cookie().map_err(AgentError::from)?;
         let host_ids = userns::host_ids(ns.file(), config.proxy_uid(), config.proxy_gid())
             .map_err(AgentError::from)?;
         let Some(proxy_uid) = host_ids.and_then(|h| h.uid).or(config.proxy_uid()) else {
@@ -188,18 +213,36 @@ impl Agent {
                 "no proxy UID configured: the proxy's listener cannot be told apart".into(),
             ));
         };
-        let listening = podscan::listening(&proc_root, pids[0])
-            .map_err(|e| ScanError::Io(format!("listening sockets of pid {}: {e}", pids[0])))?;
-        let proxy_on = |port: u16| -> Vec<Listening> {
+        let (in_port, out_port) = (config.incoming_proxy_port, config.outgoing_proxy_port);
+        let mut args = IterArgs {
+            proxy_uid,
+            inbound_port: in_port,
+            ..IterArgs::default()
+        };
+        // One visit: the cookie, the addresses (the index's answer is checked, not trusted)
+        // and what listens.
+        let (netns_cookie, addrs, listening) = ns
+            .run(|| {
+                Ok((
+                    netns::current_netns_cookie()?,
+                    netns::current_addresses()?,
+                    iter.run(&args)?,
+                ))
+            })
+            .map_err(AgentError::from)?;
+        if !addrs.iter().any(|a| ips.contains(a)) {
+            self.forget_netns(netns_ino);
+            return Ok(Adopted::Waiting(
+                "the network namespace no longer holds the pod's address".into(),
+            ));
+        }
+        args.netns_cookie = netns_cookie;
+        let proxy_on = |port: u16| {
             listening
                 .iter()
-                .filter(|l| l.port == port && l.uid == proxy_uid)
-                .copied()
-                .collect()
+                .any(|l| l.port == port && l.uid == proxy_uid)
         };
-        let (in_port, out_port) = (config.incoming_proxy_port, config.outgoing_proxy_port);
         let inbound = proxy_on(in_port);
-        let proxy_outbound = !proxy_on(out_port).is_empty();
         // Outbound connections are only ever sent to a port something listens on.
         if !listening.iter().any(|l| l.port == out_port) {
             return Ok(Adopted::Waiting(format!(
@@ -208,7 +251,7 @@ impl Agent {
         }
         // The proxy is starting (its outbound listener is up, its inbound one not yet): one
         // more pass, rather than refusing inbound connections in between.
-        if inbound.is_empty() && proxy_outbound {
+        if !inbound && proxy_on(out_port) {
             return Ok(Adopted::Waiting(format!(
                 "the proxy (uid {proxy_uid}) listens on {out_port} but not on {in_port} yet"
             )));
@@ -217,18 +260,22 @@ impl Agent {
         // network validator (another UID) listens on the outbound port and its check passes
         // only once connections are redirected. Inbound connections are refused until the
         // proxy listens, and `sockops` registers its listener then, as for any meshed pod.
-        let taken = take_listeners(&proc_root, &pids, &inbound)?;
-        if !inbound.is_empty() && taken.is_empty() {
-            return Ok(Adopted::Waiting(
-                "no process of the pod holds the proxy's inbound listener".into(),
-            ));
-        }
         {
-            let mut maps = self.lock_background();
+            let maps = self.lock_background();
             if self.knows_pod(&pod)? {
                 return Ok(Adopted::Waiting("registered meanwhile".into()));
             }
-            insert_listeners(&mut maps, netns_cookie, taken)?;
+            if inbound {
+                let registered = register_listener(&ns, iter, &args, in_port)?;
+                if !registered.iter().any(|l| l.registered == 0) {
+                    drop(maps);
+                    self.remove_listeners(netns_cookie);
+                    return Ok(Adopted::Waiting(format!(
+                        "the proxy's inbound listener could not be registered: {}",
+                        outcome(&registered)
+                    )));
+                }
+            }
         }
         let reg = Registration {
             id: adopted_id(&uid),
@@ -242,90 +289,75 @@ impl Agent {
         let record = match self.register(reg) {
             Ok(record) => record,
             Err(e) => {
-                let mut maps = self.lock_background();
-                for family in [AF_INET, AF_INET6] {
-                    let _ = maps.listeners.remove(&ListenerKey {
-                        netns_cookie,
-                        family,
-                        _pad: 0,
-                    });
-                }
+                self.remove_listeners(netns_cookie);
                 return Err(e.into());
             }
         };
         // A proxy that started listening between the scan and the attachment was not seen by
         // `sockops`: look once more now that every later `listen()` is.
-        if inbound.is_empty() {
-            let late = podscan::listening(&proc_root, pids[0])
-                .map(|all| {
-                    all.into_iter()
-                        .filter(|l| l.port == in_port && l.uid == proxy_uid)
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
-            let mut maps = self.lock_background();
+        if !inbound {
+            let maps = self.lock_background();
             let missing = !maps.has_listener(netns_cookie, AF_INET)
                 && !maps.has_listener(netns_cookie, AF_INET6);
-            if missing && !late.is_empty() {
-                let taken = take_listeners(&proc_root, &pids, &late)?;
-                insert_listeners(&mut maps, netns_cookie, taken)?;
-                tracing::info!(id = %record.id, "adoption: the proxy's inbound listener, opened during the attachment, registered");
+            if missing {
+                let late = register_listener(&ns, iter, &args, in_port)?;
+                if late.iter().any(|l| l.registered == 0) {
+                    tracing::info!(id = %record.id, "adoption: the proxy's inbound listener, opened during the attachment, registered");
+                }
             }
         }
         Ok(Adopted::Registered(Box::new(record)))
     }
-}
 
-/// Duplicates the listening sockets `listeners` from the pod's process that holds each.
-fn take_listeners(
-    proc_root: &Path,
-    pids: &[u32],
-    listeners: &[Listening],
-) -> Result<Vec<(u32, OwnedFd)>, AdoptError> {
-    let mut taken = Vec::new();
-    for l in listeners {
-        let Some((pid, fd)) = podscan::owner_of(proc_root, pids, l.inode) else {
-            continue;
-        };
-        let sock = podscan::take_socket(pid, fd).map_err(|e| {
-            ScanError::Io(format!(
-                "taking the proxy's listener (pid {pid}, fd {fd}) with pidfd_getfd: {e} (the \
-                 agent must run in the host's PID namespace)"
-            ))
-        })?;
-        taken.push((l.family, sock));
-    }
-    Ok(taken)
-}
-
-/// Puts the proxy's inbound listeners in the listener SOCKHASH, as `sockops` does at
-/// `listen()`: per family; an IPv6 listener also serves IPv4 unless an IPv4 one exists.
-fn insert_listeners(
-    maps: &mut Maps,
-    netns_cookie: u64,
-    mut taken: Vec<(u32, OwnedFd)>,
-) -> Result<(), AgentError> {
-    taken.sort_by_key(|(family, _)| *family != AF_INET);
-    let key = |family| ListenerKey {
-        netns_cookie,
-        family,
-        _pad: 0,
-    };
-    for (family, sock) in &taken {
-        maps.listeners
-            .insert(key(*family), sock.as_fd(), 0)
-            .map_err(|e| {
-                AgentError::Registry(std::io::Error::other(format!(
-                    "registering the proxy's inbound listener: {e}"
-                )))
-            })?;
-        if *family == AF_INET6 {
-            let _ = maps
-                .listeners
-                .insert(key(AF_INET), sock.as_fd(), BPF_NOEXIST);
+    /// Removes the pod's listener entries (an adoption that did not go through).
+    fn remove_listeners(&self, netns_cookie: u64) {
+        let mut maps = self.lock_background();
+        for family in [AF_INET, AF_INET6] {
+            let _ = maps.listeners.remove(&ListenerKey {
+                netns_cookie,
+                family,
+                _pad: 0,
+            });
         }
     }
-    Ok(())
+}
+
+/// Runs the iterator in `ns` asking it to register the proxy's inbound listener; returns the
+/// records of the proxy's listeners on `port`, with what registering each returned.
+fn register_listener(
+    ns: &Netns,
+    iter: &ListenerIter,
+    args: &IterArgs,
+    port: u16,
+) -> Result<Vec<IterListener>, AgentError> {
+    let args = IterArgs {
+        flags: ITER_REGISTER,
+        ..*args
+    };
+    let listening = ns.run(|| iter.run(&args))?;
+    Ok(listening
+        .into_iter()
+        .filter(|l| l.port == port && l.uid == args.proxy_uid)
+        .collect())
+}
+
+/// What registering the listeners returned, in words.
+fn outcome(records: &[IterListener]) -> String {
+    if records.is_empty() {
+        return "the listener was gone".into();
+    }
+    records
+        .iter()
+        .map(|l| {
+            format!(
+                "{} (family {}): {}",
+                l.port,
+                l.family,
+                std::io::Error::from_raw_os_error(-l.registered)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A host path (as the registry keeps them) from the path the agent sees it under.

@@ -79,7 +79,7 @@ impl Adopter {
             }
         };
         let mut seen = Vec::new();
-        let v1 = Arc::new(self.agent.v1_hierarchies());
+        let scan = Arc::new(self.agent.pod_scan());
         for pod in pods.cached_pods() {
             let Some(uid) = pod.uid.as_deref() else {
                 continue;
@@ -98,13 +98,23 @@ impl Adopter {
             let uid = &uid.to_string();
             let (namespace, name) = (&namespace.to_string(), &name.to_string());
             seen.push(uid.clone());
+            let ips: Arc<[std::net::IpAddr]> = pod.pod_ips.iter().copied().collect();
             // Host side first: a pod that does not run here yet (its CNI ADD may be under
             // way) costs no API request.
-            let (agent, scan) = (self.agent.clone(), v1.clone());
-            let id = uid.clone();
-            match tokio::task::spawn_blocking(move || agent.running_pod(&id, &scan)).await {
+            let (agent, pass) = (self.agent.clone(), scan.clone());
+            let (id, addrs) = (uid.clone(), ips.clone());
+            let found =
+                tokio::task::spawn_blocking(move || agent.running_pod(&id, &addrs, &pass)).await;
+            match found {
                 Ok(Ok(_)) => {}
-                Ok(Err(ScanError::NoCgroup | ScanError::NoProcess(_))) | Err(_) => continue,
+                Ok(Err(error @ ScanError::NoNetns(_))) => {
+                    self.log_once(uid, "no netns", || {
+                        tracing::info!(namespace, pod = %Escaped(name), %error, "adoption: waiting for the pod's network namespace")
+                    });
+                    continue;
+                }
+                Ok(Err(ScanError::NoCgroup | ScanError::NoProcess(_) | ScanError::NoAddress))
+                | Err(_) => continue,
                 // Refused below, with the pod's decision known.
                 Ok(Err(_)) => {}
             }
@@ -125,11 +135,12 @@ impl Adopter {
             if !decision.redirect || decision.config.simulate {
                 continue;
             }
-            let (agent, scan) = (self.agent.clone(), v1.clone());
+            let (agent, pass) = (self.agent.clone(), scan.clone());
             let config = decision.config;
             let attempt = pod_ref.clone();
             let outcome =
-                tokio::task::spawn_blocking(move || agent.adopt(attempt, config, &scan)).await;
+                tokio::task::spawn_blocking(move || agent.adopt(attempt, &ips, config, &pass))
+                    .await;
             match outcome {
                 Ok(Ok(Adopted::Registered(record))) => {
                     self.adopted.fetch_add(1, Ordering::Relaxed);
@@ -149,7 +160,10 @@ impl Adopter {
                 }),
                 // Not started yet (its CNI ADD may be under way): nothing to adopt now.
                 Ok(Err(AdoptError::Unsafe(
-                    error @ (ScanError::NoCgroup | ScanError::NoProcess(_)),
+                    error @ (ScanError::NoCgroup
+                    | ScanError::NoProcess(_)
+                    | ScanError::NoAddress
+                    | ScanError::NoNetns(_)),
                 ))) => self.log_once(uid, "not running", || {
                     tracing::debug!(namespace, pod = %Escaped(name), %error, "adoption: the pod does not run here yet")
                 }),
@@ -212,7 +226,7 @@ impl Adopter {
              # TYPE linkerd_cni_agent_adoption_failures_total counter\n",
         );
         let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        for reason in ["ambiguous_netns", "host_netns", "error"] {
+        for reason in ["ambiguous_netns", "host_netns", "no_iterator", "error"] {
             out.push_str(&format!(
                 "linkerd_cni_agent_adoption_failures_total{{reason=\"{reason}\"}} {}\n",
                 failures.get(reason).copied().unwrap_or(0)
