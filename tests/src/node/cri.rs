@@ -33,10 +33,13 @@ use k8s_cri::v1::{
 use serde_json::{Value, json};
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use linkerd_cni_common::paths;
+use linkerd_cni_fake_apiserver::FakeApiServer;
+
 use super::{
     AGENT_BIN, ApiServerProcess, BRIDGE, NETWORK_NAME, NODE_NAME, PLUGIN_BIN, POD_SUBNET, PodSpec,
-    START_TIMEOUT, free_port, http_get, read_state, sim::PinRoot, sim::write_manifest, wait_until,
-    workspace_bin,
+    START_TIMEOUT, apifront::ApiFront, free_port, http_get, noderoot::NodeRoot, read_state,
+    sim::PinRoot, sim::write_manifest, wait_until, workspace_bin,
 };
 use crate::{
     bins,
@@ -61,6 +64,42 @@ const CGROUP_FS: &str = "/sys/fs/cgroup";
 const CRI_TIMEOUT: Duration = Duration::from_secs(60);
 /// The kubelet's QoS class of the test pods (no resources).
 const QOS: &str = "besteffort";
+/// The `kubernetes` Service (`KUBERNETES_SERVICE_HOST`, `_PORT`) on a node with its own root:
+/// the TLS front of the API server listens there, in the node netns.
+pub const KUBERNETES_SERVICE: ([u8; 4], u16) = ([10, 96, 0, 1], 443);
+/// The cluster DNS Service's address (kubelet's `clusterDNS`; nothing answers there).
+pub const CLUSTER_DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+/// The node's own address (`status.hostIP`), on the node netns's loopback.
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(172, 31, 0, 2);
+/// The containerd conflist's file name.
+const CONFLIST: &str = "10-containerd-net.conflist";
+
+/// How a [`CriNode`] is set up.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CriNodeOptions {
+    /// Run the agent as a process on the host, configured as the DaemonSet configures it
+    /// (the containerd tests); without it the conflist stays the primary CNI alone until
+    /// something (a DaemonSet's pod) patches it.
+    pub host_agent: bool,
+    /// Give the node a root of its own ([`NodeRoot`]: containerd and its containers see the
+    /// node's `/etc/cni/net.d`, `/opt/cni/bin`, `/run`, `/sys/fs/bpf`, all made shared), the
+    /// node's address [`NODE_IP`], and the `kubernetes` Service at [`KUBERNETES_SERVICE`]: an
+    /// HTTPS front of an in-process fake API server (which also serves objects of other API
+    /// groups, such as a DaemonSet). What a DaemonSet's pod needs to run as rendered.
+    pub own_root: bool,
+}
+
+/// The node's API server.
+enum Api {
+    /// The fake API server process, serving a manifest directory (`--kubeconfig` clients).
+    Process(ApiServerProcess),
+    /// The fake API server in this process, reached through its HTTPS front in the node
+    /// netns (in-cluster clients).
+    InProcess {
+        front: ApiFront,
+        server: FakeApiServer,
+    },
+}
 
 /// A sandbox this node ran.
 #[derive(Clone, Debug)]
@@ -93,14 +132,17 @@ pub struct CriNode {
     containerd: Option<ChildGuard>,
     agent: Option<ChildGuard>,
     agent_health: SocketAddr,
-    apiserver: ApiServerProcess,
-    rt: tokio::runtime::Runtime,
+    api: Api,
+    pub(super) rt: tokio::runtime::Runtime,
     runtime: Option<RuntimeServiceClient<Channel>>,
     /// Sandboxes run and not removed yet.
     sandboxes: Mutex<BTreeSet<String>>,
     /// Pod cgroups (relative to each hierarchy) this node created or told runc to create.
     cgroups: Mutex<BTreeSet<PathBuf>>,
     pins: PinRoot,
+    /// The node's own root (after containerd, before the scratch directory that holds its
+    /// overlays).
+    root: Option<NodeRoot>,
     netns: NetnsGuard,
     dir: TempDir,
 }
@@ -124,7 +166,24 @@ impl CriNode {
     /// Like [`CriNode::start`]; with `linkerd` false no agent runs and the conflist stays
     /// the primary CNI alone (bridge + host-local), the baseline of the benchmark.
     pub fn start_with(objects: &[Value], linkerd: bool) -> Result<Self> {
+        Self::start_opts(
+            objects,
+            CriNodeOptions {
+                host_agent: linkerd,
+                own_root: false,
+            },
+        )
+    }
+
+    /// Starts a node as `opts` say: the API server serving `objects`, the agent (if asked
+    /// for), containerd in the node netns, the images imported.
+    pub fn start_opts(objects: &[Value], opts: CriNodeOptions) -> Result<Self> {
         reap_stale_nodes();
+        if opts.own_root && opts.host_agent {
+            return Err(Error::Missing(
+                "a node with its own root runs the agent as a pod, not on the host".into(),
+            ));
+        }
         let dir = TempDir::new()?;
         let d = dir.path().to_path_buf();
         for sub in [
@@ -141,9 +200,25 @@ impl CriNode {
             "containerd/opt",
             "runc",
             "pods",
+            "kubelet/pods",
+            "kubelet/logs",
         ] {
             fs::create_dir_all(d.join(sub)).ctx(|| format!("creating {sub}"))?;
         }
+        let root = if opts.own_root {
+            Some(NodeRoot::new(&d.join("root"))?)
+        } else {
+            None
+        };
+        let node_path = |p: &str| match &root {
+            Some(r) => r.path(p),
+            None => d.join(p.trim_start_matches('/')),
+        };
+        let (cni_bin, cni_conf) = if root.is_some() {
+            (node_path(paths::CNI_BIN_DIR), node_path(paths::CNI_NET_DIR))
+        } else {
+            (d.join("cni/bin"), d.join("cni/net.d"))
+        };
         // The primary CNI: bridge + host-local, the conflist our installer patches.
         for p in ["bridge", "host-local", "loopback"] {
             let src = Path::new(crate::cniruntime::SYSTEM_PLUGIN_DIR).join(p);
@@ -153,8 +228,7 @@ impl CriNode {
                     src.display()
                 )));
             }
-            std::os::unix::fs::symlink(&src, d.join("cni/bin").join(p))
-                .ctx(|| format!("linking {p}"))?;
+            std::os::unix::fs::symlink(&src, cni_bin.join(p)).ctx(|| format!("linking {p}"))?;
         }
         let conflist = json!({
             "cniVersion": "1.0.0",
@@ -172,20 +246,25 @@ impl CriNode {
                 },
             }],
         });
-        fs::write(
-            d.join("cni/net.d/10-containerd-net.conflist"),
-            conflist.to_string(),
-        )
-        .ctx(|| "writing the conflist")?;
-        for object in objects {
-            write_manifest(&d.join("manifests"), object)?;
-        }
-        let apiserver = ApiServerProcess::start(
-            &d.join("manifests"),
-            &d.join("kubeconfig"),
-            &d.join("logs/apiserver.log"),
-        )?;
+        fs::write(cni_conf.join(CONFLIST), conflist.to_string()).ctx(|| "writing the conflist")?;
         let netns = NetnsGuard::new()?;
+        let api = if root.is_some() {
+            netns.exec("ip", ["addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"])?;
+            let server = FakeApiServer::start()
+                .map_err(|e| Error::Missing(format!("starting the fake API server: {e}")))?;
+            let front =
+                ApiFront::start(&netns, SocketAddr::from(KUBERNETES_SERVICE), server.addr())?;
+            Api::InProcess { front, server }
+        } else {
+            for object in objects {
+                write_manifest(&d.join("manifests"), object)?;
+            }
+            Api::Process(ApiServerProcess::start(
+                &d.join("manifests"),
+                &d.join("kubeconfig"),
+                &d.join("logs/apiserver.log"),
+            )?)
+        };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -194,16 +273,20 @@ impl CriNode {
             containerd: None,
             agent: None,
             agent_health: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
-            apiserver,
+            api,
             rt,
             runtime: None,
             sandboxes: Mutex::new(BTreeSet::new()),
             cgroups: Mutex::new(BTreeSet::new()),
             pins: PinRoot::new(),
+            root,
             netns,
             dir,
         };
-        if linkerd {
+        if matches!(node.api, Api::InProcess { .. }) {
+            node.apply(objects)?;
+        }
+        if opts.host_agent {
             node.start_agent()?;
         }
         node.start_containerd()?;
@@ -221,29 +304,118 @@ impl CriNode {
         &self.netns
     }
 
-    /// The conflist containerd reads (as the installer left it).
-    pub fn conflist(&self) -> PathBuf {
-        self.dir().join("cni/net.d/10-containerd-net.conflist")
+    /// A command that runs inside the node: in its network namespace and, when it has its own
+    /// root, in its mount namespace (where containerd runs its CNI plugins).
+    pub fn node_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Result<Command> {
+        use std::os::{
+            fd::{AsRawFd, OwnedFd},
+            unix::process::CommandExt,
+        };
+        let net = OwnedFd::from(self.netns.open()?);
+        let mnt = match &self.root {
+            Some(r) => Some(OwnedFd::from(
+                fs::File::open(r.ns_file()).ctx(|| "opening the node's mount namespace")?,
+            )),
+            None => None,
+        };
+        let mut cmd = Command::new(program);
+        // SAFETY: the closure only calls setns(2), which is async-signal-safe, on fds that the
+        // closure owns and that stay open until the Command is dropped.
+        unsafe {
+            cmd.pre_exec(move || {
+                if let Some(m) = &mnt
+                    && libc::setns(m.as_raw_fd(), libc::CLONE_NEWNS) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::setns(net.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(cmd)
     }
 
-    /// The agent's pin root.
-    pub fn pin_root(&self) -> &Path {
-        self.pins.path()
+    /// The node's own root, when it has one.
+    pub fn root(&self) -> Option<&NodeRoot> {
+        self.root.as_ref()
+    }
+
+    /// Where this process reaches the node's `node_path`: through the node's own root when
+    /// it has one, else the path itself.
+    pub fn node_path(&self, node_path: impl AsRef<Path>) -> PathBuf {
+        match &self.root {
+            Some(r) => r.path(node_path),
+            None => node_path.as_ref().to_path_buf(),
+        }
+    }
+
+    /// The node's CNI configuration directory (as this process reaches it).
+    pub fn cni_conf_dir(&self) -> PathBuf {
+        match &self.root {
+            Some(r) => r.path(paths::CNI_NET_DIR),
+            None => self.dir().join("cni/net.d"),
+        }
+    }
+
+    /// The node's CNI plugin directory (as this process reaches it).
+    pub fn cni_bin_dir(&self) -> PathBuf {
+        match &self.root {
+            Some(r) => r.path(paths::CNI_BIN_DIR),
+            None => self.dir().join("cni/bin"),
+        }
+    }
+
+    /// The conflist containerd reads (as the installer left it).
+    pub fn conflist(&self) -> PathBuf {
+        self.cni_conf_dir().join(CONFLIST)
+    }
+
+    /// The agent's pin root: the default one of the node's own bpffs when the node has its
+    /// own root (the DaemonSet's agent pins there), else the host agent's.
+    pub fn pin_root(&self) -> PathBuf {
+        match &self.root {
+            Some(r) => r.path(paths::PIN_ROOT),
+            None => self.pins.path().to_path_buf(),
+        }
     }
 
     /// The agent's registry.
     pub fn state_dir(&self) -> PathBuf {
-        self.dir().join("state")
+        match &self.root {
+            Some(r) => r.path(paths::STATE_DIR),
+            None => self.dir().join("state"),
+        }
     }
 
     /// The agent's registration socket.
     pub fn socket(&self) -> PathBuf {
-        self.dir().join("run/agent.sock")
+        match &self.root {
+            Some(r) => r.path(paths::AGENT_SOCKET),
+            None => self.dir().join("run/agent.sock"),
+        }
+    }
+
+    /// The in-process fake API server of a node with its own root.
+    pub fn api_server(&self) -> Option<&FakeApiServer> {
+        match &self.api {
+            Api::InProcess { server, .. } => Some(server),
+            Api::Process(_) => None,
+        }
+    }
+
+    /// The HTTPS front of the API server of a node with its own root.
+    pub fn api_front(&self) -> Option<&ApiFront> {
+        match &self.api {
+            Api::InProcess { front, .. } => Some(front),
+            Api::Process(_) => None,
+        }
     }
 
     /// The agent's registry, links and map entries now.
     pub fn state(&self) -> Result<super::AgentState> {
-        read_state(self.pin_root(), &self.state_dir())
+        read_state(&self.pin_root(), &self.state_dir())
     }
 
     /// `linkerd-cni-agent inspect` for this node.
@@ -263,13 +435,21 @@ impl CriNode {
         super::sim::host_local_ips(self.dir())
     }
 
-    /// Network namespaces containerd has mounted (below its state directory).
+    /// Network namespaces containerd has mounted (below its state directory, or in the
+    /// node's own root).
     pub fn netns_mounts(&self) -> Vec<PathBuf> {
-        mounts_below(self.dir())
-            .into_iter()
-            .filter(|(_, fstype)| fstype == "nsfs")
-            .map(|(p, _)| p)
-            .collect()
+        match &self.root {
+            Some(r) => mounts_in(&r.mountinfo(), Path::new("/"))
+                .into_iter()
+                .filter(|(p, fstype)| fstype == "nsfs" && p.starts_with("/run/netns"))
+                .map(|(p, _)| p)
+                .collect(),
+            None => mounts_below(self.dir())
+                .into_iter()
+                .filter(|(_, fstype)| fstype == "nsfs")
+                .map(|(p, _)| p)
+                .collect(),
+        }
     }
 
     /// containerd's log (the CNI plugins' stderr included).
@@ -284,11 +464,22 @@ impl CriNode {
             let lines: Vec<&str> = s.lines().collect();
             lines[lines.len().saturating_sub(60)..].join("\n")
         };
+        let api = match &self.api {
+            Api::Process(p) => tail(p.log()),
+            Api::InProcess { server, .. } => {
+                let reqs = server.requests();
+                let lines: Vec<String> = reqs[reqs.len().saturating_sub(30)..]
+                    .iter()
+                    .map(|r| format!("{} {} {:?}", r.method, r.path, r.query))
+                    .collect();
+                lines.join("\n")
+            }
+        };
         format!(
-            "--- agent log ---\n{}\n--- containerd log (tail) ---\n{}\n--- API server log ---\n{}",
+            "--- agent log ---\n{}\n--- containerd log (tail) ---\n{}\n--- API server (tail) ---\n{}",
             tail(read("logs/agent.log")),
             tail(read("logs/containerd.log")),
-            tail(self.apiserver.log())
+            api
         )
     }
 
@@ -398,13 +589,23 @@ impl CriNode {
         }
     }
 
-    fn containerd_socket(&self) -> PathBuf {
+    pub(super) fn containerd_socket(&self) -> PathBuf {
         self.dir().join("run/containerd.sock")
     }
 
     fn start_containerd(&mut self) -> Result<()> {
         let d = self.dir().to_path_buf();
         let s = |p: &str| d.join(p).display().to_string();
+        // With its own root the node keeps CNI files and pod netns where real nodes do.
+        let (cni_bin, cni_conf, netns_under_state) = if self.root.is_some() {
+            (
+                paths::CNI_BIN_DIR.to_string(),
+                paths::CNI_NET_DIR.to_string(),
+                false,
+            )
+        } else {
+            (s("cni/bin"), s("cni/net.d"), true)
+        };
         let config = format!(
             r#"version = 2
 root = "{root}"
@@ -418,7 +619,7 @@ state = "{state}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
+  netns_mounts_under_state_dir = {netns_under_state}
   enable_selinux = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{cni_bin}"
@@ -436,16 +637,17 @@ state = "{state}"
             state = s("containerd/state"),
             sock = self.containerd_socket().display(),
             opt = s("containerd/opt"),
-            cni_bin = s("cni/bin"),
-            cni_conf = s("cni/net.d"),
             runc = s("runc"),
         );
         fs::write(d.join("containerd.toml"), config).ctx(|| "writing containerd's config")?;
         let log =
             fs::File::create(d.join("logs/containerd.log")).ctx(|| "creating containerd's log")?;
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net={}", self.netns.path().display()))
-            .arg("containerd")
+        cmd.arg(format!("--net={}", self.netns.path().display()));
+        if let Some(root) = &self.root {
+            cmd.arg(format!("--mount={}", root.ns_file().display()));
+        }
+        cmd.arg("containerd")
             .arg("--config")
             .arg(d.join("containerd.toml"))
             .stdin(Stdio::null())
@@ -538,21 +740,21 @@ state = "{state}"
         Ok(())
     }
 
-    fn channel(&self) -> Result<Channel> {
+    pub(super) fn channel(&self) -> Result<Channel> {
         // `RuntimeServiceClient` holds a cheap-to-clone channel; reach it through a clone.
         self.rt
             .block_on(connect_unix(self.containerd_socket()))
             .map_err(|e| Error::Missing(format!("connecting to containerd: {e}")))
     }
 
-    fn client(&self) -> Result<RuntimeServiceClient<Channel>> {
+    pub(super) fn client(&self) -> Result<RuntimeServiceClient<Channel>> {
         self.runtime
             .clone()
             .ok_or_else(|| Error::Missing("containerd is not running".into()))
     }
 
     /// Runs one CRI call with a deadline.
-    fn call<T>(
+    pub(super) fn call<T>(
         &self,
         what: &str,
         fut: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
@@ -575,8 +777,22 @@ state = "{state}"
         }
     }
 
-    /// Serves `objects` (Pods, Namespaces) from the API server and waits until it does.
+    /// Serves `objects` (Pods, Namespaces) from the API server and waits until it does. The
+    /// in-process server of a node with its own root serves objects of other API groups
+    /// (a DaemonSet, RBAC) at their paths too.
     pub fn apply(&self, objects: &[Value]) -> Result<()> {
+        if let Api::InProcess { server, .. } = &self.api {
+            for object in objects {
+                if object["apiVersion"] == "v1" {
+                    server.apply(object).map_err(|e| {
+                        Error::Missing(format!("the fake API server refused an object: {e}"))
+                    })?;
+                } else {
+                    server.route(&group_object_path(object)?, object.clone());
+                }
+            }
+            return Ok(());
+        }
         let dir = self.dir().join("manifests");
         for object in objects {
             write_manifest(&dir, object)?;
@@ -588,7 +804,10 @@ state = "{state}"
                 &format!("the API server serving {path}"),
                 Duration::from_secs(10),
                 || {
-                    let (status, body) = self.apiserver.get(&path).ok()?;
+                    let Api::Process(apiserver) = &self.api else {
+                        return Some(());
+                    };
+                    let (status, body) = apiserver.get(&path).ok()?;
                     let served: Value = serde_json::from_str(&body).ok()?;
                     (status == 200 && served.pointer("/metadata/uid") == want.as_ref())
                         .then_some(())
@@ -606,16 +825,30 @@ state = "{state}"
     /// Creates `spec`'s pod cgroup in every hierarchy (v1 controllers and the unified v2
     /// one), as kubelet does before `RunPodSandbox`.
     pub fn create_pod_cgroup(&self, spec: &PodSpec) -> Result<()> {
-        let rel = Self::pod_cgroup(spec);
-        self.track_cgroup(&rel);
+        self.create_cgroup(&Self::pod_cgroup(spec))
+    }
+
+    /// Creates the cgroup `rel` in every hierarchy, removed when the node is dropped.
+    pub(super) fn create_cgroup(&self, rel: &Path) -> Result<()> {
+        self.track_cgroup(rel);
         for h in hierarchies() {
-            let p = h.join(&rel);
+            let p = h.join(rel);
             fs::create_dir_all(&p).ctx(|| format!("creating {}", p.display()))?;
         }
         Ok(())
     }
 
-    fn track_cgroup(&self, rel: &Path) {
+    /// Remembers sandbox `id` (stopped and removed when the node is dropped) or forgets it.
+    pub(super) fn track_sandbox(&self, id: &str, running: bool) {
+        let mut s = self.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
+        if running {
+            s.insert(id.to_string());
+        } else {
+            s.remove(id);
+        }
+    }
+
+    pub(super) fn track_cgroup(&self, rel: &Path) {
         self.cgroups
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -982,6 +1215,29 @@ impl Drop for CriNode {
     }
 }
 
+/// The GET path of an object of a named API group (`apps/v1` DaemonSet, RBAC objects):
+/// `/apis/<group>/<version>[/namespaces/<ns>]/<lowercase kind>s/<name>`.
+pub fn group_object_path(object: &Value) -> Result<String> {
+    let s = |p: &str| object.pointer(p).and_then(Value::as_str);
+    match (
+        s("/apiVersion"),
+        s("/kind"),
+        s("/metadata/namespace"),
+        s("/metadata/name"),
+    ) {
+        (Some(version), Some(kind), ns, Some(name)) if version.contains('/') => {
+            let plural = format!("{}s", kind.to_ascii_lowercase());
+            Ok(match ns {
+                Some(ns) => format!("/apis/{version}/namespaces/{ns}/{plural}/{name}"),
+                None => format!("/apis/{version}/{plural}/{name}"),
+            })
+        }
+        _ => Err(Error::Missing(format!(
+            "not an object of a named API group: {object}"
+        ))),
+    }
+}
+
 /// A gRPC channel to the CRI server listening on the unix socket `sock`.
 async fn connect_unix(sock: PathBuf) -> std::result::Result<Channel, String> {
     Endpoint::try_from("http://[::]")
@@ -1024,6 +1280,24 @@ fn reap_stale_nodes() {
                     (a.ends_with("containerd.toml") || a.ends_with("run/containerd.sock"))
                         && stale_dir(a).is_some()
                 });
+                // A node root's holder names its scratch directory in its environment.
+                let holder = fs::read(format!("/proc/{pid}/environ"))
+                    .unwrap_or_default()
+                    .split(|b| *b == 0)
+                    .any(|kv| {
+                        kv.strip_prefix(super::noderoot::HOLDER_ENV.as_bytes())
+                            .and_then(|r| r.strip_prefix(b"="))
+                            .is_some_and(|d| {
+                                stale_dir(Path::new(std::ffi::OsStr::from_bytes(d))).is_some()
+                            })
+                    });
+                if holder {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    killed = true;
+                }
                 if ours {
                     kill_and_unlink_sockets(pid);
                     killed = true;
@@ -1122,6 +1396,11 @@ fn mounts_below(dir: &Path) -> Vec<(PathBuf, String)> {
     let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };
+    mounts_in(&text, dir)
+}
+
+/// Mount points (and their filesystem types) at or below `dir` in a mountinfo text.
+fn mounts_in(text: &str, dir: &Path) -> Vec<(PathBuf, String)> {
     text.lines()
         .filter_map(|l| {
             let fields: Vec<&str> = l.split(' ').collect();
@@ -1208,7 +1487,7 @@ fn kill_and_unlink_sockets(pid: i32) {
 }
 
 /// The image architecture name of this machine.
-fn oci_arch() -> &'static str {
+pub(super) fn oci_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -1217,7 +1496,7 @@ fn oci_arch() -> &'static str {
 }
 
 /// sha256 of a file, as `sha256sum` prints it.
-fn sha256_file(path: &Path) -> Result<String> {
+pub(super) fn sha256_file(path: &Path) -> Result<String> {
     let out = names::run(Command::new("sha256sum").arg(path))?;
     out.split_whitespace()
         .next()

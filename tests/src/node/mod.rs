@@ -10,11 +10,16 @@
 //! processes (by PID), then removes the pin tree (which detaches any link left), the node netns
 //! and the scratch directory; [`SimPod`]s remove their netns and cgroup.
 
+mod apifront;
 mod cri;
 mod forward;
+pub mod image;
+pub mod kubelet;
+mod noderoot;
 mod plugin;
 mod pods;
 mod process;
+pub mod render;
 mod sim;
 mod state;
 
@@ -29,8 +34,13 @@ use linkerd_cni_common::paths;
 use nix::{sys::signal::Signal, unistd::Pid};
 
 pub use self::{
-    cri::{ContainerSpec, CriNode, Sandbox, build_image_archive},
+    apifront::ApiFront,
+    cri::{
+        CLUSTER_DNS, ContainerSpec, CriNode, CriNodeOptions, KUBERNETES_SERVICE, NODE_IP, Sandbox,
+        build_image_archive, group_object_path,
+    },
     forward::ApiForward,
+    noderoot::NodeRoot,
     plugin::{PluginOutcome, run_plugin},
     pods::{PodSpec, SimPod, namespace_manifest},
     process::{AgentCommand, AgentProcess, ApiServerProcess, ApiStats},

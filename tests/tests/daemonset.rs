@@ -1,0 +1,1038 @@
+//! The DaemonSet, run as a pod (root required): the manifests an operator applies
+//! (`linkerd install-cni --mode=ebpf`, `helm template` of the chart), the DaemonSet's pod made
+//! as the DaemonSet controller, the ServiceAccount admission and the scheduler make it, then
+//! translated field by field into CRI calls as kubelet makes them (a field the translation
+//! does not handle fails the test) and run by Debian's containerd on a node with a root of its
+//! own: the chart's default host paths (`/etc/cni/net.d`, `/opt/cni/bin`, `/run/linkerd-cni`,
+//! `/sys/fs/bpf`, `/var/run/netns`) are the node's, bpffs is mounted by the `mount-bpffs` init
+//! container through Bidirectional propagation, the agent reaches the API through the
+//! `kubernetes` Service (HTTPS, the projected token), and kubelet's probes run from the node's
+//! network namespace.
+//!
+//! The image is the archive `cargo xtask image` built in the same run
+//! (`LINKERD_CNI_TEST_IMAGE`), else a stand-in with the image's layout made from the
+//! workspace's binaries. The test prints which one and which architecture ran, and the time
+//! from the agent container's start to `/ready` with 0 and with 1,000 registered pods (a
+//! measurement for the benchmarks, not asserted).
+//!
+//! Run: `cargo test -p linkerd-cni-tests --test daemonset -- --test-threads=1`
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use linkerd_cni_common::paths;
+use linkerd_cni_tests::{
+    EchoServer, Placement,
+    client::{Options, Report, run_client},
+    names::TempDir,
+    node::{
+        ContainerSpec, CriNode, CriNodeOptions, NODE_NAME, PodSpec, Sandbox, group_object_path,
+        image::{self, ImageOrigin},
+        kubelet::{
+            ClusterView, KubeletPod, PodPlan, ProbeKind, admit_service_account, daemonset_pod,
+            http_status, translate,
+        },
+        namespace_manifest,
+        render::{self, NAMESPACE, Renderer},
+    },
+    proxy::{self, Event, PROXY_UID},
+};
+use serde_json::{Value, json};
+
+const APP_UID: u32 = 1000;
+/// The echo server on the node (the bridge's gateway).
+const GATEWAY: [u8; 4] = [10, 244, 0, 1];
+const SERVER_PORT: u16 = 8080;
+const APP_PORT: u16 = 8080;
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(15);
+/// A hang guard for the agent's readiness, never a performance bound.
+const READY_GUARD: Duration = Duration::from_secs(180);
+/// The container of the DaemonSet that runs the agent.
+const AGENT_CONTAINER: &str = "install-cni";
+/// Registered pods for the second start-to-ready measurement.
+const BULK_PODS: usize = 1000;
+/// The values file both renderers get: debug logs, so a failure explains itself.
+const VALUES: &str = "logLevel: debug\nagent:\n  logLevel: info,linkerd_cni_agent=debug\n";
+
+fn ok<T>(node: &CriNode, what: &str, r: linkerd_cni_tests::Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{what}: {e}\n{}", node.diagnostics()))
+}
+
+/// The rendered install.
+struct Install {
+    objects: Vec<Value>,
+    daemonset: Value,
+    /// The image the DaemonSet's containers name.
+    image: String,
+}
+
+fn render_install(renderer: Renderer, work: &Path) -> Install {
+    let objects = render::render(renderer, VALUES, &work.join(format!("{renderer:?}")))
+        .unwrap_or_else(|e| panic!("rendering with {renderer}: {e}"));
+    let daemonset = render::find(&objects, "DaemonSet", "linkerd-cni")
+        .unwrap_or_else(|e| panic!("{renderer}: {e}"))
+        .clone();
+    let image = daemonset
+        .pointer("/spec/template/spec/containers/0/image")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{renderer}: the DaemonSet's container names no image"))
+        .to_string();
+    Install {
+        objects,
+        daemonset,
+        image,
+    }
+}
+
+/// A node with its own root, the install's objects served (the DaemonSet included), and the
+/// DaemonSet's image imported under the name the DaemonSet gives it.
+fn start_node(install: &Install, work: &Path) -> CriNode {
+    let mut objects = vec![namespace_manifest("shop", &[])];
+    if !install
+        .objects
+        .iter()
+        .any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == NAMESPACE)
+    {
+        objects.push(namespace_manifest(NAMESPACE, &[]));
+    }
+    objects.extend(install.objects.iter().cloned());
+    let node = CriNode::start_opts(
+        &objects,
+        CriNodeOptions {
+            host_agent: false,
+            own_root: true,
+        },
+    )
+    .unwrap_or_else(|e| panic!("starting containerd's node: {e}"));
+    let origin = ok(
+        &node,
+        "the DaemonSet's image",
+        image::agent_image(&work.join("image"), &install.image),
+    );
+    let names = ok(
+        &node,
+        "importing the image",
+        node.import_image_archive(origin.archive(), &install.image),
+    );
+    let (id, platform) = ok(
+        &node,
+        "the image's platform",
+        node.image_platform(&install.image),
+    );
+    let arch = platform.rsplit('/').next().unwrap_or("?");
+    println!(
+        "daemonset: image {} ({id}) from the {origin} (archive names {names:?}) runs as \
+         {platform}: architecture {arch}",
+        install.image
+    );
+    if let ImageOrigin::Xtask(_) = origin {
+        assert_eq!(
+            platform,
+            format!("linux/{}", host_arch()),
+            "containerd picked this machine's platform from the image index"
+        );
+    }
+    node
+}
+
+fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// The DaemonSet's pod for this node (the controller, the ServiceAccount admission, the
+/// scheduler's binding), served by the API, and kubelet's translation of it.
+fn plan_pod(node: &CriNode, install: &Install, suffix: &str) -> (Value, PodPlan) {
+    let uid = PodSpec::new(NAMESPACE, "linkerd-cni", &[]).uid;
+    let mut pod = ok(
+        node,
+        "the DaemonSet controller's pod",
+        daemonset_pod(&install.daemonset, NODE_NAME, &uid, suffix),
+    );
+    ok(
+        node,
+        "the ServiceAccount admission",
+        admit_service_account(&mut pod, &install.objects, suffix),
+    );
+    ok(
+        node,
+        "serving the pod",
+        node.apply(std::slice::from_ref(&pod)),
+    );
+    let info = ok(node, "the node's info", node.node_info());
+    let front = node
+        .api_front()
+        .expect("a node with its own root has an API front");
+    let plan = ok(
+        node,
+        "kubelet's translation of the pod",
+        translate(
+            &pod,
+            &info,
+            &ClusterView {
+                objects: &install.objects,
+                ca_pem: front.ca_pem(),
+            },
+        ),
+    );
+    (pod, plan)
+}
+
+/// Runs the DaemonSet's pod; returns it and the time from its agent container's start to the
+/// first `/ready` answering 200 (polled every 10 ms from the node netns: finer than kubelet's
+/// period), after which kubelet's own readiness probe must pass too.
+fn run_agent_pod(node: &CriNode, plan: PodPlan) -> (KubeletPod, Duration) {
+    let pod = ok(
+        node,
+        "running the DaemonSet's pod",
+        node.run_kubelet_pod(plan),
+    );
+    let c = pod
+        .container(AGENT_CONTAINER)
+        .unwrap_or_else(|| panic!("no {AGENT_CONTAINER} container"))
+        .clone();
+    let probe = pod
+        .prober(AGENT_CONTAINER, ProbeKind::Readiness)
+        .unwrap_or_else(|| panic!("the {AGENT_CONTAINER} container has no readiness probe"))
+        .plan()
+        .clone();
+    let ready_at = node
+        .netns()
+        .run_in(|| {
+            let deadline = Instant::now() + READY_GUARD;
+            loop {
+                if http_status(
+                    probe.addr,
+                    &probe.path,
+                    &probe.host_header,
+                    &probe.headers,
+                    Duration::from_secs(1),
+                ) == Ok(200)
+                {
+                    return Some(Instant::now());
+                }
+                if Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+        .unwrap_or_else(|e| panic!("polling /ready: {e}"));
+    let Some(ready_at) = ready_at else {
+        panic!(
+            "the agent never answered {} {} with 200:\n--- agent ---\n{}\n{}",
+            probe.addr,
+            probe.path,
+            pod.logs(AGENT_CONTAINER),
+            node.diagnostics()
+        );
+    };
+    let kubelet_ready = pod
+        .prober(AGENT_CONTAINER, ProbeKind::Readiness)
+        .map(|p| p.wait_passing(READY_GUARD))
+        .unwrap_or_else(|| panic!("no readiness probe"))
+        .unwrap_or_else(|e| {
+            panic!(
+                "kubelet's readiness probe: {e}\n{}",
+                pod.logs(AGENT_CONTAINER)
+            )
+        });
+    println!(
+        "daemonset: {AGENT_CONTAINER} ready {:?} after StartContainer ({} every {:?}: ready \
+         {:?} after the start)",
+        ready_at.duration_since(c.starting),
+        probe.path,
+        probe.period,
+        kubelet_ready.duration_since(c.starting)
+    );
+    (pod, ready_at.duration_since(c.starting))
+}
+
+/// The conflist's plugin types.
+fn chain(node: &CriNode) -> Vec<String> {
+    let text = std::fs::read_to_string(node.conflist()).unwrap_or_default();
+    let v: Value = serde_json::from_str(&text).unwrap_or_default();
+    v["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["type"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn plugin_installed(node: &CriNode) -> bool {
+    node.cni_bin_dir().join("linkerd-cni").is_file()
+}
+
+fn gateway() -> SocketAddr {
+    SocketAddr::from((GATEWAY, SERVER_PORT))
+}
+
+/// A meshed app pod (pod cgroup made first, as kubelet does), its proxy and app containers.
+struct App {
+    sandbox: Sandbox,
+    app: String,
+}
+
+fn start_app(node: &CriNode, spec: &PodSpec, with_proxy: bool) -> App {
+    ok(node, "pod cgroup", node.create_pod_cgroup(spec));
+    let sandbox = ok(node, "RunPodSandbox", node.run_pod(spec));
+    if with_proxy {
+        ok(node, "proxy container", node.start_proxy(&sandbox));
+    }
+    let command = [
+        "/bin/nc",
+        "-ll",
+        "-p",
+        &APP_PORT.to_string(),
+        "-e",
+        "/bin/cat",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let app = ok(
+        node,
+        "app container",
+        node.start_container(
+            &sandbox,
+            &ContainerSpec {
+                name: "app".into(),
+                run_as_user: i64::from(APP_UID),
+                command,
+            },
+        ),
+    );
+    App { sandbox, app }
+}
+
+fn connect_out(node: &CriNode, app: &App, payload: &str) -> Report {
+    let report = ok(
+        node,
+        "the app's outbound connection",
+        node.run_client(&app.app, &Options::new(gateway()).send(payload)),
+    );
+    assert_eq!(
+        report.uid, APP_UID,
+        "the client ran as the container's user"
+    );
+    report
+}
+
+/// The app's outbound connections the proxy accepted (on its outbound port, with the
+/// gateway as SO_ORIGINAL_DST).
+fn accepted_outbound(events: &[Event]) -> usize {
+    events
+        .iter()
+        .filter(|e| {
+            matches!(e, Event::Accepted { listener, orig_dst, .. }
+                if listener.port() == proxy::OUTBOUND_PORT && *orig_dst == gateway())
+        })
+        .count()
+}
+
+/// The meshed app's next outbound connection goes through its proxy (SO_ORIGINAL_DST), and
+/// the server sees the pod's address (the proxy's own upstream, UID 2102, is not redirected).
+fn assert_redirected(node: &CriNode, app: &App, server: &EchoServer, when: &str) {
+    let log = node.proxy_log(&app.sandbox);
+    let before = accepted_outbound(&log.events().unwrap_or_default());
+    let served = server.wait_for(0, CLIENT_TIMEOUT).map_or(0, |r| r.len());
+    let payload = format!("{when}\n");
+    let report = connect_out(node, app, &payload);
+    assert!(
+        report.received_matches(&server.expected_reply(payload.as_bytes())),
+        "{when}: the meshed app's reply: {report:?}\n{}",
+        node.diagnostics()
+    );
+    assert_eq!(report.peer, Some(gateway()), "{when}: the app's peer");
+    let events = ok(
+        node,
+        "proxy events",
+        log.wait_for(CLIENT_TIMEOUT, |e| accepted_outbound(e) > before),
+    );
+    assert_eq!(
+        accepted_outbound(&events),
+        before + 1,
+        "{when}: the proxy accepted the app's connection on {} with SO_ORIGINAL_DST {}",
+        proxy::OUTBOUND_PORT,
+        gateway()
+    );
+    let received = ok(node, "server", server.wait_for(served + 1, CLIENT_TIMEOUT));
+    assert_eq!(
+        received[served].peer.ip(),
+        IpAddr::V4(app.sandbox.ip),
+        "{when}: the proxy's upstream (UID {PROXY_UID}) comes from the pod"
+    );
+}
+
+/// The unmeshed app's connection goes straight to the server (nothing listens on the proxy
+/// port in that pod: a redirected connection would be refused).
+fn assert_direct(node: &CriNode, app: &App, server: &EchoServer, when: &str) {
+    let served = server.wait_for(0, CLIENT_TIMEOUT).map_or(0, |r| r.len());
+    let payload = format!("{when}\n");
+    let report = connect_out(node, app, &payload);
+    assert!(
+        report.received_matches(&server.expected_reply(payload.as_bytes())),
+        "{when}: the unmeshed app's reply: {report:?}"
+    );
+    let received = ok(node, "server", server.wait_for(served + 1, CLIENT_TIMEOUT));
+    assert_eq!(received[served].peer.ip(), IpAddr::V4(app.sandbox.ip));
+}
+
+/// The meshed app is reachable inbound through its proxy's inbound listener.
+fn assert_inbound_redirected(node: &CriNode, app: &App, when: &str) {
+    let target = SocketAddr::from((app.sandbox.ip, APP_PORT));
+    let log = node.proxy_log(&app.sandbox);
+    let inbound = |events: &[Event]| {
+        events
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::Accepted { listener, orig_dst, .. }
+                    if listener.port() == proxy::INBOUND_PORT && *orig_dst == target)
+            })
+            .count()
+    };
+    let before = inbound(&log.events().unwrap_or_default());
+    let report = ok(
+        node,
+        "inbound client",
+        run_client(
+            &Placement::new().netns(node.netns()),
+            &Options::new(target).send("inbound\n"),
+            CLIENT_TIMEOUT,
+        ),
+    );
+    assert!(
+        report.connect.ok && report.received == "inbound\n",
+        "{when}: the app echoed the inbound request: {report:?}"
+    );
+    ok(
+        node,
+        "proxy events",
+        log.wait_for(CLIENT_TIMEOUT, |e| inbound(e) > before),
+    );
+}
+
+/// The mount of the container's `path` and its propagation, from its process's mountinfo:
+/// (`shared`, `master`, read-only).
+fn mount_of(pid: u32, path: &str) -> Option<(bool, bool, bool)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
+    text.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.get(4) != Some(&path) {
+            return None;
+        }
+        let sep = f.iter().position(|x| *x == "-")?;
+        let optional = &f[6..sep];
+        let ro = f.get(5).is_some_and(|o| o.split(',').any(|x| x == "ro"));
+        Some((
+            optional.iter().any(|o| o.starts_with("shared:")),
+            optional.iter().any(|o| o.starts_with("master:")),
+            ro,
+        ))
+    })
+}
+
+/// What the running agent container got: its process's credentials, environment, mounts,
+/// seccomp mode and no_new_privs, against the translation's CRI config.
+fn assert_container_as_translated(node: &CriNode, pod: &KubeletPod) {
+    let c = pod.container(AGENT_CONTAINER).expect("agent container");
+    let pid = ok(node, "the agent's PID", node.container_pid(&c.id));
+    let plan = pod
+        .plan
+        .containers
+        .iter()
+        .find(|p| p.name == AGENT_CONTAINER)
+        .expect("plan");
+    let sc = plan
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.clone())
+        .expect("security context");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    // Credentials: runAsUser.
+    if let Some(uid) = &sc.run_as_user {
+        let uids = field("Uid:");
+        assert!(
+            uids.split_whitespace().all(|u| u == uid.value.to_string()),
+            "runAsUser {}: the agent runs as {uids}",
+            uid.value
+        );
+    }
+    // Capabilities: privileged gets every one; otherwise exactly the added ones (after
+    // drop ALL).
+    let cap_eff = u64::from_str_radix(&field("CapEff:"), 16).expect("CapEff");
+    let cap_bnd = u64::from_str_radix(&field("CapBnd:"), 16).expect("CapBnd");
+    if sc.privileged {
+        assert_eq!(
+            cap_eff, cap_bnd,
+            "a privileged container has every capability"
+        );
+    } else if let Some(caps) = &sc.capabilities {
+        let want: u64 = caps
+            .add_capabilities
+            .iter()
+            .map(|c| 1u64 << cap_number(c))
+            .sum();
+        if caps.drop_capabilities.iter().any(|d| d == "ALL") {
+            assert_eq!(
+                cap_eff, want,
+                "capabilities as added after drop ALL: {caps:?}"
+            );
+        }
+    }
+    // no_new_privs (allowPrivilegeEscalation: false) and seccomp (filter mode 2 unless
+    // unconfined; containerd runs privileged containers unconfined).
+    assert_eq!(
+        field("NoNewPrivs:") == "1",
+        sc.no_new_privs,
+        "NoNewPrivs as translated"
+    );
+    let seccomp_filtered = field("Seccomp:") == "2";
+    let want_filter = !sc.privileged
+        && sc
+            .seccomp
+            .as_ref()
+            .is_some_and(|s| s.profile_type != 1 /* Unconfined */);
+    assert_eq!(
+        seccomp_filtered, want_filter,
+        "seccomp as translated: {:?}",
+        sc.seccomp
+    );
+    // readOnlyRootFilesystem.
+    let (_, _, root_ro) = mount_of(pid, "/").expect("the container's root mount");
+    assert_eq!(root_ro, sc.readonly_rootfs, "read-only root as translated");
+    // Every mount with its propagation and read-only flag.
+    for m in &plan.config.mounts {
+        let (shared, slave, ro) = mount_of(pid, &m.container_path).unwrap_or_else(|| {
+            panic!("{} is not mounted in the agent container", m.container_path)
+        });
+        match m.propagation {
+            2 => assert!(
+                shared,
+                "{}: Bidirectional is a shared mount",
+                m.container_path
+            ),
+            1 => assert!(
+                slave && !shared,
+                "{}: HostToContainer is a slave mount",
+                m.container_path
+            ),
+            _ => assert!(
+                !shared && !slave,
+                "{}: no propagation is a private mount",
+                m.container_path
+            ),
+        }
+        assert_eq!(
+            ro, m.readonly,
+            "{}: read-only as translated",
+            m.container_path
+        );
+    }
+    // The environment: every variable as translated, downward API and ConfigMap values
+    // included.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+    let env: BTreeMap<String, String> = environ
+        .split(|b| *b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect();
+    for kv in &plan.config.envs {
+        assert_eq!(
+            env.get(&kv.key),
+            Some(&kv.value),
+            "{} in the agent's environment",
+            kv.key
+        );
+    }
+    assert_eq!(
+        env.get("POD_NAMESPACE").map(String::as_str),
+        Some(NAMESPACE)
+    );
+    assert_eq!(
+        env.get("LINKERD_CNI_AGENT_NODE_NAME").map(String::as_str),
+        Some(NODE_NAME),
+        "spec.nodeName through the downward API"
+    );
+    // The cluster DNS in its resolv.conf (dnsPolicy ClusterFirstWithHostNet).
+    let resolv =
+        std::fs::read_to_string(format!("/proc/{pid}/root/etc/resolv.conf")).unwrap_or_default();
+    for server in &pod.plan.sandbox.dns_config.as_ref().expect("dns").servers {
+        assert!(
+            resolv.contains(server.as_str()),
+            "nameserver {server} in the container's resolv.conf: {resolv}"
+        );
+    }
+    // hostNetwork and hostPID: the node's network namespace and the host's PID namespace.
+    let ns = |p: String, kind: &str| std::fs::read_link(format!("{p}/ns/{kind}")).ok();
+    let ns_opts = sc.namespace_options.as_ref().expect("namespaces");
+    let node_net = std::fs::metadata(node.netns().path()).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.ino()
+    });
+    let agent_net = std::fs::metadata(format!("/proc/{pid}/ns/net")).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.ino()
+    });
+    assert_eq!(
+        ns_opts.network == 2,
+        node_net.ok() == agent_net.ok(),
+        "hostNetwork as translated"
+    );
+    assert_eq!(
+        ns_opts.pid == 2,
+        ns(format!("/proc/{pid}"), "pid") == ns("/proc/self".into(), "pid"),
+        "hostPID as translated"
+    );
+}
+
+/// A plan as lines that compare across renderings: maps sorted, the `created-by` annotation
+/// (which names the renderer) and the token (which names the time) left out.
+fn canonical(p: &PodPlan) -> Vec<String> {
+    use linkerd_cni_tests::node::kubelet::NodeFile;
+    let sorted = |m: &std::collections::HashMap<String, String>| {
+        m.iter()
+            .filter(|(k, _)| k.as_str() != "linkerd.io/created-by")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<BTreeMap<String, String>>()
+    };
+    let mut out = Vec::new();
+    let mut sandbox = p.sandbox.clone();
+    out.push(format!("sandbox labels {:?}", sorted(&sandbox.labels)));
+    out.push(format!(
+        "sandbox annotations {:?}",
+        sorted(&sandbox.annotations)
+    ));
+    sandbox.labels.clear();
+    sandbox.annotations.clear();
+    out.push(format!("sandbox {sandbox:?}"));
+    for c in p.init_containers.iter().chain(&p.containers) {
+        let mut config = c.config.clone();
+        out.push(format!("{} labels {:?}", c.name, sorted(&config.labels)));
+        out.push(format!(
+            "{} annotations {:?}",
+            c.name,
+            sorted(&config.annotations)
+        ));
+        config.labels.clear();
+        config.annotations.clear();
+        out.push(format!("{} {config:?}", c.name));
+        out.push(format!(
+            "{} probes {:?} {:?} {:?}",
+            c.name, c.readiness, c.liveness, c.startup
+        ));
+    }
+    for f in &p.files {
+        match f {
+            NodeFile::File { path, mode, .. } if path.ends_with("token") => {
+                out.push(format!("token file {} {mode:o}", path.display()))
+            }
+            other => out.push(format!("{other:?}")),
+        }
+    }
+    out
+}
+
+fn cap_number(name: &str) -> u32 {
+    const ORDER: [&str; 41] = [
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "DAC_READ_SEARCH",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "SETGID",
+        "SETUID",
+        "SETPCAP",
+        "LINUX_IMMUTABLE",
+        "NET_BIND_SERVICE",
+        "NET_BROADCAST",
+        "NET_ADMIN",
+        "NET_RAW",
+        "IPC_LOCK",
+        "IPC_OWNER",
+        "SYS_MODULE",
+        "SYS_RAWIO",
+        "SYS_CHROOT",
+        "SYS_PTRACE",
+        "SYS_PACCT",
+        "SYS_ADMIN",
+        "SYS_BOOT",
+        "SYS_NICE",
+        "SYS_RESOURCE",
+        "SYS_TIME",
+        "SYS_TTY_CONFIG",
+        "MKNOD",
+        "LEASE",
+        "AUDIT_WRITE",
+        "AUDIT_CONTROL",
+        "SETFCAP",
+        "MAC_OVERRIDE",
+        "MAC_ADMIN",
+        "SYSLOG",
+        "WAKE_ALARM",
+        "BLOCK_SUSPEND",
+        "AUDIT_READ",
+        "PERFMON",
+        "BPF",
+        "CHECKPOINT_RESTORE",
+    ];
+    let n = name.trim_start_matches("CAP_");
+    ORDER
+        .iter()
+        .position(|c| *c == n)
+        .unwrap_or_else(|| panic!("unknown capability {name}")) as u32
+}
+
+/// Stops the DaemonSet's pod as kubelet does; the agent must exit cleanly on SIGTERM.
+fn stop_agent_pod(node: &CriNode, pod: &mut KubeletPod, why: &str) {
+    let logs = pod.logs(AGENT_CONTAINER);
+    let exits = ok(
+        node,
+        "stopping the DaemonSet's pod",
+        node.stop_kubelet_pod(pod),
+    );
+    let agent = exits
+        .iter()
+        .find(|e| e.name == AGENT_CONTAINER)
+        .expect("the agent's exit");
+    assert_eq!(
+        agent.exit_code, 0,
+        "{why}: the agent exits cleanly on SIGTERM ({}, after {:?})\n{logs}",
+        agent.reason, agent.stop_took
+    );
+    println!(
+        "daemonset: {why}: {AGENT_CONTAINER} stopped in {:?}",
+        agent.stop_took
+    );
+}
+
+/// Registers `n` meshed pods with the running agent the way containerd would: each a netns
+/// in the node (`ip netns add`), a Pod object, and a CNI ADD through the installed plugin
+/// with the conflist's entry and a prevResult. Returns how long it took.
+fn register_bulk(node: &CriNode, n: usize) -> Duration {
+    let t = Instant::now();
+    let prefix = format!("l5dbulk{}", std::process::id());
+    let script = format!(
+        "for i in $(seq 0 {}); do ip netns add {prefix}-$i && ip -n {prefix}-$i link set lo up \
+         || exit 1; done",
+        n - 1
+    );
+    let out = ok(
+        node,
+        "creating the bulk pods' netns",
+        node.node_command("sh")
+            .and_then(|mut c| linkerd_cni_tests::names::run(c.args(["-c", &script]))),
+    );
+    let _ = out;
+    let mut specs = Vec::with_capacity(n);
+    let mut manifests = vec![namespace_manifest("bulk", &[])];
+    for i in 0..n {
+        let spec = PodSpec::meshed("bulk", &format!("bulk-{i}"));
+        manifests.push(spec.manifest(NODE_NAME));
+        specs.push(spec);
+    }
+    ok(node, "serving the bulk pods", node.apply(&manifests));
+    let conflist: Value =
+        serde_json::from_str(&std::fs::read_to_string(node.conflist()).expect("the conflist"))
+            .expect("conflist JSON");
+    let mut entry = conflist["plugins"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["type"] == "linkerd-cni"))
+        .cloned()
+        .expect("the linkerd-cni entry");
+    entry["cniVersion"] = conflist["cniVersion"].clone();
+    entry["name"] = conflist["name"].clone();
+    let plugin = Path::new(paths::CNI_BIN_DIR).join("linkerd-cni");
+    for (i, spec) in specs.iter().enumerate() {
+        let netns = format!("/var/run/netns/{prefix}-{i}");
+        let id = format!("{:064x}", 0xb000_0000_0000u64 + i as u64);
+        let mut stdin = entry.clone();
+        stdin["prevResult"] = json!({
+            "cniVersion": conflist["cniVersion"],
+            "interfaces": [{"name": "eth0", "sandbox": netns}],
+            "ips": [{"address": format!("10.245.{}.{}/16", i / 250, i % 250 + 1), "interface": 0}],
+        });
+        let args: Vec<String> = spec
+            .cni_args(&id)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let mut cmd = node.node_command(&plugin).expect("the plugin's command");
+        cmd.env_clear()
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", &id)
+            .env("CNI_NETNS", &netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_ARGS", args.join(";"))
+            .env("CNI_PATH", paths::CNI_BIN_DIR)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("spawning the plugin");
+        {
+            use std::io::Write;
+            let mut pipe = child.stdin.take().expect("stdin");
+            pipe.write_all(stdin.to_string().as_bytes())
+                .expect("writing stdin");
+        }
+        let out = child.wait_with_output().expect("the plugin's exit");
+        assert!(
+            out.status.success(),
+            "ADD of bulk pod {i}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    t.elapsed()
+}
+
+fn registered(node: &CriNode) -> usize {
+    ok(node, "the agent's state", node.state())
+        .registered()
+        .len()
+}
+
+#[test]
+fn daemonset_pod_installs_redirects_survives_a_rolling_update_and_uninstalls() {
+    let work = TempDir::new().expect("scratch directory");
+    let install = render_install(Renderer::Cli, work.path());
+    let node = start_node(&install, work.path());
+    let server = ok(
+        &node,
+        "echo server on the node",
+        EchoServer::bind_in(
+            node.netns(),
+            SocketAddr::from(([0, 0, 0, 0], SERVER_PORT)),
+            "node",
+        ),
+    );
+    let root = node.root().expect("own root");
+    assert_eq!(
+        chain(&node),
+        ["bridge"],
+        "before the install: the primary CNI alone"
+    );
+    assert_eq!(
+        root.fstype_at(paths::BPFFS),
+        None,
+        "before the install nothing is mounted at the node's {}",
+        paths::BPFFS
+    );
+
+    // 1. The DaemonSet's first pod on this node: bpffs mounted through Bidirectional
+    //    propagation, the plugin installed, ready.
+    let (_, plan) = plan_pod(&node, &install, "a0001");
+    let (mut pod, ready_empty) = run_agent_pod(&node, plan);
+    assert_eq!(
+        root.fstype_at(paths::BPFFS).as_deref(),
+        Some("bpf"),
+        "mount-bpffs's mount reached the node (Bidirectional)"
+    );
+    assert_eq!(
+        chain(&node),
+        ["bridge", "linkerd-cni"],
+        "the agent appended the plugin to the node's conflist\n{}",
+        pod.logs(AGENT_CONTAINER)
+    );
+    assert!(plugin_installed(&node), "the plugin binary was copied");
+    assert!(
+        node.cni_conf_dir()
+            .join(paths::KUBECONFIG_FILE_NAME)
+            .is_file(),
+        "the plugin's kubeconfig was written"
+    );
+    assert!(
+        node.pin_root().join(paths::PIN_MAPS).is_dir(),
+        "the agent pinned its maps on the node's bpffs"
+    );
+    assert_container_as_translated(&node, &pod);
+    let front = node.api_front().expect("API front");
+    let token = pod.plan.token.clone().expect("a projected token");
+    assert!(
+        front.bearer_tokens().contains(&token),
+        "the agent reached the API through the kubernetes Service with the projected token"
+    );
+    let api = node.api_server().expect("API server");
+    assert!(
+        api.requests().iter().any(|r| r.path == "/api/v1/pods"
+            && r.param("fieldSelector") == Some(format!("spec.nodeName={NODE_NAME}").as_str())),
+        "the agent watches this node's pods (downward-API node name)"
+    );
+    println!(
+        "daemonset: time from container start to /ready with 0 registered pods: {ready_empty:?}"
+    );
+
+    // 2. App pods: the meshed one through its proxy, the unmeshed one untouched.
+    let meshed = start_app(&node, &PodSpec::meshed("shop", "web"), true);
+    let plain = start_app(&node, &PodSpec::unmeshed("shop", "plain"), false);
+    assert_redirected(&node, &meshed, &server, "installed");
+    assert_inbound_redirected(&node, &meshed, "installed");
+    assert_direct(&node, &plain, &server, "installed");
+    let liveness = pod
+        .prober(AGENT_CONTAINER, ProbeKind::Liveness)
+        .expect("liveness probe")
+        .wait_results(1, READY_GUARD)
+        .expect("a liveness probe ran");
+    assert!(
+        liveness.results.iter().all(|r| r.success()) && liveness.threshold_failures == 0,
+        "kubelet's liveness probe passes: {:?}",
+        liveness.results
+    );
+
+    // 3. A rolling update: the DaemonSet is still served when the pod stops; the plugin stays
+    //    in the conflist, and running pods stay redirected while no agent runs.
+    stop_agent_pod(&node, &mut pod, "rolling update");
+    assert_eq!(
+        chain(&node),
+        ["bridge", "linkerd-cni"],
+        "a rolling update keeps the plugin in the conflist"
+    );
+    assert!(plugin_installed(&node), "and its binary");
+    assert_redirected(&node, &meshed, &server, "between two agents");
+    assert_direct(&node, &plain, &server, "between two agents");
+
+    // 4. The next pod adopts the pinned state.
+    let (_, plan) = plan_pod(&node, &install, "b0002");
+    let (mut pod, _) = run_agent_pod(&node, plan);
+    assert_redirected(&node, &meshed, &server, "after the rolling update");
+    assert_direct(&node, &plain, &server, "after the rolling update");
+    let late = start_app(&node, &PodSpec::meshed("shop", "late"), true);
+    assert_redirected(&node, &late, &server, "a pod started under the new agent");
+
+    // 5. 1,000 more registered pods, and the next agent's start to /ready with them.
+    let before = registered(&node);
+    let took = register_bulk(&node, BULK_PODS);
+    let count = registered(&node);
+    assert_eq!(count, before + BULK_PODS, "every bulk pod registered");
+    println!("daemonset: {BULK_PODS} pods registered through the plugin in {took:?}");
+    stop_agent_pod(&node, &mut pod, "rolling update with 1,000 more pods");
+    let (_, plan) = plan_pod(&node, &install, "c0003");
+    let (mut pod, ready_full) = run_agent_pod(&node, plan);
+    assert_eq!(
+        registered(&node),
+        count,
+        "the new agent kept every registration"
+    );
+    println!(
+        "daemonset: time from container start to /ready with {count} registered pods: \
+         {ready_full:?} (0 registered: {ready_empty:?})"
+    );
+    assert_redirected(&node, &meshed, &server, "after the restart at 1,000 pods");
+
+    // 6. An uninstall: the DaemonSet is gone when the pod stops; the plugin leaves the
+    //    conflist, its binary and kubeconfig go; running pods stay redirected.
+    let ds_path = group_object_path(&install.daemonset).expect("DaemonSet path");
+    api.remove_route(&ds_path);
+    stop_agent_pod(&node, &mut pod, "uninstall");
+    assert_eq!(chain(&node), ["bridge"], "an uninstall removes the plugin");
+    assert!(!plugin_installed(&node), "and its binary");
+    assert!(
+        !node
+            .cni_conf_dir()
+            .join(paths::KUBECONFIG_FILE_NAME)
+            .exists(),
+        "and its kubeconfig"
+    );
+    assert_redirected(&node, &meshed, &server, "after the uninstall");
+
+    // 7. Installed again: the new pod adopts what is pinned.
+    api.route(&ds_path, install.daemonset.clone());
+    let (_, plan) = plan_pod(&node, &install, "d0004");
+    let (_pod, _) = run_agent_pod(&node, plan);
+    assert_eq!(chain(&node), ["bridge", "linkerd-cni"], "installed again");
+    assert_redirected(&node, &meshed, &server, "after the reinstall");
+    assert_redirected(&node, &late, &server, "after the reinstall");
+    assert_direct(&node, &plain, &server, "after the reinstall");
+}
+
+/// Both renderers' DaemonSets translate (no field the translation does not handle) into the
+/// same CRI configuration, apart from who created them; and a field nobody handles fails the
+/// translation, naming it.
+#[test]
+fn cli_and_helm_render_the_same_pod_and_unknown_fields_fail() {
+    let work = TempDir::new().expect("scratch directory");
+    let cli = render_install(Renderer::Cli, work.path());
+    let helm = render_install(Renderer::Helm, work.path());
+    let info = linkerd_cni_tests::node::kubelet::NodeInfo {
+        name: NODE_NAME.into(),
+        ip: linkerd_cni_tests::node::NODE_IP,
+        labels: [("kubernetes.io/os".to_string(), "linux".to_string())].into(),
+        cluster_dns: linkerd_cni_tests::node::CLUSTER_DNS,
+        cluster_domain: "cluster.local".into(),
+        api_service: "10.96.0.1:443".parse().expect("address"),
+        resolv_conf: "nameserver 192.0.2.53\n".into(),
+        etc_hosts: "127.0.0.1 localhost\n".into(),
+        pods_dir: "/var/lib/kubelet/pods".into(),
+        logs_dir: "/var/log/pods".into(),
+        memory_bytes: 1 << 33,
+    };
+    let plan = |install: &Install, change: &dyn Fn(&mut Value)| {
+        let mut pod = daemonset_pod(&install.daemonset, NODE_NAME, "uid-1", "x1").expect("pod");
+        admit_service_account(&mut pod, &install.objects, "x1").expect("admission");
+        change(&mut pod);
+        translate(
+            &pod,
+            &info,
+            &ClusterView {
+                objects: &install.objects,
+                ca_pem: "CA",
+            },
+        )
+    };
+    let a = plan(&cli, &|_| {}).unwrap_or_else(|e| panic!("{}: {e}", Renderer::Cli));
+    let b = plan(&helm, &|_| {}).unwrap_or_else(|e| panic!("{}: {e}", Renderer::Helm));
+    let (ca, cb) = (canonical(&a), canonical(&b));
+    let diff: Vec<String> = ca
+        .iter()
+        .zip(&cb)
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| format!("cli:  {x}\nhelm: {y}"))
+        .collect();
+    assert!(
+        diff.is_empty() && ca.len() == cb.len(),
+        "the CLI's and Helm's pods translate alike:\n{}",
+        diff.join("\n")
+    );
+    println!(
+        "daemonset: both renderings translate: {} init container(s), {} container(s), {} \
+         node files, QoS {:?}",
+        a.init_containers.len(),
+        a.containers.len(),
+        a.files.len(),
+        a.qos
+    );
+    // A field the chart might grow: the translation names it.
+    let err = plan(&cli, &|pod| {
+        pod["spec"]["containers"][0]["stdin"] = json!(true)
+    })
+    .map(|_| ())
+    .expect_err("an unhandled field fails the translation");
+    assert!(
+        err.to_string().contains("/spec/containers/0/stdin"),
+        "the error names the field: {err}"
+    );
+    let err = plan(&cli, &|pod| {
+        pod["spec"]["shareProcessNamespace"] = json!(true)
+    });
+    assert!(err.is_err(), "shareProcessNamespace is not handled");
+}
