@@ -4,7 +4,7 @@
 //! `linkerd install-cni` prints; the CLI adds only flag parsing and validation.
 //!
 //! Only the functions the chart uses are implemented, with sprig's semantics: `toYaml`,
-//! `toJson`, `toString`, `quote`, `default`, `splitList`, `compact`, `trim`, `dir`, `indent`,
+//! `toJson`, `toString`, `quote`, `default`, `splitList`, `compact`, `trim`, `int64`, `dir`, `indent`,
 //! `nindent`, `fail` (plus Go's builtins: `printf`, `index`, `not`, `or`, `eq`, ...). A chart
 //! change that needs another function fails the CLI's tests, which render the chart with both
 //! this engine and Go's text/template + sprig and compare the objects.
@@ -17,8 +17,9 @@ use serde_json::{Map, Value as Json};
 /// The chart's name, as in `Chart.yaml`.
 pub const CHART_NAME: &str = "linkerd2-cni";
 
-/// The namespace the CLI renders the chart into, as Linkerd's `install-cni` does (Helm users
-/// choose theirs with `-n`; every template uses `.Release.Namespace`).
+/// The namespace the CLI renders the chart into by default, as Linkerd's `install-cni` does
+/// (`--cni-namespace` chooses another, as Helm users do with `-n`; every template uses
+/// `.Release.Namespace`).
 pub const RELEASE_NAMESPACE: &str = linkerd_cni_k8s::names::CNI_NAMESPACE;
 
 /// `.Release.Service` of the CLI's render. As Linkerd's CLI, "CLI" rather than Helm's "Helm":
@@ -152,6 +153,58 @@ fn is_empty(v: &Value) -> bool {
         Value::List(l) => l.is_empty(),
         Value::Map(m) => m.is_empty(),
         Value::Function(_) => false,
+    }
+}
+
+/// sprig's `int64` (spf13/cast's `ToInt64`): integers as they are, floats truncated, booleans
+/// 1 or 0, strings parsed as Go's `strconv.ParseInt(s, 0, 64)` does after dropping a `.0...`
+/// tail (so `0x10` is 16 and `010` is 8); anything else, or a string that does not parse, 0.
+/// The CLI's validation accepts only decimal strings, which every reading agrees on.
+fn to_int64(v: &Value) -> i64 {
+    fn parse(s: &str) -> Option<i64> {
+        let s = match s.split_once('.') {
+            Some((int, frac)) if !frac.is_empty() && frac.bytes().all(|b| b == b'0') => int,
+            _ => s,
+        };
+        let (neg, digits) = match s.strip_prefix('-') {
+            Some(d) => (true, d),
+            None => (false, s.strip_prefix('+').unwrap_or(s)),
+        };
+        let digits = digits.replace('_', "");
+        let (radix, body) = if let Some(b) = digits
+            .strip_prefix("0x")
+            .or_else(|| digits.strip_prefix("0X"))
+        {
+            (16, b.to_string())
+        } else if let Some(b) = digits
+            .strip_prefix("0b")
+            .or_else(|| digits.strip_prefix("0B"))
+        {
+            (2, b.to_string())
+        } else if let Some(b) = digits
+            .strip_prefix("0o")
+            .or_else(|| digits.strip_prefix("0O"))
+        {
+            (8, b.to_string())
+        } else if digits.len() > 1 && digits.starts_with('0') {
+            (8, digits[1..].to_string())
+        } else {
+            (10, digits)
+        };
+        if body.is_empty() || body.starts_with(['+', '-']) {
+            return None;
+        }
+        let magnitude = i128::from_str_radix(&body, radix).ok()?;
+        i64::try_from(if neg { -magnitude } else { magnitude }).ok()
+    }
+    match v {
+        Value::Int(i) => *i,
+        // As Go converts: the bits of the uint64.
+        Value::Uint(u) => *u as i64,
+        Value::Float(f) => *f as i64,
+        Value::Bool(b) => i64::from(*b),
+        Value::String(s) => parse(s).unwrap_or(0),
+        _ => 0,
     }
 }
 
@@ -298,6 +351,9 @@ fn with_funcs(t: Template) -> Template {
             "compact: expected a list, got {other}"
         ))),
     })
+    .func("int64", |a| {
+        Ok(Value::Int(to_int64(arg("int64", a, 0, 1)?)))
+    })
     .func("trim", |a| Ok(string(strval(arg("trim", a, 0, 1)?).trim())))
     .func("dir", |a| Ok(string(dir(&strval(arg("dir", a, 0, 1)?)))))
     .func("indent", |a| {
@@ -321,15 +377,16 @@ pub fn template_name(file: &str) -> String {
     format!("{CHART_NAME}/templates/{file}")
 }
 
-/// Renders the chart with `values` (already merged with the chart's defaults) into a
-/// multi-document YAML stream, each document headed `---` and `# Source: <template>` like
-/// `helm template`'s output. Templates that render nothing are left out.
-pub fn render(values: &Json) -> Result<String, RenderError> {
+/// Renders the chart with `values` (already merged with the chart's defaults) into the release
+/// namespace `namespace`, as a multi-document YAML stream, each document headed `---` and
+/// `# Source: <template>` like `helm template`'s output. Templates that render nothing are left
+/// out.
+pub fn render(values: &Json, namespace: &str) -> Result<String, RenderError> {
     let meta = chart_meta()?;
     let data = to_value(&serde_json::json!({
         "Values": values,
         "Chart": { "Name": meta.name, "Version": meta.version, "AppVersion": meta.app_version },
-        "Release": { "Name": CHART_NAME, "Namespace": RELEASE_NAMESPACE, "Service": RELEASE_SERVICE },
+        "Release": { "Name": CHART_NAME, "Namespace": namespace, "Service": RELEASE_SERVICE },
     }));
     let mut out = String::new();
     for (file, source) in TEMPLATES {
@@ -424,6 +481,16 @@ mod tests {
             ),
             (r#"{{ "x\ny" | indent 3 }}"#, json!({}), "   x\n   y"),
             (r#"{{ not .a | toJson }}"#, json!({"a": true}), "false"),
+            (
+                r#"{{ .a | int64 }} {{ .b | int64 }} {{ .c | int64 }} {{ .d | int64 }} {{ .e | int64 }}"#,
+                json!({"a": "2102", "b": 4143.0, "c": -1, "d": "-7", "e": "abc"}),
+                "2102 4143 -1 -7 0",
+            ),
+            (
+                r#"{{ int64 "0x10" }} {{ int64 "010" }} {{ int64 "12.00" }} {{ int64 true }}"#,
+                json!({}),
+                "16 8 12 1",
+            ),
             (
                 r#"{{ printf "0.0.0.0:%v" .a }}"#,
                 json!({"a": 9990}),

@@ -14,7 +14,6 @@ pub mod result;
 use std::{io::Write, time::Duration};
 
 use clap::Args;
-use linkerd_cni_k8s::names;
 
 use self::result::{CheckResult, OutputFormat, Printer};
 use crate::kubernetes::KubeArgs;
@@ -70,9 +69,6 @@ pub struct CheckArgs {
     /// DaemonSet ready on every node, waited for up to --wait).
     #[arg(long, env = "LINKERD_CHECK_LINKERD_CNI_ENABLED")]
     pub linkerd_cni_enabled: bool,
-    /// Namespace of the linkerd-cni objects.
-    #[arg(long, env = "LINKERD_CHECK_CNI_NAMESPACE", default_value = names::CNI_NAMESPACE)]
-    pub cni_namespace: String,
     /// Also check this machine as a node of the eBPF mode (kernel version, bpffs, cgroup v2).
     /// Meaningful on a node, e.g. from `kubectl debug node/<name>`.
     #[arg(long, env = "LINKERD_CHECK_NODE")]
@@ -82,9 +78,6 @@ pub struct CheckArgs {
     /// with --proxy also the meshed pods.
     #[arg(long, env = "LINKERD_CHECK_PROXY")]
     pub proxy: bool,
-    /// Namespace of the control plane (post-install checks).
-    #[arg(long, env = "LINKERD_CHECK_LINKERD_NAMESPACE", default_value = names::CONTROL_PLANE_NAMESPACE)]
-    pub linkerd_namespace: String,
     /// Maximum allowed time for all checks to pass: readiness checks (the linkerd-cni
     /// DaemonSet, the proxy injector) are retried every 5s until then (Go duration: 300s,
     /// 5m0s, 1m30s; 0 for no retry).
@@ -144,8 +137,8 @@ pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> any
     if post_install {
         post_install::run(
             kube,
-            &args.linkerd_namespace,
-            &args.cni_namespace,
+            &kube.linkerd_namespace,
+            &kube.cni_namespace,
             args.proxy,
             retry,
             &mut on_retry,
@@ -155,7 +148,7 @@ pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> any
     }
     if args.linkerd_cni_enabled {
         let results = match kube.client().await {
-            Ok(client) => cluster::run(&client, &args.cni_namespace, retry, &mut on_retry).await,
+            Ok(client) => cluster::run(&client, &kube.cni_namespace, retry, &mut on_retry).await,
             Err(e) => vec![CheckResult::fail(
                 cluster::CATEGORY,
                 "can initialize the client",

@@ -10,11 +10,10 @@ use std::{
 };
 
 use clap::Args;
-use linkerd_cni_k8s::{client::ClientError, names};
 use linkerd_injector::{Values, values::ValuesError};
 
 use crate::{
-    kubernetes::KubeArgs,
+    kubernetes::{KubeArgs, KubeArgsError},
     manifest::{self, InjectHow, ManifestError, Report},
 };
 
@@ -39,7 +38,7 @@ pub enum InjectError {
     #[error(
         "cannot reach the cluster to read linkerd-config (use --ignore-cluster to inject with the default configuration)"
     )]
-    Client(#[from] ClientError),
+    Client(#[from] KubeArgsError),
     /// linkerd-config could not be read.
     #[error(
         "cannot use the cluster's linkerd-config (use --ignore-cluster to inject with the default configuration)"
@@ -66,9 +65,6 @@ pub struct InjectArgs {
     /// (cniEnabled for this run, whatever linkerd-config says).
     #[arg(long, env = "LINKERD_INJECT_LINKERD_CNI_ENABLED")]
     pub linkerd_cni_enabled: bool,
-    /// Namespace of the control plane (where linkerd-config is read).
-    #[arg(long, env = "LINKERD_INJECT_LINKERD_NAMESPACE", default_value = names::CONTROL_PLANE_NAMESPACE)]
-    pub linkerd_namespace: String,
 }
 
 /// The flags of `linkerd uninject`.
@@ -167,7 +163,7 @@ pub async fn how(args: &InjectArgs, kube: &KubeArgs) -> Result<InjectHow, Inject
     let mut values = if args.ignore_cluster {
         Values::default()
     } else {
-        Values::fetch(&kube.client().await?, &args.linkerd_namespace).await?
+        Values::fetch(&kube.client().await?, &kube.linkerd_namespace).await?
     };
     values.cni_enabled |= args.linkerd_cni_enabled;
     Ok(InjectHow::Manual(Box::new(values)))

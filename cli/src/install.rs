@@ -25,6 +25,9 @@ use linkerd_injector::{
 
 use self::objects::{FailurePolicy, InstallOptions, WebhookTls};
 
+/// The only namespace `install` renders the control plane into.
+pub const CONTROL_PLANE_NAMESPACE: &str = names::CONTROL_PLANE_NAMESPACE;
+
 /// Why `install` could not produce manifests.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {

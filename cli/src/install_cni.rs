@@ -5,8 +5,6 @@
 //! in order, then the flags the user gave (on the command line or through their environment
 //! variable; a flag left at its default does not override a values file), then each `--set`.
 
-use std::path::PathBuf;
-
 use clap::{ArgMatches, Args, parser::ValueSource};
 use linkerd_cni_proto::config::PortRange;
 use serde_json::Value as Json;
@@ -14,7 +12,7 @@ use serde_json::Value as Json;
 use crate::{
     chart::{self, RenderError},
     set_values::{self, SetError, SetKind, Step},
-    values::{self, ValuesError},
+    values::{self, Origins, ValuesError},
 };
 
 /// Prefix of the environment variables of `install-cni`'s flags.
@@ -80,24 +78,44 @@ fn check_version(v: &str) -> Result<(), InstallCniError> {
     }
 }
 
-/// The registry to use: `--registry` (or its environment variable), else
-/// `LINKERD_DOCKER_REGISTRY` as Linkerd's CLI reads it; checked as Linkerd checks it.
-fn registry(args: &InstallCniArgs) -> Result<Option<String>, InstallCniError> {
-    let registry = match &args.registry {
-        Some(r) => r.clone(),
-        None => match std::env::var(DOCKER_REGISTRY_ENV) {
-            Ok(r) if !r.is_empty() => r,
-            _ => return Ok(None),
-        },
-    };
-    if registry.is_empty()
-        || !registry
+/// Linkerd's default registry (`--registry`'s default): a `--registry` equal to it leaves the
+/// image as it is, as in Linkerd.
+pub const DEFAULT_REGISTRY: &str = "cr.l5d.io/linkerd";
+
+fn check_registry(registry: &str) -> Result<(), InstallCniError> {
+    if !registry.is_empty()
+        && registry
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-./:".contains(c))
     {
-        return Err(InstallCniError::Registry(registry));
+        Ok(())
+    } else {
+        Err(InstallCniError::Registry(registry.to_string()))
     }
-    Ok(Some(registry))
+}
+
+/// The registry that replaces the image's, and where it came from, as Linkerd decides:
+/// `LINKERD_DOCKER_REGISTRY` when set (it overrides `--registry`), else `--registry` unless it
+/// is [`DEFAULT_REGISTRY`]. Both are checked as Linkerd checks `--registry` (Linkerd does not
+/// check the environment variable; a registry with a space or a `!` renders nothing useful).
+fn registry(
+    args: &InstallCniArgs,
+    matches: &ArgMatches,
+) -> Result<Option<(String, String)>, InstallCniError> {
+    check_registry(&args.registry)?;
+    if let Ok(env) = std::env::var(DOCKER_REGISTRY_ENV)
+        && !env.is_empty()
+    {
+        check_registry(&env)?;
+        return Ok(Some((env, format!("${DOCKER_REGISTRY_ENV}"))));
+    }
+    if args.registry != DEFAULT_REGISTRY {
+        return Ok(Some((
+            args.registry.clone(),
+            flag_origin(matches, "registry"),
+        )));
+    }
+    Ok(None)
 }
 
 fn mode(s: &str) -> Result<String, String> {
@@ -185,19 +203,26 @@ pub struct InstallCniArgs {
     #[arg(long, env = "LINKERD_INSTALL_CNI_USE_WAIT_FLAG", default_value_t = false, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub use_wait_flag: bool,
-    /// Registry of the image: replaces what comes before the last "/" of the image name
-    /// [default: $LINKERD_DOCKER_REGISTRY, as for Linkerd's images].
-    #[arg(long, env = "LINKERD_INSTALL_CNI_REGISTRY")]
-    pub registry: Option<String>,
+    /// Registry of the image: replaces what comes before the last "/" of --cni-image; the
+    /// default (Linkerd's registry) leaves the image as it is. $LINKERD_DOCKER_REGISTRY, when
+    /// set, overrides this flag, as in Linkerd.
+    #[arg(long, env = "LINKERD_INSTALL_CNI_REGISTRY", default_value = DEFAULT_REGISTRY)]
+    pub registry: String,
     /// Linkerd's version (accepted and checked as Linkerd checks it; the image's tag is
     /// --cni-image-version, as in Linkerd).
     #[arg(short = 'v', long, env = "LINKERD_INSTALL_CNI_LINKERD_VERSION")]
     pub linkerd_version: Option<String>,
-    /// Values files (YAML), applied in order before the flags.
-    #[arg(short = 'f', long = "values", value_name = "FILE")]
-    pub values: Vec<PathBuf>,
-    /// Set values (key.sub=value[,key=value]), applied last; `{a,b}` is a list, `key[0]` a list
-    /// element, `\,` escapes.
+    /// Values files (YAML), applied in order over the flags: a path, `-` for standard input,
+    /// or an http(s) URL; comma-separated or repeated, as in Linkerd.
+    #[arg(
+        short = 'f',
+        long = "values",
+        value_name = "FILE|URL",
+        value_delimiter = ','
+    )]
+    pub values: Vec<String>,
+    /// Set values (key.sub=value[,key=value]), applied after the values files; `{a,b}` is a
+    /// list, `key[0]` a list element, `\,` escapes.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
     /// Set string values (as --set, every value a string), applied after --set.
@@ -269,6 +294,15 @@ fn explicit(matches: &ArgMatches, id: &str) -> bool {
     )
 }
 
+/// How an error names a flag's value: `--flag`, or the environment variable that stood for it.
+fn flag_origin(matches: &ArgMatches, id: &str) -> String {
+    match matches.value_source(id) {
+        Some(ValueSource::EnvVariable) => format!("${ENV_PREFIX}{}", id.to_uppercase()),
+        Some(ValueSource::DefaultValue) => format!("the default of --{}", id.replace('_', "-")),
+        _ => format!("--{}", id.replace('_', "-")),
+    }
+}
+
 fn raw(matches: &ArgMatches, id: &str) -> Vec<String> {
     matches
         .get_raw(id)
@@ -282,53 +316,82 @@ pub fn with_registry(image: &str, registry: &str) -> String {
     format!("{}/{base}", registry.trim_end_matches('/'))
 }
 
-/// Builds the merged values for these arguments (`matches` tells which flags were given).
+/// `cliVersion` as `linkerd install-cni` sets it, as Linkerd's does: the value of the
+/// `linkerd.io/created-by` annotation of the DaemonSet and its pods.
+pub fn created_by() -> String {
+    format!("linkerd/cli {}", crate::version::CLIENT_VERSION)
+}
+
+fn path_steps(steps: &[Step]) -> Vec<values::PathStep<'_>> {
+    steps
+        .iter()
+        .map(|s| match s {
+            Step::Key(k) => values::PathStep::Key(k),
+            Step::Index(i) => values::PathStep::Index(*i),
+        })
+        .collect()
+}
+
+/// The merged values for these arguments, and where each came from.
 ///
-/// The user's overrides are gathered first (values files, then flags, then the registry, then
-/// `--set`, `--set-string`, `--set-file` in Helm's order) and then coalesced onto the chart's
-/// defaults, so a list the user sets replaces the chart's list as it does with Helm.
-pub fn merged_values(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Json, InstallCniError> {
-    let defaults = values::chart_defaults()?;
-    let mut overrides = Json::Object(Default::default());
-    for file in &args.values {
-        set_values::merge_file(&mut overrides, values::read_values_file(file)?);
-    }
+/// As Linkerd's `install-cni`: the values its flags stand for (every flag, at its value or its
+/// default, which is the chart's; the image with the registry applied; `cliVersion`) are the
+/// base, and the values files, `--set`, `--set-string` and `--set-file` (Helm's order) are
+/// coalesced over them, so a values file wins over a flag. The overrides are gathered first
+/// and coalesced as a whole, so a list they set replaces the base's list, as with Helm.
+pub fn merged_values(
+    args: &InstallCniArgs,
+    matches: &ArgMatches,
+) -> Result<(Json, Origins), InstallCniError> {
+    let mut base = values::chart_defaults()?;
+    let mut origins = Origins::default();
     for (id, key, kind) in FLAG_VALUES {
         if explicit(matches, id) {
-            set_values::set(
-                &mut overrides,
-                &steps(key),
-                flag_json(*kind, &raw(matches, id)),
-            );
+            let steps = steps(key);
+            set_values::set(&mut base, &steps, flag_json(*kind, &raw(matches, id)));
+            origins.record(&path_steps(&steps), &flag_origin(matches, id));
         }
     }
-    if let Some(registry) = registry(args)? {
-        let image = overrides
+    if let Some((registry, origin)) = registry(args, matches)? {
+        let image = base
             .pointer("/image/name")
-            .or_else(|| defaults.pointer("/image/name"))
             .and_then(Json::as_str)
             .unwrap_or_default()
             .to_string();
+        let steps = steps("image.name");
         set_values::set(
-            &mut overrides,
-            &steps("image.name"),
+            &mut base,
+            &steps,
             Json::String(with_registry(&image, &registry)),
         );
+        origins.record(&path_steps(&steps), &origin);
     }
-    for (kind, exprs) in [
-        (SetKind::Typed, &args.set),
-        (SetKind::String, &args.set_string),
-        (SetKind::File, &args.set_file),
+    set_values::set(&mut base, &steps("cliVersion"), Json::String(created_by()));
+
+    let mut overrides = Json::Object(Default::default());
+    for arg in &args.values {
+        let source = values::ValuesSource::parse(arg);
+        let tree = source.read()?;
+        origins.record_tree(&tree, &source.origin());
+        set_values::merge_file(&mut overrides, tree);
+    }
+    for (kind, flag, exprs) in [
+        (SetKind::Typed, "--set", &args.set),
+        (SetKind::String, "--set-string", &args.set_string),
+        (SetKind::File, "--set-file", &args.set_file),
     ] {
         for expr in exprs {
             for (key, value) in set_values::parse(kind, expr)? {
+                origins.record(
+                    &path_steps(&key),
+                    &format!("{flag} {:?}", set_values::shown(expr)),
+                );
                 set_values::set(&mut overrides, &key, value);
             }
         }
     }
-    let mut v = defaults;
-    values::coalesce(&mut v, overrides);
-    Ok(v)
+    values::coalesce(&mut base, overrides);
+    Ok((base, origins))
 }
 
 /// What `install-cni` prints: the manifests, and warnings for standard error.
@@ -339,14 +402,18 @@ pub struct Rendered {
     pub warnings: Vec<String>,
 }
 
-/// Renders the manifests for these arguments.
-pub fn render(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Rendered, InstallCniError> {
+/// Renders the manifests for these arguments into `namespace` (`--cni-namespace`).
+pub fn render(
+    args: &InstallCniArgs,
+    matches: &ArgMatches,
+    namespace: &str,
+) -> Result<Rendered, InstallCniError> {
     if let Some(version) = &args.linkerd_version {
         check_version(version)?;
     }
-    let mut v = merged_values(args, matches)?;
+    let (mut v, origins) = merged_values(args, matches)?;
     let unknown = values::drop_unknown(&mut v, &values::chart_defaults()?);
-    let checked = values::validate(&v)?;
+    let checked = values::validate(&v, &origins)?;
     let mut warnings: Vec<String> = unknown
         .iter()
         .map(|k| values::unknown_key_warning(k))
@@ -358,7 +425,7 @@ pub fn render(args: &InstallCniArgs, matches: &ArgMatches) -> Result<Rendered, I
         warnings.push(REPAIR_CONTROLLER_WARNING.to_string());
     }
     Ok(Rendered {
-        manifests: chart::render(&v)?,
+        manifests: chart::render(&v, namespace)?,
         warnings,
     })
 }

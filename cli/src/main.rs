@@ -7,7 +7,11 @@ use std::{io::Write, process::ExitCode};
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use linkerd_cli::{check, inject, install, install_cni, kubernetes::KubeArgs};
+use linkerd_cli::{
+    check, inject, install, install_cni,
+    kubernetes::{KubeArgs, KubeArgsError},
+    version,
+};
 
 /// The linkerd CLI: install and check Linkerd's CNI plugin with eBPF redirection.
 #[derive(Parser, Debug)]
@@ -33,6 +37,8 @@ enum Command {
     Inject(inject::InjectArgs),
     /// Remove what inject added (proxy, linkerd-init or validator, volumes, annotations).
     Uninject(inject::UninjectArgs),
+    /// Print the client and server version information.
+    Version(version::VersionArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,7 +63,7 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
             let sub = matches
                 .subcommand_matches("install-cni")
                 .context("install-cni arguments")?;
-            let rendered = install_cni::render(args, sub)?;
+            let rendered = install_cni::render(args, sub, &cli.kube.cni_namespace)?;
             for warning in &rendered.warnings {
                 eprintln!("{warning}");
             }
@@ -75,18 +81,28 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
             runtime.block_on(check::run(args, &cli.kube, &mut std::io::stdout().lock()))
         }
         Command::Install(args) => {
+            if cli.kube.linkerd_namespace != linkerd_cli::install::CONTROL_PLANE_NAMESPACE {
+                anyhow::bail!(
+                    "install renders the control plane into the {:?} namespace only: \
+                     -L/--linkerd-namespace {} is not supported by install (check, inject and \
+                     version take it)",
+                    linkerd_cli::install::CONTROL_PLANE_NAMESPACE,
+                    cli.kube.linkerd_namespace
+                );
+            }
             if !args.ignore_cluster {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .context("starting the async runtime")?;
                 runtime.block_on(async {
-                    let client = cli
-                        .kube
-                        .client()
+                    let client = cli.kube.client().await.map_err(|e| match e {
+                        KubeArgsError::Impersonation => anyhow::Error::new(e),
+                        other => install::InstallError::Cluster(other.to_string()).into(),
+                    })?;
+                    install::check_no_control_plane(&client)
                         .await
-                        .map_err(|e| install::InstallError::Cluster(e.to_string()))?;
-                    install::check_no_control_plane(&client).await
+                        .map_err(anyhow::Error::new)
                 })?;
             }
             let yaml = install::render(args)?;
@@ -113,6 +129,14 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
                 &mut stdout,
                 &mut stderr,
             ))?;
+            Ok(true)
+        }
+        Command::Version(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(version::run(args, &cli.kube, &mut std::io::stdout().lock()))?;
             Ok(true)
         }
         Command::Uninject(args) => {

@@ -72,7 +72,7 @@ pub enum SetError {
 }
 
 /// An expression as error messages show it: its first 200 characters, then how many more.
-fn shown(expr: &str) -> String {
+pub fn shown(expr: &str) -> String {
     const SHOWN: usize = 200;
     match expr.char_indices().nth(SHOWN) {
         Some((at, _)) => format!(

@@ -9,11 +9,12 @@
 
 use std::{
     collections::BTreeMap,
+    io::Read,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use linkerd_cni_proto::config::{PortRange, parse_port_list};
-use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value as Json};
 
 /// The chart's `values.yaml`.
@@ -25,22 +26,20 @@ pub const MODE_EBPF: &str = "ebpf";
 /// Why values could not be read, merged or accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum ValuesError {
-    /// A values file could not be read.
-    #[error("reading values file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A values source (file, standard input, URL) could not be read.
+    #[error("reading {origin}: {reason}")]
+    Read { origin: String, reason: String },
     /// A values file (or the chart's own) is not YAML, or its top level is not a map.
     #[error("parsing values from {origin}: {message}")]
     Parse { origin: String, message: String },
-    /// The merged values do not have the chart's shape (unknown key, wrong type).
-    #[error("invalid values: {0}")]
-    Shape(String),
-    /// A value has the right type but is not acceptable.
-    #[error("invalid value for {key}: {reason}")]
-    Invalid { key: &'static str, reason: String },
+    /// A value is not acceptable: its key path, where it came from (a values file, a flag,
+    /// `--set`) and why.
+    #[error("invalid value for {key} (from {origin}): {reason}")]
+    Invalid {
+        key: String,
+        origin: String,
+        reason: String,
+    },
     /// `mode` names a mode that does not exist or is not implemented.
     #[error(
         "mode {0:?} is not supported: \"iptables\" is planned as the fallback for kernels without \
@@ -68,13 +67,96 @@ pub fn chart_defaults() -> Result<Json, ValuesError> {
     parse_yaml(CHART_VALUES_YAML, "the chart's values.yaml")
 }
 
+/// The most a values source may hold (a values file is a few kilobytes).
+pub const MAX_VALUES_BYTES: u64 = 16 << 20;
+
+/// How long fetching a values URL may take, connection and body included.
+pub const URL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a `-f` argument reads from, as Helm (and so Linkerd) takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValuesSource {
+    /// `-`: standard input.
+    Stdin,
+    /// An `http://` or `https://` URL.
+    Url(String),
+    /// A path.
+    File(PathBuf),
+}
+
+impl ValuesSource {
+    /// What `-f` names.
+    pub fn parse(arg: &str) -> Self {
+        let lower = arg.to_ascii_lowercase();
+        if arg.trim() == "-" {
+            ValuesSource::Stdin
+        } else if lower.starts_with("http://") || lower.starts_with("https://") {
+            ValuesSource::Url(arg.to_string())
+        } else {
+            ValuesSource::File(PathBuf::from(arg))
+        }
+    }
+
+    /// How errors and warnings name it.
+    pub fn origin(&self) -> String {
+        match self {
+            ValuesSource::Stdin => "values from standard input".into(),
+            ValuesSource::Url(url) => format!("values URL {url}"),
+            ValuesSource::File(path) => format!("values file {}", path.display()),
+        }
+    }
+
+    /// Reads and parses it.
+    pub fn read(&self) -> Result<Json, ValuesError> {
+        let origin = self.origin();
+        let read_err = |reason: String| ValuesError::Read {
+            origin: origin.clone(),
+            reason,
+        };
+        let text = match self {
+            ValuesSource::Stdin => {
+                let mut text = String::new();
+                std::io::stdin()
+                    .take(MAX_VALUES_BYTES)
+                    .read_to_string(&mut text)
+                    .map_err(|e| read_err(e.to_string()))?;
+                text
+            }
+            ValuesSource::File(path) => {
+                std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))?
+            }
+            ValuesSource::Url(url) => fetch(url).map_err(read_err)?,
+        };
+        parse_yaml(&text, &origin)
+    }
+}
+
+/// GETs a values URL as Helm's HTTP getter does: redirects followed, the proxy from the
+/// environment, the answer must be a success; bounded in time and size.
+fn fetch(url: &str) -> Result<String, String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(URL_TIMEOUT))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent.get(url).call().map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(MAX_VALUES_BYTES)
+        .read_to_string()
+        .map_err(|e| format!("reading the answer: {e}"))?;
+    if !status.is_success() {
+        let text: String = body.chars().take(200).collect();
+        return Err(format!("the server answered {status}: {text}"));
+    }
+    Ok(body)
+}
+
 /// Reads a `-f` values file.
 pub fn read_values_file(path: &Path) -> Result<Json, ValuesError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ValuesError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse_yaml(&text, &path.display().to_string())
+    ValuesSource::File(path.to_path_buf()).read()
 }
 
 /// Merges `src` into `dst` as Helm coalesces values: maps merge key by key, anything else in
@@ -155,44 +237,118 @@ pub fn unknown_key_warning(key: &str) -> String {
     format!("warning: ignoring value {key:?}: the linkerd2-cni chart (eBPF mode) has no such value")
 }
 
-/// Accepts a string or an integer (as `--set key=8080` types it) and keeps it as a string.
-fn de_stringish<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    match Json::deserialize(d)? {
-        Json::String(s) => Ok(s),
-        Json::Number(n) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
-        other => Err(serde::de::Error::custom(format!(
-            "expected a string, got {other}"
-        ))),
+/// The origin of a value nobody set: the chart's own default.
+pub const CHART_ORIGIN: &str = "the chart's values.yaml";
+
+/// Where each value came from (a values file, a flag, `--set`), by key path as Helm spells keys
+/// (`image.name`, `tolerations[0].operator`), so that an error can name both.
+#[derive(Clone, Debug, Default)]
+pub struct Origins {
+    paths: BTreeMap<String, String>,
+}
+
+/// One step of a key path, for [`Origins`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathStep<'a> {
+    /// A map key.
+    Key(&'a str),
+    /// A list index.
+    Index(usize),
+}
+
+fn join_path(steps: &[PathStep<'_>]) -> String {
+    let mut out = String::new();
+    for step in steps {
+        match step {
+            PathStep::Key(k) if out.is_empty() => out.push_str(k),
+            PathStep::Key(k) => {
+                out.push('.');
+                out.push_str(k);
+            }
+            PathStep::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+impl Origins {
+    /// Records that `origin` set the value at `steps` (a leaf: a scalar or a list). What was
+    /// recorded under it is replaced; a source that had set a non-map above it (now a map) no
+    /// longer owns it.
+    pub fn record(&mut self, steps: &[PathStep<'_>], origin: &str) {
+        let path = join_path(steps);
+        self.paths.retain(|p, _| {
+            let below = p.len() > path.len()
+                && p.starts_with(&path)
+                && matches!(p.as_bytes()[path.len()], b'.' | b'[');
+            !below
+        });
+        for n in 1..steps.len() {
+            if matches!(steps[n], PathStep::Key(_)) {
+                self.paths.remove(&join_path(&steps[..n]));
+            }
+        }
+        self.paths.insert(path, origin.to_string());
+    }
+
+    /// Records that `origin` set every value of `tree` (a values file): each leaf, maps being
+    /// merged key by key.
+    pub fn record_tree(&mut self, tree: &Json, origin: &str) {
+        fn walk<'a>(
+            origins: &mut Origins,
+            prefix: &mut Vec<PathStep<'a>>,
+            tree: &'a Json,
+            origin: &str,
+        ) {
+            match tree {
+                Json::Object(m) if !m.is_empty() => {
+                    for (k, v) in m {
+                        prefix.push(PathStep::Key(k));
+                        walk(origins, prefix, v, origin);
+                        prefix.pop();
+                    }
+                }
+                _ if prefix.is_empty() => {}
+                _ => origins.record(prefix, origin),
+            }
+        }
+        walk(self, &mut Vec::new(), tree, origin);
+    }
+
+    /// Where the value at `path` came from: the last source that set it or a value above it;
+    /// [`CHART_ORIGIN`] when none did.
+    pub fn of(&self, path: &str) -> &str {
+        let mut p = path;
+        loop {
+            if let Some(origin) = self.paths.get(p) {
+                return origin;
+            }
+            match p.rfind(['.', '[']) {
+                Some(at) => p = &p[..at],
+                None => return CHART_ORIGIN,
+            }
+        }
     }
 }
 
 /// The typed view of the chart's values, for validation. Field names are the chart's.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub struct Values {
     pub mode: String,
     pub inbound_proxy_port: u16,
     pub outbound_proxy_port: u16,
     pub proxy_admin_port: u16,
     pub proxy_control_port: u16,
-    #[serde(deserialize_with = "de_stringish")]
     pub ignore_inbound_ports: String,
-    #[serde(deserialize_with = "de_stringish")]
     pub ignore_outbound_ports: String,
-    #[serde(deserialize_with = "de_stringish")]
     pub ports_to_redirect: String,
-    #[serde(rename = "proxyUID")]
     pub proxy_uid: i64,
-    #[serde(rename = "proxyGID")]
     pub proxy_gid: i64,
     pub log_level: String,
-    #[serde(rename = "destCNINetDir")]
     pub dest_cni_net_dir: String,
-    #[serde(rename = "destCNIBinDir")]
     pub dest_cni_bin_dir: String,
     pub use_wait_flag: bool,
     pub iptables_mode: String,
-    #[serde(rename = "disableIPv6")]
     pub disable_ipv6: bool,
     pub priority_class_name: String,
     pub install_namespace: bool,
@@ -212,7 +368,6 @@ pub struct Values {
     /// Accepted (Linkerd's chart has it); the agent container is always privileged.
     pub privileged: bool,
     /// Accepted (Linkerd's chart has it); no PodSecurityPolicy is rendered.
-    #[serde(rename = "enablePSP")]
     pub enable_psp: bool,
     /// Accepted (Linkerd's chart has it); no repair controller: the agent adopts pods that
     /// started before the plugin where they run.
@@ -220,8 +375,7 @@ pub struct Values {
 }
 
 /// `repairController`, in Linkerd's shape; validated, no effect in eBPF mode.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub struct RepairController {
     pub enabled: bool,
     pub log_level: String,
@@ -231,38 +385,30 @@ pub struct RepairController {
 }
 
 /// `image`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub struct Image {
     pub name: String,
-    #[serde(deserialize_with = "de_stringish")]
     pub version: String,
     pub pull_policy: String,
 }
 
 /// `resources`, in Linkerd's shape (`cpu.limit`, `memory.request`, ...).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub struct Resources {
     pub cpu: Resource,
     pub memory: Resource,
-    #[serde(rename = "ephemeral-storage")]
     pub ephemeral_storage: Resource,
 }
 
 /// One resource's request and limit; empty leaves it unset.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub struct Resource {
-    #[serde(deserialize_with = "de_stringish")]
     pub limit: String,
-    #[serde(deserialize_with = "de_stringish")]
     pub request: String,
 }
 
 /// `agent`: the node agent's settings (eBPF mode).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub struct Agent {
     pub log_level: String,
     pub socket_path: String,
@@ -273,65 +419,277 @@ pub struct Agent {
     pub host_netns_dir: String,
 }
 
-fn invalid(key: &'static str, reason: impl Into<String>) -> ValuesError {
-    ValuesError::Invalid {
-        key,
-        reason: reason.into(),
+/// What a JSON value is, for messages.
+fn describe(v: &Json) -> String {
+    match v {
+        Json::Null => "null".into(),
+        Json::Bool(b) => format!("the boolean {b}"),
+        Json::Number(n) => format!("the number {n}"),
+        Json::String(s) => format!("the string {s:?}"),
+        Json::Array(_) => "a list".into(),
+        Json::Object(_) => "a map".into(),
     }
 }
 
-fn check_port(key: &'static str, port: u16) -> Result<(), ValuesError> {
-    if port == 0 {
-        Err(invalid(key, "port 0"))
-    } else {
-        Ok(())
+/// An integer as Helm's templates read one: a number (values files give every number as a
+/// float; whole ones only) or a string of decimal digits (as `--set-string`, or a quoted value
+/// in a file, gives it). Other spellings Go would read differently (`0x10`, `010`) are refused.
+fn as_integer(v: &Json) -> Option<i64> {
+    match v {
+        Json::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                // Whole and within f64's exact integers: the cast is exact.
+                .map(|f| f as i64)
+        }),
+        Json::String(s) => {
+            let digits = s.strip_prefix('-').unwrap_or(s);
+            let canonical = !digits.is_empty()
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && (digits == "0" || !digits.starts_with('0'));
+            if canonical { s.parse().ok() } else { None }
+        }
+        _ => None,
     }
 }
 
-fn check_ports(key: &'static str, list: &str) -> Result<Vec<PortRange>, ValuesError> {
-    parse_port_list(list).map_err(|e| invalid(key, e.to_string()))
+/// Reads the merged values, naming the key path and where the value came from in every error.
+struct Reader<'a> {
+    root: &'a Json,
+    origins: &'a Origins,
 }
 
-fn check_abs(key: &'static str, path: &str) -> Result<(), ValuesError> {
-    if path.starts_with('/') && !path.contains("..") && path.len() > 1 {
-        Ok(())
-    } else {
-        Err(invalid(key, format!("{path:?} is not an absolute path")))
+impl<'a> Reader<'a> {
+    fn err(&self, path: &str, reason: impl Into<String>) -> ValuesError {
+        ValuesError::Invalid {
+            key: path.to_string(),
+            origin: self.origins.of(path).to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn get(&self, path: &str) -> Result<&'a Json, ValuesError> {
+        let mut at = self.root;
+        let mut walked = String::new();
+        for key in path.split('.') {
+            let Json::Object(map) = at else {
+                return Err(self.err(
+                    &walked,
+                    format!("expected a map (with {key:?}), got {}", describe(at)),
+                ));
+            };
+            if !walked.is_empty() {
+                walked.push('.');
+            }
+            walked.push_str(key);
+            at = map.get(key).ok_or_else(|| {
+                self.err(
+                    &walked,
+                    "no value (a null removes the chart's default, and this key needs one)",
+                )
+            })?;
+        }
+        Ok(at)
+    }
+
+    fn int(&self, path: &str, min: i64, max: i64) -> Result<i64, ValuesError> {
+        let v = self.get(path)?;
+        let n = as_integer(v)
+            .ok_or_else(|| self.err(path, format!("expected an integer, got {}", describe(v))))?;
+        if n < min || n > max {
+            return Err(self.err(path, format!("{n} is out of range ({min} to {max})")));
+        }
+        Ok(n)
+    }
+
+    fn port(&self, path: &str) -> Result<u16, ValuesError> {
+        let n = self.int(path, 1, 65535)?;
+        u16::try_from(n).map_err(|_| self.err(path, format!("{n} is not a port")))
+    }
+
+    fn string(&self, path: &str) -> Result<String, ValuesError> {
+        match self.get(path)? {
+            Json::String(s) => Ok(s.clone()),
+            other => Err(self.err(path, format!("expected a string, got {}", describe(other)))),
+        }
+    }
+
+    /// A string the templates print as text (`toString`, `quote`): an integer, as `--set key=8080`
+    /// types it, is taken as its digits.
+    fn text(&self, path: &str) -> Result<String, ValuesError> {
+        match self.get(path)? {
+            Json::String(s) => Ok(s.clone()),
+            v @ Json::Number(_) => as_integer(v)
+                .map(|n| n.to_string())
+                .ok_or_else(|| self.err(path, format!("expected a string, got {}", describe(v)))),
+            other => Err(self.err(path, format!("expected a string, got {}", describe(other)))),
+        }
+    }
+
+    fn boolean(&self, path: &str) -> Result<bool, ValuesError> {
+        match self.get(path)? {
+            Json::Bool(b) => Ok(*b),
+            other => Err(self.err(
+                path,
+                format!(
+                    "expected true or false, got {} (--set types true and false as booleans; \
+                     --set-string and quoted YAML make strings)",
+                    describe(other)
+                ),
+            )),
+        }
+    }
+
+    fn list(&self, path: &str) -> Result<Vec<Json>, ValuesError> {
+        match self.get(path)? {
+            Json::Array(items) => Ok(items.clone()),
+            other => Err(self.err(path, format!("expected a list, got {}", describe(other)))),
+        }
+    }
+
+    fn map(&self, path: &str) -> Result<Map<String, Json>, ValuesError> {
+        match self.get(path)? {
+            Json::Object(m) => Ok(m.clone()),
+            other => Err(self.err(path, format!("expected a map, got {}", describe(other)))),
+        }
+    }
+
+    fn string_list(&self, path: &str) -> Result<Vec<String>, ValuesError> {
+        self.list(path)?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Json::String(s) => Ok(s.clone()),
+                other => Err(self.err(
+                    &format!("{path}[{i}]"),
+                    format!("expected a string, got {}", describe(other)),
+                )),
+            })
+            .collect()
+    }
+
+    /// Labels: string values only (the API server refuses anything else).
+    fn labels(&self, path: &str) -> Result<BTreeMap<String, String>, ValuesError> {
+        self.map(path)?
+            .into_iter()
+            .map(|(k, v)| match v {
+                Json::String(s) => Ok((k, s)),
+                other => Err(self.err(
+                    &format!("{path}.{k}"),
+                    format!(
+                        "expected a string (label values are strings), got {}",
+                        describe(&other)
+                    ),
+                )),
+            })
+            .collect()
+    }
+
+    fn resources(&self, path: &str) -> Result<Resources, ValuesError> {
+        let one = |r: &str| -> Result<Resource, ValuesError> {
+            Ok(Resource {
+                limit: self.text(&format!("{path}.{r}.limit"))?,
+                request: self.text(&format!("{path}.{r}.request"))?,
+            })
+        };
+        Ok(Resources {
+            cpu: one("cpu")?,
+            memory: one("memory")?,
+            ephemeral_storage: one("ephemeral-storage")?,
+        })
+    }
+
+    fn values(&self) -> Result<Values, ValuesError> {
+        Ok(Values {
+            mode: self.string("mode")?,
+            inbound_proxy_port: self.port("inboundProxyPort")?,
+            outbound_proxy_port: self.port("outboundProxyPort")?,
+            proxy_admin_port: self.port("proxyAdminPort")?,
+            proxy_control_port: self.port("proxyControlPort")?,
+            ignore_inbound_ports: self.text("ignoreInboundPorts")?,
+            ignore_outbound_ports: self.text("ignoreOutboundPorts")?,
+            ports_to_redirect: self.text("portsToRedirect")?,
+            proxy_uid: self.int("proxyUID", 0, i64::from(u32::MAX))?,
+            proxy_gid: self.int("proxyGID", i64::MIN, i64::from(u32::MAX))?,
+            log_level: self.string("logLevel")?,
+            dest_cni_net_dir: self.string("destCNINetDir")?,
+            dest_cni_bin_dir: self.string("destCNIBinDir")?,
+            use_wait_flag: self.boolean("useWaitFlag")?,
+            iptables_mode: self.string("iptablesMode")?,
+            disable_ipv6: self.boolean("disableIPv6")?,
+            priority_class_name: self.string("priorityClassName")?,
+            install_namespace: self.boolean("installNamespace")?,
+            excluded_namespaces: self.string_list("excludedNamespaces")?,
+            image: Image {
+                name: self.string("image.name")?,
+                version: self.text("image.version")?,
+                pull_policy: self.string("image.pullPolicy")?,
+            },
+            tolerations: self.list("tolerations")?,
+            resources: self.resources("resources")?,
+            agent: Agent {
+                log_level: self.string("agent.logLevel")?,
+                socket_path: self.string("agent.socketPath")?,
+                bpffs_path: self.string("agent.bpffsPath")?,
+                pin_root: self.string("agent.pinRoot")?,
+                health_port: self.port("agent.healthPort")?,
+                host_cgroup_root: self.string("agent.hostCgroupRoot")?,
+                host_netns_dir: self.string("agent.hostNetnsDir")?,
+            },
+            common_labels: self.labels("commonLabels")?,
+            pod_labels: self.labels("podLabels")?,
+            image_pull_secrets: self.list("imagePullSecrets")?,
+            node_affinity: self.map("nodeAffinity")?,
+            extra_init_containers: self.list("extraInitContainers")?,
+            update_strategy: self.map("updateStrategy")?,
+            revision_history_limit: u32::try_from(self.int(
+                "revisionHistoryLimit",
+                0,
+                i64::from(i32::MAX),
+            )?)
+            .unwrap_or(0),
+            cli_version: self.string("cliVersion")?,
+            privileged: self.boolean("privileged")?,
+            enable_psp: self.boolean("enablePSP")?,
+            repair_controller: RepairController {
+                enabled: self.boolean("repairController.enabled")?,
+                log_level: self.string("repairController.logLevel")?,
+                log_format: self.string("repairController.logFormat")?,
+                enable_security_context: self.boolean("repairController.enableSecurityContext")?,
+                resources: self.resources("repairController.resources")?,
+            },
+        })
     }
 }
 
-/// Checks merged values: their shape, then what the templates cannot check.
-pub fn validate(values: &Json) -> Result<Values, ValuesError> {
-    let v: Values =
-        serde_json::from_value(values.clone()).map_err(|e| ValuesError::Shape(e.to_string()))?;
-    if v.mode != MODE_EBPF {
-        return Err(ValuesError::Mode(v.mode));
+/// Checks merged values (after [`drop_unknown`]): their types, then what the templates cannot
+/// check. Every error names the key path and, from `origins`, the file or flag it came from.
+/// Values are accepted as Helm's templates read them: integers also as whole numbers (values
+/// files give floats) and as strings of decimal digits (`--set-string`, quoted YAML); text also
+/// as integers (`--set image.version=2`).
+pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError> {
+    let r = Reader {
+        root: values,
+        origins,
+    };
+    let mode = r.string("mode")?;
+    if mode != MODE_EBPF {
+        return Err(ValuesError::Mode(mode));
     }
-    for (key, port) in [
-        ("inboundProxyPort", v.inbound_proxy_port),
-        ("outboundProxyPort", v.outbound_proxy_port),
-        ("proxyAdminPort", v.proxy_admin_port),
-        ("proxyControlPort", v.proxy_control_port),
-        ("agent.healthPort", v.agent.health_port),
-    ] {
-        check_port(key, port)?;
-    }
-    check_ports("ignoreInboundPorts", &v.ignore_inbound_ports)?;
-    check_ports("ignoreOutboundPorts", &v.ignore_outbound_ports)?;
-    if let Some(range) = check_ports("portsToRedirect", &v.ports_to_redirect)?
+    let v = r.values()?;
+    let ports = |key: &str, list: &str| -> Result<Vec<PortRange>, ValuesError> {
+        parse_port_list(list).map_err(|e| r.err(key, e.to_string()))
+    };
+    ports("ignoreInboundPorts", &v.ignore_inbound_ports)?;
+    ports("ignoreOutboundPorts", &v.ignore_outbound_ports)?;
+    if let Some(range) = ports("portsToRedirect", &v.ports_to_redirect)?
         .iter()
         .find(|r| r.first != r.last)
     {
-        return Err(invalid(
+        return Err(r.err(
             "portsToRedirect",
             format!("{range} is a range; list single ports"),
         ));
-    }
-    if v.proxy_uid < 0 || v.proxy_uid > i64::from(u32::MAX) {
-        return Err(invalid("proxyUID", format!("{} is not a UID", v.proxy_uid)));
-    }
-    if v.proxy_gid > i64::from(u32::MAX) {
-        return Err(invalid("proxyGID", format!("{} is not a GID", v.proxy_gid)));
     }
     for (key, path) in [
         ("destCNINetDir", &v.dest_cni_net_dir),
@@ -342,32 +700,31 @@ pub fn validate(values: &Json) -> Result<Values, ValuesError> {
         ("agent.hostCgroupRoot", &v.agent.host_cgroup_root),
         ("agent.hostNetnsDir", &v.agent.host_netns_dir),
     ] {
-        check_abs(key, path)?;
+        if !(path.starts_with('/') && !path.contains("..") && path.len() > 1) {
+            return Err(r.err(key, format!("{path:?} is not an absolute path")));
+        }
     }
     let bpffs = v.agent.bpffs_path.trim_end_matches('/');
     if !v.agent.pin_root.starts_with(&format!("{bpffs}/")) {
-        return Err(invalid(
+        return Err(r.err(
             "agent.pinRoot",
             format!("must be inside agent.bpffsPath ({bpffs})"),
         ));
     }
     if v.image.name.is_empty() || v.image.name.contains(char::is_whitespace) {
-        return Err(invalid(
+        return Err(r.err(
             "image.name",
             format!("{:?} is not an image name", v.image.name),
         ));
     }
     if !["Always", "IfNotPresent", "Never"].contains(&v.image.pull_policy.as_str()) {
-        return Err(invalid(
-            "image.pullPolicy",
-            "expected Always, IfNotPresent or Never",
-        ));
+        return Err(r.err("image.pullPolicy", "expected Always, IfNotPresent or Never"));
     }
     if !["legacy", "nft", "plain"].contains(&v.iptables_mode.as_str()) {
-        return Err(invalid("iptablesMode", "expected legacy, nft or plain"));
+        return Err(r.err("iptablesMode", "expected legacy, nft or plain"));
     }
     // A namespace name is a DNS label.
-    if let Some(bad) = v.excluded_namespaces.iter().find(|n| {
+    if let Some((i, bad)) = v.excluded_namespaces.iter().enumerate().find(|(_, n)| {
         n.is_empty()
             || n.len() > 63
             || n.starts_with('-')
@@ -376,8 +733,8 @@ pub fn validate(values: &Json) -> Result<Values, ValuesError> {
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     }) {
-        return Err(invalid(
-            "excludedNamespaces",
+        return Err(r.err(
+            &format!("excludedNamespaces[{i}]"),
             format!("{bad:?} is not a namespace name"),
         ));
     }
@@ -393,7 +750,7 @@ mod tests {
     #[test]
     fn chart_defaults_are_valid_and_contractual() {
         let d = chart_defaults().expect("the chart's values.yaml parses");
-        let v = validate(&d).expect("the chart's defaults validate");
+        let v = validate(&d, &Origins::default()).expect("the chart's defaults validate");
         assert_eq!(v.mode, "ebpf");
         assert_eq!((v.inbound_proxy_port, v.outbound_proxy_port), (4143, 4140));
         assert_eq!((v.proxy_admin_port, v.proxy_control_port), (4191, 4190));
@@ -457,7 +814,7 @@ mod tests {
                 "someFutureController"
             ]
         );
-        let kept = validate(&v).expect("what is left validates");
+        let kept = validate(&v, &Origins::default()).expect("what is left validates");
         assert_eq!(kept.image.name, "x");
         assert_eq!(kept.resources.cpu.limit, "1");
         assert_eq!(kept.common_labels["any"], "label");
@@ -474,20 +831,81 @@ mod tests {
         let cases: &[(&str, Json, &str)] = &[
             ("mode", json!("iptables"), "not implemented"),
             ("mode", json!("nope"), "not supported"),
-            ("inboundProxyPort", json!(0), "port 0"),
-            ("inboundProxyPort", json!(70000), "invalid values"),
-            ("ignoreInboundPorts", json!("80,x"), "ignoreInboundPorts"),
+            (
+                "inboundProxyPort",
+                json!(0),
+                "inboundProxyPort (from x): 0 is out of range",
+            ),
+            (
+                "inboundProxyPort",
+                json!(70000),
+                "out of range (1 to 65535)",
+            ),
+            (
+                "inboundProxyPort",
+                json!("4143x"),
+                "expected an integer, got the string \"4143x\"",
+            ),
+            ("inboundProxyPort", json!("0x10"), "expected an integer"),
+            ("inboundProxyPort", json!("010"), "expected an integer"),
+            (
+                "inboundProxyPort",
+                json!(4143.5),
+                "expected an integer, got the number 4143.5",
+            ),
+            (
+                "ignoreInboundPorts",
+                json!("80,x"),
+                "ignoreInboundPorts (from x)",
+            ),
             ("portsToRedirect", json!("80-90"), "range"),
-            ("proxyUID", json!(-5), "proxyUID"),
+            (
+                "proxyUID",
+                json!(-5),
+                "proxyUID (from x): -5 is out of range",
+            ),
+            (
+                "proxyUID",
+                json!(true),
+                "expected an integer, got the boolean true",
+            ),
             ("destCNINetDir", json!("etc/cni"), "absolute"),
-            ("image", json!({"version": true}), "expected a string"),
+            (
+                "useWaitFlag",
+                json!("true"),
+                "useWaitFlag (from x): expected true or false, got the string \"true\"",
+            ),
+            (
+                "image",
+                json!({"version": true}),
+                "image.version (from x): expected a string",
+            ),
+            (
+                "image",
+                json!("x"),
+                "invalid value for image (from x): expected a map",
+            ),
             ("image", json!({"pullPolicy": "Sometimes"}), "pullPolicy"),
             ("agent", json!({"pinRoot": "/elsewhere/x"}), "agent.pinRoot"),
+            (
+                "commonLabels",
+                json!({"a": 1}),
+                "commonLabels.a (from x): expected a string",
+            ),
+            (
+                "excludedNamespaces",
+                json!(["ok", "Not-OK"]),
+                "excludedNamespaces[1] (from x)",
+            ),
+            ("proxyUID", Json::Null, "proxyUID (from x): no value"),
         ];
         for (key, value, want) in cases {
             let mut v = chart_defaults().expect("defaults");
-            coalesce(&mut v, json!({ *key: value }));
-            let err = validate(&v)
+            let mut origins = Origins::default();
+            let patch = json!({ *key: value });
+            origins.record_tree(&patch, "x");
+            coalesce(&mut v, patch);
+            let err = validate(&v, &origins)
                 .map(|_| ())
                 .expect_err(&format!("{key}={value} should be rejected"));
             assert!(
@@ -495,16 +913,79 @@ mod tests {
                 "{key}={value}: error {err:?} should mention {want:?}"
             );
         }
+    }
+
+    /// What Helm's templates read as integers and text is accepted: numeric strings
+    /// (`--set-string`, quoted YAML), whole floats (every number of a values file is a float to
+    /// Helm), integers where text goes (`--set image.version=2`).
+    #[test]
+    fn values_are_read_as_helm_types_them() {
         let mut v = chart_defaults().expect("defaults");
         coalesce(
             &mut v,
-            json!({"ignoreInboundPorts": 8080, "image": {"version": 2}}),
+            json!({
+                "proxyUID": "2102", "proxyGID": "-1", "proxyAdminPort": "4191",
+                "inboundProxyPort": 5143.0, "revisionHistoryLimit": "3",
+                "ignoreInboundPorts": 8080, "image": {"version": 2},
+                "agent": {"healthPort": "9991"},
+                "resources": {"cpu": {"limit": 1}},
+            }),
         );
-        let ok = validate(&v)
-            .expect("integers where the chart wants strings, as --set types them, are accepted");
+        let ok = validate(&v, &Origins::default()).expect("accepted as Helm reads them");
         assert_eq!(
-            (ok.ignore_inbound_ports.as_str(), ok.image.version.as_str()),
-            ("8080", "2")
+            (
+                ok.proxy_uid,
+                ok.proxy_gid,
+                ok.proxy_admin_port,
+                ok.inbound_proxy_port
+            ),
+            (2102, -1, 4191, 5143)
         );
+        assert_eq!(ok.revision_history_limit, 3);
+        assert_eq!(ok.agent.health_port, 9991);
+        assert_eq!(
+            (
+                ok.ignore_inbound_ports.as_str(),
+                ok.image.version.as_str(),
+                ok.resources.cpu.limit.as_str()
+            ),
+            ("8080", "2", "1")
+        );
+    }
+
+    /// An error names where the value came from: the last source that set it or a map above
+    /// it, not one that set a sibling; the chart's values.yaml when nobody did.
+    #[test]
+    fn origins_follow_the_merge_order() {
+        let mut o = Origins::default();
+        o.record_tree(
+            &json!({"image": {"name": "a", "version": "1"}, "tolerations": []}),
+            "file a",
+        );
+        o.record(&[PathStep::Key("image"), PathStep::Key("version")], "--set");
+        o.record(
+            &[
+                PathStep::Key("tolerations"),
+                PathStep::Index(1),
+                PathStep::Key("key"),
+            ],
+            "--set tolerations",
+        );
+        assert_eq!(o.of("image.name"), "file a");
+        assert_eq!(o.of("image.version"), "--set");
+        assert_eq!(o.of("image.pullPolicy"), CHART_ORIGIN);
+        assert_eq!(o.of("tolerations[0].operator"), "file a");
+        assert_eq!(o.of("tolerations[1].key"), "--set tolerations");
+        assert_eq!(o.of("agent.logLevel"), CHART_ORIGIN);
+        // A later file that sets the whole map takes it over; one that sets a map where a
+        // scalar was no longer leaves the scalar's owner above it.
+        o.record_tree(&json!({"image": "scalar"}), "file b");
+        assert_eq!(o.of("image.version"), "file b");
+        o.record(
+            &[PathStep::Key("image"), PathStep::Key("name")],
+            "--set image.name",
+        );
+        assert_eq!(o.of("image.name"), "--set image.name");
+        assert_eq!(o.of("image.version"), CHART_ORIGIN);
     }
 }

@@ -5,38 +5,53 @@
 
 mod support;
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::collections::BTreeMap;
 
 use serde_json::{Value as Json, json};
 use support::*;
 
 const OTHER_NS: &str = "other-ns";
 
-/// The value sets: (name, `-f` files).
-fn value_sets() -> Vec<(&'static str, Vec<PathBuf>)> {
-    vec![
-        ("default", vec![]),
-        (
-            "full",
-            vec![
-                fixture("full-values.yaml"),
-                fixture("full-flags-as-values.yaml"),
-            ],
-        ),
-        (
-            "Linkerd's values",
-            vec![fixture("linkerd2-cni-values.yaml")],
-        ),
-    ]
+/// The value sets, each as the arguments given alike to `linkerd install-cni` and to
+/// `helm template`: every values file of the test fixtures on its own, the full pair, and
+/// `--set`/`--set-string` as Helm types them.
+fn value_sets() -> Vec<(String, Vec<String>)> {
+    let f = |name: &str| vec!["-f".to_string(), fixture(name).display().to_string()];
+    let mut sets = vec![("default".to_string(), vec![])];
+    let mut fixtures: Vec<String> = std::fs::read_dir(fixture(""))
+        .expect("the fixtures directory")
+        .map(|e| {
+            e.expect("a fixture")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    fixtures.sort();
+    for name in fixtures {
+        sets.push((name.clone(), f(&name)));
+    }
+    let mut full = f("full-values.yaml");
+    full.extend(f("full-flags-as-values.yaml"));
+    sets.push(("full".into(), full));
+    for set in [
+        ["--set-string", "proxyUID=2102"],
+        ["--set-string", "proxyAdminPort=4191"],
+        ["--set-string", "inboundProxyPort=5143,proxyGID=7"],
+        ["--set", "proxyUID=4294967295,revisionHistoryLimit=3"],
+        [
+            "--set",
+            "destCNIBinDir=/etc/kubernetes/cni/net.d,destCNINetDir=/etc/kubernetes/cni/net.d",
+        ],
+    ] {
+        sets.push((set.join(" "), set.iter().map(|s| s.to_string()).collect()));
+    }
+    sets
 }
 
-fn cli_render(files: &[PathBuf]) -> String {
-    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-    let mut args = Vec::new();
-    for f in &names {
-        args.extend(["-f", f.as_str()]);
-    }
-    install_cni(&args, &[])
+fn cli_render(args: &[String]) -> String {
+    install_cni(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[])
 }
 
 /// What Helm must render in `ns`: the CLI's objects without the Namespace (Helm users create it
@@ -70,12 +85,15 @@ fn expected_in(cli: &str, ns: &str) -> BTreeMap<String, Json> {
 }
 
 fn assert_same(what: &str, want: &BTreeMap<String, Json>, got: &BTreeMap<String, Json>) {
+    let (mut want, mut got) = (want.clone(), got.clone());
+    normalize_created_by(&mut want);
+    normalize_created_by(&mut got);
     assert_eq!(
         want.keys().collect::<Vec<_>>(),
         got.keys().collect::<Vec<_>>(),
         "{what}: the same objects"
     );
-    for (k, obj) in want {
+    for (k, obj) in &want {
         assert_eq!(obj, &got[k], "{what}: {k} differs between helm and the CLI");
     }
 }
@@ -83,12 +101,9 @@ fn assert_same(what: &str, want: &BTreeMap<String, Json>, got: &BTreeMap<String,
 #[test]
 fn helm_lint_passes() {
     let chart = chart_dir().display().to_string();
-    for (what, files) in value_sets() {
-        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    for (what, set) in value_sets() {
         let mut args = vec!["lint", chart.as_str(), "--strict"];
-        for f in &names {
-            args.extend(["-f", f.as_str()]);
-        }
+        args.extend(set.iter().map(String::as_str));
         let out = helm(&args);
         assert!(
             out.status.success(),
@@ -104,15 +119,18 @@ fn helm_lint_passes() {
 /// `linkerd install-cni` prints.
 #[test]
 fn helm_renders_what_the_cli_renders() {
-    for (what, files) in value_sets() {
-        let cli = cli_render(&files);
-        let refs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
-        let got = objects(&helm_template("linkerd-cni", &refs));
+    for (what, set) in value_sets() {
+        let cli = cli_render(&set);
+        let got = objects(&helm_template_args("linkerd-cni", &set));
         assert!(
             !got.keys().any(|k| k.starts_with("Namespace/")),
             "{what}: helm must not render a Namespace (it would clash with --create-namespace)"
         );
-        assert_same(what, &expected_in(&cli, "linkerd-cni"), &got);
+        assert_same(&what, &expected_in(&cli, "linkerd-cni"), &got);
+        // The API server's own rules, which a schema does not check.
+        for (k, obj) in &got {
+            assert_pod_spec_admissible(&format!("{what}: {k}"), obj);
+        }
     }
 }
 
@@ -121,12 +139,22 @@ fn helm_renders_what_the_cli_renders() {
 /// namespace any more. And the render passes kubernetes-validate --strict.
 #[test]
 fn helm_in_another_namespace_puts_everything_there() {
-    for (what, files) in value_sets() {
-        let cli = cli_render(&files);
-        let refs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
-        let yaml = helm_template(OTHER_NS, &refs);
+    for (what, set) in value_sets() {
+        let what = what.as_str();
+        let cli = cli_render(&set);
+        let yaml = helm_template_args(OTHER_NS, &set);
         let got = objects(&yaml);
         assert_same(what, &expected_in(&cli, OTHER_NS), &got);
+        // `linkerd --cni-namespace other-ns install-cni` renders what helm -n other-ns does
+        // (plus the Namespace).
+        let mut in_other = vec!["--cni-namespace".to_string(), OTHER_NS.to_string()];
+        in_other.extend(set.iter().cloned());
+        let mut cli_other = objects(&cli_render(&in_other));
+        assert!(
+            cli_other.remove(&format!("Namespace/{OTHER_NS}")).is_some(),
+            "{what}: --cni-namespace renders its Namespace"
+        );
+        assert_same(what, &cli_other, &got);
 
         let mut all = BTreeMap::new();
         for (k, o) in &got {
@@ -166,7 +194,10 @@ fn helm_in_another_namespace_puts_everything_there() {
         }
 
         let file = temp_file(
-            &format!("helm-{OTHER_NS}-{}.yaml", what.replace([' ', '\''], "-")),
+            &format!(
+                "helm-{OTHER_NS}-{}.yaml",
+                what.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+            ),
             &yaml,
         );
         for version in ["1.30.0", "1.34.0"] {

@@ -431,19 +431,6 @@ fn flags_change_what_they_should() {
             vec![("LINKERD_DOCKER_REGISTRY", "my.reg:5000/mirror")],
             images("my.reg:5000/mirror/linkerd-cni-ebpf:v0.1.0"),
         ),
-        (
-            vec!["--registry=flag.reg"],
-            vec![("LINKERD_DOCKER_REGISTRY", "env.reg")],
-            images("flag.reg/linkerd-cni-ebpf:v0.1.0"),
-        ),
-        (
-            vec![],
-            vec![
-                ("LINKERD_INSTALL_CNI_REGISTRY", "ours.reg"),
-                ("LINKERD_DOCKER_REGISTRY", "env.reg"),
-            ],
-            images("ours.reg/linkerd-cni-ebpf:v0.1.0"),
-        ),
         // Helm's list index syntax: a list set by --set replaces the chart's list (Helm
         // coalesces lists whole), an index into a list from a values file keeps its elements.
         (
@@ -564,16 +551,11 @@ fn flags_change_what_they_should() {
                 (linkerd("outbound-ports-to-ignore/1"), json!("2")),
             ],
         ),
-        // Values files, flags over files, --set over flags.
+        // Values files; --set over flags (the precedence of files over flags has its own test).
         (
             vec!["-f", &file_6000],
             vec![],
             vec![(linkerd("incoming-proxy-port"), json!(6000))],
-        ),
-        (
-            vec!["-f", &file_6000, "--inbound-port=7000"],
-            vec![],
-            vec![(linkerd("incoming-proxy-port"), json!(7000))],
         ),
         (
             vec!["--inbound-port=7000", "--set", "inboundProxyPort=8000"],
@@ -751,11 +733,24 @@ fn kubernetes_validate_strict() {
             install_cni(&["--set", "installNamespace=false"], &[]),
         ),
         (
+            "equal-cni-dirs",
+            install_cni(
+                &[
+                    "--dest-cni-bin-dir=/etc/kubernetes/cni/net.d",
+                    "--dest-cni-net-dir=/etc/kubernetes/cni/net.d",
+                ],
+                &[],
+            ),
+        ),
+        (
             "linkerd-values",
             String::from_utf8(linkerd_values_render().stdout).expect("UTF-8"),
         ),
     ];
     for (name, yaml) in &renders {
+        for (k, obj) in objects(yaml) {
+            assert_pod_spec_admissible(&format!("{name}: {k}"), &obj);
+        }
         let file = temp_file(&format!("validate-{name}.yaml"), yaml);
         for version in ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0"] {
             let out = kubernetes_validate(version, &file);
@@ -813,4 +808,428 @@ fn deep_set_keys_are_refused_not_a_crash() {
         );
         assert!(stderr.len() < 1000, "{flag}: a short message: {stderr}");
     }
+}
+
+/// Precedence as Linkerd's `install-cni` has it, a case each: the flags (defaults included)
+/// are the base and the values files and `--set` are coalesced over them; the image comes from
+/// the flags, with `LINKERD_DOCKER_REGISTRY` overriding `--registry`, and a `--registry` equal
+/// to Linkerd's default registry leaving a custom `--cni-image` as it is.
+#[test]
+fn precedence_matches_linkerd() {
+    let uid_2000 = temp_file("uid-2000.yaml", "proxyUID: 2000\n");
+    let uid_2000 = uid_2000.display().to_string();
+    let file_image = temp_file("file-image.yaml", "image:\n  name: file.reg/team/agent\n");
+    let file_image = file_image.display().to_string();
+    let uid = |objs: &BTreeMap<String, Json>| {
+        objs["ConfigMap/linkerd-cni-config"]["data"]["cni_network_config"]["linkerd"]["proxy-uid"]
+            .clone()
+    };
+    let image = |objs: &BTreeMap<String, Json>| {
+        objs["DaemonSet/linkerd-cni"]
+            .pointer("/spec/template/spec/containers/0/image")
+            .cloned()
+            .unwrap_or_default()
+    };
+    type Case<'a> = (
+        &'a str,
+        Vec<&'a str>,
+        Vec<(&'a str, &'a str)>,
+        &'a str,
+        Json,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "a values file wins over a flag (Linkerd: 2000, not 1000)",
+            vec!["--proxy-uid", "1000", "-f", &uid_2000],
+            vec![],
+            "uid",
+            json!(2000),
+        ),
+        (
+            "the flag's environment variable is a flag: the file still wins",
+            vec!["-f", &uid_2000],
+            vec![("LINKERD_INSTALL_CNI_PROXY_UID", "1000")],
+            "uid",
+            json!(2000),
+        ),
+        (
+            "--set wins over the flag and the file",
+            vec![
+                "--proxy-uid",
+                "1000",
+                "-f",
+                &uid_2000,
+                "--set",
+                "proxyUID=3000",
+            ],
+            vec![],
+            "uid",
+            json!(3000),
+        ),
+        (
+            "a flag alone",
+            vec!["--proxy-uid", "1000"],
+            vec![],
+            "uid",
+            json!(1000),
+        ),
+        (
+            "LINKERD_DOCKER_REGISTRY overrides --registry",
+            vec!["--registry=flag.reg"],
+            vec![("LINKERD_DOCKER_REGISTRY", "env.reg")],
+            "image",
+            json!("env.reg/linkerd-cni-ebpf:v0.1.0"),
+        ),
+        (
+            "LINKERD_DOCKER_REGISTRY overrides --registry given by its environment variable",
+            vec![],
+            vec![
+                ("LINKERD_INSTALL_CNI_REGISTRY", "ours.reg"),
+                ("LINKERD_DOCKER_REGISTRY", "env.reg"),
+            ],
+            "image",
+            json!("env.reg/linkerd-cni-ebpf:v0.1.0"),
+        ),
+        (
+            "--registry equal to Linkerd's default keeps a custom --cni-image",
+            vec![
+                "--registry",
+                "cr.l5d.io/linkerd",
+                "--cni-image",
+                "my.reg/custom/agent",
+            ],
+            vec![],
+            "image",
+            json!("my.reg/custom/agent:v0.1.0"),
+        ),
+        (
+            "another --registry replaces the custom image's registry",
+            vec!["--registry", "r.io/x", "--cni-image", "my.reg/custom/agent"],
+            vec![],
+            "image",
+            json!("r.io/x/agent:v0.1.0"),
+        ),
+        (
+            "the registry applies to the flags' image, not to a values file's",
+            vec!["--registry=r.io", "-f", &file_image],
+            vec![("LINKERD_DOCKER_REGISTRY", "env.reg")],
+            "image",
+            json!("file.reg/team/agent:v0.1.0"),
+        ),
+    ];
+    for (what, args, env, field, want) in cases {
+        let objs = objects(&install_cni(&args, &env));
+        let got = match field {
+            "uid" => uid(&objs),
+            _ => image(&objs),
+        };
+        assert_eq!(got, want, "{what}: install-cni {args:?} {env:?}");
+    }
+}
+
+/// One host directory for CNI binaries and configs (k3s-style, Linkerd's "equal
+/// destinations" golden case) renders one mount and one volume, as Linkerd's chart does: the
+/// API server refuses a container with two mounts at the same path, which the schema
+/// validation alone does not see (negative control: the render with the second mount put
+/// back).
+#[test]
+fn equal_cni_dirs_render_one_mount() {
+    const DIR: &str = "/etc/kubernetes/cni/net.d";
+    let yaml = install_cni(
+        &[
+            &format!("--dest-cni-bin-dir={DIR}"),
+            &format!("--dest-cni-net-dir={DIR}"),
+        ],
+        &[],
+    );
+    let objs = objects(&yaml);
+    let cm = &objs["ConfigMap/linkerd-cni-config"]["data"];
+    assert_eq!(
+        (&cm["dest_cni_bin_dir"], &cm["dest_cni_net_dir"]),
+        (&json!(DIR), &json!(DIR))
+    );
+    let ds = &objs["DaemonSet/linkerd-cni"];
+    let spec = &ds["spec"]["template"]["spec"];
+    let cni_mounts: Vec<&Json> = spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .filter(|m| m["name"].as_str().is_some_and(|n| n.starts_with("cni-")))
+        .collect();
+    assert_eq!(
+        cni_mounts,
+        [&json!({"name": "cni-net-dir", "mountPath": format!("/host{DIR}")})]
+    );
+    let cni_volumes: Vec<&str> = spec["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .filter(|n| n.starts_with("cni-"))
+        .collect();
+    assert_eq!(cni_volumes, ["cni-net-dir"]);
+    assert_eq!(pod_spec_violations(spec), Vec::<String>::new());
+
+    // What was rendered before: a second mount at the same path, which the API server refuses.
+    let mut twice = spec.clone();
+    twice["volumes"]
+        .as_array_mut()
+        .expect("volumes")
+        .push(json!({"name": "cni-bin-dir", "hostPath": {"path": DIR}}));
+    twice["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .expect("mounts")
+        .insert(
+            0,
+            json!({"name": "cni-bin-dir", "mountPath": format!("/host{DIR}")}),
+        );
+    assert_eq!(
+        pod_spec_violations(&twice),
+        [format!(
+            "install-cni: volumeMounts mountPath \"/host{DIR}\": must be unique"
+        )]
+    );
+    // Distinct directories keep both mounts.
+    let objs = objects(&install_cni(&[], &[]));
+    let names: Vec<&str> = objs["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"]["containers"]
+        [0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .filter(|n| n.starts_with("cni-"))
+        .collect();
+    assert_eq!(names, ["cni-bin-dir", "cni-net-dir"]);
+}
+
+/// `linkerd.io/created-by` is on the DaemonSet and its pod template by default, as Linkerd's
+/// CLI and chart put it: `linkerd/cli <version>` from the CLI, `linkerd/helm <image version>`
+/// from Helm; a `cliVersion` value replaces both.
+#[test]
+fn created_by_annotations() {
+    let created_by = |yaml: &str| -> Vec<Json> {
+        let objs = objects(yaml);
+        CREATED_BY
+            .iter()
+            .map(|p| {
+                objs["DaemonSet/linkerd-cni"]
+                    .pointer(p)
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let version = env!("CARGO_PKG_VERSION");
+    let cli = format!("linkerd/cli v{version}");
+    assert_eq!(created_by(&install_cni(&[], &[])), [json!(cli), json!(cli)]);
+    let set = install_cni(&["--set", "cliVersion=linkerd/cli stable-2.14.10"], &[]);
+    assert_eq!(
+        created_by(&set),
+        [
+            json!("linkerd/cli stable-2.14.10"),
+            json!("linkerd/cli stable-2.14.10")
+        ]
+    );
+    let helm = format!("linkerd/helm v{version}");
+    assert_eq!(
+        created_by(&helm_template_args("linkerd-cni", &[])),
+        [json!(helm), json!(helm)]
+    );
+    let tagged = ["--set".to_string(), "image.version=v9.9.9".to_string()];
+    assert_eq!(
+        created_by(&helm_template_args("linkerd-cni", &tagged)),
+        [json!("linkerd/helm v9.9.9"), json!("linkerd/helm v9.9.9")]
+    );
+}
+
+/// Every values error names the key path and the file, flag, environment variable or `--set`
+/// it came from; reading and parsing errors name the source.
+#[test]
+fn values_errors_name_key_and_origin() {
+    let bad_uid = temp_file("bad-uid.yaml", "proxyUID: abc\n");
+    let bad_uid = bad_uid.display().to_string();
+    let labels = temp_file("bad-labels.yaml", "commonLabels:\n  team: 1\n");
+    let labels = labels.display().to_string();
+    let not_yaml = temp_file("not-yaml.yaml", "a: [\n");
+    let not_yaml = not_yaml.display().to_string();
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, String);
+    let cases: Vec<Case> = vec![
+        (
+            vec!["-f", &bad_uid],
+            vec![],
+            format!(
+                "invalid value for proxyUID (from values file {bad_uid}): expected an integer, \
+                 got the string \"abc\""
+            ),
+        ),
+        (
+            vec!["-f", &bad_uid, "--set-string", "proxyUID=2000"],
+            vec![],
+            String::new(),
+        ),
+        (
+            vec!["--set-string", "useWaitFlag=true"],
+            vec![],
+            "invalid value for useWaitFlag (from --set-string \"useWaitFlag=true\"): expected \
+             true or false, got the string \"true\""
+                .into(),
+        ),
+        (
+            vec!["--set", "tolerations=x"],
+            vec![],
+            "invalid value for tolerations (from --set \"tolerations=x\"): expected a list, got \
+             the string \"x\""
+                .into(),
+        ),
+        (
+            vec!["-f", &labels],
+            vec![],
+            format!(
+                "invalid value for commonLabels.team (from values file {labels}): expected a string"
+            ),
+        ),
+        (
+            vec!["--dest-cni-net-dir=relative"],
+            vec![],
+            "invalid value for destCNINetDir (from --dest-cni-net-dir): \"relative\" is not an \
+             absolute path"
+                .into(),
+        ),
+        (
+            vec![],
+            vec![("LINKERD_INSTALL_CNI_DEST_CNI_BIN_DIR", "relative")],
+            "invalid value for destCNIBinDir (from $LINKERD_INSTALL_CNI_DEST_CNI_BIN_DIR)".into(),
+        ),
+        (
+            vec![
+                "--set",
+                "tolerations[0].operator=Exists,agent.healthPort=99999",
+            ],
+            vec![],
+            "invalid value for agent.healthPort (from --set \"tolerations[0].operator=Exists,\
+             agent.healthPort=99999\"): 99999 is out of range (1 to 65535)"
+                .into(),
+        ),
+        (
+            vec!["-f", &not_yaml],
+            vec![],
+            format!("parsing values from values file {not_yaml}: "),
+        ),
+        (
+            vec!["-f", "/nonexistent/values.yaml"],
+            vec![],
+            "reading values file /nonexistent/values.yaml: No such file or directory".into(),
+        ),
+    ];
+    for (args, env, want) in cases {
+        let mut all = vec!["install-cni"];
+        all.extend_from_slice(&args);
+        let out = linkerd(&all, &env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if want.is_empty() {
+            assert!(out.status.success(), "{args:?}: {stderr}");
+            continue;
+        }
+        assert!(!out.status.success(), "{args:?} {env:?} should fail");
+        assert!(
+            stderr.contains(&want),
+            "{args:?} {env:?}: stderr should contain {want:?}:\n{stderr}"
+        );
+    }
+}
+
+/// `-f` takes what Helm (and Linkerd) take: an http(s) URL (redirects followed), `-` for
+/// standard input, and comma-separated lists; a URL that does not answer 200 is an error that
+/// names it. `helm template -f <URL>` renders the same.
+#[test]
+fn values_from_urls_and_stdin() {
+    let server = LocalHttp::start(vec![
+        (
+            "/values.yaml",
+            "200 OK",
+            "",
+            "proxyUID: 2000\ninboundProxyPort: \"6143\"\n",
+        ),
+        ("/moved", "302 Found", "Location: /values.yaml", ""),
+        ("/admin.yaml", "200 OK", "", "proxyAdminPort: \"5191\"\n"),
+    ]);
+    let linkerd_section = |yaml: &str| {
+        objects(yaml)["ConfigMap/linkerd-cni-config"]["data"]["cni_network_config"]["linkerd"]
+            .clone()
+    };
+    for url in [server.url("/values.yaml"), server.url("/moved")] {
+        let l = linkerd_section(&install_cni(&["-f", &url], &[]));
+        assert_eq!(
+            (&l["proxy-uid"], &l["incoming-proxy-port"]),
+            (&json!(2000), &json!(6143)),
+            "{url}"
+        );
+    }
+    // Comma-separated, in order, as Linkerd's StringSlice flag splits them.
+    let both = format!(
+        "{},{}",
+        server.url("/values.yaml"),
+        server.url("/admin.yaml")
+    );
+    let cli = install_cni(&["-f", &both], &[]);
+    let l = linkerd_section(&cli);
+    assert_eq!(
+        (&l["proxy-uid"], &l["inbound-ports-to-ignore"][0]),
+        (&json!(2000), &json!("5191"))
+    );
+    // Helm fetches the same URLs and renders the same objects.
+    let helm_args: Vec<String> = [
+        "-f",
+        &server.url("/values.yaml"),
+        "-f",
+        &server.url("/admin.yaml"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut want = objects(&cli);
+    want.remove("Namespace/linkerd-cni");
+    let mut got = objects(&helm_template_args("linkerd-cni", &helm_args));
+    normalize_created_by(&mut want);
+    normalize_created_by(&mut got);
+    assert_eq!(
+        want, got,
+        "helm template -f <URL> renders what the CLI renders"
+    );
+
+    let missing = server.url("/missing.yaml");
+    let out = linkerd(&["install-cni", "-f", &missing], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(
+        stderr.contains(&format!(
+            "reading values URL {missing}: the server answered 404"
+        )),
+        "{stderr}"
+    );
+
+    // Standard input.
+    let mut child = linkerd_command(&["install-cni", "-f", "-"], &[])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running linkerd");
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(b"proxyUID: 3000\n")
+            .expect("writing stdin");
+    }
+    let out = child.wait_with_output().expect("linkerd");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let l = linkerd_section(&String::from_utf8(out.stdout).expect("UTF-8"));
+    assert_eq!(l["proxy-uid"], json!(3000));
 }

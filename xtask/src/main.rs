@@ -17,8 +17,9 @@
 //! - `vmtest --kernel 6.1|6.12|5.10|<image>`: the privileged tests in a QEMU guest on that kernel.
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
 //! - `test` (alias `ci`): setup, build, lint, then every test (unit in parallel, privileged one at a
-//!   time, each binary under a time limit: see `privileged.rs`). This is the README's test
-//!   command and what `.ci/run` runs.
+//!   time, each binary under a time limit: see `privileged.rs`), then the privileged binaries
+//!   again on Debian's 6.1 and 6.12 kernels in QEMU guests (`vmtest.rs`). This is the README's
+//!   test command and what `.ci/run` runs.
 
 mod bench;
 mod cross;
@@ -179,6 +180,7 @@ fn main() -> anyhow::Result<()> {
             lint()
         }
         Task::Test { args } => {
+            let started = std::time::Instant::now();
             setup::setup()?;
             build_ebpf()?;
             lint()?;
@@ -204,8 +206,10 @@ fn main() -> anyhow::Result<()> {
                     "linkerd-cni-tests",
                 ])
                 .args(&args))?;
-            // Privileged tests: real kernel state, one at a time, each binary time-limited.
-            privileged::test(&args)
+            // Privileged tests: real kernel state, one at a time, each binary time-limited;
+            // then the same binaries on Debian's kernels in QEMU guests (`vmtest.rs`).
+            let host = privileged::test(&args);
+            host.and(vmtest::ci(&args, started))
         }
     }
 }

@@ -56,6 +56,8 @@ pub struct Outcome {
     pub passed: usize,
     /// Tests (`binary::test`) that failed, and binaries that did not finish.
     pub failed: Vec<String>,
+    /// Binaries not run because the run had to end by its deadline.
+    pub not_run: Vec<String>,
     /// Wall time of the whole guest, boot included.
     pub wall: Duration,
 }
@@ -79,14 +81,18 @@ pub fn build(only: &[String]) -> anyhow::Result<Vec<TestBinary>> {
     .stderr(Stdio::inherit());
     eprintln!("+ {cmd:?}");
     let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
-    if !out.status.success() {
-        bail!("{cmd:?} failed: {}", out.status);
-    }
     let mut binaries = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
+        // With JSON output the compiler's errors come on stdout too.
+        if msg["reason"] == "compiler-message"
+            && msg["message"]["level"] == "error"
+            && let Some(rendered) = msg["message"]["rendered"].as_str()
+        {
+            eprint!("{rendered}");
+        }
         let is_test = msg["reason"] == "compiler-artifact"
             && msg["profile"]["test"] == true
             && msg["target"]["kind"]
@@ -103,6 +109,9 @@ pub fn build(only: &[String]) -> anyhow::Result<Vec<TestBinary>> {
             });
         }
     }
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", out.status);
+    }
     binaries.sort_by(|a, b| a.name.cmp(&b.name));
     if !only.is_empty() {
         let known: BTreeSet<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
@@ -117,11 +126,95 @@ pub fn build(only: &[String]) -> anyhow::Result<Vec<TestBinary>> {
     Ok(binaries)
 }
 
+/// The kernels `cargo xtask test` (CI) runs the privileged binaries on after the host's, with
+/// the binaries each runs (every one when empty): the whole suite on 6.1, the data-plane
+/// binaries on 6.12 (both whole suites do not fit CI's 90 minutes under emulation).
+/// `LINKERD_CNI_VM_KERNELS=none` skips them.
+pub const CI_KERNELS: &[(&str, &[&str])] = &[
+    ("6.1", &[]),
+    ("6.12", &["dataplane", "inbound", "kernel", "cgroup_layout"]),
+];
+
+/// How long after `cargo xtask test` started its guests must be done: CI stops a run at 90
+/// minutes, and `cargo` builds xtask itself before the clock here starts.
+/// `LINKERD_CNI_VM_BUDGET_SECS` says otherwise.
+const CI_BUDGET: Duration = Duration::from_secs(80 * 60);
+
+/// `cargo xtask test`'s guest runs: every kernel of [`CI_KERNELS`], each run whatever the
+/// previous one did, all ending by [`CI_BUDGET`] after `started`; fails when any test failed
+/// in any of them. Binaries the budget left no time for are named as not run, and do not fail
+/// the task (they ran on the host).
+pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
+    if std::env::var("LINKERD_CNI_VM_KERNELS").as_deref() == Ok("none") {
+        eprintln!("vmtest: LINKERD_CNI_VM_KERNELS=none: no guest kernels");
+        return Ok(());
+    }
+    let budget = std::env::var("LINKERD_CNI_VM_BUDGET_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(CI_BUDGET, Duration::from_secs);
+    let until = started + budget;
+    let all = build(&[])?;
+    let mut summary = Vec::new();
+    let mut failed = Vec::new();
+    for (kernel, only) in CI_KERNELS {
+        let binaries: Vec<TestBinary> = all
+            .iter()
+            .filter(|b| only.is_empty() || only.contains(&b.name.as_str()))
+            .cloned()
+            .collect();
+        if Instant::now() >= until {
+            summary.push(format!(
+                "{kernel}: NOT RUN: CI's time budget ({} s) is spent",
+                budget.as_secs()
+            ));
+            continue;
+        }
+        match run_guest(kernel, &binaries, args, Some(until)) {
+            Ok(outcome) => {
+                summary.push(format!(
+                    "{} ({} binaries): {} passed, {} failed, {} s{}",
+                    outcome.release,
+                    binaries.len(),
+                    outcome.passed,
+                    outcome.failed.len(),
+                    outcome.wall.as_secs(),
+                    if outcome.not_run.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; NOT RUN (CI's time budget): {}",
+                            outcome.not_run.join(", ")
+                        )
+                    }
+                ));
+                failed.extend(
+                    outcome
+                        .failed
+                        .iter()
+                        .map(|f| format!("{}: {f}", outcome.release)),
+                );
+            }
+            Err(e) => {
+                summary.push(format!("{kernel}: no run: {e:#}"));
+                failed.push(format!("{kernel}: {e:#}"));
+            }
+        }
+    }
+    for line in &summary {
+        eprintln!("vmtest: {line}");
+    }
+    if !failed.is_empty() {
+        bail!("on guest kernels: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
 /// `cargo xtask vmtest`: builds, then runs `binaries` on `kernel` and fails unless every test
 /// passed.
 pub fn vmtest(kernel: &str, only: &[String], args: &[String]) -> anyhow::Result<()> {
     let binaries = build(only)?;
-    let outcome = run_guest(kernel, &binaries, args)?;
+    let outcome = run_guest(kernel, &binaries, args, None)?;
     if !outcome.failed.is_empty() {
         bail!(
             "on {} ({} s): {} failed: {}",
@@ -134,11 +227,13 @@ pub fn vmtest(kernel: &str, only: &[String], args: &[String]) -> anyhow::Result<
     Ok(())
 }
 
-/// Boots `kernel` and runs `binaries` in it (`args` passed to each), reporting each test.
+/// Boots `kernel` and runs `binaries` in it (`args` passed to each), reporting each test. With
+/// `until`, the guest is stopped then, and the binaries it had not finished are not run.
 pub fn run_guest(
     kernel: &str,
     binaries: &[TestBinary],
     args: &[String],
+    until: Option<Instant>,
 ) -> anyhow::Result<Outcome> {
     let kernel = kernel::resolve(kernel)?;
     if let Some(package) = &kernel.package {
@@ -201,6 +296,7 @@ pub fn run_guest(
     let deadline = BOOT_LIMIT + (limit + Duration::from_secs(30)) * binaries.len() as u32;
     let mut shown = 0;
     let mut booted = false;
+    let mut cut = false;
     let status = loop {
         if let Some(status) = qemu.try_wait()? {
             break Some(status);
@@ -217,19 +313,24 @@ pub fn run_guest(
         if start.elapsed() > deadline || (!booted && start.elapsed() > BOOT_LIMIT) {
             break None;
         }
+        if until.is_some_and(|u| Instant::now() >= u) {
+            cut = true;
+            break None;
+        }
         std::thread::sleep(Duration::from_secs(1));
     };
     if status.is_none() {
         eprintln!(
-            "vmtest: guest still running after {} s: killed",
-            start.elapsed().as_secs()
+            "vmtest: guest still running after {} s: killed{}",
+            start.elapsed().as_secs(),
+            if cut { " (its deadline)" } else { "" }
         );
         let _ = qemu.kill();
         let _ = qemu.wait();
     }
     show_progress(&dir, binaries, shown);
     let wall = start.elapsed();
-    let outcome = collect(&dir, binaries, wall, &kernel.release);
+    let outcome = collect(&dir, binaries, wall, &kernel.release, cut);
     eprintln!(
         "vmtest: kernel {}: {} passed, {} failed, {} s wall",
         outcome.release,
@@ -419,17 +520,29 @@ fn show_progress(dir: &Path, binaries: &[TestBinary], shown: usize) -> usize {
     done.len()
 }
 
-/// The outcome from the run's directory.
-fn collect(dir: &Path, binaries: &[TestBinary], wall: Duration, release: &str) -> Outcome {
+/// The outcome from the run's directory; when the run was `cut` at its deadline, the binaries
+/// it had not finished are not run rather than failed.
+fn collect(
+    dir: &Path,
+    binaries: &[TestBinary],
+    wall: Duration,
+    release: &str,
+    cut: bool,
+) -> Outcome {
     let release = fs::read_to_string(dir.join("uname"))
         .map(|r| r.trim().to_string())
         .unwrap_or_else(|_| format!("{release} (never came up)"));
     let done = statuses(dir);
     let mut passed = 0;
     let mut failed = Vec::new();
+    let mut not_run = Vec::new();
     for binary in binaries {
         let Some((_, rc, _)) = done.iter().find(|d| d.0 == binary.name) else {
-            failed.push(format!("{} (did not run)", binary.name));
+            if cut {
+                not_run.push(binary.name.clone());
+            } else {
+                failed.push(format!("{} (did not run)", binary.name));
+            }
             continue;
         };
         let log = fs::read_to_string(dir.join(format!("{}.log", binary.name))).unwrap_or_default();
@@ -449,6 +562,7 @@ fn collect(dir: &Path, binaries: &[TestBinary], wall: Duration, release: &str) -
         release,
         passed,
         failed,
+        not_run,
         wall,
     }
 }

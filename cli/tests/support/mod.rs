@@ -252,3 +252,205 @@ pub fn helm_template(namespace: &str, values_files: &[&Path]) -> String {
     );
     String::from_utf8(out.stdout).expect("UTF-8")
 }
+
+/// The `linkerd.io/created-by` annotations of the DaemonSet and its pod template.
+pub const CREATED_BY: [&str; 2] = [
+    "/metadata/annotations/linkerd.io~1created-by",
+    "/spec/template/metadata/annotations/linkerd.io~1created-by",
+];
+
+/// Replaces the DaemonSet's `linkerd.io/created-by` annotations with a placeholder where they
+/// say who rendered it (`linkerd/cli <version>` from the CLI, `linkerd/helm <image version>`
+/// from Helm's default), so renders by different tools compare equal; a `cliVersion` the
+/// values set is the same in both and stays.
+pub fn normalize_created_by(objs: &mut std::collections::BTreeMap<String, Json>) {
+    let cli = linkerd_cli::install_cni::created_by();
+    for obj in objs.values_mut().filter(|o| o["kind"] == "DaemonSet") {
+        for path in CREATED_BY {
+            if let Some(v) = obj.pointer_mut(path)
+                && (v.as_str() == Some(cli.as_str())
+                    || v.as_str().is_some_and(|s| s.starts_with("linkerd/helm ")))
+            {
+                *v = Json::String("<created-by>".into());
+            }
+        }
+    }
+}
+
+/// `helm template linkerd2-cni <chart> -n <namespace> <args>...` (`-f`, `--set`,
+/// `--set-string`, as given); panics unless it succeeds.
+pub fn helm_template_args(namespace: &str, args: &[String]) -> String {
+    let chart = chart_dir().display().to_string();
+    let mut all = vec!["template", "linkerd2-cni", &chart, "-n", namespace];
+    all.extend(args.iter().map(String::as_str));
+    let out = helm(&all);
+    assert!(
+        out.status.success(),
+        "helm {all:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// The API server's validation of a pod spec that a schema cannot express (Kubernetes'
+/// `ValidatePodSpec`): volume names unique; container names unique across init containers and
+/// containers; in each container, every mount names a volume, no two mounts share a
+/// `mountPath`, and Bidirectional propagation only in a privileged container. The violations,
+/// empty when it would be admitted.
+pub fn pod_spec_violations(spec: &Json) -> Vec<String> {
+    let mut out = Vec::new();
+    let list = |v: &Json, key: &str| v[key].as_array().cloned().unwrap_or_default();
+    let mut volumes = std::collections::BTreeSet::new();
+    for v in list(spec, "volumes") {
+        let name = v["name"].as_str().unwrap_or("").to_string();
+        if !volumes.insert(name.clone()) {
+            out.push(format!("spec.volumes: duplicate name {name:?}"));
+        }
+    }
+    let mut containers = std::collections::BTreeSet::new();
+    for (kind, c) in list(spec, "initContainers")
+        .into_iter()
+        .map(|c| ("initContainers", c))
+        .chain(
+            list(spec, "containers")
+                .into_iter()
+                .map(|c| ("containers", c)),
+        )
+    {
+        let cname = c["name"].as_str().unwrap_or("").to_string();
+        if !containers.insert(cname.clone()) {
+            out.push(format!("spec.{kind}: duplicate container name {cname:?}"));
+        }
+        let mut paths = std::collections::BTreeSet::new();
+        for m in list(&c, "volumeMounts") {
+            let (name, path) = (
+                m["name"].as_str().unwrap_or(""),
+                m["mountPath"].as_str().unwrap_or(""),
+            );
+            if !volumes.contains(name) {
+                out.push(format!("{cname}: volumeMounts {name:?}: not found"));
+            }
+            if !paths.insert(path.to_string()) {
+                out.push(format!(
+                    "{cname}: volumeMounts mountPath {path:?}: must be unique"
+                ));
+            }
+            if m["mountPropagation"] == "Bidirectional"
+                && c.pointer("/securityContext/privileged") != Some(&Json::Bool(true))
+            {
+                out.push(format!(
+                    "{cname}: Bidirectional mount propagation is available only to privileged containers"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Panics unless `obj`, when it is a DaemonSet, has a pod template the API server admits
+/// ([`pod_spec_violations`]).
+pub fn assert_pod_spec_admissible(what: &str, obj: &Json) {
+    if obj["kind"] != "DaemonSet" {
+        return;
+    }
+    let spec = obj
+        .pointer("/spec/template/spec")
+        .unwrap_or_else(|| panic!("{what}: no pod template"));
+    let violations = pod_spec_violations(spec);
+    assert!(
+        violations.is_empty(),
+        "{what}: the API server would refuse the DaemonSet: {violations:#?}"
+    );
+}
+
+/// A small HTTP/1.1 server on 127.0.0.1 serving fixed bodies by path (404 elsewhere, a 302 for
+/// paths mapped with [`LocalHttp::redirect`]); serves one request per connection. Stops on
+/// drop.
+pub struct LocalHttp {
+    pub addr: std::net::SocketAddr,
+    /// Each request's head (request line and headers), oldest first.
+    pub heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LocalHttp {
+    /// Serves `routes` (path -> (status line, extra header, body)).
+    pub fn start(routes: Vec<(&str, &str, &str, &str)>) -> Self {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1");
+        let addr = listener.local_addr().expect("local address");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let routes: Vec<(String, String, String, String)> = routes
+            .into_iter()
+            .map(|(p, s, h, b)| (p.into(), s.into(), h.into(), b.into()))
+            .collect();
+        let stopping = stop.clone();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = heads.clone();
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                let mut request_line = String::new();
+                if reader.read_line(&mut request_line).is_err() {
+                    continue;
+                }
+                let mut head = request_line.clone();
+                loop {
+                    let mut line = String::new();
+                    match reader.read_line(&mut line) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) if line == "\r\n" => break,
+                        Ok(_) => head.push_str(&line),
+                    }
+                }
+                if let Ok(mut heads) = recorded.lock() {
+                    heads.push(head);
+                }
+                let path = request_line.split_whitespace().nth(1).unwrap_or("");
+                let (status, header, body) = routes
+                    .iter()
+                    .find(|(p, ..)| p == path)
+                    .map(|(_, s, h, b)| (s.as_str(), h.as_str(), b.as_str()))
+                    .unwrap_or(("404 Not Found", "", "no such file\n"));
+                let header = if header.is_empty() {
+                    String::new()
+                } else {
+                    format!("{header}\r\n")
+                };
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n{header}\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Self {
+            addr,
+            heads,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The URL of `path` on this server.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for LocalHttp {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wake the accept loop so that it sees the flag.
+        let _ = std::net::TcpStream::connect(self.addr);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
