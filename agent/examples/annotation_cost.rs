@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use linkerd_cni_agent::dataplane::{limits, maps::PodEntries};
-use linkerd_cni_proto::config::LinkerdConfig;
+use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
 
 /// CPU time this thread has used.
 fn thread_cpu() -> Duration {
@@ -66,7 +66,19 @@ fn main() -> anyhow::Result<()> {
                 msg.len(),
                 msg.chars().take(300).collect::<String>()
             );
-            return Ok(());
+            // What the same list would cost the agent had it arrived anyway (a record stored
+            // by an earlier version, or the conflist's lists over the wire).
+            let range: PortRange = item.parse()?;
+            let mut config = LinkerdConfig::default();
+            config.inbound_ports_to_ignore.extend(vec![range; copies]);
+            println!("as if it had arrived anyway:");
+            match timed("per-pod list check (before any entry)", || {
+                limits::check_config(&config)
+            }) {
+                Ok(()) => println!("within the list limits"),
+                Err(e) => println!("refused by the list limits: {e}"),
+            }
+            config
         }
     };
     println!(
