@@ -195,14 +195,26 @@ impl Prober {
 
     /// Waits until `n` probes have run in all.
     pub fn wait_results(&self, n: usize, timeout: Duration) -> Result<ProbeState> {
+        self.wait_state(&format!("{n} {:?} probes", self.kind), timeout, |s| {
+            s.results.len() >= n
+        })
+    }
+
+    /// Waits until `done` holds for the probe's state; returns that state.
+    pub fn wait_state(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&ProbeState) -> bool,
+    ) -> Result<ProbeState> {
         let (lock, cv) = &*self.state;
         let deadline = Instant::now() + timeout;
         let mut s = lock.lock().unwrap_or_else(|e| e.into_inner());
-        while s.results.len() < n {
+        while !done(&s) {
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::Timeout {
-                    what: format!("{n} {:?} probes", self.kind),
+                    what: what.to_string(),
                     timeout,
                     detail: format!("{:?}", s.results),
                 });
