@@ -301,6 +301,143 @@ fn hostile_pods_are_refused_alone_and_leave_nothing_behind() {
     );
 }
 
+/// Issue 28 item 1: `skip-inbound-ports` of 32,760 copies of `1-65535` (256 KiB, what the API
+/// server allows for a pod's annotations) cost the agent ~30 s of CPU before it was refused,
+/// and a slightly smaller one was accepted after ~15 s and re-expanded under the maps lock at
+/// every reconcile pass and DEL. Sent through libcni while other pods' ADDs run: the hostile
+/// pod gets a clear CNI error naming the annotation and the limit (the value is refused before
+/// it is read, and quoted only in part), every other ADD completes, and a pod at the limits
+/// (1,024 copies of `1-32767`: 128 port blocks) is meshed and then deleted. Timings are
+/// printed, never asserted.
+#[test]
+fn a_quarter_mebibyte_annotation_is_refused_unread_while_other_adds_complete() {
+    let hostile_value = vec!["1-65535"; 32_760].join(",");
+    assert_eq!(hostile_value.len(), 262_079);
+    let at_limits_value = vec!["1-32767"; 1024].join(",");
+    let node = start_node(&[namespace_manifest("shop", &[])]);
+    let new_pod = |spec: PodSpec| {
+        let name = spec.name.clone();
+        node.new_pod(spec)
+            .unwrap_or_else(|e| panic!("creating pod {name}: {e}"))
+    };
+    let hostile =
+        new_pod(PodSpec::meshed("shop", "hostile").annotate(SKIP_INBOUND, &hostile_value));
+    let mut at_limits =
+        new_pod(PodSpec::meshed("shop", "at-limits").annotate(SKIP_INBOUND, &at_limits_value));
+    let mut others: Vec<SimPod> = (0..4)
+        .map(|i| new_pod(PodSpec::meshed("shop", &format!("ordinary-{i}"))))
+        .collect();
+
+    let (hostile_out, at_limits_result, other_results) = std::thread::scope(|s| {
+        let node = &node;
+        let hostile = &hostile;
+        let h = s.spawn(move || {
+            let start = std::time::Instant::now();
+            let out = node
+                .cni(linkerd_cni_tests::cniruntime::Verb::Add, hostile)
+                .unwrap_or_else(|e| panic!("running the hostile pod's ADD: {e}"));
+            (out, start.elapsed())
+        });
+        let timed_add = move |pod: &mut SimPod| {
+            let start = std::time::Instant::now();
+            (node.add(pod), start.elapsed())
+        };
+        let at_limits = &mut at_limits;
+        let a = s.spawn(move || timed_add(at_limits));
+        let o: Vec<_> = others
+            .iter_mut()
+            .map(|pod| s.spawn(move || timed_add(pod)))
+            .collect();
+        (
+            h.join()
+                .unwrap_or_else(|_| panic!("hostile ADD thread panicked")),
+            a.join()
+                .unwrap_or_else(|_| panic!("at-limits ADD thread panicked")),
+            o.into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| panic!("ADD thread panicked")))
+                .collect::<Vec<_>>(),
+        )
+    });
+
+    let (out, took) = hostile_out;
+    eprintln!("hostile ADD: {took:?} (refused: {})", !out.ok());
+    assert!(!out.ok(), "the hostile ADD must fail: {}", out.stdout);
+    let err = out
+        .error()
+        .unwrap_or_else(|| panic!("a CNI error object: {}", out.stdout));
+    assert_eq!(err.code, 7, "invalid configuration: {err:?}");
+    let text = format!("{} {}", err.msg, err.details);
+    assert!(
+        text.contains(SKIP_INBOUND)
+            && text.contains("262079 bytes, over the per-pod limit of 16384 bytes")
+            && text.contains("pod shop/hostile"),
+        "the error names the annotation, its size and the limit: {text}"
+    );
+    assert!(
+        out.stdout.len() < 4096,
+        "the 256 KiB value is not echoed back ({} bytes): {}",
+        out.stdout.len(),
+        out.stdout
+    );
+    let (result, took) = at_limits_result;
+    eprintln!("at-limits ADD (1,024 ranges, 128 port blocks): {took:?}");
+    if let Err(e) = result {
+        panic!(
+            "the pod at the limits is meshed: {e}\n{}",
+            node.diagnostics()
+        );
+    }
+    for (i, (result, took)) in other_results.into_iter().enumerate() {
+        eprintln!("ordinary-{i} ADD: {took:?}");
+        if let Err(e) = result {
+            panic!(
+                "ordinary-{i} ADD beside the hostile one: {e}\n{}",
+                node.diagnostics()
+            );
+        }
+    }
+
+    let st = state(&node);
+    assert!(
+        !st.registered().contains(&hostile.container_id),
+        "the hostile pod is not registered"
+    );
+    assert!(st.entries_for(cookie(&hostile)).is_empty());
+    for pod in others.iter().chain([&at_limits]) {
+        assert!(
+            st.registered().contains(&pod.container_id),
+            "{} registered",
+            pod.spec.name
+        );
+    }
+    let c = cookie(&at_limits);
+    let blocks = st
+        .port_sets
+        .iter()
+        .filter(|k| k.starts_with(&format!("{c}:")))
+        .count();
+    // 1-32767: blocks 0..=127, inbound skip set (4190/4191 in block 16 among them).
+    assert_eq!(blocks, 128, "the pod at the limits has 128 port blocks");
+
+    // DEL rebuilds the entries from the stored configuration (and so does every reconcile
+    // pass): they go, and nothing else does.
+    let start = std::time::Instant::now();
+    let out = node
+        .cni(linkerd_cni_tests::cniruntime::Verb::Del, &at_limits)
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+    eprintln!("at-limits DEL: {:?}", start.elapsed());
+    assert!(out.ok(), "DEL: {} {}", out.stdout, out.stderr);
+    let st = state(&node);
+    assert!(st.entries_for(c).is_empty(), "{:?}", st.entries_for(c));
+    for pod in &others {
+        assert!(
+            st.pod_config.contains_key(&cookie(pod)),
+            "{}",
+            pod.spec.name
+        );
+    }
+}
+
 #[test]
 fn a_failed_write_is_rolled_back_entirely() {
     let h = AgentHarness::new(None);
