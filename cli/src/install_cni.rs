@@ -416,7 +416,7 @@ pub fn render(
     let checked = values::validate(&v, &origins)?;
     let mut warnings: Vec<String> = unknown
         .iter()
-        .map(|k| values::unknown_key_warning(k))
+        .map(|k| values::unknown_key_warning(k, origins.of(k)))
         .collect();
     if checked.image.name.ends_with(LINKERD_IPTABLES_IMAGE) {
         warnings.push(linkerd_image_warning(&checked.image.name));

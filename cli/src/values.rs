@@ -62,6 +62,100 @@ pub fn parse_yaml(text: &str, origin: &str) -> Result<Json, ValuesError> {
     }
 }
 
+/// What Helm (a YAML 1.1 reader) makes of a plain scalar that a YAML 1.2 reader (this CLI, and
+/// the API server's JSON) takes for a string: `yes`, `on`, `n` ... are booleans, `010` is octal,
+/// `1_000` has separators. `None` when both readers agree.
+fn yaml_1_1_reading(s: &str) -> Option<String> {
+    const TRUE: &[&str] = &["y", "Y", "yes", "Yes", "YES", "on", "On", "ON"];
+    const FALSE: &[&str] = &["n", "N", "no", "No", "NO", "off", "Off", "OFF"];
+    if TRUE.contains(&s) {
+        return Some("the boolean true".into());
+    }
+    if FALSE.contains(&s) {
+        return Some("the boolean false".into());
+    }
+    let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+    let numeric = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit() || b == b'_');
+    if numeric && digits.starts_with(|c: char| c.is_ascii_digit()) {
+        if digits.contains('_') {
+            return Some("an integer (YAML 1.1 allows `_` between digits)".into());
+        }
+        if digits.len() > 1 && digits.starts_with('0') {
+            return Some("an octal integer".into());
+        }
+    }
+    None
+}
+
+/// Whether `word` appears as a plain (unquoted) scalar value in `text`: after `key: `, after
+/// `- `, or as a flow item, outside comments. A line-based reading, enough to tell `a: yes`
+/// from `a: "yes"`.
+fn appears_plain(text: &str, word: &str) -> bool {
+    text.lines().any(|line| {
+        let code = match line.find(" #") {
+            Some(at) => &line[..at],
+            None if line.trim_start().starts_with('#') => "",
+            None => line,
+        };
+        code.split([',', '[', ']', '{', '}']).any(|piece| {
+            let mut item = piece.trim();
+            while let Some(rest) = item.strip_prefix("- ") {
+                item = rest.trim_start();
+            }
+            if let Some((_, value)) = item.split_once(": ") {
+                item = value.trim();
+            }
+            item == word
+        })
+    })
+}
+
+/// Refuses a values file whose plain scalars Helm reads otherwise than this CLI does (YAML 1.1
+/// against 1.2: see [`yaml_1_1_reading`]), naming the key and the file: the CLI and
+/// `helm template` must render a file alike or not at all.
+fn check_yaml_1_1(text: &str, tree: &Json, origin: &str) -> Result<(), ValuesError> {
+    fn walk(text: &str, path: &mut Vec<String>, v: &Json, origin: &str) -> Result<(), ValuesError> {
+        match v {
+            Json::Object(m) => {
+                for (k, item) in m {
+                    path.push(if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!(".{k}")
+                    });
+                    walk(text, path, item, origin)?;
+                    path.pop();
+                }
+            }
+            Json::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    path.push(format!("[{i}]"));
+                    walk(text, path, item, origin)?;
+                    path.pop();
+                }
+            }
+            Json::String(s) => {
+                if let Some(helm) = yaml_1_1_reading(s)
+                    && appears_plain(text, s)
+                {
+                    return Err(ValuesError::Invalid {
+                        key: path.concat(),
+                        origin: origin.to_string(),
+                        reason: format!(
+                            "the plain value {s} is {helm} to Helm (YAML 1.1) and the string \
+                             {s:?} to this CLI (YAML 1.2): write what you mean unambiguously \
+                             (true or false, a decimal integer), or quote it to keep a string"
+                        ),
+                    });
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    walk(text, &mut Vec::new(), tree, origin)
+}
+
 /// The chart's default values.
 pub fn chart_defaults() -> Result<Json, ValuesError> {
     parse_yaml(CHART_VALUES_YAML, "the chart's values.yaml")
@@ -127,7 +221,9 @@ impl ValuesSource {
             }
             ValuesSource::Url(url) => fetch(url).map_err(read_err)?,
         };
-        parse_yaml(&text, &origin)
+        let tree = parse_yaml(&text, &origin)?;
+        check_yaml_1_1(&text, &tree, &origin)?;
+        Ok(tree)
     }
 }
 
@@ -232,9 +328,12 @@ pub fn drop_unknown(values: &mut Json, defaults: &Json) -> Vec<String> {
     out
 }
 
-/// The warning the CLI prints for a key [`drop_unknown`] took out.
-pub fn unknown_key_warning(key: &str) -> String {
-    format!("warning: ignoring value {key:?}: the linkerd2-cni chart (eBPF mode) has no such value")
+/// The warning the CLI prints for a key [`drop_unknown`] took out, naming where it came from.
+pub fn unknown_key_warning(key: &str, origin: &str) -> String {
+    format!(
+        "warning: ignoring value {key:?} (from {origin}): the linkerd2-cni chart (eBPF mode) has \
+         no such value"
+    )
 }
 
 /// The origin of a value nobody set: the chart's own default.
@@ -315,9 +414,19 @@ impl Origins {
         walk(self, &mut Vec::new(), tree, origin);
     }
 
-    /// Where the value at `path` came from: the last source that set it or a value above it;
-    /// [`CHART_ORIGIN`] when none did.
+    /// Where the value at `path` came from: the last source that set it, or a value under it
+    /// (which made it a map), or a value above it; [`CHART_ORIGIN`] when none did.
     pub fn of(&self, path: &str) -> &str {
+        if let Some(origin) = self.paths.get(path) {
+            return origin;
+        }
+        if let Some((_, origin)) = self.paths.range(path.to_string()..).find(|(p, _)| {
+            p.len() > path.len()
+                && p.starts_with(path)
+                && matches!(p.as_bytes()[path.len()], b'.' | b'[')
+        }) {
+            return origin;
+        }
         let mut p = path;
         loop {
             if let Some(origin) = self.paths.get(p) {
@@ -976,6 +1085,17 @@ mod tests {
         assert_eq!(o.of("image.pullPolicy"), CHART_ORIGIN);
         assert_eq!(o.of("tolerations[0].operator"), "file a");
         assert_eq!(o.of("tolerations[1].key"), "--set tolerations");
+        assert_eq!(o.of("agent.logLevel"), CHART_ORIGIN);
+        // A map made by a source that set a key under it is that source's.
+        o.record(
+            &[
+                PathStep::Key("agent"),
+                PathStep::Key("extra"),
+                PathStep::Key("deep"),
+            ],
+            "--set deep",
+        );
+        assert_eq!(o.of("agent.extra"), "--set deep");
         assert_eq!(o.of("agent.logLevel"), CHART_ORIGIN);
         // A later file that sets the whole map takes it over; one that sets a map where a
         // scalar was no longer leaves the scalar's owner above it.

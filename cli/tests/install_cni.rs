@@ -122,7 +122,10 @@ fn unknown_values_are_ignored_with_a_warning() {
     );
     for key in ["agent.extra", "image.digest", "nope"] {
         assert!(
-            stderr.contains(&linkerd_cli::values::unknown_key_warning(key)),
+            stderr.contains(&linkerd_cli::values::unknown_key_warning(
+                key,
+                "--set \"nope=1,image.digest=x,agent.extra.deep=1\""
+            )),
             "no warning for {key}:\n{stderr}"
         );
     }
@@ -1232,4 +1235,65 @@ fn values_from_urls_and_stdin() {
     );
     let l = linkerd_section(&String::from_utf8(out.stdout).expect("UTF-8"));
     assert_eq!(l["proxy-uid"], json!(3000));
+}
+
+/// Values files are YAML 1.1 to Helm and YAML 1.2 to the CLI: a plain `yes`, `off`, `010` or
+/// `1_000` means a boolean or an integer to Helm and a string here, so the CLI refuses it,
+/// naming the key and the file, rather than render something else than `helm template`;
+/// quoted, it is a string to both and both render it alike.
+#[test]
+fn yaml_1_1_plain_scalars_are_refused_not_misread() {
+    for (text, key, helm) in [
+        ("useWaitFlag: yes\n", "useWaitFlag", "the boolean true"),
+        (
+            "priorityClassName: off # the default\n",
+            "priorityClassName",
+            "the boolean false",
+        ),
+        (
+            "commonLabels: {tier: on}\n",
+            "commonLabels.tier",
+            "the boolean true",
+        ),
+        (
+            "image:\n  version: 010\n",
+            "image.version",
+            "an octal integer",
+        ),
+        (
+            "tolerations:\n  - key: a\n    value: 1_000\n",
+            "tolerations[0].value",
+            "an integer",
+        ),
+    ] {
+        let file = temp_file("yaml-1-1.yaml", text);
+        let f = file.display().to_string();
+        let out = linkerd(&["install-cni", "-f", &f], &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text:?} rendered");
+        assert!(
+            stderr.contains(&format!(
+                "invalid value for {key} (from values file {f}): the plain value"
+            )) && stderr.contains(helm),
+            "{text:?}: {stderr}"
+        );
+    }
+    let quoted = temp_file(
+        "yaml-1-1-quoted.yaml",
+        "priorityClassName: \"yes\"\ncommonLabels: {tier: 'on'}\nimage:\n  version: \"010\"\n",
+    );
+    let args = vec!["-f".to_string(), quoted.display().to_string()];
+    let mut cli = objects(&install_cni(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    ));
+    cli.remove("Namespace/linkerd-cni");
+    let mut helm = objects(&helm_template_args("linkerd-cni", &args));
+    normalize_created_by(&mut cli);
+    normalize_created_by(&mut helm);
+    assert_eq!(cli, helm, "quoted, both read strings");
+    assert_eq!(
+        cli["DaemonSet/linkerd-cni"].pointer("/spec/template/spec/priorityClassName"),
+        Some(&json!("yes"))
+    );
 }
