@@ -4,8 +4,11 @@
 //! listener, the connection is refused (fail closed), never delivered to the app behind the
 //! proxy's back.
 //!
-//! The accepted socket keeps the address the client dialled as its local address, and the
-//! connection is recorded so `SO_ORIGINAL_DST` answers it (see [`crate::getsockopt`]).
+//! The accepted socket keeps the address the client dialled as its local address, which is
+//! what `SO_ORIGINAL_DST` answers (see [`crate::sockops`]). Nothing is recorded here: this
+//! program also runs for segments that open no connection (any TCP segment no socket matches,
+//! such as a late retransmission of a connection the pod already closed, reaches the listener
+//! lookup), and a record made for one of those would never be removed.
 //!
 //! `bpf_get_netns_cookie` is not available to `sk_lookup` programs, so the pod is known by
 //! where the program runs: the agent attaches to each pod's network namespace a stub of a few
@@ -25,14 +28,14 @@ use aya_ebpf::{
     programs::SkLookupContext,
 };
 use linkerd_cni_common::{
-    ADDR_INBOUND_SKIP_SOURCE, AF_INET, AF_INET6, ConnKey, FAMILY_V4, FAMILY_V6, FLAG_IN_PORTS,
-    FLAG_IN_REDIRECT_ONLY, FLAG_IN_SKIP_SOURCES, FLAG_IPV6, IPPROTO_TCP, ListenerKey, OrigDst,
-    PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, v4_mapped_words,
+    ADDR_INBOUND_SKIP_SOURCE, AF_INET, AF_INET6, FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY,
+    FLAG_IN_SKIP_SOURCES, FLAG_IPV6, IPPROTO_TCP, ListenerKey, PORT_SET_INBOUND_REDIRECT,
+    PORT_SET_INBOUND_SKIP, v4_mapped_words,
 };
 
 use crate::{
     addr::{addr_in_set, port_in_set, read_ip6},
-    maps::{CONN_DST, LISTENERS, LOOKUP_NS, POD_CONFIG, count},
+    maps::{LISTENERS, LOOKUP_NS, POD_CONFIG, count},
 };
 const LOOPBACK_IFINDEX: u32 = 1;
 
@@ -64,7 +67,6 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
             v(&raw const (*l).local_port),
         )
     };
-    let remote_port = u16::from_be(unsafe { read_volatile(&raw const (*l).remote_port) });
     let (rip6, lip6) = unsafe {
         (
             read_ip6(&raw const (*l).remote_ip6),
@@ -97,19 +99,6 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
         count(netns_cookie, |s| &mut s.in_passed);
         return SK_PASS;
     }
-    // Record the connection before handing it over: the proxy may ask as soon as it accepts.
-    let key = ConnKey {
-        netns_cookie,
-        addr: remote,
-        port: u32::from(remote_port),
-        proxy_port: local_port,
-    };
-    let dst = OrigDst {
-        addr: local,
-        port_be: port.to_be(),
-        family: if v4 { FAMILY_V4 } else { FAMILY_V6 },
-    };
-    let _ = CONN_DST.insert(&key, &dst, 0);
     let mut assigned = LISTENERS.redirect_sk_lookup(
         ctx,
         ListenerKey {
@@ -137,7 +126,6 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
             SK_PASS
         }
         Err(_) => {
-            let _ = CONN_DST.remove(&key);
             count(netns_cookie, |s| &mut s.in_refused);
             SK_DROP
         }

@@ -11,12 +11,16 @@
 //!   they connect; their destination is under their cookie in [`SOCK_DST`]): ask for state
 //!   callbacks so that entry is removed however the connection ends; `ACTIVE_ESTABLISHED_CB`
 //!   hands it over the same way.
-//! - `PASSIVE_ESTABLISHED_CB`: the proxy's side of a redirected connection (outbound through
-//!   the outbound port, or inbound from [`crate::sk_lookup`]) completed its handshake: move the
-//!   original destination from the 4-tuple map into the accepted socket's own storage
-//!   ([`ACC_DST`]), where `SO_ORIGINAL_DST` finds it for as long as that socket exists, however
-//!   early the app closes and however late the proxy accepts. The kernel frees it with the
-//!   socket. The client's `ACTIVE_ESTABLISHED_CB` always runs first (it runs before the client
+//! - `PASSIVE_ESTABLISHED_CB`: the proxy's side of a redirected outbound connection completed
+//!   its handshake: move the original destination from the 4-tuple map into the accepted
+//!   socket's own storage ([`ACC_DST`]), where `SO_ORIGINAL_DST` finds it for as long as that
+//!   socket exists, however early the app closes and however late the proxy accepts. The
+//!   kernel frees it with the socket. A socket accepted from outside the pod (inbound, handed
+//!   to the proxy by [`crate::sk_lookup`], or passed to the app) gets its own local address
+//!   there: `sk_lookup` rewrites nothing, so the address the client dialled is the socket's
+//!   local address. Nothing is recorded for inbound connections before they exist: a segment
+//!   that opens no connection (a late retransmission of one the pod already closed) also runs
+//!   `sk_lookup`, and an entry made there would be owned by no socket. The client's `ACTIVE_ESTABLISHED_CB` always runs first (it runs before the client
 //!   sends the final ACK), except with TCP Fast Open: then the 4-tuple entry stays, and
 //!   `getsockopt` falls back to it. Accepted sockets of a netns without a pod config (an
 //!   unmeshed pod under the shared attachment) stop at that lookup; a meshed pod's config
@@ -46,7 +50,10 @@ use aya_ebpf::{
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, ListenerKey, OrigDst, v4_mapped_words};
+use linkerd_cni_common::{
+    AF_INET, AF_INET6, ConnKey, FAMILY_V4, FAMILY_V6, ListenerKey, OrigDst, is_v4_mapped,
+    v4_mapped_words,
+};
 
 use crate::{
     addr::{LOOPBACK4_BE, read_ip6},
@@ -116,10 +123,18 @@ unsafe fn sockops(ctx: &SockOpsContext) {
             if unsafe { POD_CONFIG.get(&netns_cookie) }.is_none() {
                 return;
             }
-            let key = unsafe { Tuple::read(ctx, netns_cookie) }.accepted_key();
+            let tuple = unsafe { Tuple::read(ctx, netns_cookie) };
+            let key = tuple.accepted_key();
             // SAFETY: the value is copied out at once.
-            let Some(mut dst) = (unsafe { CONN_DST.get(&key) }).copied() else {
-                return;
+            let handed_over = (unsafe { CONN_DST.get(&key) }).copied();
+            let mut dst = match handed_over {
+                Some(dst) => dst,
+                // Not an outbound connection to the proxy: a connection from outside keeps the
+                // address its client dialled as its local address (`sk_lookup` assigns the
+                // socket, it rewrites nothing), and that is its original destination. The
+                // pod's own connections (loopback, or from its own address) need none.
+                None if !tuple.is_pods_own() => tuple.local_dst(),
+                None => return,
             };
             // SAFETY: the context's socket, checked for null; `dst` initialises new storage.
             let stored = unsafe {
@@ -133,6 +148,9 @@ unsafe fn sockops(ctx: &SockOpsContext) {
                     )
                     .is_null()
             };
+            if handed_over.is_none() {
+                return;
+            }
             if stored {
                 let _ = CONN_DST.remove(&key);
             } else {
@@ -268,6 +286,27 @@ impl Tuple {
             addr: self.local,
             port: self.local_port,
             proxy_port: self.remote_port,
+        }
+    }
+
+    /// Whether both ends are the pod's own: a loopback local address, or the peer's address
+    /// equal to the local one (what `sk_lookup` passes as the pod's own traffic).
+    fn is_pods_own(&self) -> bool {
+        let w = self.local;
+        let loopback4 = is_v4_mapped(&w) && w[3].to_ne_bytes()[0] == 127;
+        loopback4 || w == [0, 0, 0, 1u32.to_be()] || self.remote == self.local
+    }
+
+    /// The local address and port as an original destination.
+    fn local_dst(&self) -> OrigDst {
+        OrigDst {
+            addr: self.local,
+            port_be: (self.local_port as u16).to_be(),
+            family: if is_v4_mapped(&self.local) {
+                FAMILY_V4
+            } else {
+                FAMILY_V6
+            },
         }
     }
 

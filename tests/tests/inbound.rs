@@ -596,3 +596,75 @@ fn inbound_survives_the_agent_and_unregister_removes_the_stub() {
     w.app_saw(8080, 3, IpAddr::V4(w.net.peer_v4()));
     assert_eq!(accepted(&proxy).len(), 2);
 }
+
+/// A TCP segment without SYN (an ACK, as a late retransmission or a stray segment of a
+/// connection the pod already closed would be) sent from `from` to `to`: a raw IPv4 socket, the
+/// kernel adds the IP header, the TCP checksum covers the pseudo-header.
+fn send_stray_ack(peer: &NetnsGuard, from: SocketAddr, to: SocketAddr) {
+    let (SocketAddr::V4(from), SocketAddr::V4(to)) = (from, to) else {
+        panic!("IPv4 only");
+    };
+    let mut seg = [0u8; 20];
+    seg[0..2].copy_from_slice(&from.port().to_be_bytes());
+    seg[2..4].copy_from_slice(&to.port().to_be_bytes());
+    seg[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+    seg[8..12].copy_from_slice(&0x0bad_cafeu32.to_be_bytes());
+    seg[12] = 5 << 4; // data offset: 5 words
+    seg[13] = 0x10; // ACK
+    seg[14..16].copy_from_slice(&512u16.to_be_bytes());
+    let mut sum: u32 = 0;
+    let mut add = |b: &[u8]| {
+        for pair in b.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
+        }
+    };
+    add(&from.ip().octets());
+    add(&to.ip().octets());
+    add(&[0, 6, 0, 20]);
+    add(&seg);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    seg[16..18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    peer.run_in(|| {
+        let raw = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::RAW,
+            Some(socket2::Protocol::TCP),
+        )
+        .expect("raw socket");
+        raw.send_to(&seg, &SocketAddr::V4(to).into())
+            .expect("send the segment");
+    })
+    .expect("run in the peer netns");
+}
+
+/// A segment that opens no connection (no SYN) still runs the pod's `sk_lookup` (no socket
+/// matches it, so the kernel looks for a listener) and is handed to the proxy's listener, which
+/// answers it with a reset: it must leave nothing behind in the maps, where no socket would
+/// ever remove it.
+#[test]
+fn a_segment_without_syn_leaves_no_connection_entry() {
+    let h = AgentHarness::new(None);
+    let w = World::new(&[8080]);
+    h.register(&w.net.pod, LinkerdConfig::default(), true);
+    let _proxy = proxy_in(&w.net.pod, false);
+    // A real connection first: the inbound path works.
+    w.call(8080);
+    assert_eq!(h.maps().orig_dst_entries(), (0, 0), "after one connection");
+    for port in [8080, 8081, 40_000] {
+        send_stray_ack(
+            &w.net.peer,
+            sock(w.net.peer_v4(), 45_000),
+            sock(w.net.pod_v4(), port),
+        );
+    }
+    // The segments crossed the veth and were answered (or dropped) by now; give a busy
+    // machine time, then look.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        h.maps().orig_dst_entries(),
+        (0, 0),
+        "4-tuple entries made by segments that opened no connection"
+    );
+}
