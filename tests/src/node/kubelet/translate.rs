@@ -1832,3 +1832,6 @@ pub fn admit_service_account(pod: &mut Value, objects: &[Value], suffix: &str) -
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
