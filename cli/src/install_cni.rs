@@ -1,9 +1,10 @@
 //! `linkerd install-cni`: renders the `linkerd2-cni` chart for `kubectl apply -f -`, with
 //! Linkerd's flags (every one honoured) plus `--mode`.
 //!
-//! Values are layered like Helm and Linkerd do: the chart's `values.yaml`, then each `-f` file
-//! in order, then the flags the user gave (on the command line or through their environment
-//! variable; a flag left at its default does not override a values file), then each `--set`.
+//! Values are layered as Linkerd's `install-cni` layers them: the chart's `values.yaml` with
+//! the values the flags stand for (on the command line or through their environment variable)
+//! is the base, and each `-f` source in order, then `--set`, `--set-string` and `--set-file`
+//! are coalesced over it, so a values file wins over a flag ([`merged_values`]).
 
 use clap::{ArgMatches, Args, parser::ValueSource};
 use linkerd_cni_proto::config::PortRange;

@@ -3,9 +3,12 @@
 //!
 //! Values stay an untyped JSON tree while they are merged, exactly as Helm keeps them, so the
 //! templates see what `helm template` would show them. [`Values`] is the typed view used only to
-//! validate the result (wrong types, bad ports and paths are errors here, where Helm would
-//! silently render them). Unknown keys are dropped with a warning ([`drop_unknown`]), as Helm
-//! ignores them, so that an operator's existing linkerd2-cni values file renders.
+//! validate the result, reading each value as Helm's templates read it (a numeric string is an
+//! integer); wrong types, bad ports and paths are errors here, where Helm would silently render
+//! them, and every error names the key path and, from [`Origins`], the file or flag it came
+//! from. Unknown keys are dropped with a warning ([`drop_unknown`]), as Helm ignores them, so
+//! that an operator's existing linkerd2-cni values file renders. `-f` sources are files,
+//! standard input or URLs ([`ValuesSource`]).
 
 use std::{
     collections::BTreeMap,
