@@ -61,10 +61,20 @@ fn the_agent_and_check_node_accept_or_refuse_this_kernel_naming_the_same_feature
         .output()
         .expect("run linkerd check --node");
     let check_out = String::from_utf8_lossy(&check.stdout);
-    let check_line = check_out
-        .lines()
-        .find(|l| l.contains("kernel has every feature"))
-        .unwrap_or_else(|| panic!("no kernel line in check --node:\n{check_out}"));
+    // The check's line, and on failure its detail on the indented lines under it.
+    let check_line: String = {
+        let mut lines = check_out
+            .lines()
+            .skip_while(|l| !l.contains("kernel has every feature"));
+        let first = lines
+            .next()
+            .unwrap_or_else(|| panic!("no kernel line in check --node:\n{check_out}"));
+        let detail: Vec<&str> = lines
+            .take_while(|l| l.starts_with(' '))
+            .map(str::trim)
+            .collect();
+        [first, &detail.join(" ")].join(" ")
+    };
 
     if missing.is_empty() {
         assert!(
