@@ -173,8 +173,12 @@ fn bpf_cargo(workspace: &Path, program: &str, subcommand: &str, linker: &Path) -
 pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
     let linker = check_toolchain()?;
     let mut cmd = bpf_cargo(workspace, BPF_CARGO, "build", &linker);
-    // BTF in the object: verifier logs with source lines, typed `bpftool` dumps.
-    cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Clink-arg=--btf")
+    // BTF in the object: verifier logs with source lines, typed `bpftool` dumps. Its debug
+    // info names source files relative to the workspace, so the object (and the agent that
+    // embeds it) is the same from any checkout.
+    let mut flags = vec!["-Clink-arg=--btf".to_string()];
+    flags.extend(remap_path_flags(workspace));
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"))
         .arg("--target-dir")
         .arg(target_dir(workspace));
     let status = cmd.status().map_err(|error| BuildError::Spawn {
@@ -187,6 +191,20 @@ pub fn build(workspace: &Path) -> Result<PathBuf, BuildError> {
         });
     }
     Ok(object_path(workspace))
+}
+
+/// `--remap-path-prefix` flags that keep this machine's paths out of what is built: the
+/// workspace becomes `.` and cargo's home (the crates' sources) `/cargo`, so two checkouts of
+/// one commit build the same bytes (debug info and panic locations name sources by path).
+pub fn remap_path_flags(workspace: &Path) -> Vec<String> {
+    let mut flags = vec![format!("--remap-path-prefix={}=.", workspace.display())];
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    if let Some(home) = cargo_home {
+        flags.push(format!("--remap-path-prefix={}=/cargo", home.display()));
+    }
+    flags
 }
 
 /// Runs clippy on the eBPF crate as it is built (for [`TARGET`], with [`PROFILE`]), with the

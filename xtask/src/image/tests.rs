@@ -367,3 +367,111 @@ fn an_arch_archive_is_also_a_docker_archive() {
         assert_eq!(header.uid().unwrap(), 0, "{path}");
     }
 }
+
+fn skopeo(args: &[&str]) -> Vec<u8> {
+    let out = std::process::Command::new("skopeo")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("skopeo (cargo xtask setup installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "skopeo {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// A reader from the field accepts the archives: skopeo finds the index and each platform's
+/// manifest and config through the OCI layout, the configs through Docker's `manifest.json`
+/// too, and copies every blob out, checking each digest.
+#[test]
+fn skopeo_reads_the_archives() {
+    let p = prov();
+    let image = Image::build(&both(), &p).unwrap();
+    let dir = std::env::temp_dir().join(format!("xtask-image-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let written = image.write(&dir, p.epoch).unwrap();
+    let multi = format!("oci-archive:{}", written[0].display());
+    assert_eq!(skopeo(&["inspect", "--raw", &multi]), image.index.bytes);
+    for (platform, path) in image.platforms.iter().zip(&written[1..]) {
+        let arch = platform.arch.oci();
+        let config = skopeo(&[
+            "--override-arch",
+            arch,
+            "inspect",
+            "--config",
+            "--raw",
+            &multi,
+        ]);
+        assert_eq!(config, platform.config.bytes, "{arch} in the index");
+        let oci = format!("oci-archive:{}", path.display());
+        assert_eq!(
+            skopeo(&["inspect", "--raw", &oci]),
+            platform.manifest.bytes,
+            "{arch} archive"
+        );
+        let docker = format!("docker-archive:{}", path.display());
+        let config = skopeo(&["inspect", "--config", "--raw", &docker]);
+        assert_eq!(config, platform.config.bytes, "{arch} as a docker archive");
+    }
+    let copy = dir.join("copy");
+    skopeo(&[
+        "--insecure-policy",
+        "copy",
+        "--all",
+        "--quiet",
+        &multi,
+        &format!("oci:{}", copy.display()),
+    ]);
+    for p in &image.platforms {
+        for blob in [&p.manifest, &p.config, &p.layer] {
+            assert_eq!(
+                std::fs::read(copy.join(blob.path())).unwrap(),
+                blob.bytes,
+                "{} copied as is",
+                blob.digest()
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The Dockerfile for `docker buildx` lays out what `cargo xtask dist` does (the files this
+/// image holds) on an empty base, with this image's PATH, entrypoint and command.
+#[test]
+fn the_dockerfile_builds_the_same_image() {
+    let dockerfile = std::fs::read_to_string(workspace().join("Dockerfile")).unwrap();
+    let lines: Vec<&str> = dockerfile
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let last_from = lines.iter().rposition(|l| l.starts_with("FROM ")).unwrap();
+    assert_eq!(lines[last_from], "FROM scratch");
+    let image = PlatformImage::build(Arch::Amd64, &files(Arch::Amd64), &prov()).unwrap();
+    let config = json(&image.config.bytes);
+    let exec_form = |key: &str| {
+        let line = lines[last_from..]
+            .iter()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in the final stage"));
+        serde_json::from_str::<Json>(line.trim()).unwrap()
+    };
+    assert_eq!(exec_form("ENTRYPOINT"), config["config"]["Entrypoint"]);
+    assert_eq!(exec_form("CMD"), config["config"]["Cmd"]);
+    let env = lines[last_from..]
+        .iter()
+        .find_map(|l| l.strip_prefix("ENV "))
+        .unwrap();
+    assert_eq!(Json::from(vec![env]), config["config"]["Env"]);
+    // Its only files: what `cargo xtask dist` laid out for the target platform.
+    let copies: Vec<&&str> = lines[last_from..]
+        .iter()
+        .filter(|l| l.starts_with("COPY") || l.starts_with("ADD") || l.starts_with("RUN"))
+        .collect();
+    assert_eq!(copies, [&"COPY --from=build /rootfs/ /"]);
+    assert!(
+        lines.contains(&"RUN cargo xtask dist --arch \"${TARGETARCH}\" --out /rootfs"),
+        "{lines:#?}"
+    );
+}
