@@ -299,7 +299,8 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
             if available > 0 {
                 CheckResult::new(INJECTOR, "proxy injector is available", Status::Ok, format!("{available} replica(s)"))
             } else {
-                CheckResult::new(INJECTOR, "proxy injector is available", Status::Fail, "no available replica: kubectl -n linkerd describe deploy linkerd-proxy-injector")
+                let ns = d.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(names::CONTROL_PLANE_NAMESPACE);
+                CheckResult::new(INJECTOR, "proxy injector is available", Status::Fail, format!("no available replica: kubectl -n {ns} describe deploy linkerd-proxy-injector"))
             }
         }
         Ok(None) => CheckResult::new(INJECTOR, "proxy injector is available", Status::Fail, "Deployment linkerd-proxy-injector not found"),
