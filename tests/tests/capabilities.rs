@@ -59,7 +59,10 @@ fn the_required_capabilities_are_enough_to_load_and_pin() {
         "{stderr}"
     );
     // The optional one, not given, is named as a warning, not an error.
-    assert!(stderr.contains("capability CAP_SYS_PTRACE not held"), "{stderr}");
+    assert!(
+        stderr.contains("capability CAP_SYS_PTRACE not held"),
+        "{stderr}"
+    );
 }
 
 #[test]
