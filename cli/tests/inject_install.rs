@@ -635,11 +635,10 @@ fn post_install_check_waits_for_the_injector() {
         Some(&'√'),
         "{stdout}"
     );
+    // Read twice, five seconds apart at least (a busy machine only adds to it; success says
+    // the second read came before the deadline).
     assert_eq!(api.server().hits(INJECTOR), 2);
-    assert!(
-        took >= std::time::Duration::from_secs(5) && took < std::time::Duration::from_secs(20),
-        "took {took:?}"
-    );
+    assert!(took >= std::time::Duration::from_secs(5), "took {took:?}");
 
     // With --wait=0s it is read once and reported.
     let routes = cluster(true, vec![injected_pod("fresh", true)]);
