@@ -13,17 +13,21 @@
 //! - leaves alone an unmeshed pod (even with a listener on 4143 owned by 2102) and a meshed
 //!   pod whose proxy does not listen (its traffic is never sent to a port nothing serves),
 //!   and adopts the latter once its proxy listens;
-//! - refuses, and counts, a meshed pod whose processes are in two network namespaces.
+//! - refuses, and counts, a meshed pod whose address two network namespaces hold;
+//! - does all of it from a PID namespace of its own (no `hostPID`): the pod's netns is found
+//!   by its address among the runtime's netns pins, and the proxy's listener is registered by
+//!   the `iter/tcp` program run inside that netns, never through the pod's processes.
 //!
 //! Run: `cargo build --bins && cargo test -p linkerd-cni-tests --test adopt -- --test-threads=1`
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
+    os::unix::fs::MetadataExt,
     time::{Duration, Instant},
 };
 
 use linkerd_cni_tests::{
-    ChildGuard, EchoServer, Placement,
+    ChildGuard, EchoServer, NetnsGuard,
     client::{Options, run_client},
     node::{NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest, wait_until},
     proxy::{self, Event, TestProxy},
@@ -36,13 +40,16 @@ const VALIDATOR_UID: u32 = 65534;
 const ADOPT_WITHIN: Duration = Duration::from_secs(15);
 
 /// A pod that started through the chain without linkerd-cni, with an app process running in
-/// its cgroup and netns.
+/// its cgroup and netns, and its address in the API as kubelet reports it.
 fn early_pod(node: &SimNode, spec: PodSpec) -> (SimPod, ChildGuard) {
     node.apply(&[spec.manifest(NODE_NAME)])
         .unwrap_or_else(|e| panic!("serving the pod: {e}"));
     let mut pod = SimPod::new_kubelet_cgroup(spec).expect("sandbox");
     node.add_before_plugin(&mut pod)
         .unwrap_or_else(|e| panic!("CNI ADD without linkerd-cni: {e}"));
+    let ip = IpAddr::V4(pod.ip().expect("the pod's address"));
+    node.apply(&[pod.spec.manifest_running(NODE_NAME, &[ip])])
+        .unwrap_or_else(|e| panic!("serving the pod's status: {e}"));
     let app = pod
         .container(APP_UID)
         .spawn(std::process::Command::new("sleep").arg("300"))
@@ -82,6 +89,25 @@ fn request_as(uid: u32, pod: &SimPod, dst: SocketAddr, server: &EchoServer) {
     );
 }
 
+/// A pinned netns (no route anywhere) holding `ip` on its loopback device.
+fn decoy_holding(ip: IpAddr) -> NetnsGuard {
+    let decoy = NetnsGuard::new().expect("decoy netns");
+    let status = std::process::Command::new("ip")
+        .args([
+            "-n",
+            decoy.name(),
+            "addr",
+            "add",
+            &format!("{ip}/32"),
+            "dev",
+            "lo",
+        ])
+        .status()
+        .expect("ip addr add");
+    assert!(status.success(), "adding {ip} to the decoy netns");
+    decoy
+}
+
 fn registered(node: &SimNode, pod: &SimPod) -> bool {
     node.state()
         .expect("agent state")
@@ -115,15 +141,11 @@ fn running_meshed_pod_is_adopted_without_restart() {
     let (meshed, _meshed_app) = early_pod(&node, PodSpec::meshed("shop", "early"));
     let (plain, _plain_app) = early_pod(&node, PodSpec::unmeshed("shop", "plain"));
     let (waiting, _waiting_app) = early_pod(&node, PodSpec::meshed("shop", "no-proxy-yet"));
-    // A meshed pod with its proxy listening, but one of its processes in the host's netns:
-    // which netns is the pod's is ambiguous.
+    // A meshed pod with its proxy listening, but its address is also held by another netns
+    // pinned beside it: which netns is the pod's is ambiguous.
     let (mixed, _mixed_app) = early_pod(&node, PodSpec::meshed("shop", "mixed"));
     let _mixed_proxy = mixed.start_proxy().expect("proxy");
-    let _stray = Placement::new()
-        .cgroup(&mixed.cgroup)
-        .uid(APP_UID)
-        .spawn(std::process::Command::new("sleep").arg("300"))
-        .expect("a process of the pod in the host netns");
+    let _decoy = decoy_holding(mixed.ip().expect("ip").into());
     // A meshed pod in its init phase: Linkerd's network validator listens on the outbound
     // port (as UID 65534), the proxy has not started.
     let (validating, _validating_app) = early_pod(&node, PodSpec::meshed("shop", "validating"));
@@ -231,7 +253,7 @@ fn running_meshed_pod_is_adopted_without_restart() {
     );
     assert!(
         !registered(&node, &mixed),
-        "pod with processes in two netns adopted"
+        "pod whose address two netns hold adopted"
     );
     assert_eq!(
         node.agent()
@@ -261,4 +283,74 @@ fn running_meshed_pod_is_adopted_without_restart() {
         t.elapsed()
     );
     assert!(!registered(&node, &plain), "still not the unmeshed pod");
+}
+
+/// The agent in a PID namespace of its own, as in a pod without `hostPID`: it cannot see, let
+/// alone take a socket from, any process of the node. It adopts a running meshed pod all the
+/// same: new outbound connections reach the proxy, which reads their original destination,
+/// and inbound connections reach the listener the proxy opened before the agent ran.
+#[test]
+fn running_pod_is_adopted_by_an_agent_in_its_own_pid_namespace() {
+    let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
+        .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
+    let mut server_pod = node
+        .new_pod(PodSpec::unmeshed("shop", "server"))
+        .expect("pod");
+    node.add(&mut server_pod)
+        .unwrap_or_else(|e| panic!("CNI ADD: {e}\n{}", node.diagnostics()));
+    let dst = SocketAddr::from((server_pod.ip().expect("server ip"), 8080));
+    let server = EchoServer::bind_in(server_pod.netns().expect("netns"), dst, "server")
+        .unwrap_or_else(|e| panic!("echo server: {e}"));
+
+    node.kill_agent();
+    let (meshed, _meshed_app) = early_pod(&node, PodSpec::meshed("shop", "early"));
+    let inbound_dst = SocketAddr::from((meshed.ip().expect("meshed pod ip"), 8080));
+    let meshed_app = EchoServer::bind_in(meshed.netns().expect("netns"), inbound_dst, "app")
+        .unwrap_or_else(|e| panic!("app server: {e}"));
+    let proxy = meshed.start_proxy().expect("proxy");
+
+    node.start_agent_in_own_pid_namespace()
+        .unwrap_or_else(|e| panic!("agent: {e}\n{}", node.diagnostics()));
+    // The agent (unshare's only child) is in another PID namespace than this test (the
+    // host's): the pod's processes are invisible to it.
+    let unshare = node.agent().expect("agent").pid();
+    let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+        .expect("unshare's children");
+    let agent_pid: u32 = children
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no agent under unshare: {children:?}"));
+    let pid_ns = |pid: &str| {
+        std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+            .expect("pid namespace")
+            .ino()
+    };
+    assert_ne!(
+        pid_ns(&agent_pid.to_string()),
+        pid_ns("self"),
+        "the agent runs in a PID namespace of its own"
+    );
+
+    wait_adopted(&node, &meshed);
+    request(&meshed, dst, &server);
+    assert_eq!(
+        accepted_on(&proxy, proxy::OUTBOUND_PORT),
+        vec![dst],
+        "outbound through the proxy with SO_ORIGINAL_DST\n{}",
+        node.diagnostics()
+    );
+    request(&server_pod, inbound_dst, &meshed_app);
+    assert_eq!(
+        accepted_on(&proxy, proxy::INBOUND_PORT),
+        vec![inbound_dst],
+        "inbound through the listener the proxy opened before the agent ran, with \
+         SO_ORIGINAL_DST\n{}",
+        node.diagnostics()
+    );
+    assert!(
+        !node.agent_log().contains("adoption of running pods is off"),
+        "{}",
+        node.agent_log()
+    );
 }

@@ -105,6 +105,19 @@ impl PodSpec {
         })
     }
 
+    /// [`Self::manifest`] with the status kubelet reports once the sandbox has its network:
+    /// `podIP` and `podIPs`.
+    pub fn manifest_running(&self, node: &str, ips: &[std::net::IpAddr]) -> Value {
+        let mut manifest = self.manifest(node);
+        let list: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect();
+        manifest["status"] = json!({
+            "phase": "Running",
+            "podIP": ips.first().map(ToString::to_string),
+            "podIPs": list,
+        });
+        manifest
+    }
+
     /// `CNI_ARGS` as containerd sends them (the runtime tool shuffles their order).
     pub fn cni_args(&self, container_id: &str) -> Vec<(String, String)> {
         vec![

@@ -341,11 +341,33 @@ impl SimNode {
     /// Starts the agent (again), with the same pin root, registry and socket, and waits until
     /// its registration socket serves.
     pub fn start_agent(&mut self) -> Result<()> {
+        self.start_agent_bin(workspace_bin(AGENT_BIN)?)
+    }
+
+    /// [`Self::start_agent`], with the agent in a PID namespace (and mount namespace, with
+    /// its own `/proc`) of its own, as in a pod without `hostPID`: it sees none of the node's
+    /// processes. `unshare` stays the agent's parent (its PID is [`AgentProcess::pid`]); when
+    /// it is killed, the agent gets SIGTERM (`--kill-child`). Mounts made on the host later
+    /// (new netns pins) still reach the agent (`--propagation slave`).
+    pub fn start_agent_in_own_pid_namespace(&mut self) -> Result<()> {
+        let wrapper = self.dir.path().join("agent-own-pid-namespace");
+        let script = format!(
+            "#!/bin/sh\nexec unshare --pid --fork --mount-proc --propagation slave \
+             --kill-child=SIGTERM '{}' \"$@\"\n",
+            workspace_bin(AGENT_BIN)?.display()
+        );
+        fs::write(&wrapper, script).ctx(|| format!("writing {}", wrapper.display()))?;
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755))
+            .ctx(|| format!("chmod {}", wrapper.display()))?;
+        self.start_agent_bin(wrapper)
+    }
+
+    fn start_agent_bin(&mut self, bin: PathBuf) -> Result<()> {
         if let Some(mut old) = self.agent.take() {
             old.kill();
         }
         let command = AgentCommand {
-            bin: workspace_bin(AGENT_BIN)?,
+            bin,
             pin_root: self.pin_root().to_path_buf(),
             state_dir: self.state_dir(),
             socket: self.socket(),

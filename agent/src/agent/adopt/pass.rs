@@ -113,8 +113,15 @@ impl Adopter {
                     });
                     continue;
                 }
-                Ok(Err(ScanError::NoCgroup | ScanError::NoProcess(_) | ScanError::NoAddress))
-                | Err(_) => continue,
+                Ok(Err(
+                    error @ (ScanError::NoCgroup | ScanError::NoProcess(_) | ScanError::NoAddress),
+                )) => {
+                    self.log_once(uid, "not running", || {
+                        tracing::debug!(namespace, pod = %Escaped(name), %error, "adoption: the pod does not run here yet")
+                    });
+                    continue;
+                }
+                Err(_) => continue,
                 // Refused below, with the pod's decision known.
                 Ok(Err(_)) => {}
             }
