@@ -43,10 +43,19 @@ fn binaries() -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
-/// Builds every privileged test binary, then runs each one (`args` passed to `cargo test`,
-/// tests one at a time) under [`limit`].
+/// The image archive the DaemonSet test (`tests/tests/daemonset.rs`) imports and runs.
+const IMAGE_ENV: &str = "LINKERD_CNI_TEST_IMAGE";
+
+/// Builds every privileged test binary and the DaemonSet's image for this machine (`cargo
+/// xtask image`, named by [`IMAGE_ENV`]), then runs each binary (`args` passed to `cargo
+/// test`, tests one at a time) under [`limit`].
 pub fn test(args: &[String]) -> anyhow::Result<()> {
     run(cargo().args(["test", "-p", "linkerd-cni-tests", "--no-run"]))?;
+    let arch = crate::cross::Arch::host().context("no image for this machine's architecture")?;
+    let (_, archives) = crate::image::image(&workspace().join("target/image"), &[arch])?;
+    let image = archives
+        .first()
+        .context("`cargo xtask image` wrote no archive")?;
     let limit = limit();
     let mut failed = Vec::new();
     for name in binaries()? {
@@ -54,6 +63,7 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
         cmd.args(["test", "-p", "linkerd-cni-tests", "--test", &name])
             .args(args)
             .args(["--", "--test-threads=1"])
+            .env(IMAGE_ENV, image)
             .process_group(0);
         eprintln!("+ {cmd:?}");
         let start = Instant::now();
