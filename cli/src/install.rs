@@ -25,9 +25,6 @@ use linkerd_injector::{
 
 use self::objects::{FailurePolicy, InstallOptions, WebhookTls};
 
-/// The only namespace `install` renders the control plane into.
-pub const CONTROL_PLANE_NAMESPACE: &str = names::CONTROL_PLANE_NAMESPACE;
-
 /// Why `install` could not produce manifests.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
@@ -138,8 +135,9 @@ pub struct InstallArgs {
 }
 
 impl InstallArgs {
-    /// The options these flags describe (generating the webhook's certificate if needed).
-    pub fn options(&self) -> Result<InstallOptions, InstallError> {
+    /// The options these flags describe, for the control plane namespace `namespace`
+    /// (generating the webhook's certificate, for the injector's Service there, if needed).
+    pub fn options(&self, namespace: &str) -> Result<InstallOptions, InstallError> {
         let mut values = Values {
             cni_enabled: self.linkerd_cni_enabled,
             ..Values::default()
@@ -166,7 +164,7 @@ impl InstallArgs {
             },
             None => WebhookTls::Generated(tls::generate(&tls::service_dns_names(
                 names::INJECTOR,
-                names::CONTROL_PLANE_NAMESPACE,
+                namespace,
             ))?),
         };
         Ok(InstallOptions {
@@ -179,6 +177,7 @@ impl InstallArgs {
                 FailurePolicy::Ignore
             },
             tls,
+            namespace: namespace.to_string(),
         })
     }
 }
@@ -196,10 +195,10 @@ where
     }
 }
 
-/// Refuses when the cluster already has a control plane: the ConfigMap `linkerd-config`
-/// (what Linkerd checks), the proxy injector's Deployment or its webhook configuration.
-pub async fn check_no_control_plane(client: &Client) -> Result<(), InstallError> {
-    let ns = names::CONTROL_PLANE_NAMESPACE;
+/// Refuses when the cluster already has a control plane in `ns`: the ConfigMap
+/// `linkerd-config` (what Linkerd checks), the proxy injector's Deployment, or its webhook
+/// configuration (cluster-wide).
+pub async fn check_no_control_plane(client: &Client, ns: &str) -> Result<(), InstallError> {
     let found: Vec<String> = [
         found(
             Api::<ConfigMap>::namespaced(client.clone(), ns),
@@ -233,7 +232,7 @@ pub async fn check_no_control_plane(client: &Client) -> Result<(), InstallError>
     }
 }
 
-/// The manifests, one YAML stream.
-pub fn render(args: &InstallArgs) -> Result<String, InstallError> {
-    Ok(objects::render_yaml(&args.options()?)?)
+/// The manifests for the control plane namespace `namespace`, one YAML stream.
+pub fn render(args: &InstallArgs, namespace: &str) -> Result<String, InstallError> {
+    Ok(objects::render_yaml(&args.options(namespace)?)?)
 }

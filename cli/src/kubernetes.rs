@@ -56,8 +56,8 @@ pub struct KubeArgs {
         value_name = "SECONDS"
     )]
     pub api_timeout_secs: u64,
-    /// Namespace in which Linkerd's control plane is installed (check, inject, version; install
-    /// renders into the default only).
+    /// Namespace in which Linkerd's control plane is installed (install renders into it; check,
+    /// inject and version read there).
     #[arg(
         short = 'L',
         long,

@@ -81,15 +81,6 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
             runtime.block_on(check::run(args, &cli.kube, &mut std::io::stdout().lock()))
         }
         Command::Install(args) => {
-            if cli.kube.linkerd_namespace != linkerd_cli::install::CONTROL_PLANE_NAMESPACE {
-                anyhow::bail!(
-                    "install renders the control plane into the {:?} namespace only: \
-                     -L/--linkerd-namespace {} is not supported by install (check, inject and \
-                     version take it)",
-                    linkerd_cli::install::CONTROL_PLANE_NAMESPACE,
-                    cli.kube.linkerd_namespace
-                );
-            }
             if !args.ignore_cluster {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -100,12 +91,12 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<bool> {
                         KubeArgsError::Impersonation => anyhow::Error::new(e),
                         other => install::InstallError::Cluster(other.to_string()).into(),
                     })?;
-                    install::check_no_control_plane(&client)
+                    install::check_no_control_plane(&client, &cli.kube.linkerd_namespace)
                         .await
                         .map_err(anyhow::Error::new)
                 })?;
             }
-            let yaml = install::render(args)?;
+            let yaml = install::render(args, &cli.kube.linkerd_namespace)?;
             std::io::stdout()
                 .lock()
                 .write_all(yaml.as_bytes())

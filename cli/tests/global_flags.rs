@@ -142,12 +142,84 @@ fn namespaces_are_global_flags() {
         err.contains("not a namespace is not a valid namespace"),
         "{err}"
     );
-    // install renders its control plane into "linkerd" only, and says so.
-    let (ok, out, err) = run(&["-L", "mesh", "install", "--ignore-cluster"]);
-    assert!(!ok && out.is_empty());
+}
+
+/// `linkerd -L mesh install` renders the control plane into `mesh`, as Linkerd's does: every
+/// namespaced object, the Namespace, the control-plane-ns labels, the webhook's Service, the
+/// injector's `--control-plane-namespace` and the certificate's names; and it asks the cluster
+/// about a control plane in `mesh`.
+#[test]
+fn install_renders_into_the_linkerd_namespace() {
+    for extra in [vec![], vec!["--cert-manager-issuer", "issuer"]] {
+        let mut args = vec!["-L", "mesh", "install", "--ignore-cluster"];
+        args.extend(extra.iter().copied());
+        let (ok, out, err) = run(&args);
+        assert!(ok, "{err}");
+        let docs = docs(&out);
+        let mut leaves_all = BTreeMap::new();
+        for d in &docs {
+            leaves(&key(d), d, &mut leaves_all);
+        }
+        for (path, value) in &leaves_all {
+            let about_namespace = path.ends_with("/namespace")
+                || path.ends_with("/linkerd.io~1control-plane-ns")
+                || path.ends_with("/linkerd.io/control-plane-ns");
+            if about_namespace {
+                assert_eq!(value, &json!("mesh"), "{extra:?}: {path}");
+            }
+        }
+        let ns = docs
+            .iter()
+            .find(|d| d["kind"] == "Namespace")
+            .expect("Namespace");
+        assert_eq!(ns["metadata"]["name"], "mesh");
+        let deployment = docs
+            .iter()
+            .find(|d| d["kind"] == "Deployment")
+            .expect("the injector");
+        assert!(
+            deployment
+                .to_string()
+                .contains("--control-plane-namespace=mesh"),
+            "{deployment}"
+        );
+        let webhook = docs
+            .iter()
+            .find(|d| d["kind"] == "MutatingWebhookConfiguration")
+            .expect("webhook");
+        assert_eq!(
+            webhook["webhooks"][0]["clientConfig"]["service"]["namespace"],
+            "mesh"
+        );
+        if let Some(cert) = docs.iter().find(|d| d["kind"] == "Certificate") {
+            assert!(
+                cert["spec"]["dnsNames"]
+                    .as_array()
+                    .expect("dnsNames")
+                    .contains(&json!("linkerd-proxy-injector.mesh.svc")),
+                "{cert}"
+            );
+            assert_eq!(
+                webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+                "mesh/linkerd-proxy-injector"
+            );
+        }
+    }
+    let api = FakeApi::start(BTreeMap::new());
+    let kubeconfig = api.kubeconfig("kubeconfig-install-mesh");
+    let (ok, _, err) = run(&[
+        "install",
+        "-L",
+        "mesh",
+        "--kubeconfig",
+        kubeconfig.to_str().expect("path"),
+    ]);
+    assert!(ok, "{err}");
     assert!(
-        err.contains("-L/--linkerd-namespace mesh is not supported by install"),
-        "{err}"
+        api.requested()
+            .contains(&"/api/v1/namespaces/mesh/configmaps/linkerd-config".to_string()),
+        "{:?}",
+        api.requested()
     );
 }
 

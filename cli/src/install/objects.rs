@@ -72,6 +72,8 @@ pub struct InstallOptions {
     pub failure_policy: FailurePolicy,
     /// The webhook's TLS.
     pub tls: WebhookTls,
+    /// The control plane's namespace (`-L/--linkerd-namespace`).
+    pub namespace: String,
 }
 
 /// Why rendering failed.
@@ -85,8 +87,8 @@ pub enum InstallError {
     Manifest(#[from] ManifestError),
 }
 
-fn labels(component: Option<&str>) -> Value {
-    let mut l = json!({names::CONTROL_PLANE_NS_LABEL: names::CONTROL_PLANE_NAMESPACE});
+fn labels(ns: &str, component: Option<&str>) -> Value {
+    let mut l = json!({names::CONTROL_PLANE_NS_LABEL: ns});
     if let Some(c) = component {
         l[names::CONTROL_PLANE_COMPONENT_LABEL] = json!(c);
     }
@@ -95,7 +97,7 @@ fn labels(component: Option<&str>) -> Value {
 
 /// The rendered objects, in apply order.
 pub fn render(opts: &InstallOptions) -> Result<Vec<Value>, InstallError> {
-    let ns = names::CONTROL_PLANE_NAMESPACE;
+    let ns = opts.namespace.as_str();
     let inj = names::INJECTOR;
     let component = "proxy-injector";
     let psa = if opts.values.cni_enabled {
@@ -121,18 +123,18 @@ pub fn render(opts: &InstallOptions) -> Result<Vec<Value>, InstallError> {
         json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": names::CONFIG_MAP, "namespace": ns, "labels": labels(Some("controller"))},
+            "metadata": {"name": names::CONFIG_MAP, "namespace": ns, "labels": labels(ns, Some("controller"))},
             "data": {names::CONFIG_VALUES_KEY: opts.values.to_yaml()?},
         }),
         json!({
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": {"name": inj, "namespace": ns, "labels": labels(Some(component))},
+            "metadata": {"name": inj, "namespace": ns, "labels": labels(ns, Some(component))},
         }),
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
-            "metadata": {"name": format!("linkerd-{inj}"), "labels": labels(Some(component))},
+            "metadata": {"name": format!("linkerd-{inj}"), "labels": labels(ns, Some(component))},
             "rules": [
                 {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
@@ -141,20 +143,20 @@ pub fn render(opts: &InstallOptions) -> Result<Vec<Value>, InstallError> {
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
-            "metadata": {"name": format!("linkerd-{inj}"), "labels": labels(Some(component))},
+            "metadata": {"name": format!("linkerd-{inj}"), "labels": labels(ns, Some(component))},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("linkerd-{inj}")},
             "subjects": [{"kind": "ServiceAccount", "name": inj, "namespace": ns}],
         }),
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
-            "metadata": {"name": format!("{inj}-config"), "namespace": ns, "labels": labels(Some(component))},
+            "metadata": {"name": format!("{inj}-config"), "namespace": ns, "labels": labels(ns, Some(component))},
             "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [names::CONFIG_MAP], "verbs": ["get"]}],
         }),
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": {"name": format!("{inj}-config"), "namespace": ns, "labels": labels(Some(component))},
+            "metadata": {"name": format!("{inj}-config"), "namespace": ns, "labels": labels(ns, Some(component))},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{inj}-config")},
             "subjects": [{"kind": "ServiceAccount", "name": inj, "namespace": ns}],
         }),
@@ -164,7 +166,7 @@ pub fn render(opts: &InstallOptions) -> Result<Vec<Value>, InstallError> {
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/tls",
-            "metadata": {"name": names::INJECTOR_TLS_SECRET, "namespace": ns, "labels": labels(Some(component))},
+            "metadata": {"name": names::INJECTOR_TLS_SECRET, "namespace": ns, "labels": labels(ns, Some(component))},
             "data": {
                 "ca.crt": b64(&m.ca_pem),
                 "tls.crt": b64(&m.cert_pem),
@@ -174,7 +176,7 @@ pub fn render(opts: &InstallOptions) -> Result<Vec<Value>, InstallError> {
         WebhookTls::CertManager { issuer, issuer_kind } => objs.push(json!({
             "apiVersion": "cert-manager.io/v1",
             "kind": "Certificate",
-            "metadata": {"name": inj, "namespace": ns, "labels": labels(Some(component))},
+            "metadata": {"name": inj, "namespace": ns, "labels": labels(ns, Some(component))},
             "spec": {
                 "secretName": names::INJECTOR_TLS_SECRET,
                 "dnsNames": linkerd_injector::tls::service_dns_names(inj, ns),
@@ -188,7 +190,7 @@ pub fn render(opts: &InstallOptions) -> Result<Vec<Value>, InstallError> {
     objs.push(json!({
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": inj, "namespace": ns, "labels": labels(Some(component))},
+        "metadata": {"name": inj, "namespace": ns, "labels": labels(ns, Some(component))},
         "spec": {
             "type": "ClusterIP",
             "selector": {names::CONTROL_PLANE_COMPONENT_LABEL: component},
@@ -200,20 +202,20 @@ pub fn render(opts: &InstallOptions) -> Result<Vec<Value>, InstallError> {
 }
 
 fn deployment(opts: &InstallOptions) -> Value {
-    let ns = names::CONTROL_PLANE_NAMESPACE;
+    let ns = opts.namespace.as_str();
     let inj = names::INJECTOR;
     let tls_dir = paths::PROXY_INJECTOR_TLS_DIR;
     let probe = |path: &str| json!({"httpGet": {"path": path, "port": "admin"}, "initialDelaySeconds": 1, "periodSeconds": 10});
     json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": inj, "namespace": ns, "labels": labels(Some("proxy-injector"))},
+        "metadata": {"name": inj, "namespace": ns, "labels": labels(ns, Some("proxy-injector"))},
         "spec": {
             "replicas": opts.replicas,
             "selector": {"matchLabels": {names::CONTROL_PLANE_COMPONENT_LABEL: "proxy-injector"}},
             "template": {
                 "metadata": {
-                    "labels": labels(Some("proxy-injector")),
+                    "labels": labels(ns, Some("proxy-injector")),
                     "annotations": {names::INJECT_ANNOTATION: names::INJECT_DISABLED},
                 },
                 "spec": {
@@ -257,13 +259,13 @@ fn deployment(opts: &InstallOptions) -> Value {
 }
 
 fn webhook_configuration(opts: &InstallOptions) -> Value {
-    let ns = names::CONTROL_PLANE_NAMESPACE;
+    let ns = opts.namespace.as_str();
     let disabled =
         |key: &str| json!({"key": key, "operator": "NotIn", "values": [names::INJECT_DISABLED]});
     let mut client_config =
         json!({"service": {"name": names::INJECTOR, "namespace": ns, "path": "/", "port": 443}});
     let mut metadata =
-        json!({"name": names::WEBHOOK_CONFIG, "labels": labels(Some("proxy-injector"))});
+        json!({"name": names::WEBHOOK_CONFIG, "labels": labels(ns, Some("proxy-injector"))});
     match &opts.tls {
         WebhookTls::Generated(m) => client_config["caBundle"] = json!(b64(&m.ca_pem)),
         WebhookTls::CertManager { .. } => {
@@ -326,6 +328,7 @@ mod tests {
             replicas: 1,
             failure_policy: FailurePolicy::Ignore,
             tls,
+            namespace: names::CONTROL_PLANE_NAMESPACE.into(),
         }
     }
 
