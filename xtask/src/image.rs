@@ -16,9 +16,11 @@
 //!   the OCI layout, so every `docker load` and `podman load` accepts it too, and `kind load
 //!   image-archive` / `k3s ctr images import` on a node of that architecture.
 //!
-//! The image names itself in the layout's `index.json` the two ways tools look for a name:
-//! `io.containerd.image.name` (containerd, Docker) with the full reference, and
-//! `org.opencontainers.image.ref.name` with the tag (OCI's own annotation).
+//! The image names itself in the layout's `index.json` with its full reference
+//! (`ghcr.io/linkerd/linkerd-cni-ebpf:v0.1.0`) under the two annotations tools look for:
+//! `io.containerd.image.name` (containerd's `ctr import`, Docker) and OCI's own
+//! `org.opencontainers.image.ref.name` (skopeo and podman, which write the full reference
+//! there themselves).
 //!
 //! Reproducible: every time in the image (file times, the config's `created`, its history)
 //! is `SOURCE_DATE_EPOCH`, by default the time of the checkout's commit; files are owned by
@@ -464,7 +466,7 @@ fn named(mut d: Descriptor, name: &ImageName) -> Descriptor {
             ("io.containerd.image.name".to_string(), name.reference()),
             (
                 "org.opencontainers.image.ref.name".to_string(),
-                name.tag.clone(),
+                name.reference(),
             ),
         ]
         .into_iter()

@@ -265,7 +265,7 @@ fn the_index_archive_holds_every_platform() {
     );
     assert_eq!(
         named[0]["annotations"]["org.opencontainers.image.ref.name"],
-        "v9.8.7"
+        "example.org/linkerd/linkerd-cni-ebpf:v9.8.7"
     );
     let index = json(blob(&layout, &named[0]));
     let manifests = index["manifests"].as_array().unwrap();
@@ -393,6 +393,9 @@ fn skopeo_reads_the_archives() {
     let written = image.write(&dir, p.epoch).unwrap();
     let multi = format!("oci-archive:{}", written[0].display());
     assert_eq!(skopeo(&["inspect", "--raw", &multi]), image.index.bytes);
+    // Found by its name too (`oci-archive:PATH:NAME` matches the ref.name annotation).
+    let by_name = format!("{multi}:{}", image.name.reference());
+    assert_eq!(skopeo(&["inspect", "--raw", &by_name]), image.index.bytes);
     for (platform, path) in image.platforms.iter().zip(&written[1..]) {
         let arch = platform.arch.oci();
         let config = skopeo(&[
