@@ -145,9 +145,15 @@ impl Adopter {
             let (agent, pass) = (self.agent.clone(), scan.clone());
             let config = decision.config;
             let attempt = pod_ref.clone();
-            let outcome =
-                tokio::task::spawn_blocking(move || agent.adopt(attempt, &ips, config, &pass))
-                    .await;
+            let outcome = tokio::task::spawn_blocking(move || {
+                let started = std::time::Instant::now();
+                (agent.adopt(attempt, &ips, config, &pass), started.elapsed())
+            })
+            .await;
+            let (outcome, took) = match outcome {
+                Ok((outcome, took)) => (Ok(outcome), took),
+                Err(e) => (Err(e), std::time::Duration::ZERO),
+            };
             match outcome {
                 Ok(Ok(Adopted::Registered(record))) => {
                     self.adopted.fetch_add(1, Ordering::Relaxed);
@@ -158,6 +164,7 @@ impl Adopter {
                         netns = %Escaped(&record.netns.to_string_lossy()),
                         netns_cookie = record.netns_cookie,
                         reason = %Escaped(&record.reason),
+                        wall_us = took.as_micros() as u64,
                         "adopted a meshed pod that started without linkerd-cni: redirection \
                          attached (connections opened before now are not redirected)"
                     );
