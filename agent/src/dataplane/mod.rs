@@ -119,6 +119,8 @@ pub struct Dataplane {
     lookup_prog: OwnedFd,
     /// The `iter/tcp` program ready to run, or why it cannot be.
     listener_iter: Result<ListenerIter, String>,
+    /// The iterator programs that loaded (pinned with the others).
+    iter_loaded: Vec<&'static str>,
     /// What [`Self::load`] decided about the pinned maps; carried out by
     /// [`Self::finish_load`].
     plan: Plan,
@@ -258,9 +260,13 @@ impl Dataplane {
             lookup_ns: open_map(names::MAP_LOOKUP_NS)?,
             lookup_prog: open_map(names::MAP_LOOKUP_PROG)?,
             listener_iter,
+            iter_loaded,
             plan,
         };
-        for name in names::ALL_PROGRAMS.into_iter().chain(iter_loaded) {
+        for name in names::ALL_PROGRAMS
+            .into_iter()
+            .chain(this.iter_loaded.iter().copied())
+        {
             let path = this.pin_root.join(paths::PIN_PROGS).join(name);
             replace_pin(this.prog_fd(name)?, &path)?;
         }
@@ -464,10 +470,7 @@ impl Dataplane {
                 made += 1;
             }
         }
-        let iters = names::ITER_PROGRAMS
-            .iter()
-            .map(|p| p.name)
-            .filter(|_| self.listener_iter.is_ok());
+        let iters = self.iter_loaded.iter().copied();
         for name in names::ALL_PROGRAMS.into_iter().chain(iters) {
             let path = self.pin_root.join(paths::PIN_PROGS).join(name);
             if !path.exists() {
