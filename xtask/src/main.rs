@@ -16,6 +16,8 @@
 //!   architecture, run under qemu-user (see `cross.rs`).
 //! - `vmtest --kernel 6.1|6.12|5.10|<image>`: the privileged tests in a QEMU guest on that kernel.
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
+//! - `fuzz [--secs N] [--target NAME]`: every cargo-fuzz target of `fuzz/` for N seconds (60),
+//!   one after another (see `fuzz.rs` and docs/fuzzing.md).
 //! - `test` (alias `ci`): setup, build, lint, then every test (unit in parallel, privileged one at a
 //!   time, each binary under a time limit: see `privileged.rs`), then the privileged binaries
 //!   again on Debian's 6.1 and 6.12 kernels in QEMU guests (`vmtest.rs`). This is the README's
@@ -25,6 +27,7 @@ mod bench;
 mod cross;
 mod demo;
 mod dist;
+mod fuzz;
 mod image;
 mod musl;
 mod privileged;
@@ -58,6 +61,15 @@ enum Task {
     Demo,
     /// Check formatting and lints (rustfmt, clippy with warnings denied, the eBPF crate too).
     Lint,
+    /// Run every fuzz target of `fuzz/` (cargo-fuzz, libFuzzer) for a while, one at a time.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        /// Only this target (repeatable).
+        #[arg(long = "target")]
+        only: Vec<String>,
+    },
     /// Set up, build, and run the whole test suite (lints first).
     #[command(alias = "ci")]
     Test {
@@ -178,6 +190,10 @@ fn main() -> anyhow::Result<()> {
             let object = build_ebpf()?;
             println!("{}", object.display());
             Ok(())
+        }
+        Task::Fuzz { secs, only } => {
+            setup::cargo_fuzz()?;
+            fuzz::fuzz(secs, &only).map(drop)
         }
         Task::Lint => {
             build_ebpf()?;

@@ -251,6 +251,22 @@ pub fn setup(build_only: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// cargo-fuzz, for `cargo xtask fuzz` (only that task needs it, so `setup` does not build it):
+/// installed from crates.io when `cargo fuzz` does not answer.
+pub fn cargo_fuzz() -> anyhow::Result<()> {
+    let present = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if present {
+        eprintln!("setup: cargo-fuzz present");
+        return Ok(());
+    }
+    eprintln!("setup: installing cargo-fuzz from crates.io (about a minute)");
+    run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
+        .context("installing cargo-fuzz")
+}
+
 fn version(pkg: &str) -> Option<String> {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Version}", pkg])
