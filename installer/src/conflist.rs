@@ -90,7 +90,10 @@ fn shape(doc: &Json) -> Result<Shape<'_>, Malformed> {
     let Some(_) = doc.as_object() else {
         return Err(Malformed::NotObject);
     };
-    if doc.has("type") {
+    // A `plugins` list makes a list, whatever else the top level holds: libcni reads a
+    // conflist's `plugins` and ignores a stray top-level `type` (wrapping such a list as one
+    // plugin would break the node's network; found by fuzzing).
+    if doc.has("type") && !matches!(doc.get("plugins"), Some(Json::Array(_))) {
         return match doc.get("type").and_then(Json::as_str) {
             Some(_) => Ok(Shape::Single),
             None => Err(Malformed::NoPlugins),
