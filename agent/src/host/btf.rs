@@ -216,12 +216,28 @@ impl Btf {
     /// The member `member` of the struct named `strukt`, looking inside anonymous unions and
     /// structs as C does.
     pub fn field(&self, strukt: &str, member: &str) -> Option<Field> {
-        let id = (1..=self.offsets.len() as u32).find(|&id| {
-            self.record(id).is_some_and(|(at, kind, _, _)| {
-                kind == KIND_STRUCT && self.name(self.word(at)) == strukt.as_bytes()
-            })
-        })?;
-        self.member_in(id, member, 0, 0)
+        self.member_in(self.struct_ids(&[strukt])[0]?, member, 0, 0)
+    }
+
+    /// The type ids of the structs named `names`, in one pass over the types (vmlinux has
+    /// over 100,000).
+    fn struct_ids(&self, names: &[&str]) -> Vec<Option<u32>> {
+        let mut ids = vec![None; names.len()];
+        for id in 1..=self.offsets.len() as u32 {
+            let Some((at, KIND_STRUCT, _, _)) = self.record(id) else {
+                continue;
+            };
+            let name = self.name(self.word(at));
+            for (i, wanted) in names.iter().enumerate() {
+                if ids[i].is_none() && name == wanted.as_bytes() {
+                    ids[i] = Some(id);
+                }
+            }
+            if ids.iter().all(Option::is_some) {
+                break;
+            }
+        }
+        ids
     }
 
     fn member_in(&self, id: u32, member: &str, base_bits: u32, depth: u32) -> Option<Field> {
@@ -256,10 +272,13 @@ impl Btf {
 
     /// Every field of `fields` (struct, member, offset, size) that this BTF lays out otherwise.
     pub fn mismatches(&self, fields: &[(&'static str, &'static str, u32, u32)]) -> Vec<Mismatch> {
+        let structs: Vec<&str> = fields.iter().map(|f| f.0).collect();
+        let ids = self.struct_ids(&structs);
         fields
             .iter()
-            .filter_map(|&(strukt, member, offset, size)| {
-                let found = self.field(strukt, member);
+            .zip(ids)
+            .filter_map(|(&(strukt, member, offset, size), id)| {
+                let found = id.and_then(|id| self.member_in(id, member, 0, 0));
                 (found != Some(Field { offset, size })).then_some(Mismatch {
                     strukt,
                     member,
