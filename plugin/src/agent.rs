@@ -255,9 +255,11 @@ mod tests {
         let seen = server.join().expect("server thread");
         assert_eq!(seen.request, Request::Status);
         let budget = seen.budget_ms.expect("the plugin sends its budget");
-        // What is left of its 5 s when it sends: at most 5 s, and no less than what the
-        // whole call left (however long connecting took on this machine).
-        let floor = 5_000_u64.saturating_sub(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+        // What is left of its 5 s when it sends, in whole milliseconds (rounded down): at
+        // most 5 s, and no less than what the whole call left, rounded down too (however
+        // long connecting took on this machine).
+        let took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        let floor = 5_000_u64.saturating_sub(took_ms.saturating_add(1));
         assert!(
             (floor..=5_000).contains(&budget),
             "budget {budget} ms, call took {took:?}"
