@@ -75,10 +75,8 @@ pub fn run(
         },
         Err(err) => {
             let body = CniErrorBody::new(&err, reply_version);
-            log.error(format_args!(
-                "code {}: {}: {}",
-                body.code, body.msg, body.details
-            ));
+            // `err` itself: the log line carries the `linkerd-cni:` prefix already.
+            log.error(format_args!("code {}: {err}: {}", body.code, body.details));
             // Serializing a struct of strings and an integer cannot fail.
             let stdout = serde_json::to_string(&body).unwrap_or_default();
             Outcome {

@@ -186,6 +186,9 @@ pub fn cni_code(err: &PluginError) -> u32 {
     }
 }
 
+/// What every error reply's `msg` starts with, as every line the plugin logs does.
+pub const MSG_PREFIX: &str = "linkerd-cni: ";
+
 /// The CNI error object printed on stdout.
 #[derive(Debug, Serialize)]
 pub struct CniErrorBody {
@@ -220,7 +223,10 @@ impl CniErrorBody {
         Self {
             cni_version: version.as_str(),
             code,
-            msg: err.to_string(),
+            // The runtime logs `msg` (and the pod's `FailedCreatePodSandBox` event carries it)
+            // without the plugin's standard error: the prefix lets an operator grep for it as
+            // for the plugin's own log lines.
+            msg: format!("{MSG_PREFIX}{err}"),
             details,
         }
     }
@@ -382,7 +388,7 @@ mod tests {
         assert!(
             json["msg"]
                 .as_str()
-                .is_some_and(|m| m.contains("/run/a.sock")),
+                .is_some_and(|m| m.starts_with("linkerd-cni: ") && m.contains("/run/a.sock")),
             "{json}"
         );
         let details = json["details"].as_str().unwrap_or_default();

@@ -325,7 +325,18 @@ fn missing_agent_is_try_again_later_but_del_succeeds() {
         let r = run(verb, &conf("1.1.0", socket));
         assert_eq!(r.code(), 11, "{verb}: {r:?}");
         assert!(r.msg().contains("absent.sock"), "{verb}: {r:?}");
+        // The runtime logs `msg` (not the plugin's stderr) for a failing call, and the pod's
+        // `FailedCreatePodSandBox` event carries it: it greps like the plugin's log lines.
+        assert!(
+            r.msg().starts_with("linkerd-cni: "),
+            "{verb}: msg without the prefix: {r:?}"
+        );
         assert!(r.stderr.contains("code 11"), "{verb}: logged: {}", r.stderr);
+        assert!(
+            !r.stderr.contains("linkerd-cni: linkerd-cni:"),
+            "{verb}: the prefix twice in the log line: {}",
+            r.stderr
+        );
     }
     let r = run("DEL", &conf("1.1.0", socket));
     assert_eq!(r.exit, 0, "DEL never fails for want of the agent: {r:?}");
@@ -604,6 +615,11 @@ fn bad_input_corpus_changes_nothing() {
         assert!(
             r.msg().contains(needle),
             "{name}: message should mention {needle:?}: {}",
+            r.msg()
+        );
+        assert!(
+            r.msg().starts_with("linkerd-cni: "),
+            "{name}: msg without the linkerd-cni: prefix: {}",
             r.msg()
         );
         assert!(
