@@ -4,6 +4,9 @@
 //! - `rr`: `concurrency` threads each loop connect, one [`REQ_LEN`]-byte request, the
 //!   response, close; every exchange's latency (connect to close) is recorded.
 //! - `bulk`: `concurrency` long connections each download as fast as they can.
+//! - `persistent`: `concurrency` long connections each loop one [`MSG_LEN`]-byte request and
+//!   its response (1 KiB each way); every exchange's latency (request written to response
+//!   read) is recorded, and the bytes moved both ways are counted.
 //!
 //! Measurement starts after the warm-up and stops at the deadline; the result is one JSON line
 //! on stdout ([`LoadResult`]).
@@ -17,7 +20,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::server::{BULK, REQ_LEN, RR};
+use crate::server::{BULK, MSG_LEN, PERSISTENT, REQ_LEN, RR};
 
 /// What to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -26,6 +29,8 @@ pub enum Kind {
     Rr,
     /// Long connections, bulk download.
     Bulk,
+    /// Long connections, 1 KiB request and response in a loop.
+    Persistent,
 }
 
 /// Command line of `linkerd-cni-bench load`.
@@ -189,6 +194,39 @@ fn bulk_thread(args: &LoadArgs, measure: Instant, end: Instant) -> ThreadResult 
     r
 }
 
+fn persistent_thread(args: &LoadArgs, measure: Instant, end: Instant) -> ThreadResult {
+    let mut r = ThreadResult::default();
+    let run = |r: &mut ThreadResult| -> std::io::Result<()> {
+        let mut s = TcpStream::connect_timeout(&args.target, Duration::from_secs(3))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let mut req = [b'.'; REQ_LEN];
+        req[0] = PERSISTENT;
+        s.write_all(&req)?;
+        let msg = [b'p'; MSG_LEN];
+        let mut resp = [0u8; MSG_LEN];
+        loop {
+            let t0 = Instant::now();
+            if t0 >= end {
+                return Ok(());
+            }
+            s.write_all(&msg)?;
+            s.read_exact(&mut resp)?;
+            let t1 = Instant::now();
+            if t0 >= measure && t1 <= end {
+                r.ok += 1;
+                r.bytes += 2 * MSG_LEN as u64;
+                r.lat_us
+                    .push((t1 - t0).as_micros().min(u32::MAX as u128) as u32);
+            }
+        }
+    };
+    if let Err(e) = run(&mut r) {
+        r.fail(&e);
+    }
+    r
+}
+
 /// What marks the edges of the measured window: with `--mark`, the load generator writes
 /// this line to stderr when measuring starts and when it stops, so that its parent can read
 /// CPU and BPF statistics over exactly that window.
@@ -210,6 +248,7 @@ pub fn run(args: &LoadArgs, mark: bool) -> LoadResult {
                 s.spawn(move || match args.kind {
                     Kind::Rr => rr_thread(args, start, measure, end),
                     Kind::Bulk => bulk_thread(args, measure, end),
+                    Kind::Persistent => persistent_thread(args, measure, end),
                 })
             })
             .collect();

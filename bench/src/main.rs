@@ -186,6 +186,7 @@ fn print_cpu(rows: &[report::TrafficRow], paired: &[report::TrafficRow], floor_c
     }
     eprint_goals(&report::cpu_goals(paired));
     eprint_goals(&report::baseline_goals(paired));
+    eprint_goals(&report::long_lived_goals(paired));
     eprintln!("floor: {floor_check}");
 }
 
@@ -213,6 +214,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             warmup_ms: 300,
             concurrency: 32,
             streams: 2,
+            persistent_conns: 8,
+            persistent_ms: 800,
             without_bpf_stats: false,
         }
     } else {
@@ -223,6 +226,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             warmup_ms: 500,
             concurrency: 32,
             streams: 2,
+            persistent_conns: 8,
+            persistent_ms: 2000,
             without_bpf_stats: false,
         }
     };
@@ -400,6 +405,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let rows = report::traffic_rows(&traffic);
     let mut goals = report::cpu_goals(&paired);
     goals.extend(report::baseline_goals(&paired));
+    goals.extend(report::long_lived_goals(&paired));
     goals.extend(report::goals(&rows, &pods, &restart));
     goals.extend(report::upgrade_goals(&upgrade));
     goals.extend(report::api_goals(&api_load));

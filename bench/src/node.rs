@@ -685,6 +685,7 @@ pub fn load_command(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow
             match args.kind {
                 crate::load::Kind::Rr => "rr",
                 crate::load::Kind::Bulk => "bulk",
+                crate::load::Kind::Persistent => "persistent",
             },
         ])
         .args(["--target", &args.target.to_string()])

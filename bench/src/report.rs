@@ -621,6 +621,160 @@ pub fn cpu_goals(rows: &[TrafficRow]) -> Vec<Goal> {
     out
 }
 
+/// The limit on ebpf's CPU per GiB moved over long-lived connections against the floor.
+pub const GIB_MAX_RATIO: f64 = 1.01;
+
+/// The pairs of samples of `a` and `b` measured in the same round, over the rounds
+/// [`judged`] for the two.
+fn pairs<'a>(a: &'a TrafficRow, b: &'a TrafficRow) -> Vec<(&'a Sample, &'a Sample)> {
+    judged(a, statistics_off(a, b))
+        .filter_map(|x| Some((x, b.samples.iter().find(|y| y.round == x.round)?)))
+        .collect()
+}
+
+/// The rows of the long-lived connections (bulk download, and 1 KiB request/response over
+/// persistent connections): CPU per GiB moved through the proxy, ebpf against the floor
+/// (judged: ≤ [`GIB_MAX_RATIO`] ×), with iptables-nft's ratio and its cost per packet beside
+/// it; and the persistent connections' latency, p50 and p99, each mode against the floor
+/// paired per round (information).
+pub fn long_lived_goals(rows: &[TrafficRow]) -> Vec<Goal> {
+    let mut out = Vec::new();
+    for scenario in Scenario::LONG_LIVED {
+        let dir = if scenario.inbound() {
+            "inbound"
+        } else {
+            "outbound"
+        };
+        let what = match scenario.kind() {
+            crate::load::Kind::Bulk => "bulk download",
+            _ => "1 KiB request/response",
+        };
+        let goal = format!(
+            "{dir}, long-lived connections ({what}): CPU per GiB moved through the proxy, ebpf \
+             ≤ {GIB_MAX_RATIO:.2} × the floor (direct)"
+        );
+        let e = row(rows, scenario, Mode::Ebpf).filter(|r| r.cpu_us.median > 0.0);
+        let d = row(rows, scenario, Mode::Direct).filter(|r| r.cpu_us.median > 0.0);
+        let (Some(e), Some(d)) = (e, d) else {
+            out.push(Goal {
+                goal,
+                observed: "not measured".into(),
+                met: None,
+            });
+            continue;
+        };
+        let mut more = String::new();
+        if let Some(n) = row(rows, scenario, Mode::IptablesNft).filter(|r| r.cpu_us.median > 0.0) {
+            let (_, own) = paired_ratios(n, d);
+            // Per round: iptables-nft's CPU over the floor's, per packet its pod's netns
+            // received, and those packets per MiB.
+            let mut per_packet = Vec::new();
+            let mut packets_per_mib = Vec::new();
+            for (x, y) in pairs(n, d) {
+                let (Some(cx), Some(cy), Some(p)) = (
+                    cpu_per_unit(x, scenario, |c| c.own_ns),
+                    cpu_per_unit(y, scenario, |c| c.own_ns),
+                    x.packets,
+                ) else {
+                    continue;
+                };
+                let mib = x.units(scenario);
+                if p == 0 || mib <= 0.0 {
+                    continue;
+                }
+                let per_mib = p as f64 / mib;
+                packets_per_mib.push(per_mib);
+                per_packet.push((cx - cy) / per_mib);
+            }
+            let (m, interval) = median_with_interval(&own);
+            let _ = write!(
+                more,
+                "; iptables-nft {m:.3} × the floor ({}){}",
+                match interval {
+                    Some((lo, hi)) => format!("95 % interval {lo:.3}–{hi:.3}"),
+                    None => "too few rounds for an interval".into(),
+                },
+                match per_packet.is_empty() {
+                    true => String::new(),
+                    false => format!(
+                        ", {:.0} ns of CPU per packet over the floor ({:.0} packets per MiB \
+                         received in its pod's netns)",
+                        crate::stats::percentile(&per_packet, 0.5),
+                        crate::stats::percentile(&packets_per_mib, 0.5)
+                    ),
+                }
+            );
+        }
+        let bpf: f64 = e.bpf.values().map(|b| b.runs_per_unit.median).sum();
+        let _ = write!(
+            more,
+            "; the agent's programs ran {:.2} times per GiB",
+            bpf * 1024.0
+        );
+        out.push(paired_goal(goal, e, d, GIB_MAX_RATIO, &more));
+    }
+    for scenario in [Scenario::OutboundPersistent, Scenario::InboundPersistent] {
+        let dir = if scenario.inbound() {
+            "inbound"
+        } else {
+            "outbound"
+        };
+        let Some(d) = row(rows, scenario, Mode::Direct) else {
+            continue;
+        };
+        for mode in [Mode::Ebpf, Mode::IptablesNft] {
+            let Some(a) = row(rows, scenario, mode) else {
+                continue;
+            };
+            let goal = format!(
+                "{dir} latency of 1 KiB request/response over persistent connections, {} \
+                 against the floor, p50 and p99 paired per round (information)",
+                mode.label()
+            );
+            let ps = pairs(a, d);
+            let ratio = |f: fn(&Sample) -> f64| -> Vec<f64> {
+                ps.iter()
+                    .filter(|(x, y)| f(y) > 0.0 && f(x) > 0.0)
+                    .map(|(x, y)| f(x) / f(y))
+                    .collect()
+            };
+            let show = |v: &[f64]| {
+                let (m, interval) = median_with_interval(v);
+                match interval {
+                    Some((lo, hi)) => format!(
+                        "{m:.3} × (95 % interval {lo:.3}–{hi:.3}: {})",
+                        if hi < 1.0 {
+                            "lower"
+                        } else if lo > 1.0 {
+                            "higher"
+                        } else {
+                            "within noise"
+                        }
+                    ),
+                    None => format!("{m:.3} × (too few rounds for an interval)"),
+                }
+            };
+            let (p50, p99) = (ratio(|x| x.p50_us), ratio(|x| x.p99_us));
+            out.push(Goal {
+                goal,
+                observed: format!(
+                    "p50 {}, p99 {} over {} rounds; medians p50 {:.0} vs {:.0} µs, p99 {:.0} \
+                     vs {:.0} µs",
+                    show(&p50),
+                    show(&p99),
+                    p50.len(),
+                    a.p50_us.median,
+                    d.p50_us.median,
+                    a.p99_us.median,
+                    d.p99_us.median
+                ),
+                met: None,
+            });
+        }
+    }
+    out
+}
+
 /// Evaluates the issue's goals.
 pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRound]) -> Vec<Goal> {
     let mut out = Vec::new();
@@ -1177,6 +1331,29 @@ fn upgrade_section(md: &mut String, r: &Results) {
     }
 }
 
+/// A per-MiB figure in µs as ms per GiB.
+fn per_gib(s: &Summary) -> Summary {
+    let f = 1024.0 / 1000.0;
+    Summary {
+        median: s.median * f,
+        min: s.min * f,
+        max: s.max * f,
+    }
+}
+
+/// The median packets received in the pod's netns per MiB of a long-lived scenario's row.
+fn packets_per_mib(x: &TrafficRow) -> String {
+    let v: Vec<f64> = x
+        .samples
+        .iter()
+        .filter_map(|s| Some(s.packets? as f64 / s.units(x.scenario)).filter(|_| s.bytes > 0))
+        .collect();
+    match v.is_empty() {
+        true => "–".into(),
+        false => format!("{:.0}", crate::stats::percentile(&v, 0.5)),
+    }
+}
+
 fn range(s: &Summary, prec: usize) -> String {
     format!("{:.p$} ({:.p$}–{:.p$})", s.median, s.min, s.max, p = prec)
 }
@@ -1231,13 +1408,20 @@ pub fn markdown(r: &Results) -> String {
         md,
         "Connections: {} concurrent clients, each looping connect, {}-byte request, response, close, \
          for {} ms (after {} ms warm-up); latency is connect-to-close of one exchange. Throughput: {} \
-         long connections downloading for {} ms. The ratio column is the median against `direct`.\n",
+         long connections downloading for {} ms. Persistent request/response: {} long connections, \
+         each looping a {}-byte request and its response for {} ms; latency is request written to \
+         response read, CPU per GiB moved both ways. Packets/MiB: packets received by the \
+         interfaces of the meshed pod's netns (lo and its veth), what netfilter's hooks see there. \
+         The ratio column is the median against `direct`.\n",
         c.concurrency,
         crate::server::REQ_LEN,
         c.rr_ms,
         c.warmup_ms,
         c.streams,
-        c.bulk_ms
+        c.bulk_ms,
+        c.persistent_conns,
+        crate::server::MSG_LEN,
+        c.persistent_ms
     );
     for scenario in Scenario::ALL {
         let rows: Vec<&TrafficRow> = r
@@ -1279,10 +1463,37 @@ pub fn markdown(r: &Results) -> String {
                     x.failed
                 );
             }
+        } else if scenario.kind() == crate::load::Kind::Persistent {
+            let _ = writeln!(
+                md,
+                "| mode | own CPU ms/GiB | × direct | CPU ms/GiB | exchanges/s | p50 µs | p99 µs | packets/MiB | failed |\n|---|---|---|---|---|---|---|---|---|"
+            );
+            for x in &rows {
+                if x.status != "measured" {
+                    let _ = writeln!(md, "| {} | {} | | | | | | | |", x.mode.label(), x.status);
+                    continue;
+                }
+                let cpu_ratio = direct
+                    .filter(|d| d.own_cpu_us.median > 0.0)
+                    .map(|d| format!("{:.3}", x.own_cpu_us.median / d.own_cpu_us.median))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {cpu_ratio} | {} | {} | {} | {} | {} | {} |",
+                    x.mode.label(),
+                    range(&per_gib(&x.own_cpu_us), 1),
+                    range(&per_gib(&x.cpu_us), 1),
+                    range(&x.rate, 0),
+                    range(&x.p50_us, 0),
+                    range(&x.p99_us, 0),
+                    packets_per_mib(x),
+                    x.failed
+                );
+            }
         } else {
             let _ = writeln!(
                 md,
-                "| mode | CPU µs/MiB | own CPU µs/MiB | Gbit/s | × direct | failed |\n|---|---|---|---|---|---|"
+                "| mode | CPU µs/MiB | own CPU µs/MiB | Gbit/s | × direct | packets/MiB | failed |\n|---|---|---|---|---|---|---|"
             );
             for x in &rows {
                 if x.status != "measured" {
@@ -1294,11 +1505,12 @@ pub fn markdown(r: &Results) -> String {
                     .unwrap_or_default();
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {ratio} | {} |",
+                    "| {} | {} | {} | {} | {ratio} | {} | {} |",
                     x.mode.label(),
                     range(&x.cpu_us, 1),
                     range(&x.own_cpu_us, 1),
                     range(&x.gbps, 2),
+                    packets_per_mib(x),
                     x.failed
                 );
             }

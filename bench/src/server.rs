@@ -2,7 +2,9 @@
 //!
 //! A client opens with a [`REQ_LEN`]-byte request. `R...`: request/response, the server
 //! answers [`REQ_LEN`] bytes and closes once the client has closed. `B...`: bulk, the server
-//! writes 256 KiB blocks until the client goes away.
+//! writes 256 KiB blocks until the client goes away. `P...`: request/response over a
+//! persistent connection, the server answers every [`MSG_LEN`]-byte request with as many bytes
+//! until the client closes.
 
 use std::{
     io::{Read, Write},
@@ -19,6 +21,10 @@ pub const REQ_LEN: usize = 64;
 pub const RR: u8 = b'R';
 /// First byte of a bulk download.
 pub const BULK: u8 = b'B';
+/// First byte of a persistent request/response connection.
+pub const PERSISTENT: u8 = b'P';
+/// Size of a request and of a response on a persistent connection.
+pub const MSG_LEN: usize = 1024;
 
 /// Serves on `addr` until killed; prints `ready` once listening.
 pub fn run(addr: SocketAddr) -> anyhow::Result<()> {
@@ -46,6 +52,16 @@ fn serve(mut conn: TcpStream) -> std::io::Result<()> {
             // Wait for the client's close, so that the client side closes first.
             let mut sink = [0u8; 64];
             while conn.read(&mut sink)? > 0 {}
+        }
+        PERSISTENT => {
+            let mut msg = [0u8; MSG_LEN];
+            loop {
+                match conn.read_exact(&mut msg) {
+                    Ok(()) => conn.write_all(&msg)?,
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                    Err(e) => return Err(e),
+                }
+            }
         }
         BULK => {
             let block = vec![b'b'; 256 * 1024];

@@ -1,4 +1,5 @@
-//! Scenarios 1-3: connection setup and throughput, outbound and inbound, in every mode.
+//! Scenarios 1-3: connection setup, throughput and request/response over persistent
+//! connections, outbound and inbound, in every mode.
 //!
 //! The simulated node: a node netns with a bridge; an `upstream` pod running the server (the
 //! outbound destination); a `peer` pod (the inbound clients); and one meshed pod per mode, each
@@ -91,14 +92,27 @@ pub enum Scenario {
     OutboundThroughput,
     InboundConnections,
     InboundThroughput,
+    /// 1 KiB request and response in a loop over long-lived connections.
+    OutboundPersistent,
+    InboundPersistent,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 4] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::OutboundConnections,
         Scenario::OutboundThroughput,
+        Scenario::OutboundPersistent,
         Scenario::InboundConnections,
         Scenario::InboundThroughput,
+        Scenario::InboundPersistent,
+    ];
+
+    /// The scenarios on long-lived connections, whose CPU is per GiB moved.
+    pub const LONG_LIVED: [Scenario; 4] = [
+        Scenario::OutboundThroughput,
+        Scenario::OutboundPersistent,
+        Scenario::InboundThroughput,
+        Scenario::InboundPersistent,
     ];
 
     pub fn label(self) -> &'static str {
@@ -107,19 +121,24 @@ impl Scenario {
             Scenario::OutboundThroughput => "outbound throughput",
             Scenario::InboundConnections => "inbound connections",
             Scenario::InboundThroughput => "inbound throughput",
+            Scenario::OutboundPersistent => "outbound persistent 1 KiB request/response",
+            Scenario::InboundPersistent => "inbound persistent 1 KiB request/response",
         }
     }
 
     pub fn inbound(self) -> bool {
         matches!(
             self,
-            Scenario::InboundConnections | Scenario::InboundThroughput
+            Scenario::InboundConnections
+                | Scenario::InboundThroughput
+                | Scenario::InboundPersistent
         )
     }
 
     pub fn kind(self) -> Kind {
         match self {
             Scenario::OutboundConnections | Scenario::InboundConnections => Kind::Rr,
+            Scenario::OutboundPersistent | Scenario::InboundPersistent => Kind::Persistent,
             _ => Kind::Bulk,
         }
     }
@@ -134,6 +153,11 @@ pub struct TrafficConfig {
     pub warmup_ms: u64,
     pub concurrency: usize,
     pub streams: usize,
+    /// Persistent request/response: connections, and measured time.
+    #[serde(default)]
+    pub persistent_conns: usize,
+    #[serde(default)]
+    pub persistent_ms: u64,
     /// The kernel's BPF run-time statistics are off in these rounds (the paired rounds that
     /// judge CPU per connection): no program figures, no isolation check between the agents.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -156,9 +180,14 @@ pub struct Sample {
     /// Exchanges (connection scenarios) or streams completed in the measured window.
     #[serde(default)]
     pub exchanges: u64,
-    /// Bytes received in the measured window (throughput scenarios).
+    /// Bytes received in the measured window (throughput scenarios), or moved both ways
+    /// (persistent request/response).
     #[serde(default)]
     pub bytes: u64,
+    /// Packets received by the interfaces of the meshed pod's netns (lo and its veth) over
+    /// the window: what netfilter's hooks see there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packets: Option<u64>,
     /// CPU spent over the measured window (see [`crate::cpu`]).
     #[serde(default)]
     pub cpu: Option<CpuWindow>,
@@ -179,8 +208,8 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// What CPU figures are divided by: exchanges for connection scenarios, MiB for
-    /// throughput ones.
+    /// What CPU figures are divided by: exchanges for connection scenarios, MiB moved for
+    /// the long-lived ones.
     pub fn units(&self, scenario: Scenario) -> f64 {
         if scenario.kind() == Kind::Rr {
             self.exchanges as f64
@@ -532,25 +561,24 @@ impl Topology {
     ) -> anyhow::Result<Sample> {
         let (placement, target) = self.client(mode, scenario)?;
         let kind = scenario.kind();
+        let (concurrency, duration_ms) = match kind {
+            Kind::Rr => (cfg.concurrency, cfg.rr_ms),
+            Kind::Bulk => (cfg.streams, cfg.bulk_ms),
+            Kind::Persistent => (cfg.persistent_conns.max(1), cfg.persistent_ms.max(100)),
+        };
         let args = LoadArgs {
             kind,
             target,
-            concurrency: if kind == Kind::Rr {
-                cfg.concurrency
-            } else {
-                cfg.streams
-            },
-            duration_ms: if kind == Kind::Rr {
-                cfg.rr_ms
-            } else {
-                cfg.bulk_ms
-            },
+            concurrency,
+            duration_ms,
             warmup_ms: cfg.warmup_ms,
             series_ms: None,
         };
         let proxy = self.pod(mode)?.proxy.as_ref();
         let before = proxy.map(Daemon::counters).unwrap_or_default();
         let pids = self.pids(mode)?;
+        // A process in the pod's netns: its /proc/<pid>/net/dev is that netns'.
+        let in_pod = self.pod(mode)?.server.pid();
         let (ids, other_ids) = self.bpf_ids(mode);
         // Without the statistics there are no run counts to read.
         let stats = !cfg.without_bpf_stats;
@@ -559,6 +587,7 @@ impl Topology {
             all.push(load_pid);
             (
                 cpu::Reading::take(&all),
+                rx_packets(in_pod),
                 if stats {
                     bpfstats::snapshot(ids)
                 } else {
@@ -574,13 +603,18 @@ impl Topology {
         } else {
             after.outbound - before.outbound
         };
-        if mode.meshed() && through_proxy < r.ok {
+        // Each exchange is a connection of its own, except on persistent connections.
+        let connections = match kind {
+            Kind::Persistent => (args.concurrency as u64).saturating_sub(r.failed),
+            _ => r.ok,
+        };
+        if mode.meshed() && through_proxy < connections {
             bail!(
                 "{} / {}: {} connections succeeded but the proxy accepted only {through_proxy}: \
                  redirection is not in force",
                 mode.label(),
                 scenario.label(),
-                r.ok
+                connections
             );
         }
         if r.ok == 0 {
@@ -591,14 +625,15 @@ impl Topology {
                 r.errors
             );
         }
-        let (cpu, bpf, other_agent_runs) = match window {
-            Some(((c0, b0, o0), (c1, b1, o1))) => (
+        let (cpu, packets, bpf, other_agent_runs) = match window {
+            Some(((c0, p0, b0, o0), (c1, p1, b1, o1))) => (
                 Some(CpuWindow::between(&c0, &c1)),
+                p0.zip(p1).map(|(a, b)| b.saturating_sub(a)),
                 bpfstats::delta(&b0, &b1),
                 o0.zip(o1)
                     .map(|(a, b)| bpfstats::delta(&a, &b).values().map(|p| p.runs).sum()),
             ),
-            None => (None, Default::default(), None),
+            None => (None, None, Default::default(), None),
         };
         if let Some(n) = other_agent_runs.filter(|&n| n > 0) {
             bail!(
@@ -618,6 +653,7 @@ impl Topology {
             through_proxy,
             exchanges: r.ok,
             bytes: r.bytes,
+            packets,
             cpu,
             bpf,
             other_agent_runs,
@@ -738,6 +774,28 @@ impl Topology {
     }
 }
 
+/// The packets received by every interface of the netns of process `pid` (sum of the
+/// `/proc/<pid>/net/dev` receive counts), if readable.
+pub fn rx_packets(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
+    parse_rx_packets(&text)
+}
+
+/// The sum of the receive packet counts of a `/proc/net/dev` text.
+pub fn parse_rx_packets(text: &str) -> Option<u64> {
+    let mut total = 0u64;
+    let mut seen = false;
+    for line in text.lines().skip(2) {
+        let Some((_, counters)) = line.split_once(':') else {
+            continue;
+        };
+        // Receive: bytes, packets, ...
+        total += counters.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+        seen = true;
+    }
+    seen.then_some(total)
+}
+
 /// Every sample, per scenario and mode; `None` where a mode does not support the scenario.
 pub type TrafficResults = BTreeMap<Scenario, BTreeMap<Mode, Option<Vec<Sample>>>>;
 
@@ -752,12 +810,11 @@ pub struct Only {
 impl Only {
     /// The modes the CPU goal rows compare in pairs (ebpf with the floor, iptables-nft and
     /// the baseline build; the unmeshed pod under the shared attachment with the plain one),
-    /// in the two connection scenarios. A mode the node does not have is left out.
+    /// in every scenario (the unmeshed pods in the connection scenarios only). A mode the
+    /// node does not have is left out.
     pub fn paired() -> Self {
         Self {
-            scenarios: [Scenario::OutboundConnections, Scenario::InboundConnections]
-                .map(|s| s.label().to_string())
-                .to_vec(),
+            scenarios: Scenario::ALL.map(|s| s.label().to_string()).to_vec(),
             modes: [
                 Mode::Direct,
                 Mode::IptablesNft,
@@ -845,6 +902,10 @@ pub fn run(topo: &Topology, cfg: &TrafficConfig, only: &Only) -> anyhow::Result<
                     .cpu
                     .map(|c| (per(c.busy_ns), per(c.own_ns)))
                     .unwrap_or_default();
+                let unit = match scenario.kind() {
+                    Kind::Rr => "conn",
+                    _ => "MiB",
+                };
                 let bpf: u64 = s.bpf.values().map(|p| p.ns).sum();
                 eprintln!(
                     "bench: round {round} {:<20} {:<16} {:>9.0} conn/s p50 {:>6.0} µs p99 {:>6.0} µs {:>6.2} Gbit/s failed {} | CPU/{} busy {busy:.1} µs own {own:.1} µs bpf {:.2} µs",
@@ -855,11 +916,7 @@ pub fn run(topo: &Topology, cfg: &TrafficConfig, only: &Only) -> anyhow::Result<
                     s.p99_us,
                     s.gbps,
                     s.failed,
-                    if scenario.kind() == Kind::Rr {
-                        "conn"
-                    } else {
-                        "MiB"
-                    },
+                    unit,
                     per(bpf as f64),
                 );
                 if let Some(Some(v)) = results.get_mut(&scenario).and_then(|m| m.get_mut(&mode)) {
@@ -871,4 +928,19 @@ pub fn run(topo: &Topology, cfg: &TrafficConfig, only: &Only) -> anyhow::Result<
         }
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rx_packets_sum_every_interface() {
+        let text = "Inter-|   Receive                                                |  Transmit\n \
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    \
+lo: 1000      10    0    0    0     0          0         0     1000      10    0    0    0     0       0          0\n  \
+eth0: 5000      32    0    0    0     0          0         0     7000      40    0    0    0     0       0          0\n";
+        assert_eq!(parse_rx_packets(text), Some(42));
+        assert_eq!(parse_rx_packets("header\nheader\n"), None);
+    }
 }
