@@ -16,6 +16,7 @@ mod cpu;
 mod crisandbox;
 mod diag;
 mod fastns;
+mod imagesize;
 mod load;
 mod node;
 mod podsetup;
@@ -146,6 +147,10 @@ struct RunArgs {
     /// (default 6 quick, 15 full, 0 with `--traffic-only`).
     #[arg(long, alias = "baseline-pairs")]
     pair_rounds: Option<usize>,
+    /// Where `cargo xtask image` wrote the image archives (default: `target/image` under
+    /// `--out-dir`): their sizes per architecture are reported.
+    #[arg(long)]
+    image_dir: Option<PathBuf>,
 }
 
 /// The hand-written analysis kept in bench/ANALYSIS.md, if any.
@@ -286,13 +291,22 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let api = node::Api::start()?;
     let shared_cgroup = CgroupGuard::new()?;
-    let mut agent = node::AgentProc::start(
+    let mut agent = node::AgentProc::stopped(
         &bins.agent,
         &api.kubeconfig,
         shared_cgroup.path(),
+        node::NODE_NAME,
         scale::BENCH_MAX_PODS,
     )?;
-    eprintln!("bench: agent running, PID {}", agent.pid().unwrap_or(0));
+    // A fresh node: no pins, no registered pod.
+    let start_empty = agent.spawn_until_ready()?;
+    eprintln!(
+        "bench: agent running, PID {}: socket after {:.0} ms, /ready after {:.0} ms ({} pods)",
+        agent.pid().unwrap_or(0),
+        start_empty.socket_ms,
+        start_empty.ready_ms,
+        start_empty.registered
+    );
     let cni = node::Cni {
         plugin: bins.plugin.clone(),
         socket: agent.socket().to_path_buf(),
@@ -402,6 +416,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let cri_sandbox = crisandbox::run(cri_rounds, cri_pods)
         .context("RunPodSandbox through containerd (scenario 8)")?;
 
+    let image_dir = args
+        .image_dir
+        .clone()
+        .unwrap_or_else(|| args.out_dir.join("target/image"));
+    let image = imagesize::read_dir(&image_dir).unwrap_or_else(|e| {
+        eprintln!("bench: no image sizes: {e:#}");
+        Vec::new()
+    });
     let rows = report::traffic_rows(&traffic);
     let mut goals = report::cpu_goals(&paired);
     goals.extend(report::baseline_goals(&paired));
@@ -410,6 +432,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     goals.extend(report::upgrade_goals(&upgrade));
     goals.extend(report::api_goals(&api_load));
     goals.push(report::cri_sandbox_row(&cri_sandbox));
+    goals.extend(report::image_rows(
+        &image,
+        &start_empty,
+        pods.restart_to_ready.as_ref(),
+    ));
     let notes = read_notes(&args.out_dir);
     let results = report::Results {
         command: args
@@ -430,6 +457,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         api_load: Some(api_load),
         cri_sandbox: Some(cri_sandbox),
         upgrade,
+        image,
+        start_empty: Some(start_empty),
         goals,
         floor_check,
         baseline,

@@ -132,6 +132,17 @@ impl Api {
     }
 }
 
+/// The time from an agent process's start to its readiness.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct StartToReady {
+    /// Pods in its registry when it started (and adopted).
+    pub registered: usize,
+    /// Spawn to its registration socket answering a status request, ms.
+    pub socket_ms: f64,
+    /// Spawn to `/ready` answering 200, ms.
+    pub ready_ms: f64,
+}
+
 /// The real agent process (the support library's [`AgentProcess`]), with its own pin root,
 /// state dir and socket, restarted at will.
 pub struct AgentProc {
@@ -144,16 +155,8 @@ pub struct AgentProc {
 }
 
 impl AgentProc {
-    pub fn start(
-        bin: &Path,
-        kubeconfig: &Path,
-        shared_cgroup: &Path,
-        max_pods: u32,
-    ) -> anyhow::Result<Self> {
-        Self::start_on(bin, kubeconfig, shared_cgroup, NODE_NAME, max_pods)
-    }
-
-    /// Like [`Self::start`], for the node `node_name` (the API-load scenario runs several).
+    /// Starts an agent for the node `node_name` (the API-load scenario runs several) and waits
+    /// until it answers on its socket.
     pub fn start_on(
         bin: &Path,
         kubeconfig: &Path,
@@ -202,7 +205,13 @@ impl AgentProc {
             reap_interval: None,
             reconcile_interval: None,
             bpffs: None,
-            health: SocketAddr::from(([127, 0, 0, 1], 0)),
+            // A port of its own, known beforehand: the start-to-ready figure polls /ready.
+            health: SocketAddr::from((
+                [127, 0, 0, 1],
+                std::net::TcpListener::bind("127.0.0.1:0")?
+                    .local_addr()?
+                    .port(),
+            )),
             shared_cgroup: Some(shared_cgroup.into()),
             log: std::env::var_os("LINKERD_CNI_BENCH_AGENT_LOG")
                 .map_or_else(|| dir.path().join("agent.log"), PathBuf::from),
@@ -285,6 +294,37 @@ impl AgentProc {
         }
         self.agent = Some(agent);
         Ok(t0.elapsed())
+    }
+
+    /// Starts the process and waits until its health endpoint's `/ready` answers 200 (and
+    /// its registration socket answers), polling both every 2 ms: the time from the process's
+    /// start to readiness, as kubelet's readiness probe sees it (at a finer period).
+    pub fn spawn_until_ready(&mut self) -> anyhow::Result<StartToReady> {
+        let t0 = Instant::now();
+        let mut agent = AgentProcess::spawn(&self.command)?;
+        let health = self.command.health;
+        let (mut socket_at, mut ready_at) = (None, None);
+        agent.wait_ready(Duration::from_secs(60), Duration::from_millis(2), |_| {
+            if socket_at.is_none() && status(&self.command.socket).is_ok() {
+                socket_at = Some(t0.elapsed());
+            }
+            if ready_at.is_none()
+                && matches!(
+                    linkerd_cni_tests::node::http_get(health, "/ready", Duration::from_secs(1)),
+                    Ok((200, _))
+                )
+            {
+                ready_at = Some(t0.elapsed());
+            }
+            socket_at.is_some() && ready_at.is_some()
+        })?;
+        self.agent = Some(agent);
+        let registered = self.status()?;
+        Ok(StartToReady {
+            registered,
+            socket_ms: socket_at.unwrap_or_default().as_secs_f64() * 1e3,
+            ready_ms: ready_at.unwrap_or_default().as_secs_f64() * 1e3,
+        })
     }
 
     /// The agent's log file.

@@ -214,6 +214,10 @@ pub struct Footprint {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PodSetupResults {
     pub checkpoints: Vec<Checkpoint>,
+    /// The agent stopped (SIGTERM) and started again at the first checkpoint with
+    /// [`RESTART_READY_PODS`] or more registered pods: its start to `/ready`.
+    #[serde(default)]
+    pub restart_to_ready: Option<crate::node::StartToReady>,
     pub footprint: Footprint,
     /// Seconds spent filling the node (pods made and added).
     pub fill_secs: f64,
@@ -280,6 +284,9 @@ fn count_links(dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// The registered pods of the start-to-ready measurement after a restart (issue 24's row).
+pub const RESTART_READY_PODS: usize = 1000;
+
 /// Runs scenarios 4 and 5. `checkpoints` are the registered-pod counts (ascending);
 /// `samples` ADD/DEL pairs are measured at each.
 pub fn run(
@@ -299,6 +306,7 @@ pub fn run(
     let mut fill_secs = 0.0;
     let mut rss_1 = 0;
     let mut counter = 0usize;
+    let mut restart_to_ready = None;
     let result = (|| -> anyhow::Result<PodSetupResults> {
         for &target in checkpoints {
             // Re-read the count: the agent also drops registrations whose netns went away.
@@ -418,6 +426,25 @@ pub fn run(
                     .collect::<Vec<_>>()
             );
             out.push(cp);
+            if restart_to_ready.is_none() && registered >= RESTART_READY_PODS {
+                // As a rolling update replaces the agent's container: SIGTERM, a new process
+                // on the same pins and registry.
+                let before = agent.status()?;
+                agent.terminate()?;
+                let s = agent.spawn_until_ready()?;
+                if s.registered != before {
+                    bail!(
+                        "after a restart the agent knows {} pods, not {before}",
+                        s.registered
+                    );
+                }
+                eprintln!(
+                    "bench: agent restarted with {} registered pods: socket after {:.0} ms, \
+                     /ready after {:.0} ms",
+                    s.registered, s.socket_ms, s.ready_ms
+                );
+                restart_to_ready = Some(s);
+            }
         }
         let registered = agent.status()?;
         let mem = agent.rss()?;
@@ -454,6 +481,7 @@ pub fn run(
             footprint.restart_ready_ms
         );
         Ok(PodSetupResults {
+            restart_to_ready,
             checkpoints: out,
             footprint,
             fill_secs,

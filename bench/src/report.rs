@@ -136,6 +136,12 @@ pub struct Results {
     #[serde(default)]
     pub cri_sandbox: Option<crate::crisandbox::CriSandboxResults>,
     pub upgrade: Vec<UpgradeRound>,
+    /// The image's size per architecture (issue 24), from `cargo xtask image`'s archives.
+    #[serde(default)]
+    pub image: Vec<crate::imagesize::ImageSize>,
+    /// The agent's first start on the node (no pins, no registered pod) to `/ready`.
+    #[serde(default)]
+    pub start_empty: Option<crate::node::StartToReady>,
     pub goals: Vec<Goal>,
     /// How the floor's netns was checked to have no netfilter rule.
     #[serde(default)]
@@ -867,6 +873,74 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
             restart.len()
         ),
         met: Some(failed == 0 && !restart.is_empty()),
+    });
+    out
+}
+
+/// Issue 24's rows: the image's size per architecture, and the agent's start to `/ready` with
+/// 0 and with [`crate::podsetup::RESTART_READY_PODS`] registered pods (information).
+pub fn image_rows(
+    image: &[crate::imagesize::ImageSize],
+    start_empty: &crate::node::StartToReady,
+    restart: Option<&crate::node::StartToReady>,
+) -> Vec<Goal> {
+    let mib = |b: u64| b as f64 / 1_048_576.0;
+    let mut out = Vec::new();
+    if image.is_empty() {
+        out.push(Goal {
+            goal: "image size per architecture (information; `cargo xtask image`)".into(),
+            observed: "no archive found: `cargo xtask image` did not run or failed".into(),
+            met: None,
+        });
+    }
+    for i in image {
+        out.push(Goal {
+            goal: format!(
+                "image size, {} (information; `cargo xtask image`'s archive)",
+                i.platform
+            ),
+            observed: format!(
+                "{:.2} MiB compressed (what a node pulls: manifest, config and the gzip layer), \
+                 {:.2} MiB uncompressed; archive `{}` {:.2} MiB",
+                mib(i.pulled_bytes),
+                mib(i.unpacked_bytes),
+                i.archive,
+                mib(i.archive_bytes)
+            ),
+            met: None,
+        });
+    }
+    let how = "the agent process's spawn to `/ready` answering 200, polled every 2 ms (not a \
+               container start: the DaemonSet's pod through containerd is \
+               tests/tests/daemonset.rs, which prints its own figure)";
+    out.push(Goal {
+        goal: "time from the agent's start to readiness, 0 registered pods (information)".into(),
+        observed: format!(
+            "{:.0} ms on a fresh node (registration socket answering after {:.0} ms); {how}",
+            start_empty.ready_ms, start_empty.socket_ms
+        ),
+        met: None,
+    });
+    let goal = format!(
+        "time from the agent's start to readiness, {} registered pods, restarted \
+         (information)",
+        crate::podsetup::RESTART_READY_PODS
+    );
+    out.push(match restart {
+        Some(r) => Goal {
+            goal,
+            observed: format!(
+                "{:.0} ms with {} pods in its registry and pins, after SIGTERM (registration \
+                 socket answering after {:.0} ms); {how}",
+                r.ready_ms, r.registered, r.socket_ms
+            ),
+            met: None,
+        },
+        None => Goal {
+            goal,
+            observed: "not measured (no checkpoint reached it)".into(),
+            met: None,
+        },
     });
     out
 }

@@ -2,8 +2,10 @@
 //! binaries the benchmark drives (agent, CNI plugin, stand-in API server, benchmark), then runs
 //! `linkerd-cni-bench run`, which writes `BENCHMARKS.md`, `bench/results.json` and
 //! `bench/chart.svg` at the workspace root. With `--baseline-bins`, DIR holds an earlier build's
-//! agent and plugin, measured beside ours (mode `ebpf-baseline`). Needs root (netns, cgroups,
-//! BPF).
+//! agent and plugin, measured beside ours (mode `ebpf-baseline`). Before the run it builds the
+//! DaemonSet's image (`cargo xtask image`, every architecture, into `target/image`), whose
+//! archives' sizes the report gives; a failed image build is reported, not fatal. Needs root
+//! (netns, cgroups, BPF).
 
 use std::path::Path;
 
@@ -32,6 +34,11 @@ pub fn bench(quick: bool, baseline_bins: Option<&Path>) -> anyhow::Result<()> {
     ]))?;
     // The plugin exactly as shipped (see dist.rs).
     crate::dist::build_plugin(true)?;
+    // The image's archives, whose sizes the report gives (the bench reads them).
+    let image_dir = workspace().join("target/image");
+    if let Err(e) = crate::image::image(&image_dir, &crate::cross::Arch::ALL) {
+        eprintln!("xtask bench: the image was not built, its sizes will be missing: {e:#}");
+    }
     let mut command = String::from("cargo xtask bench");
     if quick {
         command.push_str(" --quick");
@@ -53,7 +60,9 @@ pub fn bench(quick: bool, baseline_bins: Option<&Path>) -> anyhow::Result<()> {
         &command,
         "--out-dir",
     ])
-    .arg(workspace());
+    .arg(workspace())
+    .arg("--image-dir")
+    .arg(&image_dir);
     if quick {
         cmd.arg("--quick");
     }
