@@ -193,11 +193,11 @@ pub struct InstallCniArgs {
         default_value = "/opt/cni/bin"
     )]
     pub dest_cni_bin_dir: String,
-    /// PriorityClass of the DaemonSet's pods.
+    /// PriorityClass of the DaemonSet's pods; empty for none.
     #[arg(
         long,
         env = "LINKERD_INSTALL_CNI_PRIORITY_CLASS_NAME",
-        default_value = ""
+        default_value = "system-node-critical"
     )]
     pub priority_class_name: String,
     /// iptables mode only (accepted and ignored in eBPF mode).

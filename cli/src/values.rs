@@ -477,7 +477,8 @@ pub struct Values {
     pub update_strategy: Map<String, Json>,
     pub revision_history_limit: u32,
     pub cli_version: String,
-    /// Accepted (Linkerd's chart has it); the agent container is always privileged.
+    /// Accepted (Linkerd's chart has it); the agent container is never privileged (only the
+    /// `mount-bpffs` init container is, see [`Agent::mount_bpffs`]).
     pub privileged: bool,
     /// Accepted (Linkerd's chart has it); no PodSecurityPolicy is rendered.
     pub enable_psp: bool,
@@ -529,6 +530,22 @@ pub struct Agent {
     pub health_port: u16,
     pub host_cgroup_root: String,
     pub host_netns_dir: String,
+    /// Whether the privileged `mount-bpffs` init container runs (false: the host mounts bpffs
+    /// and no container is privileged).
+    pub mount_bpffs: bool,
+    /// Whether the runtime passes `/proc/<pid>/ns/net` as CNI_NETNS (host `/proc` mounted,
+    /// CAP_SYS_PTRACE added).
+    pub cni_netns_from_proc: bool,
+    pub metrics: Metrics,
+}
+
+/// `agent.metrics`: `/metrics` on an address of the node, for Prometheus.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    pub enabled: bool,
+    /// An IP address (the template brackets an IPv6 one).
+    pub bind_address: std::net::IpAddr,
+    pub port: u16,
 }
 
 /// What a JSON value is, for messages.
@@ -617,6 +634,13 @@ impl<'a> Reader<'a> {
     fn port(&self, path: &str) -> Result<u16, ValuesError> {
         let n = self.int(path, 1, 65535)?;
         u16::try_from(n).map_err(|_| self.err(path, format!("{n} is not a port")))
+    }
+
+    /// An IP address (as the agent parses it: no brackets, no port).
+    fn ip(&self, path: &str) -> Result<std::net::IpAddr, ValuesError> {
+        let s = self.string(path)?;
+        s.parse()
+            .map_err(|_| self.err(path, format!("{s:?} is not an IPv4 or IPv6 address")))
     }
 
     fn string(&self, path: &str) -> Result<String, ValuesError> {
@@ -747,6 +771,13 @@ impl<'a> Reader<'a> {
                 health_port: self.port("agent.healthPort")?,
                 host_cgroup_root: self.string("agent.hostCgroupRoot")?,
                 host_netns_dir: self.string("agent.hostNetnsDir")?,
+                mount_bpffs: self.boolean("agent.mountBpffs")?,
+                cni_netns_from_proc: self.boolean("agent.cniNetnsFromProc")?,
+                metrics: Metrics {
+                    enabled: self.boolean("agent.metrics.enabled")?,
+                    bind_address: self.ip("agent.metrics.bindAddress")?,
+                    port: self.port("agent.metrics.port")?,
+                },
             },
             common_labels: self.labels("commonLabels")?,
             pod_labels: self.labels("podLabels")?,
@@ -823,6 +854,17 @@ pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError>
             format!("must be inside agent.bpffsPath ({bpffs})"),
         ));
     }
+    if v.agent.metrics.enabled && v.agent.metrics.port == v.agent.health_port {
+        return Err(r.err(
+            "agent.metrics.port",
+            format!(
+                "{} is agent.healthPort's: the health endpoint listens on loopback there \
+                 (serving /metrics too), and a wildcard bindAddress could not be bound next to \
+                 it; choose another port",
+                v.agent.metrics.port
+            ),
+        ));
+    }
     if v.image.name.is_empty() || v.image.name.contains(char::is_whitespace) {
         return Err(r.err(
             "image.name",
@@ -882,6 +924,11 @@ mod tests {
         assert_eq!(v.agent.socket_path, linkerd_cni_common::paths::AGENT_SOCKET);
         assert_eq!(v.agent.bpffs_path, linkerd_cni_common::paths::BPFFS);
         assert_eq!(v.agent.pin_root, linkerd_cni_common::paths::PIN_ROOT);
+        // Issue 25: nothing exposed, a priority, the privileged mount kept by default.
+        assert_eq!(v.priority_class_name, "system-node-critical");
+        assert!(!v.agent.metrics.enabled);
+        assert!(v.agent.mount_bpffs);
+        assert!(!v.agent.cni_netns_from_proc);
     }
 
     #[test]
@@ -999,6 +1046,26 @@ mod tests {
             ),
             ("image", json!({"pullPolicy": "Sometimes"}), "pullPolicy"),
             ("agent", json!({"pinRoot": "/elsewhere/x"}), "agent.pinRoot"),
+            (
+                "agent",
+                json!({"metrics": {"bindAddress": "[::]"}}),
+                "agent.metrics.bindAddress (from x): \"[::]\" is not an IPv4 or IPv6 address",
+            ),
+            (
+                "agent",
+                json!({"metrics": {"bindAddress": "node.example"}}),
+                "is not an IPv4 or IPv6 address",
+            ),
+            (
+                "agent",
+                json!({"metrics": {"enabled": true, "port": 9990}}),
+                "agent.metrics.port (from x): 9990 is agent.healthPort's",
+            ),
+            (
+                "agent",
+                json!({"mountBpffs": "false"}),
+                "agent.mountBpffs (from x): expected true or false",
+            ),
             (
                 "commonLabels",
                 json!({"a": 1}),

@@ -70,6 +70,14 @@ fn cli_and_chart_render_the_same_objects() {
             "agent",
             "agent:\n  logLevel: trace\n  socketPath: /x/y/z.sock\n  pinRoot: /sys/fs/bpf/a/b\n  healthPort: 1234\n  hostCgroupRoot: /c\n  hostNetnsDir: /n\n",
         ),
+        (
+            "least privilege off the defaults",
+            "priorityClassName: \"\"\nagent:\n  mountBpffs: false\n  cniNetnsFromProc: true\n  metrics:\n    enabled: true\n    bindAddress: \"fd00::5\"\n    port: 9100\n",
+        ),
+        (
+            "metrics on IPv4 with IPv6 on",
+            "disableIPv6: false\nagent:\n  metrics:\n    enabled: true\n    bindAddress: 10.0.0.5\n",
+        ),
     ];
     for (what, values) in sets {
         let file = temp_file(
@@ -104,7 +112,7 @@ fn full_flags_equal_their_values_in_the_chart() {
             "--cni-log-level=debug",
             "--dest-cni-net-dir=/var/lib/cni/net.d",
             "--dest-cni-bin-dir=/var/lib/cni/bin",
-            "--priority-class-name=system-node-critical",
+            "--priority-class-name=linkerd-cni-critical",
             "--use-wait-flag",
             "--registry=registry.example.com/mirror",
             "--set=agent.healthPort=9992",

@@ -26,7 +26,7 @@ const FULL_FLAGS: &[&str] = &[
     "--cni-log-level=debug",
     "--dest-cni-net-dir=/var/lib/cni/net.d",
     "--dest-cni-bin-dir=/var/lib/cni/bin",
-    "--priority-class-name=system-node-critical",
+    "--priority-class-name=linkerd-cni-critical",
     "--use-wait-flag",
     "--registry=registry.example.com/mirror",
     "--set=agent.healthPort=9992",
@@ -259,21 +259,47 @@ fn default_render_content() {
     assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
     let c = &pod["containers"][0];
     assert_eq!(c["command"], json!(["linkerd-cni-agent", "run"]));
-    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
-    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready");
-    // The agent remounts bpffs when it is lost: only Bidirectional propagation makes that
-    // mount the host's, and Kubernetes allows it only in privileged containers.
+    // Least privilege (issue 25): the agent container is not privileged and holds exactly the
+    // agent's required capabilities; no host PIDs; the runtime's seccomp profile; a priority.
+    assert_eq!(pod.get("hostPID"), None, "no hostPID");
+    assert_eq!(
+        pod["securityContext"],
+        json!({"seccompProfile": {"type": "RuntimeDefault"}})
+    );
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    let sc = &c["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(
+        sc["capabilities"],
+        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "SYS_ADMIN"]})
+    );
+    // Nothing exposed: no ports (a hostPort with hostNetwork), probes and health on loopback,
+    // no Prometheus annotations while metrics are off.
+    assert_eq!(
+        c.get("ports"),
+        None,
+        "no containerPort: it would be a hostPort"
+    );
+    for (probe, path) in [("livenessProbe", "/live"), ("readinessProbe", "/ready")] {
+        assert_eq!(
+            c[probe]["httpGet"],
+            json!({"host": "127.0.0.1", "path": path, "port": 9990}),
+            "{probe}"
+        );
+    }
+    let annotations = &objs["DaemonSet/linkerd-cni"]["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations.get("prometheus.io/scrape"), None);
+    // The bpffs mount receives the host's mounts (Bidirectional is for privileged containers
+    // only).
     let bpffs = c["volumeMounts"]
         .as_array()
         .expect("mounts")
         .iter()
         .find(|m| m["name"] == "bpffs")
         .expect("bpffs mount");
-    assert_eq!(bpffs["mountPropagation"], "Bidirectional");
-    assert_eq!(
-        c["securityContext"]["privileged"], true,
-        "Bidirectional propagation requires privileged"
-    );
+    assert_eq!(bpffs["mountPropagation"], "HostToContainer");
     // SIGTERM tells a rollout from an uninstall by reading the agent's own DaemonSet.
     let env: BTreeMap<&str, &Json> = c["env"]
         .as_array()
@@ -302,17 +328,150 @@ fn default_render_content() {
         ("cni-net-dir", "/host/etc/cni/net.d"),
         ("bpffs", "/sys/fs/bpf"),
         ("host-cgroup", "/host/sys/fs/cgroup"),
-        ("host-proc", "/host/proc"),
         ("agent-run", "/run/linkerd-cni"),
     ] {
         assert_eq!(mounts.get(name), Some(&path), "mount {name}");
     }
+    assert_eq!(
+        mounts.get("host-proc"),
+        None,
+        "the host's /proc only with agent.cniNetnsFromProc"
+    );
+    assert_eq!(
+        env["LINKERD_CNI_AGENT_HEALTH_ADDR"]["value"],
+        "127.0.0.1:9990"
+    );
+    assert!(!env.contains_key("LINKERD_CNI_AGENT_METRICS_ADDR"));
     let init = &pod["initContainers"][0];
     assert_eq!(init["volumeMounts"][0]["mountPropagation"], "Bidirectional");
     assert_eq!(
         init["securityContext"]["privileged"], true,
         "Bidirectional propagation requires privileged"
     );
+}
+
+/// Whether a container is privileged, by its name, in a rendered pod spec.
+fn privileged_containers(pod: &Json) -> Vec<(String, bool)> {
+    ["initContainers", "containers"]
+        .iter()
+        .flat_map(|k| pod[*k].as_array().cloned().unwrap_or_default())
+        .map(|c| {
+            (
+                c["name"].as_str().expect("name").to_string(),
+                c.pointer("/securityContext/privileged") == Some(&json!(true)),
+            )
+        })
+        .collect()
+}
+
+/// Both shapes of the bpffs mount (issue 25 item 5): by default only the `mount-bpffs` init
+/// container is privileged; with `agent.mountBpffs=false` (the host mounts bpffs) it is left
+/// out and no container of the pod is privileged, nor any mount Bidirectional. Both are
+/// admissible pod specs, and extraInitContainers still render without mount-bpffs.
+#[test]
+fn only_the_bpffs_mount_is_privileged_and_only_when_asked() {
+    let pod_of = |args: &[&str]| {
+        objects(&install_cni(args, &[]))["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"]
+            .clone()
+    };
+    let default = pod_of(&[]);
+    assert_eq!(
+        privileged_containers(&default),
+        [
+            ("mount-bpffs".to_string(), true),
+            ("install-cni".to_string(), false)
+        ]
+    );
+    let init = &default["initContainers"][0];
+    assert_eq!(init["volumeMounts"][0]["mountPropagation"], "Bidirectional");
+    assert!(
+        pod_spec_violations(&default).is_empty(),
+        "{:?}",
+        pod_spec_violations(&default)
+    );
+    // Negative controls: the rules that make this the only admissible shape.
+    let agent_with = |change: &dyn Fn(&mut Json)| {
+        let mut pod = default.clone();
+        change(&mut pod["containers"][0]);
+        pod_spec_violations(&pod)
+    };
+    assert_eq!(
+        agent_with(&|c| {
+            for m in c["volumeMounts"].as_array_mut().expect("mounts") {
+                if m["name"] == "bpffs" {
+                    m["mountPropagation"] = json!("Bidirectional");
+                }
+            }
+        }),
+        ["install-cni: Bidirectional mount propagation is available only to privileged containers"]
+    );
+    assert_eq!(
+        agent_with(&|c| c["securityContext"]["privileged"] = json!(true)),
+        ["install-cni: cannot set allowPrivilegeEscalation to false and privileged to true"]
+    );
+    assert_eq!(
+        agent_with(&|c| c["securityContext"]["capabilities"]["add"][2] = json!("CAP_SYS_ADMIN")),
+        [
+            "install-cni: cannot set allowPrivilegeEscalation to false and capabilities.add CAP_SYS_ADMIN"
+        ]
+    );
+
+    let host_mounted = pod_of(&["--set", "agent.mountBpffs=false"]);
+    assert_eq!(host_mounted.get("initContainers"), None);
+    assert_eq!(
+        privileged_containers(&host_mounted),
+        [("install-cni".to_string(), false)]
+    );
+    let mut leaves = std::collections::BTreeMap::new();
+    support::leaves("", &host_mounted, &mut leaves);
+    assert!(
+        !leaves.values().any(|v| v == "Bidirectional"),
+        "no Bidirectional mount without mount-bpffs"
+    );
+    assert!(pod_spec_violations(&host_mounted).is_empty());
+    // The agent's container is the same in both shapes.
+    assert_eq!(host_mounted["containers"], default["containers"]);
+    assert_eq!(host_mounted["volumes"], default["volumes"]);
+
+    let extra = temp_file(
+        "extra-init.yaml",
+        "agent:\n  mountBpffs: false\nextraInitContainers:\n  - name: x\n    image: x\n",
+    );
+    let with_extra = pod_of(&["-f", &extra.display().to_string()]);
+    assert_eq!(
+        privileged_containers(&with_extra),
+        [("x".to_string(), false), ("install-cni".to_string(), false)]
+    );
+}
+
+/// `agent.cniNetnsFromProc` (runtimes that pass `/proc/<pid>/ns/net`, such as cri-dockerd)
+/// adds the host's `/proc`, read-only, and CAP_SYS_PTRACE; nothing else.
+#[test]
+fn netns_from_proc_adds_the_host_proc_and_sys_ptrace() {
+    let c = |args: &[&str]| {
+        objects(&install_cni(args, &[]))["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"]
+            .clone()
+    };
+    let pod = c(&["--set", "agent.cniNetnsFromProc=true"]);
+    assert_eq!(
+        pod["containers"][0]["securityContext"]["capabilities"]["add"],
+        json!(["BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"])
+    );
+    let proc_mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"] == "host-proc")
+        .cloned()
+        .expect("host-proc mount");
+    assert_eq!(
+        proc_mount,
+        json!({"name": "host-proc", "mountPath": "/host/proc", "readOnly": true})
+    );
+    assert!(pod["volumes"].as_array().expect("volumes").contains(
+        &json!({"name": "host-proc", "hostPath": {"path": "/proc", "type": "Directory"}})
+    ));
+    assert!(pod_spec_violations(&pod).is_empty());
 }
 
 /// Each flag (or env var, values file, --set) changes exactly the fields it should.
@@ -578,18 +737,86 @@ fn flags_change_what_they_should() {
             vec![],
             vec![
                 (
-                    format!("{ds}/metadata/annotations/prometheus.io~1port").replace("~1", "/"),
-                    json!("9999"),
-                ),
-                (
                     format!("{ds}/spec/containers/0/env/11/value"),
-                    json!("0.0.0.0:9999"),
+                    json!("127.0.0.1:9999"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/ports/0/containerPort"),
+                    format!("{ds}/spec/containers/0/livenessProbe/httpGet/port"),
+                    json!(9999),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/readinessProbe/httpGet/port"),
                     json!(9999),
                 ),
             ],
+        ),
+        // Metrics: off the node's addresses unless enabled; then on their own address and
+        // port, and the pods are annotated for Prometheus.
+        (
+            vec!["--set", "agent.metrics.enabled=true"],
+            vec![],
+            vec![
+                (
+                    format!("{ds}/metadata/annotations/prometheus.io/scrape"),
+                    json!("true"),
+                ),
+                (
+                    format!("{ds}/metadata/annotations/prometheus.io/port"),
+                    json!("9991"),
+                ),
+                (
+                    format!("{ds}/metadata/annotations/prometheus.io/path"),
+                    json!("/metrics"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/env/14/name"),
+                    json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/env/14/value"),
+                    json!("0.0.0.0:9991"),
+                ),
+            ],
+        ),
+        (
+            vec![
+                "--set",
+                "agent.metrics.enabled=true,agent.metrics.bindAddress=fd00::1,agent.metrics.port=9100",
+            ],
+            vec![],
+            vec![
+                (
+                    format!("{ds}/metadata/annotations/prometheus.io/scrape"),
+                    json!("true"),
+                ),
+                (
+                    format!("{ds}/metadata/annotations/prometheus.io/port"),
+                    json!("9100"),
+                ),
+                (
+                    format!("{ds}/metadata/annotations/prometheus.io/path"),
+                    json!("/metrics"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/env/14/name"),
+                    json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/env/14/value"),
+                    json!("[fd00::1]:9100"),
+                ),
+            ],
+        ),
+        (
+            vec!["--set", "agent.metrics.bindAddress=10.0.0.1"],
+            vec![],
+            vec![],
+        ),
+        // An empty priority class unsets it.
+        (
+            vec!["--priority-class-name="],
+            vec![],
+            vec![(format!("{ds}/spec/priorityClassName"), Json::Null)],
         ),
         (
             vec!["--set", "agent.logLevel=debug"],
@@ -602,7 +829,13 @@ fn flags_change_what_they_should() {
         (
             vec!["--set", "disableIPv6=false"],
             vec![],
-            vec![(linkerd("ipv6"), json!(true))],
+            vec![
+                (linkerd("ipv6"), json!(true)),
+                (
+                    format!("{ds}/spec/containers/0/env/11/value"),
+                    json!("127.0.0.1:9990,[::1]:9990"),
+                ),
+            ],
         ),
         (
             vec!["--set", "resources.memory.limit=128Mi"],
@@ -642,7 +875,7 @@ fn agent_env_vars() {
     assert_eq!(by_name["LINKERD_CNI_AGENT_LOG_LEVEL"]["value"], "debug");
     assert_eq!(
         by_name["LINKERD_CNI_AGENT_HEALTH_ADDR"]["value"],
-        "0.0.0.0:9999"
+        "127.0.0.1:9999"
     );
     assert_eq!(
         by_name["LINKERD_CNI_AGENT_SOCKET"]["value"],

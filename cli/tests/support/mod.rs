@@ -295,8 +295,10 @@ pub fn helm_template_args(namespace: &str, args: &[String]) -> String {
 /// The API server's validation of a pod spec that a schema cannot express (Kubernetes'
 /// `ValidatePodSpec`): volume names unique; container names unique across init containers and
 /// containers; in each container, every mount names a volume, no two mounts share a
-/// `mountPath`, and Bidirectional propagation only in a privileged container. The violations,
-/// empty when it would be admitted.
+/// `mountPath`, and Bidirectional propagation only in a privileged container;
+/// `allowPrivilegeEscalation: false` neither with `privileged: true` nor with `CAP_SYS_ADMIN`
+/// added (the API compares the name as written: `SYS_ADMIN` passes). The violations, empty
+/// when it would be admitted.
 pub fn pod_spec_violations(spec: &Json) -> Vec<String> {
     let mut out = Vec::new();
     let list = |v: &Json, key: &str| v[key].as_array().cloned().unwrap_or_default();
@@ -320,6 +322,24 @@ pub fn pod_spec_violations(spec: &Json) -> Vec<String> {
         let cname = c["name"].as_str().unwrap_or("").to_string();
         if !containers.insert(cname.clone()) {
             out.push(format!("spec.{kind}: duplicate container name {cname:?}"));
+        }
+        if c.pointer("/securityContext/allowPrivilegeEscalation") == Some(&Json::Bool(false)) {
+            if c.pointer("/securityContext/privileged") == Some(&Json::Bool(true)) {
+                out.push(format!(
+                    "{cname}: cannot set allowPrivilegeEscalation to false and privileged to true"
+                ));
+            }
+            let added = c
+                .pointer("/securityContext/capabilities/add")
+                .and_then(Json::as_array)
+                .cloned()
+                .unwrap_or_default();
+            if added.iter().any(|cap| cap == "CAP_SYS_ADMIN") {
+                out.push(format!(
+                    "{cname}: cannot set allowPrivilegeEscalation to false and capabilities.add \
+                     CAP_SYS_ADMIN"
+                ));
+            }
         }
         let mut paths = std::collections::BTreeSet::new();
         for m in list(&c, "volumeMounts") {
