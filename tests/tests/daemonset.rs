@@ -9,6 +9,13 @@
 //! `kubernetes` Service (HTTPS, the projected token), and kubelet's probes run from the node's
 //! network namespace.
 //!
+//! The pod runs exactly as rendered (issue 25): the agent container is not privileged, holds
+//! only the capabilities the chart adds (the agent's required table), with no_new_privs and
+//! containerd's default seccomp profile, without the host's PID namespace; this proves the
+//! list suffices, down to adopting a meshed pod that started before the plugin. A second test
+//! renders `agent.mountBpffs=false` on a node whose bpffs the host mounted: no container of
+//! the pod is privileged at all.
+//!
 //! The image is the archive `cargo xtask image` built in the same run
 //! (`LINKERD_CNI_TEST_IMAGE`), else a stand-in with the image's layout made from the
 //! workspace's binaries. The test prints which one and which architecture ran, and the time
@@ -24,6 +31,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use linkerd_cni_agent::host::capabilities::CAPABILITIES;
 use linkerd_cni_common::paths;
 use linkerd_cni_tests::{
     EchoServer, Placement,
@@ -31,6 +39,7 @@ use linkerd_cni_tests::{
     names::TempDir,
     node::{
         ContainerSpec, CriNode, CriNodeOptions, NODE_NAME, PodSpec, Sandbox, group_object_path,
+        http_get,
         image::{self, ImageOrigin},
         kubelet::{
             ClusterView, KubeletPod, PodPlan, ProbeKind, admit_service_account, daemonset_pod,
@@ -57,6 +66,9 @@ const AGENT_CONTAINER: &str = "install-cni";
 const BULK_PODS: usize = 1000;
 /// The values file both renderers get: debug logs, so a failure explains itself.
 const VALUES: &str = "logLevel: debug\nagent:\n  logLevel: info,linkerd_cni_agent=debug\n";
+/// [`VALUES`] for a node whose host mounts bpffs itself: no `mount-bpffs` init container.
+const VALUES_HOST_BPFFS: &str =
+    "logLevel: debug\nagent:\n  logLevel: info,linkerd_cni_agent=debug\n  mountBpffs: false\n";
 
 fn ok<T>(node: &CriNode, what: &str, r: linkerd_cni_tests::Result<T>) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {e}\n{}", node.diagnostics()))
@@ -71,7 +83,11 @@ struct Install {
 }
 
 fn render_install(renderer: Renderer, work: &Path) -> Install {
-    let objects = render::render(renderer, VALUES, &work.join(format!("{renderer:?}")))
+    render_install_with(renderer, VALUES, work)
+}
+
+fn render_install_with(renderer: Renderer, values: &str, work: &Path) -> Install {
+    let objects = render::render(renderer, values, &work.join(format!("{renderer:?}")))
         .unwrap_or_else(|e| panic!("rendering with {renderer}: {e}"));
     let daemonset = render::find(&objects, "DaemonSet", "linkerd-cni")
         .unwrap_or_else(|e| panic!("{renderer}: {e}"))
@@ -806,6 +822,97 @@ fn register_bulk(node: &CriNode, n: usize) -> Duration {
     t.elapsed()
 }
 
+/// The rendered pod's least-privilege shape (issue 25): no host PIDs, the agent container
+/// unprivileged with exactly the agent's required capabilities, and `mount-bpffs` the only
+/// privileged container (or none when the host mounts bpffs).
+fn assert_rendered_least_privilege(install: &Install, mount_bpffs: bool) {
+    let pod = install
+        .daemonset
+        .pointer("/spec/template/spec")
+        .expect("pod template");
+    assert_eq!(pod.get("hostPID"), None, "no hostPID");
+    assert_eq!(pod["hostNetwork"], true);
+    let privileged: Vec<&str> = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|k| pod[*k].as_array().into_iter().flatten())
+        .filter(|c| c.pointer("/securityContext/privileged") == Some(&json!(true)))
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let want: &[&str] = if mount_bpffs { &["mount-bpffs"] } else { &[] };
+    assert_eq!(privileged, want, "the privileged containers");
+    let agent = pod["containers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == AGENT_CONTAINER))
+        .expect("the agent container");
+    let required: Vec<&str> = CAPABILITIES
+        .iter()
+        .filter(|c| c.required)
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(
+        agent.pointer("/securityContext/capabilities"),
+        Some(&json!({"drop": ["ALL"], "add": required})),
+        "the agent container's capabilities are the agent's required table"
+    );
+    assert_eq!(agent.get("ports"), None, "no containerPort (a hostPort)");
+}
+
+/// The running agent's effective capabilities are exactly the agent's required table.
+fn assert_agent_holds_only_its_capabilities(node: &CriNode, pod: &KubeletPod) {
+    let c = pod.container(AGENT_CONTAINER).expect("agent container");
+    let pid = ok(node, "the agent's PID", node.container_pid(&c.id));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .expect("CapEff");
+    let want: u64 = CAPABILITIES
+        .iter()
+        .filter(|c| c.required)
+        .map(|c| 1u64 << c.bit)
+        .sum();
+    assert_eq!(
+        eff, want,
+        "the agent process holds exactly BPF, NET_ADMIN and SYS_ADMIN (CapEff {eff:x})"
+    );
+}
+
+/// Waits until the agent's `/metrics` (read on its probe address, from the node's network
+/// namespace, as anything on the node would) counts `n` adoptions.
+fn wait_adoptions(node: &CriNode, pod: &KubeletPod, n: u64) {
+    let addr = pod
+        .prober(AGENT_CONTAINER, ProbeKind::Readiness)
+        .expect("readiness probe")
+        .plan()
+        .addr;
+    let line = format!("linkerd_cni_agent_adoptions_total {n}\n");
+    let found = node
+        .netns()
+        .run_in(|| {
+            let deadline = Instant::now() + READY_GUARD;
+            loop {
+                let body = http_get(addr, "/metrics", Duration::from_secs(2))
+                    .map(|(_, b)| b)
+                    .unwrap_or_default();
+                if body.contains(&line) {
+                    return true;
+                }
+                if Instant::now() > deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+        .unwrap_or_else(|e| panic!("reading /metrics: {e}"));
+    assert!(
+        found,
+        "the agent never counted {n} adoption(s):\n{}\n{}",
+        pod.logs(AGENT_CONTAINER),
+        node.diagnostics()
+    );
+}
+
 fn registered(node: &CriNode) -> usize {
     ok(node, "the agent's state", node.state())
         .registered()
@@ -838,6 +945,18 @@ fn daemonset_pod_installs_redirects_survives_a_rolling_update_and_uninstalls() {
         "before the install nothing is mounted at the node's {}",
         paths::BPFFS
     );
+    assert_rendered_least_privilege(&install, true);
+
+    // 0. A meshed pod that starts before the plugin is in the chain (no ADD reaches any
+    //    agent): its proxy listens, kubelet publishes its address; it runs unredirected.
+    let early_spec = PodSpec::meshed("shop", "early");
+    let early = start_app(&node, &early_spec, true);
+    ok(
+        &node,
+        "publishing the early pod's address",
+        node.apply(&[early_spec.manifest_running(NODE_NAME, &[IpAddr::V4(early.sandbox.ip)])]),
+    );
+    assert_direct(&node, &early, &server, "before the install");
 
     // 1. The DaemonSet's first pod on this node: bpffs mounted through Bidirectional
     //    propagation, the plugin installed, ready.
@@ -866,6 +985,12 @@ fn daemonset_pod_installs_redirects_survives_a_rolling_update_and_uninstalls() {
         "the agent pinned its maps on the node's bpffs"
     );
     assert_container_as_translated(&node, &pod);
+    assert_agent_holds_only_its_capabilities(&node, &pod);
+    // The early pod is adopted in place, on these capabilities and without the host's PIDs:
+    // outbound through its proxy, inbound to the listener its proxy opened before the agent.
+    wait_adoptions(&node, &pod, 1);
+    assert_redirected(&node, &early, &server, "adopted");
+    assert_inbound_redirected(&node, &early, "adopted");
     let front = node.api_front().expect("API front");
     let token = pod.plan.token.clone().expect("a projected token");
     assert!(
@@ -1041,54 +1166,41 @@ fn cli_and_helm_render_the_same_pod_and_unknown_fields_fail() {
     assert!(err.is_err(), "shareProcessNamespace is not handled");
 }
 
-/// The agent container as issue 25 wants it: not privileged, on its listed capabilities
-/// alone (the bpffs mount then HostToContainer: Bidirectional is for privileged containers
-/// only; the init container keeps mounting bpffs). containerd applies the capabilities and its
-/// default seccomp profile: the process has exactly the added capabilities and a seccomp
-/// filter, and the agent still loads, pins, patches the conflist and redirects a meshed pod.
+/// A node whose host mounts bpffs itself (as systemd does): `agent.mountBpffs=false` renders no
+/// `mount-bpffs` init container, so no container of the pod is privileged and no mount is
+/// Bidirectional. The agent pins on the host's bpffs through its HostToContainer mount (the
+/// node sees the pins), redirects a meshed pod, and the next pod after a rolling update keeps
+/// the redirection and the pins. When the host then loses its bpffs, the running agent's own
+/// mount keeps the pods redirected until it stops; the pins go with it, and the next agent,
+/// once the host has bpffs again, re-attaches the pod from its registry.
 #[test]
-fn agent_container_without_privileged_runs_on_its_capabilities() {
+fn host_mounted_bpffs_leaves_nothing_privileged() {
     let work = TempDir::new().expect("scratch directory");
-    let mut install = render_install(Renderer::Cli, work.path());
-    let containers = install
-        .daemonset
-        .pointer_mut("/spec/template/spec/containers")
-        .and_then(Value::as_array_mut)
-        .expect("containers");
-    let agent = containers
-        .iter_mut()
-        .find(|c| c["name"] == AGENT_CONTAINER)
-        .expect("the agent container");
-    agent["securityContext"]["privileged"] = json!(false);
-    // runc cannot grant what its own bounding set lacks (these VMs have no CAP_SYS_RESOURCE,
-    // which the agent only needs on kernels before 5.11): leave such capabilities out.
-    let bounding = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapBnd:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .expect("CapBnd");
-    if let Some(add) = agent
-        .pointer_mut("/securityContext/capabilities/add")
-        .and_then(Value::as_array_mut)
-    {
-        add.retain(|c| {
-            let name = c.as_str().unwrap_or_default();
-            let held = bounding & (1 << cap_number(name)) != 0;
-            if !held {
-                println!("daemonset: this machine cannot grant CAP_{name}: left out");
-            }
-            held
-        });
-    }
-    for m in agent["volumeMounts"].as_array_mut().into_iter().flatten() {
-        if m["mountPropagation"] == "Bidirectional" {
-            m["mountPropagation"] = json!("HostToContainer");
-        }
-    }
+    let install = render_install_with(Renderer::Cli, VALUES_HOST_BPFFS, work.path());
+    let helm = render_install_with(Renderer::Helm, VALUES_HOST_BPFFS, &work.path().join("helm"));
+    assert_eq!(
+        helm.daemonset.pointer("/spec/template/spec/initContainers"),
+        None,
+        "helm template renders no init container either"
+    );
+    assert_rendered_least_privilege(&install, false);
     let node = start_node(&install, work.path());
+    let root = node.root().expect("own root");
+    // The host mounts bpffs at boot (shared, as everything on a systemd host).
+    ok(
+        &node,
+        "mounting bpffs on the node",
+        node.node_command("sh").and_then(|mut c| {
+            linkerd_cni_tests::names::run(c.args([
+                "-c",
+                &format!(
+                    "mount -t bpf bpf {0} && mount --make-shared {0}",
+                    paths::BPFFS
+                ),
+            ]))
+        }),
+    );
+    assert_eq!(root.fstype_at(paths::BPFFS).as_deref(), Some("bpf"));
     let server = ok(
         &node,
         "echo server on the node",
@@ -1098,11 +1210,79 @@ fn agent_container_without_privileged_runs_on_its_capabilities() {
             "node",
         ),
     );
-    let (_, plan) = plan_pod(&node, &install, "n0001");
-    let (pod, ready) = run_agent_pod(&node, plan);
-    println!("daemonset: the non-privileged agent was ready {ready:?} after its start");
+    let (_, plan) = plan_pod(&node, &install, "h0001");
+    assert!(plan.init_containers.is_empty(), "no init container runs");
+    let (mut pod, ready) = run_agent_pod(&node, plan);
+    println!("daemonset: with the host's bpffs the agent was ready {ready:?} after its start");
     assert_container_as_translated(&node, &pod);
+    assert_agent_holds_only_its_capabilities(&node, &pod);
     assert_eq!(chain(&node), ["bridge", "linkerd-cni"]);
+    assert!(
+        node.pin_root().join(paths::PIN_MAPS).is_dir(),
+        "the agent pinned its maps on the host's bpffs (seen from the node)"
+    );
     let meshed = start_app(&node, &PodSpec::meshed("shop", "web"), true);
-    assert_redirected(&node, &meshed, &server, "non-privileged agent");
+    assert_redirected(&node, &meshed, &server, "nothing privileged");
+    assert_inbound_redirected(&node, &meshed, "nothing privileged");
+
+    // A rolling update: the pins stay on the host's bpffs, the next agent adopts them.
+    stop_agent_pod(&node, &mut pod, "rolling update, host's bpffs");
+    assert!(node.pin_root().join(paths::PIN_MAPS).is_dir(), "pins kept");
+    assert_redirected(&node, &meshed, &server, "between two agents, host's bpffs");
+    let (_, plan) = plan_pod(&node, &install, "h0002");
+    let (mut pod, _) = run_agent_pod(&node, plan);
+    assert_redirected(
+        &node,
+        &meshed,
+        &server,
+        "after the rolling update, host's bpffs",
+    );
+
+    // The host loses its bpffs while the agent runs. The agent's HostToContainer mount is a
+    // mount of its own: it keeps that bpffs instance, its pins and the pods' links alive, but
+    // the host no longer sees them, and the agent cannot make a mount the host's.
+    let host_bpffs = |cmd: &str| {
+        ok(
+            &node,
+            cmd,
+            node.node_command("sh")
+                .and_then(|mut c| linkerd_cni_tests::names::run(c.args(["-c", cmd]))),
+        )
+    };
+    host_bpffs(&format!("umount {}", paths::BPFFS));
+    assert_eq!(
+        root.fstype_at(paths::BPFFS),
+        None,
+        "the node lost its bpffs"
+    );
+    assert_redirected(&node, &meshed, &server, "host lost bpffs, agent running");
+    // When that agent stops, its mount and with it the pins and links go: the meshed pod's
+    // connections go straight out until the next agent re-attaches it from its registry.
+    stop_agent_pod(&node, &mut pod, "rolling update after the host lost bpffs");
+    let log = node.proxy_log(&meshed.sandbox);
+    let before = accepted_outbound(&log.events().unwrap_or_default());
+    assert_direct(
+        &node,
+        &meshed,
+        &server,
+        "no agent, pins gone with its container",
+    );
+    assert_eq!(
+        accepted_outbound(&log.events().unwrap_or_default()),
+        before,
+        "the pod's connection did not reach its proxy: its links went with the old agent's mount"
+    );
+    // The host mounts bpffs again (systemd at the next boot, or by hand); the next agent pins
+    // on it and re-attaches the registered pod.
+    host_bpffs(&format!(
+        "mount -t bpf bpf {0} && mount --make-shared {0}",
+        paths::BPFFS
+    ));
+    let (_, plan) = plan_pod(&node, &install, "h0003");
+    let (_pod, _) = run_agent_pod(&node, plan);
+    assert_redirected(&node, &meshed, &server, "re-attached after bpffs came back");
+    assert!(
+        node.pin_root().join(paths::PIN_MAPS).is_dir(),
+        "pinned on the host's bpffs again"
+    );
 }

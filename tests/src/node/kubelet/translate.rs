@@ -1199,13 +1199,12 @@ impl<'r, 'a> Translation<'r, 'a> {
                 }
             }
         }
-        // API validation: no privilege escalation cannot be combined with privileged or
-        // CAP_SYS_ADMIN.
+        // API validation (ValidateSecurityContext): no privilege escalation cannot be combined
+        // with privileged, nor with an added capability written `CAP_SYS_ADMIN`. The API
+        // compares the name as written: `SYS_ADMIN` passes, and kubelet then sets
+        // no_new_privs as asked (the DaemonSet's agent container relies on it).
         if allow_escalation == Some(false)
-            && (privileged
-                || add
-                    .iter()
-                    .any(|c| c.trim_start_matches("CAP_") == "SYS_ADMIN"))
+            && (privileged || add.iter().any(|c| c == "CAP_SYS_ADMIN"))
         {
             return Err(bad(
                 &format!("{p}/allowPrivilegeEscalation"),

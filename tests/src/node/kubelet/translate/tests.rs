@@ -103,6 +103,28 @@ fn a_non_privileged_container_gets_its_capabilities_seccomp_and_no_new_privs() {
     );
 }
 
+/// The API's rule, as it is written: `allowPrivilegeEscalation: false` is refused with
+/// `privileged: true` and with an added capability spelled `CAP_SYS_ADMIN`; spelled
+/// `SYS_ADMIN` it is admitted and kubelet sets no_new_privs.
+#[test]
+fn no_escalation_is_refused_with_privileged_or_cap_sys_admin_as_written() {
+    let with = |sc: serde_json::Value| run(&pod(json!({}), json!({ "securityContext": sc })));
+    for refused in [
+        json!({"allowPrivilegeEscalation": false, "privileged": true}),
+        json!({"allowPrivilegeEscalation": false, "capabilities": {"add": ["CAP_SYS_ADMIN"]}}),
+    ] {
+        let err = with(refused.clone()).unwrap_err();
+        assert!(
+            err.to_string().contains("allowPrivilegeEscalation"),
+            "{refused}: {err}"
+        );
+    }
+    let plan =
+        with(json!({"allowPrivilegeEscalation": false, "capabilities": {"add": ["SYS_ADMIN"]}}))
+            .unwrap();
+    assert!(sc(&plan).no_new_privs);
+}
+
 #[test]
 fn bidirectional_propagation_needs_a_privileged_container() {
     let volume = json!({"volumes": [{"name": "b", "hostPath": {"path": "/sys/fs/bpf"}}]});
