@@ -2,8 +2,9 @@
 //! network namespace ([`netns`]) and cgroup ([`cgroup`]), its user namespace's view of the
 //! proxy's IDs ([`userns`]), a running pod as the host sees it ([`podscan`]), the runtime's
 //! network namespaces by address ([`podnetns`]), what the kernel offers ([`kernel`]), how it
-//! lays out the structures the iterator reads ([`btf`]) and which capabilities this process
-//! holds ([`capabilities`]).
+//! lays out the structures the iterator reads ([`btf`]), which capabilities this process
+//! holds ([`capabilities`]) and whether a pod's namespace carries Linkerd's iptables rules
+//! ([`natrules`]).
 //!
 //! Nothing here knows about pods' redirection state: the layers above ([`crate::agent`],
 //! [`crate::dataplane`]) call down into it, never the other way.
@@ -12,6 +13,7 @@ pub mod btf;
 pub mod capabilities;
 pub mod cgroup;
 pub mod kernel;
+pub mod natrules;
 pub mod netns;
 pub mod podnetns;
 pub mod podscan;

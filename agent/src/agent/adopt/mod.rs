@@ -19,6 +19,14 @@
 //!   attached, its inbound connections are refused until the proxy listens, and `sockops`
 //!   registers the proxy's listener then, as for any meshed pod.
 //!
+//! A pod whose namespace carries Linkerd's iptables rules (its `PROXY_INIT_REDIRECT` or
+//! `PROXY_INIT_OUTPUT` nat chains, [`crate::host::natrules`]: a pod meshed by Linkerd's own CNI
+//! plugin or `linkerd-init` before linkerd-cni replaced it) is meshed by them already and is
+//! left to them: attaching on top breaks its inbound connections, which reach the proxy
+//! REDIRECTed to its inbound port, so that `sockops` records that port as their original
+//! destination (measured in `tests/tests/migrate.rs`). It goes through linkerd-cni once it is
+//! recreated.
+//!
 //! Then the map entries are written and the cgroup and netns links attached, exactly as a CNI
 //! ADD does. Connections established before the adoption stay as they are (not redirected):
 //! only new `connect()`s and new inbound connections go through the proxy.
@@ -39,6 +47,7 @@ use super::{Agent, AgentError, Registration};
 use crate::{
     agent::registry::PodRecord,
     dataplane::iter::ListenerIter,
+    host::natrules,
     host::netns::{self, Netns},
     host::podscan::{self, PodScan, RunningPod, ScanError, V1Hierarchies},
     host::userns,
@@ -91,6 +100,13 @@ pub enum AdoptError {
     /// The `iter/tcp` program cannot be used on this node (the reason).
     #[error("the iter/tcp program is not available: {0}")]
     NoIterator(String),
+    /// The pod's namespace carries Linkerd's iptables rules (the chains found): it is meshed
+    /// by them, and left to them until it is recreated.
+    #[error(
+        "its network namespace carries Linkerd's iptables rules ({0}): left to them until the \
+         pod is recreated"
+    )]
+    LinkerdIptables(String),
     /// The registration failed.
     #[error(transparent)]
     Agent(#[from] AgentError),
@@ -107,6 +123,7 @@ impl AdoptError {
             Self::Unsafe(ScanError::AmbiguousNetns(_)) => "ambiguous_netns",
             Self::Unsafe(ScanError::HostNetns) => "host_netns",
             Self::NoIterator(_) => "no_iterator",
+            Self::LinkerdIptables(_) => "linkerd_iptables",
             Self::Unsafe(ScanError::Io(_)) | Self::Agent(_) => "error",
         }
     }
@@ -219,14 +236,22 @@ impl Agent {
             inbound_port: in_port,
             ..IterArgs::default()
         };
-        // One visit: the cookie, the addresses (the index's answer is checked, not trusted)
-        // and what listens.
-        let (netns_cookie, addrs, listening) = ns
+        // One visit: the cookie, the addresses (the index's answer is checked, not trusted),
+        // Linkerd's iptables chains if any, and what listens.
+        let (netns_cookie, addrs, linkerd_chains, listening) = ns
             .run(|| {
+                let chains = natrules::linkerd_chains()?;
+                // Such a pod is refused below: no need to list its sockets.
+                let listening = if chains.is_empty() {
+                    iter.run(&args)?
+                } else {
+                    Vec::new()
+                };
                 Ok((
                     netns::current_netns_cookie()?,
                     netns::current_addresses()?,
-                    iter.run(&args)?,
+                    chains,
+                    listening,
                 ))
             })
             .map_err(AgentError::from)?;
@@ -235,6 +260,10 @@ impl Agent {
             return Ok(Adopted::Waiting(
                 "the network namespace no longer holds the pod's address".into(),
             ));
+        }
+        if !linkerd_chains.is_empty() {
+            let chains: Vec<String> = linkerd_chains.iter().map(ToString::to_string).collect();
+            return Err(AdoptError::LinkerdIptables(chains.join(", ")));
         }
         args.netns_cookie = netns_cookie;
         let proxy_on = |port: u16| {

@@ -181,6 +181,21 @@ impl Adopter {
                 ))) => self.log_once(uid, "not running", || {
                     tracing::debug!(namespace, pod = %Escaped(name), %error, "adoption: the pod does not run here yet")
                 }),
+                // Meshed by Linkerd's iptables rules: not a failure of the pod's mesh.
+                Ok(Err(error @ AdoptError::LinkerdIptables(_))) => {
+                    let label = error.label();
+                    self.log_once(uid, &format!("failed: {label}"), || {
+                        self.count_failure(&error);
+                        tracing::info!(
+                            namespace,
+                            pod = %Escaped(name),
+                            %error,
+                            reason = label,
+                            "adoption: the pod is meshed by Linkerd's iptables rules; \
+                             linkerd-cni takes it over when it is recreated"
+                        )
+                    });
+                }
                 Ok(Err(error)) => {
                     let label = error.label();
                     self.log_once(uid, &format!("failed: {label}"), || {
@@ -236,11 +251,18 @@ impl Adopter {
         ));
         out.push_str(
             "# HELP linkerd_cni_agent_adoption_failures_total Running meshed pods without \
-             redirection the agent could not adopt safely, per reason (each pod once per reason).\n\
+             redirection the agent could not adopt safely, per reason (each pod once per reason; \
+             linkerd_iptables: meshed by Linkerd's iptables rules, left to them).\n\
              # TYPE linkerd_cni_agent_adoption_failures_total counter\n",
         );
         let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        for reason in ["ambiguous_netns", "host_netns", "no_iterator", "error"] {
+        for reason in [
+            "ambiguous_netns",
+            "host_netns",
+            "linkerd_iptables",
+            "no_iterator",
+            "error",
+        ] {
             out.push_str(&format!(
                 "linkerd_cni_agent_adoption_failures_total{{reason=\"{reason}\"}} {}\n",
                 failures.get(reason).copied().unwrap_or(0)
