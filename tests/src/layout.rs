@@ -154,6 +154,7 @@ pub fn previous_registers(
         config: cfg.into(),
         pod_ips: ips,
         host_ids: None,
+        refused: false,
     };
     Registry::open(state_dir)
         .map_err(|e| other("opening the registry", e))?

@@ -127,22 +127,32 @@ pub struct Agent {
 impl Agent {
     /// Loads the programs (reusing pinned maps) and opens the registry. Pods registered by an
     /// earlier run are adopted as they are: their links and map entries were never touched.
+    ///
+    /// A redirected pod whose record holds a configuration over the per-pod limits a fresh
+    /// ADD is held to (an earlier agent accepted it before those limits) is refused, as that
+    /// ADD would be: checked before anything is built from it, left out of a layout
+    /// migration, then unregistered (links and map entries removed, as by a DEL) and kept as
+    /// a refused, unredirected record that CNI CHECK reports with the limit; each refusal is
+    /// logged at error level. Other pods are not touched.
     pub fn start(config: AgentConfig) -> Result<Self, AgentError> {
         capabilities::check()?;
         let registry = Registry::open(&config.state_dir)?;
+        // Redirected pods, for maps a layout migration replaces (the registry is the source of
+        // truth for per-pod config), each checked as a fresh ADD is checked.
+        let mut pods = Vec::new();
+        let mut refused = Vec::new();
+        for r in registry.all()?.into_iter().filter(PodRecord::redirected) {
+            match entries_within_limits(&r) {
+                Ok(entries) => {
+                    let dir = pod_link_dir(&config.pin_root, &r.id);
+                    pods.push((dir, r.netns_cookie, entries));
+                }
+                Err(why) => refused.push((r, why)),
+            }
+        }
         let dataplane = Dataplane::load_sized(&config.pin_root, &config.map_sizes)?;
-        // Registered pods, for maps a layout migration replaces (the registry is the source of
-        // truth for per-pod config).
-        let pods: Vec<_> = registry
-            .all()?
-            .iter()
-            .filter(|r| r.redirected())
-            .map(|r| {
-                let dir = pod_link_dir(&config.pin_root, &r.id);
-                (dir, r.netns_cookie, entries_of(r))
-            })
-            .collect();
         dataplane.finish_load(&pods)?;
+        drop(pods);
         let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;
         let cgroup_root = kernel::cgroup2_mount(config.host_root.as_deref())?;
         let shared_cgroup = config
@@ -160,6 +170,9 @@ impl Agent {
         };
         let dirs = podnetns::runtime_dirs(|p| agent.host_path(p));
         agent.netns_index = std::sync::Mutex::new(podnetns::NetnsIndex::new(dirs));
+        for (record, why) in refused {
+            agent.refuse_record(record, why);
+        }
         let adopted = agent.registry.all()?;
         tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
         Ok(agent)
@@ -249,6 +262,7 @@ impl Agent {
             config: reg.config.into(),
             pod_ips,
             host_ids,
+            refused: false,
         };
 
         let mut maps = self.lock();
@@ -358,6 +372,53 @@ impl Agent {
         Ok(record)
     }
 
+    /// Refuses the registration of a redirected pod that an earlier agent made with a
+    /// configuration over the per-pod limits (see [`Self::start`]): its links and map entries
+    /// are removed as a DEL removes them, and its record becomes an unredirected one marked
+    /// [`PodRecord::refused`], so CHECK, DEL, GC and `inspect` still know the pod. Logged at
+    /// error level either way.
+    fn refuse_record(&self, record: PodRecord, why: LimitError) {
+        let pod = record
+            .pod
+            .as_ref()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .unwrap_or_default();
+        let reason = format!(
+            "refused when the agent started (registered by an earlier agent): {}",
+            AgentError::Limit(why)
+        );
+        let refused = PodRecord {
+            attachment: Attachment::None,
+            reason: reason.into(),
+            refused: true,
+            ..record.clone()
+        };
+        let mut maps = self.lock();
+        // Its entries are built once more to delete them by key: by range, so at O(n log n)
+        // in the lists however long an earlier agent let them be.
+        let done = self
+            .unregister_locked(&mut maps, &record)
+            .and_then(|()| Ok(self.registry.put(&refused)?));
+        drop(maps);
+        match done {
+            Ok(()) => tracing::error!(
+                id = %Escaped(&record.id),
+                pod = %Escaped(&pod),
+                reason = %Escaped(&refused.reason),
+                "registration over the per-pod limits refused: the pod is no longer redirected \
+                 (links and map entries removed) until it is recreated within the limits"
+            ),
+            Err(e) => tracing::error!(
+                id = %Escaped(&record.id),
+                pod = %Escaped(&pod),
+                reason = %Escaped(&refused.reason),
+                error = %e,
+                "refusing a registration over the per-pod limits failed part way: its links, \
+                 map entries or record may be left as the earlier agent made them"
+            ),
+        }
+    }
+
     /// Records a pod that is not redirected (so DEL and CHECK know about it) without touching
     /// the data plane.
     pub fn record_unredirected(
@@ -384,6 +445,7 @@ impl Agent {
             config: reg.config.into(),
             pod_ips: reg.pod_ips,
             host_ids: None,
+            refused: false,
         };
         self.registry.put(&record)?;
         Ok(record)
@@ -471,6 +533,13 @@ impl Agent {
                 "network namespace {} is gone",
                 record.netns.display()
             )));
+        }
+        if record.refused {
+            // Reported as the refused ADD it stands for: the same error, so the same code.
+            return Err(match entries_within_limits(&record) {
+                Err(why) => AgentError::Limit(why),
+                Ok(_) => not_in_force(record.reason.to_string()),
+            });
         }
         if !record.redirected() {
             return Ok(record);
@@ -599,6 +668,17 @@ impl Agent {
     }
 }
 
+/// The map entries of `record` when its configuration is within the per-pod limits a fresh
+/// ADD is held to, else the limit it exceeds: the lengths of its lists first
+/// ([`limits::check_config`]), so an over-long list is never built, then the entries
+/// ([`limits::check`]).
+pub fn entries_within_limits(record: &PodRecord) -> Result<PodEntries, LimitError> {
+    limits::check_config(&record.config)?;
+    let entries = entries_of(record);
+    limits::check(&entries)?;
+    Ok(entries)
+}
+
 /// The map entries a registration wrote.
 pub fn entries_of(record: &PodRecord) -> PodEntries {
     PodEntries::new(record.netns_cookie, &record.config, &record.pod_ips)
@@ -700,3 +780,6 @@ impl<'a> Phases<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

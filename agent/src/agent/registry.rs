@@ -17,7 +17,10 @@ use std::{
 };
 
 use linkerd_cni_memory::{Site, in_site};
-use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
+use linkerd_cni_proto::{
+    config::LinkerdConfig,
+    wire::{MAX_FRAME, PodRef},
+};
 use serde::{Deserialize, Serialize};
 
 use crate::host::userns::HostIds;
@@ -81,6 +84,13 @@ pub struct PodRecord {
     /// compare), read from the namespace's maps at registration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_ids: Option<HostIds>,
+    /// An earlier agent redirected the pod with a configuration over the per-pod limits a
+    /// fresh ADD is held to, and this agent refused it at start: the pod is not redirected
+    /// ([`Attachment::None`]), `reason` says why, and CNI CHECK reports the limit as a
+    /// refused ADD does. (Absent in older records; an older agent reads such a record as an
+    /// unredirected pod, which it is.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
 
 impl PodRecord {
@@ -243,6 +253,13 @@ impl Records {
     }
 }
 
+/// The largest record file [`Registry::open`] reads; a larger one is reported and not read.
+/// A record holds one ADD's configuration (at most a wire frame, [`MAX_FRAME`]) with what the
+/// agent added to it (the pod's annotations' lists, addresses): four frames' worth leaves
+/// room for what any earlier agent wrote, and keeps a corrupt or planted file from costing
+/// the agent its memory at every start.
+pub const MAX_RECORD_BYTES: u64 = 4 * MAX_FRAME as u64;
+
 /// Container ids become file names: keep them to a safe alphabet.
 fn valid_id(id: &str) -> bool {
     !id.is_empty()
@@ -253,21 +270,45 @@ fn valid_id(id: &str) -> bool {
         && !id.starts_with('.')
 }
 
+/// One record file, read only when it is at most [`MAX_RECORD_BYTES`] long.
+fn read_record(path: &Path) -> io::Result<PodRecord> {
+    let mut file = fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    if len > MAX_RECORD_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{len} bytes, over the limit of {MAX_RECORD_BYTES}: not read"),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    // Bounded again in case the file grew since.
+    io::Read::read_to_end(
+        &mut io::Read::take(&mut file, MAX_RECORD_BYTES + 1),
+        &mut bytes,
+    )?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("over {MAX_RECORD_BYTES} bytes: not read"),
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
 impl Registry {
-    /// Opens the directory and loads every record; unreadable files are reported, not fatal.
+    /// Opens the directory and loads every record; unreadable files, and files over
+    /// [`MAX_RECORD_BYTES`] (not read), are reported, not fatal. What a record holds is
+    /// checked against the per-pod limits by the agent at start (`Agent::start`).
     pub fn open(dir: &Path) -> io::Result<Self> {
         fs::create_dir_all(dir)?;
         let mut records = Records::default();
         for entry in fs::read_dir(dir)? {
             let path = entry?.path();
             if path.extension().is_some_and(|e| e == "json") {
-                match fs::read(&path).map(|b| serde_json::from_slice::<PodRecord>(&b)) {
-                    Ok(Ok(r)) => in_site(Site::Registry, || records.insert(r)),
-                    Ok(Err(e)) => {
-                        tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry")
-                    }
+                match read_record(&path) {
+                    Ok(r) => in_site(Site::Registry, || records.insert(r)),
                     Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry")
+                        tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable registry entry: the pod's links and map entries, if any, are left as they are")
                     }
                 }
             }
@@ -407,6 +448,7 @@ mod tests {
             config: LinkerdConfig::default().into(),
             pod_ips: vec![],
             host_ids: None,
+            refused: false,
         }
     }
 
@@ -523,6 +565,50 @@ mod tests {
         assert_eq!(
             Registry::open(&dir).unwrap().get("e").unwrap(),
             Some(rec("e", 4140))
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A record file over the limit is reported and not read (a corrupt or planted file costs
+    /// nothing at start); the other records load, and a record of an older agent (no
+    /// `refused` key) reads as not refused.
+    #[test]
+    fn a_record_over_the_size_limit_is_not_read_and_the_others_load() {
+        let dir = std::env::temp_dir().join(format!("l5d-registry-size-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let reg = Registry::open(&dir).unwrap();
+        let kept = record("kept", 3, Attachment::None);
+        reg.put(&kept).unwrap();
+        let text = fs::read_to_string(dir.join("kept.json")).unwrap();
+        assert!(!text.contains("refused"), "written only when set: {text}");
+        // A record as an earlier agent wrote it, padded past the limit with a long reason.
+        let mut big = serde_json::to_value(record("big", 4, Attachment::None)).unwrap();
+        big["reason"] = "x".repeat(MAX_RECORD_BYTES as usize).into();
+        fs::write(dir.join("big.json"), serde_json::to_vec(&big).unwrap()).unwrap();
+        assert!(read_record(&dir.join("big.json")).is_err_and(|e| {
+            e.kind() == io::ErrorKind::InvalidData && e.to_string().contains("not read")
+        }));
+        let reopened = Registry::open(&dir).unwrap();
+        assert_eq!(reopened.map_each(|r| r.id.clone()), ["kept"]);
+        assert_eq!(reopened.get("kept").unwrap(), Some(kept));
+        // The same record within the limit reads.
+        big["reason"] = "x".into();
+        fs::write(dir.join("big.json"), serde_json::to_vec(&big).unwrap()).unwrap();
+        let big = Registry::open(&dir).unwrap().get("big").unwrap().unwrap();
+        assert!(!big.refused);
+        // A refused record keeps the mark across opens.
+        reg.put(&PodRecord {
+            refused: true,
+            ..big
+        })
+        .unwrap();
+        assert!(
+            Registry::open(&dir)
+                .unwrap()
+                .get("big")
+                .unwrap()
+                .unwrap()
+                .refused
         );
         fs::remove_dir_all(&dir).unwrap();
     }
