@@ -13,6 +13,9 @@
 //!   broke their inbound `SO_ORIGINAL_DST`, see `docs/migrating.md`), the refusal counted
 //!   once per pod; outbound, inbound and `SO_ORIGINAL_DST` keep working for them, and the
 //!   proxy UID stays exempt;
+//! - a meshed pod that started with no plugin at all (between Linkerd's clean-up and our
+//!   install) is adopted, and reading its netns for Linkerd's rules created no `nat` table
+//!   there;
 //! - a pod created after the switch goes through our plugin and is redirected by the agent,
 //!   with the same checks;
 //! - with our agent gone (as on the way back, when Linkerd's DaemonSet replaces ours), that pod
@@ -33,6 +36,7 @@ use linkerd_cni_tests::{
     client::{Options, run_client},
     cniruntime::{self, Verb},
     iptables::Rules,
+    names::run,
     node::{
         AgentCommand, AgentProcess, CNI_TIMEOUT, NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod,
         http_get, namespace_manifest, wait_until, workspace_bin,
@@ -54,11 +58,12 @@ struct LinkerdPod {
     _app_process: ChildGuard,
     app: EchoServer,
     proxy: TestProxy,
-    rules: Rules,
+    /// Linkerd's rules in its netns (none for a pod that started while no plugin meshed it).
+    rules: Option<Rules>,
 }
 
 impl LinkerdPod {
-    fn start(node: &SimNode, name: &str, iptables: &str) -> Self {
+    fn start(node: &SimNode, name: &str, iptables: Option<&str>) -> Self {
         let spec = PodSpec::meshed("shop", name);
         node.apply(&[spec.manifest(NODE_NAME)])
             .unwrap_or_else(|e| panic!("serving the pod: {e}"));
@@ -69,13 +74,16 @@ impl LinkerdPod {
         node.apply(&[pod.spec.manifest_running(NODE_NAME, &[ip])])
             .unwrap_or_else(|e| panic!("serving the pod's status: {e}"));
         // What Linkerd's plugin does at the pod's ADD: its two chains, in the pod's netns.
-        let rules = Rules {
-            binary: iptables.into(),
-            ..Rules::default()
-        };
-        rules
-            .install(pod.netns().expect("netns"))
-            .unwrap_or_else(|e| panic!("Linkerd's rules with {iptables}: {e}"));
+        let rules = iptables.map(|binary| {
+            let rules = Rules {
+                binary: binary.into(),
+                ..Rules::default()
+            };
+            rules
+                .install(pod.netns().expect("netns"))
+                .unwrap_or_else(|e| panic!("Linkerd's rules with {binary}: {e}"));
+            rules
+        });
         let app_process = pod
             .container(APP_UID)
             .spawn(std::process::Command::new("sleep").arg("300"))
@@ -341,8 +349,8 @@ fn pods_meshed_by_linkerds_iptables_plugin_across_the_switch() {
     )
     .expect("Linkerd's conflist");
     let linkerd_pods = [
-        LinkerdPod::start(&node, "iptables-legacy", "iptables-legacy"),
-        LinkerdPod::start(&node, "iptables-nft", "iptables-nft"),
+        LinkerdPod::start(&node, "iptables-legacy", Some("iptables-legacy")),
+        LinkerdPod::start(&node, "iptables-nft", Some("iptables-nft")),
     ];
     for p in &linkerd_pods {
         assert_meshed(
@@ -353,6 +361,10 @@ fn pods_meshed_by_linkerds_iptables_plugin_across_the_switch() {
             &peer,
         );
     }
+
+    // A meshed pod that started after Linkerd's pod cleaned up and before ours installed: no
+    // plugin meshed it, so it has no rules and runs unmeshed.
+    let gap = LinkerdPod::start(&node, "in-between", None);
 
     // The switch: our DaemonSet's agent, installer included.
     let agent = start_installing_agent(&node, &net_dir);
@@ -403,11 +415,35 @@ fn pods_meshed_by_linkerds_iptables_plugin_across_the_switch() {
         // Linkerd's rules are as they were: nothing of ours touched them.
         let rules = p
             .rules
+            .as_ref()
+            .expect("Linkerd's rules")
             .dump(p.pod.netns().expect("netns"))
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(
             rules.contains("-A PROXY_INIT_REDIRECT -p tcp -j REDIRECT --to-ports 4143"),
             "{rules}"
+        );
+    }
+
+    // The pod without rules is adopted, and looking for Linkerd's rules created no nat table
+    // in its netns (which would have turned on connection tracking there).
+    wait_until("the pod without rules adopted", PASSES, || {
+        adopted(&node, &gap.pod).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
+    assert_meshed("the adopted pod", &gap.pod, &gap.proxy, &gap.app, &peer);
+    for file in ["ip_tables_names", "ip6_tables_names"] {
+        let tables = gap
+            .pod
+            .netns()
+            .expect("netns")
+            .command("cat")
+            .ok()
+            .and_then(|mut c| run(c.arg(format!("/proc/self/net/{file}"))).ok())
+            .unwrap_or_default();
+        assert!(
+            !tables.lines().any(|t| t.trim() == "nat"),
+            "a nat table appeared in the adopted pod's netns ({file}: {tables:?})"
         );
     }
 
