@@ -37,13 +37,42 @@ pub struct Run {
     pub log: PathBuf,
 }
 
-/// `cargo fuzz`, from the workspace root, with `-Z` flags allowed on the stable toolchain.
+/// `cargo fuzz`, from the workspace root, with `-Z` flags allowed on the stable toolchain, in
+/// the environment of a shell (see [`set_by_cargo_run`]).
 fn cargo_fuzz() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(workspace())
         .env("RUSTC_BOOTSTRAP", "1")
         .arg("fuzz");
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_run) {
+            cmd.env_remove(name);
+        }
+    }
     cmd
+}
+
+/// Whether `name` is one of the variables `cargo run` set for this task's own process (they
+/// describe the xtask package) and a shell does not have.
+///
+/// Cargo compares the variables a build script asked to be re-run on
+/// (`cargo:rerun-if-env-changed`) with its own environment, and `ring`'s build script asks
+/// about `CARGO_MANIFEST_DIR`: inherited from here, it made the instrumented build of `ring`
+/// and everything above it (rustls, kube, our crates: 15-20 minutes on two busy cores) stale
+/// for a `cargo fuzz` started from a shell, and the shell's build stale for this task. Without
+/// them both see the same environment and reuse one build in `target/fuzz`.
+fn set_by_cargo_run(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_RUSTC_CURRENT_DIR"
+        )
 }
 
 /// Builds and runs each target (or those in `only`) for `secs` seconds; fails when a target
@@ -178,6 +207,36 @@ mod tests {
         }
         let listed = manifest.matches("[[bin]]").count();
         assert_eq!(listed, TARGETS.len(), "every [[bin]] is in TARGETS");
+    }
+
+    /// `cargo test` sets `CARGO_MANIFEST_DIR` and `CARGO_PKG_NAME` for this test as `cargo run`
+    /// does for the task: cargo-fuzz must not inherit them, or its build and a shell's
+    /// invalidate each other (`ring`'s build script is re-run on `CARGO_MANIFEST_DIR`).
+    #[test]
+    fn cargo_fuzz_runs_without_the_tasks_own_cargo_variables() {
+        assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+        assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
+        let cmd = cargo_fuzz();
+        let envs: Vec<_> = cmd.get_envs().collect();
+        for name in ["CARGO_MANIFEST_DIR", "CARGO_PKG_NAME", "CARGO_PKG_VERSION"] {
+            assert!(
+                envs.contains(&(std::ffi::OsStr::new(name), None)),
+                "{name} is removed: {envs:?}"
+            );
+        }
+        assert!(envs.contains(&(
+            std::ffi::OsStr::new("RUSTC_BOOTSTRAP"),
+            Some(std::ffi::OsStr::new("1"))
+        )));
+        // What the user set for cargo is kept.
+        for name in [
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_JOBS",
+            "RUSTFLAGS",
+        ] {
+            assert!(!set_by_cargo_run(name), "{name} is kept");
+        }
     }
 
     #[test]
