@@ -42,7 +42,7 @@ use kube::{
     },
 };
 use linkerd_cni_memory::{Site, in_site};
-use linkerd_cni_proto::config::LinkerdConfig;
+use linkerd_cni_proto::{config::LinkerdConfig, escape::Escaped};
 use tokio::task::JoinHandle;
 
 use crate::{
@@ -113,8 +113,12 @@ impl PodSource {
                 match event {
                     Ok(event) => {
                         let synced = matches!(event, watcher::Event::InitDone);
+                        let updated = updated_name(&event);
                         // Each full `Pod` is dropped here, once its compact form is cached.
                         let gone = in_site(Site::PodCache, || cache.apply(event));
+                        if let Some(pod) = updated {
+                            tracing::debug!("pod cached: {pod}");
+                        }
                         if synced {
                             tracing::debug!(node = %node, pods = cache.len(), "pod cache synced");
                         }
@@ -309,6 +313,23 @@ impl Drop for PodSource {
     }
 }
 
+/// `namespace/name` (or `name`) of the object a watch event updated, escaped, for a debug line
+/// written once the cache holds it; `None` for other events and when debug logging is off.
+fn updated_name<K: kube::Resource>(event: &watcher::Event<K>) -> Option<String> {
+    let watcher::Event::Apply(object) = event else {
+        return None;
+    };
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return None;
+    }
+    let meta = object.meta();
+    let name = Escaped(meta.name.as_deref().unwrap_or_default());
+    Some(match &meta.namespace {
+        Some(namespace) => format!("{}/{name}", Escaped(namespace)),
+        None => name.to_string(),
+    })
+}
+
 /// Starts the metadata-only watch of every namespace (one watch per agent; namespaces are
 /// cluster-scoped). On any watch error the cache stops answering and the watch starts over
 /// with a fresh list (after a backoff), so the cache answers again only once it has seen every
@@ -338,6 +359,9 @@ fn watch_namespaces(
                 match event {
                     Ok(event) => {
                         in_site(Site::Namespaces, || writer.apply_watcher_event(&event));
+                        if let Some(namespace) = updated_name(&event) {
+                            tracing::debug!("namespace cached: {namespace}");
+                        }
                         if matches!(event, watcher::Event::InitDone) {
                             flag.store(true, Ordering::Release);
                             backoff = Duration::from_millis(500);

@@ -2,7 +2,9 @@
 //! server process counting every request, CNI ADD and DEL through libcni. Once the agent's
 //! watch caches (this node's pods, every namespace) are synced, an ADD makes no API request:
 //! neither for the pod nor for its namespace, meshed or not, and a namespace annotation is still
-//! honoured (it came through the namespace watch).
+//! honoured (it came through the namespace watch). The test waits for the agent to have cached
+//! what it created (the agent's debug line for each object its watches put in the cache), not
+//! for a while.
 //!
 //! Run: `cargo build --bins && cargo test -p linkerd-cni-tests --test api_requests -- --test-threads=1`
 
@@ -37,6 +39,27 @@ fn wait_caches_synced(node: &SimNode) {
     .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
 }
 
+/// Waits until the agent's caches hold every object of `cached` (`pod cached: <ns>/<name>`,
+/// `namespace cached: <name>`): the agent logs each at debug level once its cache holds it.
+fn wait_cached(node: &SimNode, cached: &[String]) {
+    wait_until(
+        "the agent caching what the test created",
+        Duration::from_secs(20),
+        || {
+            let log = node.agent_log();
+            cached
+                .iter()
+                .all(|c| log.contains(c.as_str()))
+                .then_some(())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
+}
+
+fn pod_cached(pod: &SimPod) -> String {
+    format!("pod cached: {}/{}", pod.spec.namespace, pod.spec.name)
+}
+
 fn registered_skip_outbound(node: &SimNode, pod: &SimPod) -> serde_json::Value {
     let st = node
         .state()
@@ -48,8 +71,12 @@ fn registered_skip_outbound(node: &SimNode, pod: &SimPod) -> serde_json::Value {
 
 #[test]
 fn steady_state_adds_and_dels_make_no_api_request() {
+    let defaults = NodeOptions::default();
     let node = SimNode::start(
-        NodeOptions::default(),
+        NodeOptions {
+            agent_log_level: format!("{},linkerd_cni_k8s=debug", defaults.agent_log_level),
+            ..defaults
+        },
         &[
             namespace_manifest("shop", &[(SKIP_OUTBOUND, "9090")]),
             namespace_manifest("plain", &[]),
@@ -75,8 +102,7 @@ fn steady_state_adds_and_dels_make_no_api_request() {
                 .unwrap_or_else(|e| panic!("creating a pod: {e}"))
         })
         .collect();
-    // The pod watch delivers each pod within milliseconds of the API server serving it.
-    std::thread::sleep(Duration::from_secs(1));
+    wait_cached(&node, &pods.iter().map(pod_cached).collect::<Vec<_>>());
 
     let before = stats(&node);
     let watches_before = before.watches_started;
@@ -110,7 +136,7 @@ fn steady_state_adds_and_dels_make_no_api_request() {
     let mut late = node
         .new_pod(PodSpec::meshed("late", "web"))
         .unwrap_or_else(|e| panic!("creating a pod: {e}"));
-    std::thread::sleep(Duration::from_secs(1));
+    wait_cached(&node, &["namespace cached: late".into(), pod_cached(&late)]);
     let before = stats(&node);
     node.add(&mut late)
         .unwrap_or_else(|e| panic!("ADD late/web: {e}\n{}", node.diagnostics()));
