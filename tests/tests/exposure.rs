@@ -12,6 +12,8 @@
 //! - With `agent.metrics.enabled=true` (what the values file warns about) the pod reads
 //!   `/metrics` on the node's address, and nothing else: `/ready` and `/live` are not served
 //!   there, and the health port stays refused.
+//! - A negative control: with the wildcard health address the chart rendered before, the pod
+//!   reads `/ready` on the node's address.
 //!
 //! Run: `cargo build --bins && cargo test -p linkerd-cni-tests --test exposure -- --test-threads=1`
 
@@ -453,4 +455,29 @@ fn pods_cannot_reach_the_agent_and_kubelet_probes_pass() {
             .expect("node netns");
         assert_eq!(status, Ok(200), "kubelet's GET http://{addr}{path}");
     }
+    drop(agent);
+
+    // Negative control: the address the chart rendered before issue 25 (`0.0.0.0`) is what
+    // the checks above would catch: the pod then reads the agent's health on the node's
+    // address.
+    let mut old = render("{}\n", &scene.work.path().join("render-old"));
+    old.env.insert(
+        "LINKERD_CNI_AGENT_HEALTH_ADDR".into(),
+        format!("0.0.0.0:{health_port}"),
+    );
+    old.probes = old
+        .probes
+        .into_iter()
+        .map(|(path, _, port)| (path, "127.0.0.1".to_string(), port))
+        .collect();
+    let agent = Agent::start(&scene, &old, "old-shape");
+    let report = scene.pod_client(
+        SocketAddr::new(node_v4, health_port),
+        &http_request("/ready"),
+    );
+    assert!(
+        report.connect.ok && report.received.starts_with("HTTP/1.1 200"),
+        "with the old wildcard address the pod reaches /ready: {report:?}\n{}",
+        agent.log()
+    );
 }
