@@ -35,6 +35,12 @@ struct Cli {
     /// Where bpffs is (or is to be) mounted.
     #[arg(long, env = "LINKERD_CNI_AGENT_BPFFS", default_value = paths::BPFFS, global = true)]
     bpffs: PathBuf,
+    /// The node's bpffs is mounted by the host (or by the DaemonSet's mount-bpffs init
+    /// container) and reaches this process by mount propagation: `run` and `load` refuse to
+    /// start when no bpffs covers the pin root, instead of mounting one that would be this
+    /// container's only.
+    #[arg(long, env = "LINKERD_CNI_AGENT_BPFFS_FROM_HOST", global = true)]
+    bpffs_from_host: bool,
     /// Pods the node's maps have room for (`l5d_pod_config`, `l5d_pod_stats`; two listener
     /// sockets each in `l5d_listeners`). A start with other sizes than the pinned maps
     /// replaces those maps, carrying their entries over.
@@ -225,6 +231,9 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Load => {
+            if cli.bpffs_from_host {
+                kernel::require_bpffs(&cli.pin_root)?;
+            }
             Agent::start(config)?;
             println!(
                 "programs loaded and pinned under {}",
@@ -233,6 +242,9 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => {
+            if cli.bpffs_from_host {
+                kernel::require_bpffs(&cli.pin_root)?;
+            }
             let config = AgentConfig {
                 shared_cgroup: args.shared_cgroup.clone(),
                 host_root: args.host_root.clone(),

@@ -312,6 +312,8 @@ fn default_render_content() {
         "metadata.namespace"
     );
     assert_eq!(env["LINKERD_CNI_AGENT_DAEMONSET"]["value"], "linkerd-cni");
+    // The node's bpffs comes from the host: the agent never mounts one of its own.
+    assert_eq!(env["LINKERD_CNI_AGENT_BPFFS_FROM_HOST"]["value"], "true");
     let mounts: BTreeMap<&str, &str> = c["volumeMounts"]
         .as_array()
         .expect("mounts")
@@ -769,11 +771,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/14/name"),
+                    format!("{ds}/spec/containers/0/env/15/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/14/value"),
+                    format!("{ds}/spec/containers/0/env/15/value"),
                     json!("0.0.0.0:9991"),
                 ),
             ],
@@ -798,11 +800,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/14/name"),
+                    format!("{ds}/spec/containers/0/env/15/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/14/value"),
+                    format!("{ds}/spec/containers/0/env/15/value"),
                     json!("[fd00::1]:9100"),
                 ),
             ],

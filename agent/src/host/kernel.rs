@@ -82,19 +82,25 @@ fn unescape(s: &str) -> String {
     out
 }
 
-/// Whether a bpffs is mounted at or above `path`.
+/// Whether `path` is on a bpffs: the filesystem `statfs(2)` reports for it, or for its
+/// nearest existing ancestor when it does not exist yet (where it would be created). The
+/// kernel's answer, not `/proc/self/mountinfo`'s list: a bpffs that another mount covers
+/// (a tmpfs mounted over `/sys/fs/bpf`, as a container's hostPath volume on a node without
+/// bpffs is) is listed there but is not where a pin would go.
 fn on_bpffs(path: &Path) -> io::Result<bool> {
-    let info = fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(info.lines().any(|line| {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            return false;
-        };
-        post.split_whitespace().next() == Some("bpf")
-            && pre
-                .split_whitespace()
-                .nth(4)
-                .is_some_and(|m| path.starts_with(unescape(m)))
-    }))
+    let mut at = path;
+    loop {
+        match nix::sys::statfs::statfs(at) {
+            Ok(fs) => return Ok(fs.filesystem_type().0 == libc::BPF_FS_MAGIC),
+            Err(nix::errno::Errno::ENOENT) => match at.parent() {
+                Some(parent) => at = parent,
+                None => return Ok(false),
+            },
+            Err(e) => {
+                return Err(io::Error::other(format!("statfs {}: {e}", at.display())));
+            }
+        }
+    }
 }
 
 /// Mounts a bpffs at `mount_point` unless one already covers it.
@@ -111,6 +117,25 @@ pub fn ensure_bpffs_at(mount_point: &Path) -> io::Result<()> {
         None::<&str>,
     )
     .map_err(|e| io::Error::other(format!("mounting bpffs at {}: {e}", mount_point.display())))
+}
+
+/// Fails unless a bpffs is already mounted at or above `pin_root`, mounting nothing: for an
+/// agent told that the node's bpffs comes from the host (`--bpffs-from-host`, the DaemonSet's
+/// agent container). There, a bpffs the agent mounted itself would live in the container's
+/// mount namespace only: the host would not see the pins, and they, with every pod's links,
+/// would go with the container, leaving meshed pods unredirected until the next agent
+/// re-attached them. Refusing to start keeps the agent unready and says why.
+pub fn require_bpffs(pin_root: &Path) -> io::Result<()> {
+    if on_bpffs(pin_root)? {
+        return Ok(());
+    }
+    Err(io::Error::other(format!(
+        "no bpffs at or above {}: the agent is told to use the host's (--bpffs-from-host) and \
+         mounts none itself (one mounted in its container would not be the node's); mount bpffs \
+         on the node, or let the DaemonSet's mount-bpffs init container do it \
+         (agent.mountBpffs=true)",
+        pin_root.display()
+    )))
 }
 
 /// Makes sure a bpffs is mounted at or above `pin_root` (mounting one at `/sys/fs/bpf` if
