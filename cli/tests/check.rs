@@ -362,9 +362,17 @@ fn wait_gives_up_at_its_deadline() {
         stdout.contains("see https://linkerd.io/2/checks/#cni-plugin-ready for hints"),
         "{stdout}"
     );
-    // Read at 0s (retried: before the deadline) and at 5s (past it: reported), no third time.
-    assert_eq!(api.server().hits(DS_PATH), 2);
-    assert!(took >= Duration::from_secs(5), "took {took:?}");
+    // The deadline runs from the command's start, as Linkerd's does. Read once before it
+    // (retried) and once after the 5 s pause (past it: reported), never a third time; on a
+    // machine so busy that the checks before this one outlast the 1 s, the first read is
+    // already past the deadline and is reported at once. Every read after the first follows
+    // a whole pause.
+    let hits = api.server().hits(DS_PATH);
+    assert!((1..=2).contains(&hits), "{hits} reads: {stdout}");
+    assert!(
+        took >= Duration::from_secs(5) * (hits as u32 - 1),
+        "{hits} reads in {took:?}"
+    );
 
     // Read once: every pause is followed by a read, so one read means no pause (however long
     // a busy machine takes to run the command).
