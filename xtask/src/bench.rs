@@ -3,8 +3,9 @@
 //! `linkerd-cni-bench run`, which writes `BENCHMARKS.md`, `bench/results.json` and
 //! `bench/chart.svg` at the workspace root. With `--baseline-bins`, DIR holds an earlier build's
 //! agent and plugin, measured beside ours (mode `ebpf-baseline`). Before the run it builds the
-//! DaemonSet's image (`cargo xtask image`, every architecture, into `target/image`), whose
-//! archives' sizes the report gives; a failed image build is reported, not fatal. Needs root
+//! DaemonSet's image (`cargo xtask image` into `target/image`: every architecture, this
+//! machine's only with `--quick`), whose archives' sizes the report gives (every per-architecture
+//! archive found there); a failed image build is reported, not fatal. Needs root
 //! (netns, cgroups, BPF).
 
 use std::path::Path;
@@ -34,9 +35,15 @@ pub fn bench(quick: bool, baseline_bins: Option<&Path>) -> anyhow::Result<()> {
     ]))?;
     // The plugin exactly as shipped (see dist.rs).
     crate::dist::build_plugin(true)?;
-    // The image's archives, whose sizes the report gives (the bench reads them).
+    // The image's archives, whose sizes the report gives (the bench reads them): every
+    // architecture, or with --quick this machine's only (a cross build of the agent takes
+    // minutes whenever its sources changed).
     let image_dir = workspace().join("target/image");
-    if let Err(e) = crate::image::image(&image_dir, &crate::cross::Arch::ALL) {
+    let archs = match (quick, crate::cross::Arch::host()) {
+        (true, Some(host)) => vec![host],
+        _ => crate::cross::Arch::ALL.to_vec(),
+    };
+    if let Err(e) = crate::image::image(&image_dir, &archs) {
         eprintln!("xtask bench: the image was not built, its sizes will be missing: {e:#}");
     }
     let mut command = String::from("cargo xtask bench");
