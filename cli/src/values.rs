@@ -805,6 +805,64 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Whether YAML can carry `c` in a manifest: its printable set (tab, line breaks, printable
+/// ASCII, NEL and the rest of Unicode but C1 controls and U+FFFE/U+FFFF).
+fn yaml_printable(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{7e}' | '\u{85}')
+        || (c >= '\u{a0}' && c != '\u{fffe}' && c != '\u{ffff}')
+}
+
+/// Refuses a key or string anywhere in the values that holds a character YAML cannot carry
+/// (found by fuzzing: an `image.name` with a DEL rendered a manifest that no YAML reader
+/// accepts), naming its key path and origin.
+fn unprintable(v: &Json, path: &mut String, r: &Reader<'_>) -> Result<(), ValuesError> {
+    let bad = |s: &str| s.chars().find(|c| !yaml_printable(*c));
+    match v {
+        Json::String(s) => match bad(s) {
+            Some(c) => Err(r.err(
+                path,
+                format!(
+                    "holds the control character U+{:04X}, which a YAML manifest cannot carry",
+                    u32::from(c)
+                ),
+            )),
+            None => Ok(()),
+        },
+        Json::Array(items) => {
+            let len = path.len();
+            for (i, item) in items.iter().enumerate() {
+                path.push_str(&format!("[{i}]"));
+                unprintable(item, path, r)?;
+                path.truncate(len);
+            }
+            Ok(())
+        }
+        Json::Object(map) => {
+            let len = path.len();
+            for (key, item) in map {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(key);
+                if let Some(c) = bad(key) {
+                    return Err(r.err(
+                        path,
+                        format!(
+                            "the key holds the control character U+{:04X}, which a YAML \
+                             manifest cannot carry",
+                            u32::from(c)
+                        ),
+                    ));
+                }
+                unprintable(item, path, r)?;
+                path.truncate(len);
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Checks merged values (after [`drop_unknown`]): their types, then what the templates cannot
 /// check. Every error names the key path and, from `origins`, the file or flag it came from.
 /// Values are accepted as Helm's templates read them: integers also as whole numbers (values
@@ -815,6 +873,7 @@ pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError>
         root: values,
         origins,
     };
+    unprintable(values, &mut String::new(), &r)?;
     let mode = r.string("mode")?;
     if mode != MODE_EBPF {
         return Err(ValuesError::Mode(mode));

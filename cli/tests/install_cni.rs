@@ -1048,6 +1048,30 @@ fn deep_set_keys_are_refused_not_a_crash() {
     }
 }
 
+/// A value holding a character YAML cannot carry is refused with its key path and origin,
+/// instead of rendering a manifest no YAML reader accepts (the fuzzer's `cli_values` finding:
+/// an `image.name` with a DEL, 0x7f), whether it comes from `--set` or a values file.
+#[test]
+fn control_characters_in_values_are_refused_with_the_key() {
+    let file = temp_file("control-char.yaml", "image:\n  name: \"x/y\\x7fz\"\n");
+    let file = file.display().to_string();
+    for args in [
+        vec!["install-cni", "--set", "image.name=x/y\u{7f}z"],
+        vec!["install-cni", "--set-string", "podLabels.a=b\u{1b}[31m"],
+        vec!["install-cni", "-f", file.as_str()],
+    ] {
+        let out = linkerd(&args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: printed manifests");
+        assert!(
+            stderr.contains("which a YAML manifest cannot carry")
+                && (stderr.contains("image.name") || stderr.contains("podLabels.a")),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 /// Precedence as Linkerd's `install-cni` has it, a case each: the flags (defaults included)
 /// are the base and the values files and `--set` are coalesced over them; the image comes from
 /// the flags, with `LINKERD_DOCKER_REGISTRY` overriding `--registry`, and a `--registry` equal
