@@ -40,3 +40,24 @@ fn a_list_with_a_top_level_type_is_patched_as_a_list() {
         "nothing else changed"
     );
 }
+
+/// Target `cni_template`: the kubeconfig placeholder is replaced in one pass, as Linkerd's
+/// installer's `sed s|__KUBECONFIG_FILEPATH__|<path>|g` does, so text of the template around
+/// one placeholder can form another once it is replaced (here with an empty path); that
+/// result is the template's own text, not a placeholder left unreplaced. The harness, not the
+/// installer, was wrong: it now compares each string with its one-pass replacement.
+#[test]
+fn the_placeholder_is_replaced_in_one_pass_as_sed_does() {
+    let template =
+        r#"{"type":"linkerd-cni","kubeconfig":"__KUB__KUBECONFIG_FILEPATH__ECONFIG_FILEPATH__/x"}"#;
+    for path in ["", KUBECONFIG] {
+        let entry = config::plugin_entry(template, path).unwrap_or_else(|e| panic!("entry: {e}"));
+        let want = "__KUB__KUBECONFIG_FILEPATH__ECONFIG_FILEPATH__/x"
+            .replace("__KUBECONFIG_FILEPATH__", path);
+        assert_eq!(
+            entry.get("kubeconfig").and_then(Json::as_str),
+            Some(want.as_str()),
+            "path {path:?}"
+        );
+    }
+}
