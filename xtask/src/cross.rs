@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | agent (`linkerd-cni-agent`, also the installer) | glibc, static-pie | its allocator tuning is glibc's (`mallopt`, `malloc_trim`, `mallinfo2`: its RSS at 10,000 pods); it resolves no host name (the API address is the IP in `KUBERNETES_SERVICE_HOST`), so static glibc's need for the host's NSS libraries never arises |
 //! | plugin (`linkerd-cni`) | musl, static, not PIE | spawned for every pod: see `musl.rs` and `dist.rs` |
-//! | CLI (`linkerd`) | musl, static-pie | it resolves the kubeconfig's server names: musl's resolver is built in, static glibc's would load the host's NSS libraries |
+//! | CLI (`linkerd`) | musl, static, not PIE (see `release.rs`) | it resolves the kubeconfig's server names: musl's resolver is built in, static glibc's would load the host's NSS libraries |
 //!
 //! Where std for a target comes from: a rustup toolchain that has the target
 //! (`rustup target add aarch64-unknown-linux-gnu`, ...) builds with its prebuilt std. Otherwise

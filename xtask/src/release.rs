@@ -37,14 +37,17 @@ pub fn cli_file(tag: &str, arch: Arch) -> String {
     format!("{CLI_BIN}-{tag}-linux-{}", arch.oci())
 }
 
-/// Builds the CLI as released for `arch`: static musl, position-independent.
+/// Builds the CLI as released for `arch`: static musl, not position-independent, as the
+/// plugin is. The default static-pie link through Debian's `musl-gcc` gave a PIE that still
+/// names `/lib/ld-musl-x86_64.so.1` as its interpreter (`file`), which `check_static_for`
+/// refused, so `cargo xtask release` never completed.
 pub fn build_cli(arch: Arch) -> anyhow::Result<PathBuf> {
     let cli = cross::build(&cross::Build {
         target: Target::new(arch, Libc::Musl),
         package: CLI_PACKAGE,
         bin: CLI_BIN,
         release: true,
-        rustc_flags: &[],
+        rustc_flags: &["-C", "relocation-model=static"],
         envs: Vec::new(),
     })?;
     cross::check_static_for(&cli, arch)?;
