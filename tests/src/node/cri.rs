@@ -1193,15 +1193,7 @@ state = "{state}"
         }
         // The pod cgroups in every hierarchy, then their parents when empty.
         for rel in &cgroups {
-            for h in hierarchies() {
-                remove_cgroup_tree(&h.join(rel), Duration::from_secs(5));
-                for parent in rel.ancestors().skip(1) {
-                    if parent.as_os_str().is_empty() {
-                        break;
-                    }
-                    let _ = fs::remove_dir(h.join(parent));
-                }
-            }
+            remove_pod_cgroup(rel, Duration::from_secs(5));
         }
     }
 }
@@ -1332,10 +1324,10 @@ fn reap_stale_nodes() {
             std::thread::sleep(Duration::from_millis(200));
         }
         for pod in &stale_pods {
-            let rel = Path::new("kubepods").join(QOS).join(pod);
-            for h in hierarchies() {
-                remove_cgroup_tree(&h.join(&rel), Duration::from_secs(2));
-            }
+            remove_pod_cgroup(
+                &Path::new("kubepods").join(QOS).join(pod),
+                Duration::from_secs(2),
+            );
         }
         let mut mounts: Vec<PathBuf> = mounts_below(&tmp)
             .into_iter()
@@ -1370,6 +1362,21 @@ fn hierarchies() -> Vec<PathBuf> {
 }
 
 /// Removes a cgroup and its descendants (deepest first), retrying while processes leave.
+/// Removes the cgroup `rel` (relative to each hierarchy) in every hierarchy, then each of its
+/// parents that is left empty (`kubepods/besteffort`, `kubepods`: a busy one stays, as for
+/// kubelet's), so neither a node's teardown nor the reaping of a dead test's node leaves them.
+fn remove_pod_cgroup(rel: &Path, timeout: Duration) {
+    for h in hierarchies() {
+        remove_cgroup_tree(&h.join(rel), timeout);
+        for parent in rel.ancestors().skip(1) {
+            if parent.as_os_str().is_empty() {
+                break;
+            }
+            let _ = fs::remove_dir(h.join(parent));
+        }
+    }
+}
+
 fn remove_cgroup_tree(path: &Path, timeout: Duration) {
     if !path.is_dir() {
         return;
