@@ -214,6 +214,11 @@ fn main() -> anyhow::Result<()> {
         map_sizes,
         ..AgentConfig::default()
     };
+    // The two commands that pin: neither mounts a bpffs of its own when told the host's is
+    // the one (`mount-bpffs` is the command that mounts it).
+    if cli.bpffs_from_host && matches!(cli.command, Command::Load | Command::Run(_)) {
+        kernel::require_bpffs(&cli.pin_root)?;
+    }
     match cli.command {
         Command::Inspect => {
             print!("{}", inspect::render(&cli.pin_root, &cli.state_dir)?);
@@ -231,9 +236,6 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Load => {
-            if cli.bpffs_from_host {
-                kernel::require_bpffs(&cli.pin_root)?;
-            }
             Agent::start(config)?;
             println!(
                 "programs loaded and pinned under {}",
@@ -242,9 +244,6 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => {
-            if cli.bpffs_from_host {
-                kernel::require_bpffs(&cli.pin_root)?;
-            }
             let config = AgentConfig {
                 shared_cgroup: args.shared_cgroup.clone(),
                 host_root: args.host_root.clone(),
