@@ -212,6 +212,7 @@ fn main() -> anyhow::Result<()> {
         pin_root: cli.pin_root.clone(),
         state_dir: cli.state_dir.clone(),
         map_sizes,
+        bpffs_from_host: cli.bpffs_from_host,
         ..AgentConfig::default()
     };
     // The two commands that pin: neither mounts a bpffs of its own when told the host's is

@@ -286,6 +286,65 @@ fn unmounted_bpffs_is_mounted_again_and_repaired() {
     s.within_a_pass("/ready passes", passes, || ready() == Some(200));
 }
 
+#[test]
+fn told_the_bpffs_is_the_hosts_the_agent_waits_for_it_instead_of_mounting_its_own() {
+    // The DaemonSet's agent (`--bpffs-from-host`): a bpffs it mounted itself would be its
+    // container's only, so when the pins go with an unmount it stays unready, naming why,
+    // until the host mounts bpffs again; then it pins there and repairs the pod.
+    let s = scene(NodeOptions {
+        private_bpffs: true,
+        bpffs_from_host: true,
+        ..NodeOptions::default()
+    });
+    let bpffs = s.node.bpffs().expect("private bpffs").to_path_buf();
+    let health = s.node.agent().expect("agent").health_addr();
+    let ready = || http_get(health, "/ready", Duration::from_secs(2)).ok();
+    assert_eq!(ready().map(|r| r.0), Some(200));
+    let on_bpffs = || {
+        nix::sys::statfs::statfs(&bpffs)
+            .map(|f| f.filesystem_type().0 == libc::BPF_FS_MAGIC)
+            .unwrap_or(false)
+    };
+
+    nix::mount::umount(&bpffs).expect("umount bpffs");
+    let passes = s.passes();
+    s.within_a_pass(
+        "/ready fails naming the missing bpffs",
+        passes,
+        || matches!(ready(), Some((503, body)) if body.contains("no bpffs at or above")),
+    );
+    assert_eq!(s.metric("linkerd_cni_agent_dataplane_ready"), 0);
+    // Another whole pass: still nothing mounted (the kernel's word, statfs), no pins made.
+    let passes = s.passes();
+    s.within_a_pass("a whole pass ran", passes, || s.passes() >= passes + 2);
+    assert!(
+        !on_bpffs(),
+        "the agent mounted a bpffs of its own at {}",
+        bpffs.display()
+    );
+    assert!(
+        !s.node.pin_root().join("maps").exists(),
+        "pins made outside a bpffs under {}",
+        s.node.pin_root().display()
+    );
+
+    // The host mounts bpffs again: pinned there, the pod repaired, ready again.
+    nix::mount::mount(
+        Some("bpf"),
+        &bpffs,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .expect("mount bpffs as the host would");
+    let passes = s.passes();
+    s.assert_healed(passes);
+    s.within_a_pass("/ready passes", passes, || {
+        ready().map(|r| r.0) == Some(200)
+    });
+    assert!(s.repairs("pins") >= 1);
+}
+
 /// Periodic passes far apart: the repairs below can only come from the on-demand paths.
 fn on_demand_only() -> NodeOptions {
     NodeOptions {

@@ -47,6 +47,9 @@ pub struct AgentConfig {
     pub host_root: Option<PathBuf>,
     /// Capacities of the node-wide maps.
     pub map_sizes: MapSizes,
+    /// The node's bpffs comes from the host (`--bpffs-from-host`): the reconciler never mounts
+    /// one of its own when the pins go missing, it waits (unready) for the host's to be back.
+    pub bpffs_from_host: bool,
 }
 
 impl Default for AgentConfig {
@@ -57,6 +60,7 @@ impl Default for AgentConfig {
             shared_cgroup: None,
             host_root: None,
             map_sizes: MapSizes::default(),
+            bpffs_from_host: false,
         }
     }
 }

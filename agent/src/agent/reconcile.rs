@@ -261,10 +261,16 @@ impl Agent {
             source,
         };
         let _guard = self.lock_background();
-        if pin_root.starts_with(bpffs) {
-            kernel::ensure_bpffs_at(bpffs).map_err(pin_dir)?;
+        if self.config.bpffs_from_host {
+            // A bpffs mounted here would be this container's only (see
+            // `kernel::require_bpffs`): wait for the host's, unready.
+            kernel::require_bpffs(pin_root).map_err(pin_dir)?;
+        } else {
+            if pin_root.starts_with(bpffs) {
+                kernel::ensure_bpffs_at(bpffs).map_err(pin_dir)?;
+            }
+            kernel::ensure_bpffs(pin_root).map_err(pin_dir)?;
         }
-        kernel::ensure_bpffs(pin_root).map_err(pin_dir)?;
         let made = self.dataplane.restore_pins()?;
         Ok(vec![Repair {
             kind: RepairKind::Pins,

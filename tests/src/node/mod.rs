@@ -104,6 +104,9 @@ pub struct NodeOptions {
     /// Pin under a bpffs of the node's own, mounted in its scratch directory (so a test can
     /// unmount it without touching the host's `/sys/fs/bpf`); the agent gets `--bpffs`.
     pub private_bpffs: bool,
+    /// The agent's `--bpffs-from-host` (as the DaemonSet sets it): it never mounts a bpffs
+    /// of its own.
+    pub bpffs_from_host: bool,
 }
 
 impl Default for NodeOptions {
@@ -115,6 +118,7 @@ impl Default for NodeOptions {
             agent_log_level: "info,linkerd_cni_agent=debug".into(),
             reconcile_interval: None,
             private_bpffs: false,
+            bpffs_from_host: false,
         }
     }
 }

@@ -380,7 +380,11 @@ impl SimNode {
             health: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
             shared_cgroup: None,
             log: self.dir.path().join("logs").join("agent.log"),
-            extra_args: Vec::new(),
+            extra_args: if self.opts.bpffs_from_host {
+                vec!["--bpffs-from-host".into()]
+            } else {
+                Vec::new()
+            },
         };
         let mut agent = AgentProcess::spawn(&command)?;
         // /live answers once the registration socket is bound.
