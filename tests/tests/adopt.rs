@@ -36,8 +36,10 @@ use linkerd_cni_tests::{
 const APP_UID: u32 = 1000;
 /// The UID of Linkerd's `linkerd-network-validator`.
 const VALIDATOR_UID: u32 = 65534;
-/// The agent's default `--adopt-interval` is 5 s: two passes and some.
-const ADOPT_WITHIN: Duration = Duration::from_secs(15);
+/// Only turns an adopter whose passes stopped into a failure: far beyond any pass on a busy
+/// machine (the agent's default `--adopt-interval` is 5 s). The bound that matters is counted
+/// in the adopter's passes (see [`within_a_pass`]).
+const HANG: Duration = Duration::from_secs(120);
 
 /// A pod that started through the chain without linkerd-cni, with an app process running in
 /// its cgroup and netns, and its address in the API as kubelet reports it.
@@ -115,11 +117,42 @@ fn registered(node: &SimNode, pod: &SimPod) -> bool {
         .contains(&format!("adopted-{}", pod.spec.uid))
 }
 
+/// Adoption passes the agent completed so far.
+fn adoption_passes(node: &SimNode) -> u64 {
+    node.agent()
+        .expect("agent")
+        .metric("linkerd_cni_agent_adoption_passes_total")
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Waits until `done` holds, and fails if it still does not once a whole adoption pass that
+/// started after this call has completed: passes run one after another and are counted when
+/// they complete, so two more completed means one began and ended in between.
+fn within_a_pass(node: &SimNode, what: &str, mut done: impl FnMut() -> bool) {
+    let (before, started) = (adoption_passes(node), Instant::now());
+    loop {
+        // Read before checking: if the pass had completed by then, `done` must see its work.
+        let passes = adoption_passes(node);
+        if done() {
+            return;
+        }
+        assert!(
+            passes < before + 2,
+            "{what}: not so after a whole adoption pass ({before} passes before, {passes} \
+             now)\n{}",
+            node.diagnostics()
+        );
+        assert!(
+            started.elapsed() < HANG,
+            "{what}: the adopter completed no whole pass in {HANG:?}\n{}",
+            node.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn wait_adopted(node: &SimNode, pod: &SimPod) {
-    wait_until("the pod adopted", ADOPT_WITHIN, || {
-        registered(node, pod).then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
+    within_a_pass(node, "the pod adopted", || registered(node, pod));
 }
 
 #[test]
@@ -243,9 +276,12 @@ fn running_meshed_pod_is_adopted_without_restart() {
         "inbound through the proxy that started after the adoption"
     );
 
-    // Left alone: the unmeshed pod, and the meshed pod whose proxy does not listen. One more
-    // pass of the adopter happens meanwhile.
-    std::thread::sleep(Duration::from_secs(6));
+    // Left alone: the unmeshed pod, and the meshed pod whose proxy does not listen, by a
+    // whole pass of the adopter that began after all of the above.
+    let before = adoption_passes(&node);
+    within_a_pass(&node, "a whole adoption pass", || {
+        adoption_passes(&node) >= before + 2
+    });
     assert!(!registered(&node, &plain), "unmeshed pod adopted");
     assert!(
         !registered(&node, &waiting),

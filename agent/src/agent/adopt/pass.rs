@@ -40,6 +40,8 @@ pub struct Adopter {
     base: Mutex<LinkerdConfig>,
     /// Pods adopted.
     adopted: AtomicU64,
+    /// Passes over this node's pods completed.
+    passes: AtomicU64,
     /// Refusals per reason label (each pod counted once per reason); a pod that does not run
     /// yet (no cgroup, no process) is no refusal.
     failures: Mutex<BTreeMap<&'static str, u64>>,
@@ -53,6 +55,7 @@ impl Adopter {
             agent,
             base: Mutex::new(LinkerdConfig::default()),
             adopted: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
             failures: Mutex::new(BTreeMap::new()),
             last: Mutex::new(HashMap::new()),
         }
@@ -68,8 +71,18 @@ impl Adopter {
         self.adopted.load(Ordering::Relaxed)
     }
 
-    /// One pass over this node's pods.
+    /// Passes over this node's pods completed so far.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
+    }
+
+    /// One pass over this node's pods, counted when it completes (whatever it found).
     pub async fn run_once(&self, pods: &PodSource) {
+        self.pass(pods).await;
+        self.passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    async fn pass(&self, pods: &PodSource) {
         let base = self.base.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let known = match self.agent.known_pods() {
             Ok(k) => k,
@@ -248,6 +261,13 @@ impl Adopter {
         out.push_str(&format!(
             "linkerd_cni_agent_adoptions_total {}\n",
             self.adopted()
+        ));
+        out.push_str(&format!(
+            "# HELP linkerd_cni_agent_adoption_passes_total Passes of the adopter over this \
+             node's pods completed (one every --adopt-interval).\n\
+             # TYPE linkerd_cni_agent_adoption_passes_total counter\n\
+             linkerd_cni_agent_adoption_passes_total {}\n",
+            self.passes()
         ));
         out.push_str(
             "# HELP linkerd_cni_agent_adoption_failures_total Running meshed pods without \
