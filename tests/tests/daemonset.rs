@@ -42,8 +42,8 @@ use linkerd_cni_tests::{
         http_get,
         image::{self, ImageOrigin},
         kubelet::{
-            ClusterView, KubeletPod, PodPlan, ProbeKind, admit_service_account, daemonset_pod,
-            http_status, translate,
+            ClusterView, KubeletPod, PodPlan, ProbeKind, admit_service_account, capability_number,
+            daemonset_pod, http_status, translate,
         },
         namespace_manifest,
         render::{self, NAMESPACE, Renderer},
@@ -669,54 +669,7 @@ fn canonical(p: &PodPlan) -> Vec<String> {
 }
 
 fn cap_number(name: &str) -> u32 {
-    const ORDER: [&str; 41] = [
-        "CHOWN",
-        "DAC_OVERRIDE",
-        "DAC_READ_SEARCH",
-        "FOWNER",
-        "FSETID",
-        "KILL",
-        "SETGID",
-        "SETUID",
-        "SETPCAP",
-        "LINUX_IMMUTABLE",
-        "NET_BIND_SERVICE",
-        "NET_BROADCAST",
-        "NET_ADMIN",
-        "NET_RAW",
-        "IPC_LOCK",
-        "IPC_OWNER",
-        "SYS_MODULE",
-        "SYS_RAWIO",
-        "SYS_CHROOT",
-        "SYS_PTRACE",
-        "SYS_PACCT",
-        "SYS_ADMIN",
-        "SYS_BOOT",
-        "SYS_NICE",
-        "SYS_RESOURCE",
-        "SYS_TIME",
-        "SYS_TTY_CONFIG",
-        "MKNOD",
-        "LEASE",
-        "AUDIT_WRITE",
-        "AUDIT_CONTROL",
-        "SETFCAP",
-        "MAC_OVERRIDE",
-        "MAC_ADMIN",
-        "SYSLOG",
-        "WAKE_ALARM",
-        "BLOCK_SUSPEND",
-        "AUDIT_READ",
-        "PERFMON",
-        "BPF",
-        "CHECKPOINT_RESTORE",
-    ];
-    let n = name.trim_start_matches("CAP_");
-    ORDER
-        .iter()
-        .position(|c| *c == n)
-        .unwrap_or_else(|| panic!("unknown capability {name}")) as u32
+    capability_number(name).unwrap_or_else(|| panic!("unknown capability {name}"))
 }
 
 /// Stops the DaemonSet's pod as kubelet does; the agent must exit cleanly on SIGTERM.

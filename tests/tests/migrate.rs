@@ -39,7 +39,7 @@ use linkerd_cni_tests::{
     names::run,
     node::{
         AgentCommand, AgentProcess, CNI_TIMEOUT, NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod,
-        http_get, namespace_manifest, wait_until, workspace_bin,
+        chart_network_config, http_get, namespace_manifest, wait_until, workspace_bin,
     },
     proxy::{self, Event, PROXY_UID, TestProxy},
 };
@@ -192,31 +192,6 @@ fn linkerd_entry(net_dir: &Path) -> Value {
     })
 }
 
-/// Our chart's `cni_network_config` with its default values, this node's agent socket.
-fn our_template(node: &SimNode) -> Value {
-    json!({
-        "name": "linkerd-cni",
-        "type": "linkerd-cni",
-        "log_level": "debug",
-        "kubernetes": {"kubeconfig": "__KUBECONFIG_FILEPATH__"},
-        "linkerd": {
-            "incoming-proxy-port": proxy::INBOUND_PORT,
-            "outgoing-proxy-port": proxy::OUTBOUND_PORT,
-            "proxy-uid": PROXY_UID,
-            "proxy-gid": -1,
-            "ports-to-redirect": [],
-            "inbound-ports-to-ignore": ["4191", "4190"],
-            "outbound-ports-to-ignore": [],
-            "simulate": false,
-            "use-wait-flag": false,
-            "iptables-mode": "nft",
-            "ipv6": false,
-            "agent-socket": node.socket(),
-            "excluded-namespaces": ["linkerd-cni", "kube-system"],
-        }
-    })
-}
-
 /// The `linkerd-cni` entries of a conflist.
 fn linkerd_cni_entries(conflist: &Path) -> Vec<Value> {
     let text = fs::read_to_string(conflist).unwrap_or_default();
@@ -258,7 +233,10 @@ fn start_installing_agent(node: &SimNode, net_dir: &Path) -> AgentProcess {
         ("KUBERNETES_SERVICE_HOST", "10.96.0.1".into()),
         ("KUBERNETES_SERVICE_PORT", "443".into()),
         ("POD_NAMESPACE", "linkerd-cni".into()),
-        ("CNI_NETWORK_CONFIG", our_template(node).to_string()),
+        (
+            "CNI_NETWORK_CONFIG",
+            chart_network_config(&node.socket()).to_string(),
+        ),
     ];
     let mut script = String::from("#!/bin/sh\n");
     for (k, v) in &env {

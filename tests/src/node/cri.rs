@@ -495,28 +495,7 @@ impl CriNode {
             "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
         )
         .ctx(|| "writing the CA")?;
-        // The chart's `cni_network_config` with its default values.
-        let template = json!({
-            "name": "linkerd-cni",
-            "type": "linkerd-cni",
-            "log_level": "debug",
-            "kubernetes": {"kubeconfig": "__KUBECONFIG_FILEPATH__"},
-            "linkerd": {
-                "incoming-proxy-port": proxy::INBOUND_PORT,
-                "outgoing-proxy-port": proxy::OUTBOUND_PORT,
-                "proxy-uid": PROXY_UID,
-                "proxy-gid": -1,
-                "ports-to-redirect": [],
-                "inbound-ports-to-ignore": ["4191", "4190"],
-                "outbound-ports-to-ignore": [],
-                "simulate": false,
-                "use-wait-flag": false,
-                "iptables-mode": "nft",
-                "ipv6": false,
-                "agent-socket": self.socket(),
-                "excluded-namespaces": ["linkerd-cni", "kube-system"],
-            },
-        });
+        let template = super::chart_network_config(&self.socket());
         let plugin = workspace_bin(PLUGIN_BIN)?;
         let plugin_dir = plugin
             .parent()

@@ -78,6 +78,33 @@ pub const CNI_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the agent and the API server may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The chart's `cni_network_config` with its default values (`__KUBECONFIG_FILEPATH__` left
+/// for the installer to replace), talking to the agent at `agent_socket`.
+pub fn chart_network_config(agent_socket: &std::path::Path) -> serde_json::Value {
+    use crate::proxy::{self, PROXY_UID};
+    serde_json::json!({
+        "name": "linkerd-cni",
+        "type": "linkerd-cni",
+        "log_level": "debug",
+        "kubernetes": {"kubeconfig": "__KUBECONFIG_FILEPATH__"},
+        "linkerd": {
+            "incoming-proxy-port": proxy::INBOUND_PORT,
+            "outgoing-proxy-port": proxy::OUTBOUND_PORT,
+            "proxy-uid": PROXY_UID,
+            "proxy-gid": -1,
+            "ports-to-redirect": [],
+            "inbound-ports-to-ignore": ["4191", "4190"],
+            "outbound-ports-to-ignore": [],
+            "simulate": false,
+            "use-wait-flag": false,
+            "iptables-mode": "nft",
+            "ipv6": false,
+            "agent-socket": agent_socket,
+            "excluded-namespaces": ["linkerd-cni", "kube-system"],
+        }
+    })
+}
+
 /// A binary of the workspace, with a hint when it was not built.
 pub fn workspace_bin(name: &str) -> Result<PathBuf> {
     bins::bin_path(name).map_err(|e| {

@@ -27,7 +27,8 @@ pub use self::{
     reader::Reader,
     translate::{
         ClusterView, ContainerPlan, HostPathType, NodeFile, NodeInfo, PodPlan, ProbePlan, Qos,
-        SERVICE_ACCOUNT_MOUNT, admit_service_account, daemonset_pod, expand, translate,
+        SERVICE_ACCOUNT_MOUNT, admit_service_account, capability_number, daemonset_pod, expand,
+        translate,
     },
 };
 use super::{

@@ -54,7 +54,8 @@ const READONLY_PATHS: [&str; 5] = [
     "/proc/sys",
     "/proc/sysrq-trigger",
 ];
-/// Linux capabilities by name, for checking what a pod asks for.
+/// Linux capabilities by name, for checking what a pod asks for, in the kernel's order: a
+/// name's index is its capability number (`CAP_CHOWN` 0 ... `CAP_CHECKPOINT_RESTORE` 40).
 const CAPABILITIES: [&str; 41] = [
     "CHOWN",
     "DAC_OVERRIDE",
@@ -98,6 +99,16 @@ const CAPABILITIES: [&str; 41] = [
     "BPF",
     "CHECKPOINT_RESTORE",
 ];
+
+/// The kernel's number of a capability named as a pod spec names it (`NET_ADMIN`, with or
+/// without `CAP_`), the bit it has in `/proc/<pid>/status`'s `CapEff`.
+pub fn capability_number(name: &str) -> Option<u32> {
+    let name = name.strip_prefix("CAP_").unwrap_or(name);
+    CAPABILITIES
+        .iter()
+        .position(|c| *c == name)
+        .map(|i| i as u32)
+}
 
 /// What kubelet knows about its node and cluster that is not in the pod.
 #[derive(Clone, Debug)]

@@ -408,3 +408,18 @@ fn expansion_follows_kubernetes_rules() {
         "1-$(B)-$(A)-$-$("
     );
 }
+
+#[test]
+fn capability_numbers_are_the_kernels() {
+    // The agent's table carries each bit from the kernel's header: the two tables agree.
+    for cap in linkerd_cni_agent::host::capabilities::CAPABILITIES {
+        assert_eq!(capability_number(cap.name), Some(cap.bit), "{}", cap.name);
+        assert_eq!(
+            capability_number(&format!("CAP_{}", cap.name)),
+            Some(cap.bit)
+        );
+    }
+    assert_eq!(capability_number("CHOWN"), Some(0));
+    assert_eq!(capability_number("CHECKPOINT_RESTORE"), Some(40));
+    assert_eq!(capability_number("NOT_A_CAPABILITY"), None);
+}
