@@ -29,7 +29,9 @@ use std::{
 use linkerd_cni_tests::{
     ChildGuard, EchoServer, NetnsGuard,
     client::{Options, run_client},
-    node::{NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest, wait_until},
+    node::{
+        self, NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest, wait_until,
+    },
     proxy::{self, Event, TestProxy},
 };
 
@@ -126,29 +128,17 @@ fn adoption_passes(node: &SimNode) -> u64 {
 }
 
 /// Waits until `done` holds, and fails if it still does not once a whole adoption pass that
-/// started after this call has completed: passes run one after another and are counted when
-/// they complete, so two more completed means one began and ended in between.
-fn within_a_pass(node: &SimNode, what: &str, mut done: impl FnMut() -> bool) {
-    let (before, started) = (adoption_passes(node), Instant::now());
-    loop {
-        // Read before checking: if the pass had completed by then, `done` must see its work.
-        let passes = adoption_passes(node);
-        if done() {
-            return;
-        }
-        assert!(
-            passes < before + 2,
-            "{what}: not so after a whole adoption pass ({before} passes before, {passes} \
-             now)\n{}",
-            node.diagnostics()
-        );
-        assert!(
-            started.elapsed() < HANG,
-            "{what}: the adopter completed no whole pass in {HANG:?}\n{}",
-            node.diagnostics()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// began after this call has completed (adoption passes are counted when they complete; see
+/// [`node::within_a_pass`]).
+fn within_a_pass(node: &SimNode, what: &str, done: impl FnMut() -> bool) {
+    node::within_a_pass(
+        what,
+        adoption_passes(node),
+        HANG,
+        || adoption_passes(node),
+        done,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.diagnostics()));
 }
 
 fn wait_adopted(node: &SimNode, pod: &SimPod) {

@@ -12,15 +12,16 @@
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
+use linkerd_cni_agent::host::kernel;
 use linkerd_cni_common::names;
 use linkerd_cni_tests::{
     EchoServer,
     client::{Options, run_client},
     cniruntime::Verb,
-    node::{NodeOptions, PodSpec, SimNode, SimPod, http_get, namespace_manifest, signal},
+    node::{self, NodeOptions, PodSpec, SimNode, SimPod, http_get, namespace_manifest, signal},
     proxy::{Event, TestProxy},
 };
 
@@ -133,30 +134,11 @@ impl Scene {
     }
 
     /// Waits until `done` holds, and fails if it still does not once a whole reconcile pass
-    /// that started after `passes_before` was read has ended: passes are counted when they
-    /// start and run one after another, so two more started means one whole pass ran.
-    fn within_a_pass(&self, what: &str, passes_before: u64, mut done: impl FnMut() -> bool) {
-        let started = Instant::now();
-        loop {
-            // Read before checking: if the pass had ended by then, `done` must see its work.
-            let passes = self.passes();
-            if done() {
-                return;
-            }
-            assert!(
-                passes < passes_before + 2,
-                "{what}: not so after a whole reconcile pass ({passes_before} passes before, \
-                 {passes} now):\n{}",
-                self.node.agent_log()
-            );
-            assert!(
-                started.elapsed() < HANG,
-                "{what}: the agent ran no whole pass in {HANG:?} ({passes_before} passes \
-                 before, {passes} now):\n{}",
-                self.node.agent_log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+    /// that started after `passes_before` was read has ended (reconcile passes are counted
+    /// when they start; see [`node::within_a_pass`]).
+    fn within_a_pass(&self, what: &str, passes_before: u64, done: impl FnMut() -> bool) {
+        node::within_a_pass(what, passes_before, HANG, || self.passes(), done)
+            .unwrap_or_else(|e| panic!("{e}:\n{}", self.node.agent_log()));
     }
 
     /// Waits until the client is redirected again and every link is in force: by the end of
@@ -300,11 +282,7 @@ fn told_the_bpffs_is_the_hosts_the_agent_waits_for_it_instead_of_mounting_its_ow
     let health = s.node.agent().expect("agent").health_addr();
     let ready = || http_get(health, "/ready", Duration::from_secs(2)).ok();
     assert_eq!(ready().map(|r| r.0), Some(200));
-    let on_bpffs = || {
-        nix::sys::statfs::statfs(&bpffs)
-            .map(|f| f.filesystem_type().0 == libc::BPF_FS_MAGIC)
-            .unwrap_or(false)
-    };
+    let on_bpffs = || kernel::on_bpffs(&bpffs).expect("statfs the mount point");
 
     nix::mount::umount(&bpffs).expect("umount bpffs");
     let passes = s.passes();
@@ -329,14 +307,7 @@ fn told_the_bpffs_is_the_hosts_the_agent_waits_for_it_instead_of_mounting_its_ow
     );
 
     // The host mounts bpffs again: pinned there, the pod repaired, ready again.
-    nix::mount::mount(
-        Some("bpf"),
-        &bpffs,
-        Some("bpf"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .expect("mount bpffs as the host would");
+    kernel::ensure_bpffs_at(&bpffs).expect("mount bpffs as the host would");
     let passes = s.passes();
     s.assert_healed(passes);
     s.within_a_pass("/ready passes", passes, || {

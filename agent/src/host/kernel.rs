@@ -87,7 +87,7 @@ fn unescape(s: &str) -> String {
 /// kernel's answer, not `/proc/self/mountinfo`'s list: a bpffs that another mount covers
 /// (a tmpfs mounted over `/sys/fs/bpf`, as a container's hostPath volume on a node without
 /// bpffs is) is listed there but is not where a pin would go.
-fn on_bpffs(path: &Path) -> io::Result<bool> {
+pub fn on_bpffs(path: &Path) -> io::Result<bool> {
     let mut at = path;
     loop {
         match nix::sys::statfs::statfs(at) {

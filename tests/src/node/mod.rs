@@ -235,6 +235,39 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Optio
     }
 }
 
+/// Waits until `done` holds, and fails if it still does not once a whole pass of a loop
+/// that began after `before` was read has ended, or after `hang` if the passes stop. `passes`
+/// reads the loop's counter (the agent's reconcile or adoption passes): passes run one after
+/// another and each is counted once, when it starts or when it completes, so two more than
+/// `before` means one began and ended in between.
+pub fn within_a_pass(
+    what: &str,
+    before: u64,
+    hang: Duration,
+    mut passes: impl FnMut() -> u64,
+    mut done: impl FnMut() -> bool,
+) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        // Read before checking: if the pass had ended by then, `done` must see its work.
+        let now = passes();
+        if done() {
+            return Ok(());
+        }
+        if now >= before + 2 {
+            return Err(Error::Missing(format!(
+                "{what}: not so after a whole pass ({before} passes before, {now} now)"
+            )));
+        }
+        if started.elapsed() >= hang {
+            return Err(Error::Missing(format!(
+                "{what}: no whole pass ran in {hang:?} ({before} passes before, {now} now)"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
