@@ -3,17 +3,23 @@
 //! everything unregistered and unpinned on drop.
 
 use std::{
+    net::SocketAddr,
     path::Path,
     sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
 };
 
 use linkerd_cni_agent::{
     Agent, AgentConfig, Registration, agent::registry::PodRecord, dataplane, dataplane::maps::Maps,
 };
-use linkerd_cni_common::paths;
+use linkerd_cni_common::{names, paths};
 use linkerd_cni_proto::config::LinkerdConfig;
 
-use crate::pod::Pod;
+use crate::{
+    diag,
+    pod::Pod,
+    proxy::{self, Event, TestProxy},
+};
 
 /// An agent, stopped and restarted at will, cleaned up on drop.
 pub struct AgentHarness {
@@ -111,6 +117,67 @@ impl AgentHarness {
     /// When they cannot be opened.
     pub fn maps(&self) -> Maps {
         Maps::open(&self.config.pin_root.join(paths::PIN_MAPS)).expect("open pinned maps")
+    }
+
+    /// The late-accept check, outbound and inbound: `n` clients connected to `pod` through
+    /// `proxy`, sent and closed, with the proxy's accept gate still shut. Each destination
+    /// must sit in an accepted socket's storage (local address `held_local`) and none in the
+    /// 4-tuple map; `delay` later the proxy accepts all `n` on `listener`, each answering
+    /// `SO_ORIGINAL_DST` with `orig_dst`; once the proxy closed them, no socket holds storage,
+    /// no 4-tuple entry is left and the pod (`cookie`) counts `n` answers.
+    ///
+    /// # Panics
+    /// When any of that does not hold.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_late_accept(
+        &self,
+        pod: &Pod,
+        proxy: &TestProxy,
+        cookie: u64,
+        n: u64,
+        held_local: SocketAddr,
+        (listener, orig_dst): (SocketAddr, SocketAddr),
+        delay: Duration,
+    ) {
+        const TIMEOUT: Duration = Duration::from_secs(20);
+        let storage = self
+            .config
+            .pin_root
+            .join(paths::PIN_MAPS)
+            .join(names::MAP_ACC_DST);
+        let held = diag::sockets_with_storage(&pod.netns, &storage).expect("sock_diag");
+        let (_, conns) = self.maps().orig_dst_entries();
+        // Before the proxy accepted anything (the clients are gone): the destinations sit in
+        // the sockets waiting in the accept queue.
+        assert_eq!(held.len(), n as usize, "sockets with storage: {held:?}");
+        assert!(held.iter().all(|(l, _)| *l == held_local), "{held:?}");
+        assert_eq!(conns, 0, "4-tuple entries left");
+
+        // The proxy accepts `delay` after the clients closed their sockets.
+        std::thread::sleep(delay);
+        proxy
+            .open_accept_gate()
+            .expect("opening the proxy's accept gate");
+        let events = proxy
+            .log()
+            .wait_for_accepted(n as usize, TIMEOUT)
+            .expect("proxy accepted");
+        let errors: Vec<_> = events
+            .iter()
+            .filter(|e| matches!(e, Event::OrigDstError { .. }))
+            .collect();
+        assert!(errors.is_empty(), "SO_ORIGINAL_DST failed: {errors:?}");
+        assert_eq!(
+            proxy::accepted(&events),
+            vec![(listener, orig_dst); n as usize]
+        );
+        proxy
+            .log()
+            .wait_for_finished(n as usize, TIMEOUT)
+            .expect("proxy closed every connection");
+        diag::wait_until_no_socket_holds_storage(&pod.netns, &storage, Duration::from_secs(5));
+        assert_eq!(self.maps().orig_dst_entries().1, 0);
+        assert_eq!(self.maps().stats(cookie).orig_dst_answered, n);
     }
 
     /// Simulates a crash: every fd the agent held is closed, nothing is cleaned up.

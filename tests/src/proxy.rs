@@ -402,6 +402,19 @@ impl ProxyLog {
     }
 }
 
+/// The (listener, original destination) of every connection accepted in `events`.
+pub fn accepted(events: &[Event]) -> Vec<(SocketAddr, SocketAddr)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Accepted {
+                listener, orig_dst, ..
+            } => Some((*listener, *orig_dst)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The events that end a connection (closed or refused).
 pub fn finished(events: &[Event]) -> impl Iterator<Item = &Event> {
     events.iter().filter(|e| {

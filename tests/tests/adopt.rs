@@ -150,14 +150,8 @@ fn running_meshed_pod_is_adopted_without_restart() {
     let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
         .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
     // An unmeshed server pod, through the plugin as usual.
-    let mut server_pod = node
-        .new_pod(PodSpec::unmeshed("shop", "server"))
-        .expect("pod");
-    node.add(&mut server_pod)
-        .unwrap_or_else(|e| panic!("CNI ADD: {e}\n{}", node.diagnostics()));
-    let dst = SocketAddr::from((server_pod.ip().expect("server ip"), 8080));
-    let server = EchoServer::bind_in(server_pod.netns().expect("netns"), dst, "server")
-        .unwrap_or_else(|e| panic!("echo server: {e}"));
+    let (server_pod, server) = node.echo_pod("shop", "server", 8080);
+    let dst = server.addr();
 
     // The agent is down while the other pods start without linkerd-cni in the chain.
     node.kill_agent();
@@ -319,14 +313,8 @@ fn running_meshed_pod_is_adopted_without_restart() {
 fn running_pod_is_adopted_by_an_agent_in_its_own_pid_namespace() {
     let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
         .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
-    let mut server_pod = node
-        .new_pod(PodSpec::unmeshed("shop", "server"))
-        .expect("pod");
-    node.add(&mut server_pod)
-        .unwrap_or_else(|e| panic!("CNI ADD: {e}\n{}", node.diagnostics()));
-    let dst = SocketAddr::from((server_pod.ip().expect("server ip"), 8080));
-    let server = EchoServer::bind_in(server_pod.netns().expect("netns"), dst, "server")
-        .unwrap_or_else(|e| panic!("echo server: {e}"));
+    let (server_pod, server) = node.echo_pod("shop", "server", 8080);
+    let dst = server.addr();
 
     node.kill_agent();
     let (meshed, _meshed_app) = early_pod(&node, PodSpec::meshed("shop", "early"));

@@ -73,25 +73,13 @@ fn connect_as(pod: &Pod, uid: u32, gid: Option<u32>, target: SocketAddr) -> Repo
     .expect("run the test client")
 }
 
-fn accepted(events: &[Event]) -> Vec<(SocketAddr, SocketAddr)> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Accepted {
-                listener, orig_dst, ..
-            } => Some((*listener, *orig_dst)),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Waits until the proxy has accepted `n` connections and returns them.
 fn proxied(proxy: &TestProxy, n: usize) -> Vec<(SocketAddr, SocketAddr)> {
     let events = proxy
         .log()
-        .wait_for(TIMEOUT, |e| accepted(e).len() >= n)
+        .wait_for(TIMEOUT, |e| proxy::accepted(e).len() >= n)
         .expect("proxy accepted");
-    accepted(&events)
+    proxy::accepted(&events)
 }
 
 /// A connection went straight to `server`, not through the proxy: the server saw the pod's
@@ -114,7 +102,7 @@ fn assert_direct(
         IpAddr::V4(world.net.pod_v4()),
         "server saw the pod itself"
     );
-    let seen = accepted(&proxy.events().expect("proxy log")).len();
+    let seen = proxy::accepted(&proxy.events().expect("proxy log")).len();
     assert_eq!(seen, proxied_before, "the proxy must not see it");
 }
 
@@ -350,7 +338,7 @@ fn ipv6_is_left_alone_when_disabled() {
         server6.wait_for(1, TIMEOUT).expect("reached")[0].peer.ip(),
         IpAddr::V6(world.net.pod_v6())
     );
-    assert!(accepted(&proxy.events().expect("log")).is_empty());
+    assert!(proxy::accepted(&proxy.events().expect("log")).is_empty());
 }
 
 #[test]
@@ -570,46 +558,15 @@ fn late_accept(delay: Duration) {
     opts.count = N;
     let r = run_client(&world.net.pod.container(APP_UID), &opts, TIMEOUT).expect("clients");
     assert_eq!((r.succeeded, r.failed), (N, 0), "{r:?}");
-    let storage = h.config().pin_root.join("maps").join(names::MAP_ACC_DST);
-    let held = diag::sockets_with_storage(&world.net.pod.netns, &storage).expect("sock_diag");
-    let (_, conns) = h.maps().orig_dst_entries();
-    assert_eq!(held.len(), N as usize, "sockets with storage: {held:?}");
-    assert!(
-        held.iter()
-            .all(|(l, _)| *l == sock(Ipv4Addr::LOCALHOST, 4140)),
-        "{held:?}"
+    h.check_late_accept(
+        &world.net.pod,
+        &proxy,
+        record.netns_cookie,
+        N,
+        sock(Ipv4Addr::LOCALHOST, 4140),
+        (sock(Ipv4Addr::LOCALHOST, 4140), world.server.addr()),
+        delay,
     );
-    assert_eq!(conns, 0, "4-tuple entries left");
-
-    // The proxy accepts `delay` after the clients closed their sockets.
-    std::thread::sleep(delay);
-    proxy
-        .open_accept_gate()
-        .expect("opening the proxy's accept gate");
-    let events = proxy
-        .log()
-        .wait_for_accepted(N as usize, TIMEOUT)
-        .expect("proxy accepted");
-    let errors: Vec<_> = events
-        .iter()
-        .filter(|e| matches!(e, Event::OrigDstError { .. }))
-        .collect();
-    assert!(errors.is_empty(), "SO_ORIGINAL_DST failed: {errors:?}");
-    assert_eq!(
-        accepted(&events),
-        vec![(sock(Ipv4Addr::LOCALHOST, 4140), world.server.addr()); N as usize]
-    );
-    proxy
-        .log()
-        .wait_for_finished(N as usize, TIMEOUT)
-        .expect("proxy closed every connection");
-    diag::wait_until_no_socket_holds_storage(
-        &world.net.pod.netns,
-        &storage,
-        Duration::from_secs(5),
-    );
-    assert_eq!(h.maps().orig_dst_entries().1, 0);
-    assert_eq!(h.maps().stats(record.netns_cookie).orig_dst_answered, N);
 }
 
 #[test]

@@ -32,23 +32,6 @@ fn start_node(opts: NodeOptions, objects: &[Value]) -> SimNode {
     SimNode::start(opts, objects).unwrap_or_else(|e| panic!("starting the simulated node: {e}"))
 }
 
-/// Creates `spec`'s pod and runs CNI ADD for it through libcni.
-fn add_pod(node: &SimNode, spec: PodSpec) -> SimPod {
-    let name = format!("{}/{}", spec.namespace, spec.name);
-    let mut pod = node
-        .new_pod(spec)
-        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
-    if let Err(e) = node.add(&mut pod) {
-        panic!("CNI ADD of {name}: {e}\n{}", node.diagnostics());
-    }
-    assert!(
-        pod.ip().is_some(),
-        "ADD result of {name} has an IPv4 address: {:?}",
-        pod.result
-    );
-    pod
-}
-
 fn state(node: &SimNode) -> AgentState {
     node.state()
         .unwrap_or_else(|e| panic!("reading the agent's state: {e}"))
@@ -177,15 +160,12 @@ fn assert_direct(report: &Report, server: &EchoServer, before: usize) {
 #[test]
 fn meshed_pod_is_redirected_unmeshed_and_linkerd_init_pods_are_not() {
     let node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
-    let server_pod = add_pod(&node, PodSpec::unmeshed("shop", "server"));
-    let server_ip = server_pod.ip().expect("server ip");
-    let dst = SocketAddr::from((server_ip, 8080));
-    let server = EchoServer::bind_in(server_pod.netns().expect("server netns"), dst, "server")
-        .unwrap_or_else(|e| panic!("echo server in the server pod: {e}"));
+    let (server_pod, server) = node.echo_pod("shop", "server", 8080);
+    let dst = server.addr();
 
-    let meshed = add_pod(&node, PodSpec::meshed("shop", "client"));
-    let unmeshed = add_pod(&node, PodSpec::unmeshed("shop", "plain"));
-    let with_init = add_pod(&node, PodSpec::with_linkerd_init("shop", "iptables"));
+    let meshed = node.added_pod(PodSpec::meshed("shop", "client"));
+    let unmeshed = node.added_pod(PodSpec::unmeshed("shop", "plain"));
+    let with_init = node.added_pod(PodSpec::with_linkerd_init("shop", "iptables"));
 
     let st = state(&node);
     assert_eq!(
@@ -279,7 +259,7 @@ fn skip_outbound_ports_annotations_on_pod_and_namespace_are_honoured() {
             namespace_manifest("batch", &[(SKIP_OUTBOUND, "9090")]),
         ],
     );
-    let server_pod = add_pod(&node, PodSpec::unmeshed("shop", "server"));
+    let server_pod = node.added_pod(PodSpec::unmeshed("shop", "server"));
     let ip = server_pod.ip().expect("server ip");
     let netns = server_pod.netns().expect("server netns");
     let (a, b) = (SocketAddr::from((ip, 8080)), SocketAddr::from((ip, 9090)));
@@ -306,7 +286,7 @@ fn skip_outbound_ports_annotations_on_pod_and_namespace_are_honoured() {
     ];
     for (spec, direct, proxied) in cases {
         let name = spec.name.clone();
-        let pod = add_pod(&node, spec);
+        let pod = node.added_pod(spec);
         let proxy = pod
             .start_proxy()
             .unwrap_or_else(|e| panic!("proxy in {name}: {e}"));
@@ -345,7 +325,7 @@ fn skip_outbound_ports_annotations_on_pod_and_namespace_are_honoured() {
 #[test]
 fn del_twice_as_containerd_does_leaves_nothing() {
     let node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
-    let pod = add_pod(&node, PodSpec::meshed("shop", "web"));
+    let pod = node.added_pod(PodSpec::meshed("shop", "web"));
     let c = cookie(&pod);
     let ip = pod.ip().expect("pod ip");
     let st = state(&node);
@@ -395,7 +375,7 @@ fn check_detects_redirection_removed_behind_the_agents_back() {
     let node = start_node(opts, &[namespace_manifest("shop", &[])]);
 
     // 1. A link detached with bpftool.
-    let pod = add_pod(&node, PodSpec::meshed("shop", "detached"));
+    let pod = node.added_pod(PodSpec::meshed("shop", "detached"));
     cni_ok(&node, Verb::Check, &pod, Some(pod.netns_path()));
     let link = node
         .pin_root()
@@ -433,7 +413,7 @@ fn check_detects_redirection_removed_behind_the_agents_back() {
     assert_forgotten(&node, &pod, c);
 
     // 2. The pod's config entry deleted from the map.
-    let pod = add_pod(&node, PodSpec::meshed("shop", "unconfigured"));
+    let pod = node.added_pod(PodSpec::meshed("shop", "unconfigured"));
     cni_ok(&node, Verb::Check, &pod, Some(pod.netns_path()));
     let c = cookie(&pod);
     {
@@ -666,8 +646,8 @@ fn registrations_whose_netns_is_deleted_are_dropped_within_30_seconds() {
     // The shipped reap interval: this checks the guarantee as deployed.
     let opts = NodeOptions::default();
     let node = start_node(opts, &[namespace_manifest("shop", &[])]);
-    let mut pod = add_pod(&node, PodSpec::meshed("shop", "web"));
-    let keep = add_pod(&node, PodSpec::meshed("shop", "kept"));
+    let mut pod = node.added_pod(PodSpec::meshed("shop", "web"));
+    let keep = node.added_pod(PodSpec::meshed("shop", "kept"));
     let c = cookie(&pod);
     assert!(state(&node).registered().contains(&pod.container_id));
 
@@ -698,11 +678,9 @@ fn registrations_whose_netns_is_deleted_are_dropped_within_30_seconds() {
 #[test]
 fn registry_survives_an_agent_restart() {
     let mut node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
-    let server_pod = add_pod(&node, PodSpec::unmeshed("shop", "server"));
-    let dst = SocketAddr::from((server_pod.ip().expect("ip"), 8080));
-    let server =
-        EchoServer::bind_in(server_pod.netns().expect("netns"), dst, "server").expect("echo");
-    let pod = add_pod(&node, PodSpec::meshed("shop", "web"));
+    let (server_pod, server) = node.echo_pod("shop", "server", 8080);
+    let dst = server.addr();
+    let pod = node.added_pod(PodSpec::meshed("shop", "web"));
     let proxy = pod.start_proxy().expect("proxy");
     let before = server.received().len();
     request(&pod, &server, dst, "one\n");
@@ -890,7 +868,7 @@ const BAD_INPUT: &[Row] = {
 fn bad_input_corpus_gets_the_right_code_and_changes_nothing() {
     let node = start_node(NodeOptions::default(), &[namespace_manifest("shop", &[])]);
     // Something registered already, so "unchanged" is not trivially "empty".
-    let registered = add_pod(&node, PodSpec::meshed("shop", "registered"));
+    let registered = node.added_pod(PodSpec::meshed("shop", "registered"));
     let target = node
         .new_pod(PodSpec::meshed("shop", "target"))
         .expect("target pod");

@@ -44,17 +44,9 @@ struct Scene {
 fn scene(opts: NodeOptions) -> Scene {
     let node = SimNode::start(opts, &[namespace_manifest("shop", &[])])
         .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
-    let add = |spec: PodSpec| {
-        let mut pod = node.new_pod(spec).expect("pod");
-        node.add(&mut pod)
-            .unwrap_or_else(|e| panic!("CNI ADD: {e}\n{}", node.diagnostics()));
-        pod
-    };
-    let server_pod = add(PodSpec::unmeshed("shop", "server"));
-    let client = add(PodSpec::meshed("shop", "client"));
-    let dst = SocketAddr::from((server_pod.ip().expect("server ip"), 8080));
-    let server = EchoServer::bind_in(server_pod.netns().expect("netns"), dst, "server")
-        .unwrap_or_else(|e| panic!("echo server: {e}"));
+    let (server_pod, server) = node.echo_pod("shop", "server", 8080);
+    let client = node.added_pod(PodSpec::meshed("shop", "client"));
+    let dst = server.addr();
     let proxy = client.start_proxy().expect("proxy");
     let s = Scene {
         client,

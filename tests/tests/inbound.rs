@@ -16,7 +16,6 @@ use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
 use linkerd_cni_tests::{
     AgentHarness, Bridge, EchoServer, NetnsGuard, Pod, PodAndPeer, TestProxy,
     client::{Options as ClientOptions, Report, run_client},
-    diag,
     proxy::{self, Event, PROXY_UID},
 };
 
@@ -37,17 +36,7 @@ fn proxy_in(pod: &Pod, ipv6: bool) -> TestProxy {
 }
 
 fn accepted(proxy: &TestProxy) -> Vec<(SocketAddr, SocketAddr)> {
-    proxy
-        .events()
-        .expect("proxy log")
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::Accepted {
-                listener, orig_dst, ..
-            } => Some((listener, orig_dst)),
-            _ => None,
-        })
-        .collect()
+    proxy::accepted(&proxy.events().expect("proxy log"))
 }
 
 fn wait_accepted(proxy: &TestProxy, n: usize) -> Vec<(SocketAddr, SocketAddr)> {
@@ -427,49 +416,18 @@ fn late_accept(delay: Duration) {
     opts.count = N;
     let r = run_client(&w.net.remote(APP_UID), &opts, TIMEOUT).expect("clients");
     assert_eq!((r.succeeded, r.failed), (N, 0), "{r:?}");
-    let storage = h.config().pin_root.join("maps").join(names::MAP_ACC_DST);
-    let held = diag::sockets_with_storage(&w.net.pod.netns, &storage).expect("sock_diag");
-    let (_, conns) = h.maps().orig_dst_entries();
-    // Before the proxy accepted anything (the clients are gone): the destinations sit in
-    // the sockets waiting in the accept queue.
-    assert_eq!(held.len(), N as usize, "sockets with storage: {held:?}");
-    assert!(
-        held.iter().all(|(l, _)| *l == sock(w.net.pod_v4(), 8080)),
-        "{held:?}"
+    h.check_late_accept(
+        &w.net.pod,
+        &proxy,
+        record.netns_cookie,
+        N,
+        sock(w.net.pod_v4(), 8080),
+        (
+            sock(Ipv4Addr::UNSPECIFIED, 4143),
+            sock(w.net.pod_v4(), 8080),
+        ),
+        delay,
     );
-    assert_eq!(conns, 0, "4-tuple entries left");
-
-    // The proxy accepts `delay` after the clients closed their sockets.
-    std::thread::sleep(delay);
-    proxy
-        .open_accept_gate()
-        .expect("opening the proxy's accept gate");
-    let events = proxy
-        .log()
-        .wait_for_accepted(N as usize, TIMEOUT)
-        .expect("proxy accepted");
-    let errors: Vec<_> = events
-        .iter()
-        .filter(|e| matches!(e, Event::OrigDstError { .. }))
-        .collect();
-    assert!(errors.is_empty(), "SO_ORIGINAL_DST failed: {errors:?}");
-    assert_eq!(
-        accepted(&proxy),
-        vec![
-            (
-                sock(Ipv4Addr::UNSPECIFIED, 4143),
-                sock(w.net.pod_v4(), 8080)
-            );
-            N as usize
-        ]
-    );
-    proxy
-        .log()
-        .wait_for_finished(N as usize, TIMEOUT)
-        .expect("proxy closed every connection");
-    diag::wait_until_no_socket_holds_storage(&w.net.pod.netns, &storage, Duration::from_secs(5));
-    assert_eq!(h.maps().orig_dst_entries().1, 0);
-    assert_eq!(h.maps().stats(record.netns_cookie).orig_dst_answered, N);
 }
 
 #[test]

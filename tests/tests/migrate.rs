@@ -296,14 +296,7 @@ fn adopted(node: &SimNode, pod: &SimPod) -> bool {
 fn pods_meshed_by_linkerds_iptables_plugin_across_the_switch() {
     let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
         .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
-    let mut server_pod = node
-        .new_pod(PodSpec::unmeshed("shop", "server"))
-        .expect("pod");
-    node.add(&mut server_pod)
-        .unwrap_or_else(|e| panic!("CNI ADD: {e}\n{}", node.diagnostics()));
-    let server_addr = SocketAddr::from((server_pod.ip().expect("server ip"), 8080));
-    let server = EchoServer::bind_in(server_pod.netns().expect("netns"), server_addr, "server")
-        .unwrap_or_else(|e| panic!("echo server: {e}"));
+    let (server_pod, server) = node.echo_pod("shop", "server", 8080);
     let peer = Peer {
         pod: &server_pod,
         server: &server,

@@ -37,17 +37,6 @@ fn start_node(objects: &[Value]) -> SimNode {
         .unwrap_or_else(|e| panic!("starting the simulated node: {e}"))
 }
 
-fn add_pod(node: &SimNode, spec: PodSpec) -> SimPod {
-    let name = format!("{}/{}", spec.namespace, spec.name);
-    let mut pod = node
-        .new_pod(spec)
-        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
-    if let Err(e) = node.add(&mut pod) {
-        panic!("CNI ADD of {name}: {e}\n{}", node.diagnostics());
-    }
-    pod
-}
-
 fn state(node: &SimNode) -> AgentState {
     node.state()
         .unwrap_or_else(|e| panic!("reading the agent's state: {e}"))
@@ -83,8 +72,8 @@ fn plugin_add(
 #[test]
 fn repeated_add_keeps_inbound_reaching_the_proxy_with_no_refused_connection() {
     let node = start_node(&[namespace_manifest("shop", &[])]);
-    let server_pod = add_pod(&node, PodSpec::meshed("shop", "server"));
-    let client_pod = add_pod(&node, PodSpec::unmeshed("shop", "client"));
+    let server_pod = node.added_pod(PodSpec::meshed("shop", "server"));
+    let client_pod = node.added_pod(PodSpec::unmeshed("shop", "client"));
     let ip = server_pod.ip().expect("server ip");
     let dst = SocketAddr::from((ip, 8080));
     let netns = server_pod.netns().expect("server netns");
@@ -265,10 +254,8 @@ fn hostile_pods_are_refused_alone_and_leave_nothing_behind() {
         );
     }
     // The next ordinary pod (with an ignored subnet of its own) registers.
-    let next = add_pod(
-        &node,
-        PodSpec::meshed("shop", "next").annotate(SKIP_SUBNETS, "192.168.0.0/16"),
-    );
+    let next =
+        node.added_pod(PodSpec::meshed("shop", "next").annotate(SKIP_SUBNETS, "192.168.0.0/16"));
     let st = state(&node);
     assert_eq!(
         st.addrs.len(),
@@ -719,7 +706,7 @@ fn plugin_as(
 #[test]
 fn del_of_one_of_two_attachments_sharing_a_netns_keeps_the_entries() {
     let node = start_node(&[namespace_manifest("shop", &[])]);
-    let pod = add_pod(&node, PodSpec::meshed("shop", "twice"));
+    let pod = node.added_pod(PodSpec::meshed("shop", "twice"));
     let c = cookie(&pod);
     let second = format!("{}-second", pod.container_id);
     let out = plugin_as(&node, &pod, "ADD", &second);
@@ -758,7 +745,7 @@ fn del_of_one_of_two_attachments_sharing_a_netns_keeps_the_entries() {
 fn adds_enter_pod_netns_on_their_own_thread_return_home_and_log_their_phases() {
     let node = start_node(&[namespace_manifest("shop", &[])]);
     let pods: Vec<SimPod> = (0..3)
-        .map(|i| add_pod(&node, PodSpec::meshed("shop", &format!("p{i}"))))
+        .map(|i| node.added_pod(PodSpec::meshed("shop", &format!("p{i}"))))
         .collect();
     let pid = node.agent().expect("agent running").pid();
     let own_netns = fs::read_link(format!("/proc/{pid}/ns/net")).expect("agent netns");

@@ -18,6 +18,7 @@ use super::{
     wait_until, workspace_bin,
 };
 use crate::{
+    EchoServer,
     cniruntime::{self, Invocation, Verb},
     error::{Error, IoContext, Result},
     names::{self, TempDir},
@@ -496,6 +497,37 @@ impl SimNode {
     ) -> Result<cniruntime::Outcome> {
         let inv = self.invocation(pod, netns)?;
         cniruntime::run(Some(&self.netns), verb, &inv, CNI_TIMEOUT)
+    }
+
+    /// Creates `spec`'s pod and runs its CNI ADD; a test's set-up: panics on failure, with
+    /// the node's diagnostics, or when the result gives the pod no IPv4 address.
+    pub fn added_pod(&self, spec: PodSpec) -> SimPod {
+        let name = format!("{}/{}", spec.namespace, spec.name);
+        let mut pod = self
+            .new_pod(spec)
+            .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
+        if let Err(e) = self.add(&mut pod) {
+            panic!("CNI ADD of {name}: {e}\n{}", self.diagnostics());
+        }
+        assert!(
+            pod.ip().is_some(),
+            "ADD result of {name} has an IPv4 address: {:?}",
+            pod.result
+        );
+        pod
+    }
+
+    /// An unmeshed pod `namespace/name` ([`SimNode::added_pod`]) with an echo server on its
+    /// address at `port`: the destination a test's meshed client connects to.
+    pub fn echo_pod(&self, namespace: &str, name: &str, port: u16) -> (SimPod, EchoServer) {
+        let pod = self.added_pod(PodSpec::unmeshed(namespace, name));
+        let addr = SocketAddr::from((pod.ip().expect("checked by added_pod"), port));
+        let netns = pod
+            .netns()
+            .unwrap_or_else(|e| panic!("netns of {namespace}/{name}: {e}"));
+        let server = EchoServer::bind_in(netns, addr, name)
+            .unwrap_or_else(|e| panic!("echo server on {addr} in {namespace}/{name}: {e}"));
+        (pod, server)
     }
 
     /// CNI ADD through libcni; keeps the result (and so the pod IP) in `pod`.
