@@ -415,6 +415,15 @@ pub fn accepted(events: &[Event]) -> Vec<(SocketAddr, SocketAddr)> {
         .collect()
 }
 
+/// The original destinations of the connections accepted in `events` on a listener at `port`.
+pub fn accepted_on(events: &[Event], port: u16) -> Vec<SocketAddr> {
+    accepted(events)
+        .into_iter()
+        .filter(|(listener, _)| listener.port() == port)
+        .map(|(_, orig_dst)| orig_dst)
+        .collect()
+}
+
 /// The events that end a connection (closed or refused).
 pub fn finished(events: &[Event]) -> impl Iterator<Item = &Event> {
     events.iter().filter(|e| {

@@ -32,7 +32,7 @@ use linkerd_cni_tests::{
     node::{
         self, NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest, wait_until,
     },
-    proxy::{self, Event, TestProxy},
+    proxy::{self, TestProxy},
 };
 
 const APP_UID: u32 = 1000;
@@ -62,17 +62,7 @@ fn early_pod(node: &SimNode, spec: PodSpec) -> (SimPod, ChildGuard) {
 }
 
 fn accepted_on(proxy: &TestProxy, port: u16) -> Vec<SocketAddr> {
-    proxy
-        .events()
-        .expect("proxy events")
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::Accepted {
-                listener, orig_dst, ..
-            } if listener.port() == port => Some(orig_dst),
-            _ => None,
-        })
-        .collect()
+    proxy::accepted_on(&proxy.events().expect("proxy events"), port)
 }
 
 /// One request from `pod` as the app UID to `dst`; panics unless the reply comes back.

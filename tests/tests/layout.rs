@@ -107,15 +107,7 @@ fn run(client: (Placement, ClientOptions)) -> Report {
 /// `SO_ORIGINAL_DST` failures it logged.
 fn proxy_view(proxy: &TestProxy) -> (Vec<(SocketAddr, SocketAddr)>, usize) {
     let events = proxy.events().expect("proxy log");
-    let accepted = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Accepted {
-                listener, orig_dst, ..
-            } => Some((*listener, *orig_dst)),
-            _ => None,
-        })
-        .collect();
+    let accepted = proxy::accepted(&events);
     let errors = events
         .iter()
         .filter(|e| matches!(e, Event::OrigDstError { .. }))

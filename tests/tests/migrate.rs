@@ -41,7 +41,7 @@ use linkerd_cni_tests::{
         AgentCommand, AgentProcess, CNI_TIMEOUT, NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod,
         chart_network_config, http_get, namespace_manifest, wait_until, workspace_bin,
     },
-    proxy::{self, Event, PROXY_UID, TestProxy},
+    proxy::{self, PROXY_UID, TestProxy},
 };
 use serde_json::{Value, json};
 
@@ -103,17 +103,7 @@ impl LinkerdPod {
 
 /// The original destinations the proxy read on connections its `port` listener accepted.
 fn accepted_on(proxy: &TestProxy, port: u16) -> Vec<SocketAddr> {
-    proxy
-        .events()
-        .expect("proxy events")
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::Accepted {
-                listener, orig_dst, ..
-            } if listener.port() == port => Some(orig_dst),
-            _ => None,
-        })
-        .collect()
+    proxy::accepted_on(&proxy.events().expect("proxy events"), port)
 }
 
 /// One request from `pod` as `uid` to `dst`; panics unless `server`'s reply comes back.
