@@ -4,7 +4,8 @@
 //! `linkerd install-cni` prints; the CLI adds only flag parsing and validation.
 //!
 //! Only the functions the chart uses are implemented, with sprig's semantics: `toYaml`,
-//! `toJson`, `toString`, `quote`, `default`, `splitList`, `compact`, `trim`, `int64`, `dir`, `indent`,
+//! `toJson`, `toString`, `quote`, `default`, `splitList`, `compact`, `trim`, `int64`, `dir`,
+//! `hasPrefix`, `trimSuffix`, `indent`,
 //! `nindent`, `fail` (plus Go's builtins: `printf`, `index`, `not`, `or`, `eq`, ...). A chart
 //! change that needs another function fails the CLI's tests, which render the chart with both
 //! this engine and Go's text/template + sprig and compare the objects.
@@ -356,6 +357,18 @@ fn with_funcs(t: Template) -> Template {
     })
     .func("trim", |a| Ok(string(strval(arg("trim", a, 0, 1)?).trim())))
     .func("dir", |a| Ok(string(dir(&strval(arg("dir", a, 0, 1)?)))))
+    // sprig's argument order: the prefix or suffix first, the string last (piped).
+    .func("hasPrefix", |a| {
+        let prefix = strval(arg("hasPrefix", a, 0, 2)?);
+        Ok(Value::Bool(
+            strval(arg("hasPrefix", a, 1, 2)?).starts_with(prefix.as_str()),
+        ))
+    })
+    .func("trimSuffix", |a| {
+        let suffix = strval(arg("trimSuffix", a, 0, 2)?);
+        let s = strval(arg("trimSuffix", a, 1, 2)?);
+        Ok(string(s.strip_suffix(suffix.as_str()).unwrap_or(&s)))
+    })
     .func("indent", |a| {
         let n = int_arg("indent", arg("indent", a, 0, 2)?)?;
         Ok(string(indent(n, &strval(arg("indent", a, 1, 2)?))))

@@ -863,6 +863,26 @@ fn unprintable(v: &Json, path: &mut String, r: &Reader<'_>) -> Result<(), Values
     }
 }
 
+/// Why `agent.socketPath` cannot be rendered, if it cannot: its directory becomes a writable
+/// hostPath mount at the same path in the agent's container, which also holds the pod registry
+/// (`<dir>/pods`), so it must be a directory of its own, at least two levels deep, and not one
+/// the container needs for itself. The chart's template refuses the same paths (for Helm).
+pub fn socket_dir_problem(socket_path: &str) -> Option<String> {
+    let dir = match socket_path.trim_end_matches('/').rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &socket_path[..i],
+    };
+    let parts: Vec<&str> = dir.split('/').collect();
+    let top = parts.get(1).copied().unwrap_or_default();
+    (parts.len() < 3 || ["host", "proc", "sys", "dev"].contains(&top)).then(|| {
+        format!(
+            "its directory {dir:?} is mounted from the host (writable) and holds the agent's \
+             pod registry too: put the socket in a directory of its own, at least two levels \
+             deep and not under /host, /proc, /sys or /dev (e.g. /run/linkerd-cni/agent.sock)"
+        )
+    })
+}
+
 /// Checks merged values (after [`drop_unknown`]): their types, then what the templates cannot
 /// check. Every error names the key path and, from `origins`, the file or flag it came from.
 /// Values are accepted as Helm's templates read them: integers also as whole numbers (values
@@ -905,6 +925,9 @@ pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError>
         if !(path.starts_with('/') && !path.contains("..") && path.len() > 1) {
             return Err(r.err(key, format!("{path:?} is not an absolute path")));
         }
+    }
+    if let Some(reason) = socket_dir_problem(&v.agent.socket_path) {
+        return Err(r.err("agent.socketPath", reason));
     }
     let bpffs = v.agent.bpffs_path.trim_end_matches('/');
     if !v.agent.pin_root.starts_with(&format!("{bpffs}/")) {

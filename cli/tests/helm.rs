@@ -63,7 +63,11 @@ fn expected_in(cli: &str, ns: &str) -> BTreeMap<String, Json> {
         "the CLI renders the namespace"
     );
     for obj in objs.values_mut() {
-        if let Some(n) = obj.pointer_mut("/metadata/namespace") {
+        // The release's objects move; the Role and RoleBinding in `default` (for the
+        // default/kubernetes Service) stay there.
+        if let Some(n) = obj.pointer_mut("/metadata/namespace")
+            && n == "linkerd-cni"
+        {
             *n = json!(ns);
         }
         if let Some(Json::Array(subjects)) = obj.get_mut("subjects") {
@@ -176,6 +180,16 @@ fn helm_in_another_namespace_puts_everything_there() {
                 "ClusterRoleBinding/linkerd-cni/subjects/0/namespace",
                 OTHER_NS,
             ),
+            ("Role/linkerd-cni/metadata/namespace", OTHER_NS),
+            ("RoleBinding/linkerd-cni/subjects/0/namespace", OTHER_NS),
+            (
+                "RoleBinding/linkerd-cni-kubernetes-service/subjects/0/namespace",
+                OTHER_NS,
+            ),
+            (
+                "RoleBinding/linkerd-cni-kubernetes-service/metadata/namespace",
+                "default",
+            ),
             (
                 "ConfigMap/linkerd-cni-config/data/cni_network_config/linkerd/excluded-namespaces/0",
                 OTHER_NS,
@@ -224,5 +238,58 @@ fn helm_refuses_iptables_mode() {
     assert!(
         stderr.contains("\"iptables\" is planned as the fallback for kernels without cgroup BPF"),
         "{stderr}"
+    );
+}
+
+/// Path values that would leave something the agent writes on the container's read-only root,
+/// or expose a host directory of other uses, fail `helm template` with the chart's message, as
+/// they fail the CLI.
+#[test]
+fn helm_refuses_unsafe_path_values() {
+    let chart = chart_dir().display().to_string();
+    for (set, want) in [
+        (
+            "agent.socketPath=/run/agent.sock",
+            "put the socket in a directory of its own",
+        ),
+        (
+            "agent.socketPath=/proc/l5d/agent.sock",
+            "put the socket in a directory of its own",
+        ),
+        ("agent.pinRoot=/run/l5d", "must be inside agent.bpffsPath"),
+    ] {
+        let out = helm(&[
+            "template",
+            "linkerd2-cni",
+            &chart,
+            "-n",
+            OTHER_NS,
+            "--set",
+            set,
+        ]);
+        assert!(!out.status.success(), "helm rendered {set}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{set}: {stderr}");
+        let cli = linkerd(&["install-cni", "--set", set], &[]);
+        assert!(!cli.status.success(), "the CLI rendered {set}");
+    }
+    // A socket two levels down renders, with the registry next to it.
+    let yaml = helm_template_args(
+        OTHER_NS,
+        &[
+            "--set".into(),
+            "agent.socketPath=/var/run/l5d/agent.sock".into(),
+        ],
+    );
+    let objs = objects(&yaml);
+    let env = objs["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .clone();
+    assert!(
+        env.iter().any(
+            |e| e["name"] == "LINKERD_CNI_AGENT_STATE_DIR" && e["value"] == "/var/run/l5d/pods"
+        ),
+        "{env:?}"
     );
 }

@@ -154,6 +154,10 @@ fn objects_and_labels() {
                 "ServiceAccount/linkerd-cni",
                 "ClusterRole/linkerd-cni",
                 "ClusterRoleBinding/linkerd-cni",
+                "Role/linkerd-cni",
+                "RoleBinding/linkerd-cni",
+                "Role/linkerd-cni-kubernetes-service",
+                "RoleBinding/linkerd-cni-kubernetes-service",
                 "ConfigMap/linkerd-cni-config",
                 "DaemonSet/linkerd-cni"
             ],
@@ -170,12 +174,12 @@ fn objects_and_labels() {
                 && obj["kind"] != "ClusterRole"
                 && obj["kind"] != "ClusterRoleBinding"
             {
-                assert_eq!(
-                    obj["metadata"]["namespace"],
-                    "linkerd-cni",
-                    "{what}: {}",
-                    key(&obj)
-                );
+                let want = if key(&obj).ends_with("linkerd-cni-kubernetes-service") {
+                    "default"
+                } else {
+                    "linkerd-cni"
+                };
+                assert_eq!(obj["metadata"]["namespace"], want, "{what}: {}", key(&obj));
             }
         }
         let objs = objects(&yaml);
@@ -207,13 +211,24 @@ fn objects_and_labels() {
             "{what}"
         );
         let role = &objs["ClusterRole/linkerd-cni"];
+        // No nodes; one object each of the rest (tests/rbac.rs holds these against the
+        // requests the code makes).
         assert_eq!(
             role["rules"],
             json!([
-                {"apiGroups": [""], "resources": ["pods", "nodes", "namespaces", "services"], "verbs": ["get", "list", "watch"]},
-                // SIGTERM: rollout (DaemonSet stands) or uninstall (deleting or gone).
-                {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]}
+                {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get", "list", "watch"]},
             ])
+        );
+        // SIGTERM: rollout (DaemonSet stands) or uninstall (deleting or gone).
+        assert_eq!(
+            objs["Role/linkerd-cni"]["rules"],
+            json!([{"apiGroups": ["apps"], "resources": ["daemonsets"],
+                    "resourceNames": ["linkerd-cni"], "verbs": ["get"]}])
+        );
+        assert_eq!(
+            objs["Role/linkerd-cni-kubernetes-service"]["rules"],
+            json!([{"apiGroups": [""], "resources": ["services"],
+                    "resourceNames": ["kubernetes"], "verbs": ["get"]}])
         );
     }
 }
@@ -771,11 +786,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/15/name"),
+                    format!("{ds}/spec/containers/0/env/16/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/15/value"),
+                    format!("{ds}/spec/containers/0/env/16/value"),
                     json!("0.0.0.0:9991"),
                 ),
             ],
@@ -800,11 +815,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/15/name"),
+                    format!("{ds}/spec/containers/0/env/16/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/15/value"),
+                    format!("{ds}/spec/containers/0/env/16/value"),
                     json!("[fd00::1]:9100"),
                 ),
             ],
@@ -931,6 +946,18 @@ fn errors() {
             "bad reg is not a valid Docker registry",
         ),
         (&["--set", "agent.pinRoot=/tmp/x"], "agent.pinRoot"),
+        (
+            &["--set", "agent.socketPath=/run/agent.sock"],
+            "agent.socketPath",
+        ),
+        (
+            &["--set", "agent.socketPath=/sys/l5d/agent.sock"],
+            "directory of its own",
+        ),
+        (
+            &["--set", "agent.socketPath=/host/l5d/agent.sock"],
+            "directory of its own",
+        ),
         (&["--dest-cni-net-dir=relative"], "absolute"),
         (
             &["-f", "/nonexistent/values.yaml"],
@@ -1555,4 +1582,139 @@ fn yaml_1_1_plain_scalars_are_refused_not_misread() {
         cli["DaemonSet/linkerd-cni"].pointer("/spec/template/spec/priorityClassName"),
         Some(&json!("yes"))
     );
+}
+
+/// The mount of `c` that holds container path `path` (the deepest whose mountPath is a
+/// component-wise prefix of it), and the host path it is mounted from.
+fn mount_of<'a>(pod: &'a Json, c: &'a Json, path: &str) -> Option<(&'a Json, String)> {
+    let under = |p: &str, root: &str| {
+        let root = root.trim_end_matches('/');
+        p == root || p.starts_with(&format!("{root}/"))
+    };
+    let m = c["volumeMounts"]
+        .as_array()?
+        .iter()
+        .filter(|m| under(path, m["mountPath"].as_str().unwrap_or("-")))
+        .max_by_key(|m| m["mountPath"].as_str().map_or(0, str::len))?;
+    let volume = pod["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == m["name"])?;
+    let host_root = volume["hostPath"]["path"].as_str()?;
+    let rest = &path[m["mountPath"].as_str()?.trim_end_matches('/').len()..];
+    Some((m, format!("{}{rest}", host_root.trim_end_matches('/'))))
+}
+
+/// Issue 37: every path value moves everything that depends on it. For each value, rendered:
+/// every path the agent writes (its socket, its pod registry, its pins, the plugin binary, the
+/// kubeconfig and the conflists) is on a writable hostPath mount of the agent container, at
+/// the host path the value names, and the plugin (on the host) connects to the socket's host
+/// path. A path left on the container's read-only root (as the registry was with
+/// `agent.socketPath` moved) fails here.
+#[test]
+fn every_path_the_agent_writes_is_on_a_writable_mount() {
+    use linkerd_cni_common::paths;
+    let cases: &[(&str, &[&str])] = &[
+        ("default", &[]),
+        (
+            "agent.socketPath",
+            &["--set", "agent.socketPath=/var/run/l5d/agent.sock"],
+        ),
+        (
+            "agent.socketPath (deep)",
+            &["--set", "agent.socketPath=/opt/l5d/run/cni/a.sock"],
+        ),
+        (
+            "agent.pinRoot",
+            &["--set", "agent.pinRoot=/sys/fs/bpf/l5d/node"],
+        ),
+        (
+            "agent.bpffsPath",
+            &[
+                "--set",
+                "agent.bpffsPath=/run/l5d-bpf,agent.pinRoot=/run/l5d-bpf/l5d",
+            ],
+        ),
+        (
+            "destCNINetDir",
+            &["--dest-cni-net-dir=/etc/kubernetes/cni/net.d"],
+        ),
+        ("destCNIBinDir", &["--dest-cni-bin-dir=/usr/libexec/cni"]),
+        (
+            "equal CNI dirs",
+            &[
+                "--dest-cni-net-dir=/var/lib/rancher/k3s/data/cni",
+                "--dest-cni-bin-dir=/var/lib/rancher/k3s/data/cni",
+            ],
+        ),
+    ];
+    for (what, args) in cases {
+        let objs = objects(&install_cni(args, &[]));
+        let pod = &objs["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        let env: BTreeMap<&str, &Json> = c["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .map(|e| (e["name"].as_str().expect("name"), &e["value"]))
+            .collect();
+        // What the agent reads, or its built-in default when the chart sets nothing.
+        let var = |name: &str, default: &str| -> String {
+            env.get(name)
+                .and_then(|v| v.as_str())
+                .unwrap_or(default)
+                .to_string()
+        };
+        let config = &objs["ConfigMap/linkerd-cni-config"]["data"];
+        let prefix = var("CONTAINER_MOUNT_PREFIX", "");
+        let net_dir = config["dest_cni_net_dir"].as_str().expect("net dir");
+        let bin_dir = config["dest_cni_bin_dir"].as_str().expect("bin dir");
+        let socket = var("LINKERD_CNI_AGENT_SOCKET", paths::AGENT_SOCKET);
+        let plugin_conf = &config["cni_network_config"];
+        // (what the agent writes, where it is in the container, where the host has it)
+        let written = [
+            ("the registration socket", socket.clone(), socket.clone()),
+            (
+                "the pod registry",
+                var("LINKERD_CNI_AGENT_STATE_DIR", paths::STATE_DIR),
+                format!("{}/pods", socket.rsplit_once('/').expect("dir").0),
+            ),
+            (
+                "the pins",
+                var("LINKERD_CNI_AGENT_PIN_ROOT", paths::PIN_ROOT),
+                var("LINKERD_CNI_AGENT_PIN_ROOT", paths::PIN_ROOT),
+            ),
+            (
+                "the conflists and kubeconfig",
+                format!("{prefix}{net_dir}"),
+                net_dir.to_string(),
+            ),
+            (
+                "the plugin binary",
+                format!("{prefix}{bin_dir}/linkerd-cni"),
+                format!("{bin_dir}/linkerd-cni"),
+            ),
+        ];
+        for (thing, in_container, on_host) in written {
+            let (m, host) = mount_of(pod, c, &in_container).unwrap_or_else(|| {
+                panic!("{what}: {thing} ({in_container}) is on no mount: the read-only root")
+            });
+            assert_ne!(
+                m["readOnly"], true,
+                "{what}: {thing} ({in_container}) is on a read-only mount"
+            );
+            assert_eq!(
+                host, on_host,
+                "{what}: {thing} is not where the host expects it"
+            );
+        }
+        assert_eq!(
+            plugin_conf["linkerd"]["agent-socket"], socket,
+            "{what}: the plugin connects to the agent's socket"
+        );
+        assert_eq!(
+            c["securityContext"]["readOnlyRootFilesystem"], true,
+            "{what}"
+        );
+    }
 }

@@ -38,9 +38,13 @@
 //! The server runs on its own thread and Tokio runtime, so it works from synchronous tests and
 //! from any async runtime alike; dropping it closes the port and every open watch.
 //!
+//! [`rbac`] holds recorded requests against the RBAC rules of rendered manifests.
+//!
 //! A crate of its own, with no dependency on the agent, so that every crate's tests can use it.
 
 #![forbid(unsafe_code)]
+
+pub mod rbac;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -63,9 +63,10 @@ async fn decide(client: Client, namespace: &str, name: &str) -> Termination {
                     .to_string(),
             ),
             Some(s) if s.code == 403 => {
-                // Forbidden on everything (the ClusterRoleBinding is gone), or only on
-                // DaemonSets (a ClusterRole without that rule: nothing says it is an
-                // uninstall)? The namespace is a read the agent always had.
+                // Forbidden on everything (the ClusterRoleBinding is gone), or only on the
+                // DaemonSet (its Role or RoleBinding is gone, or an older chart's ClusterRole
+                // lacks the rule: nothing says it is an uninstall)? The namespace is a read
+                // the agent always had.
                 match namespaces.get(namespace).await {
                     Err(e2) if status(&e2).is_some_and(|s| s.code == 403) => {
                         Termination::Uninstall(format!(
@@ -74,7 +75,7 @@ async fn decide(client: Client, namespace: &str, name: &str) -> Termination {
                         ))
                     }
                     _ => Termination::Unknown(format!(
-                        "reading {what}: {e} (the ClusterRole lacks `get` on daemonsets.apps)"
+                        "reading {what}: {e} (no Role grants the agent `get` on it)"
                     )),
                 }
             }
