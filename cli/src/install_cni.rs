@@ -425,6 +425,9 @@ pub fn render(
     if checked.repair_controller.enabled {
         warnings.push(REPAIR_CONTROLLER_WARNING.to_string());
     }
+    if checked.privileged {
+        warnings.push(PRIVILEGED_WARNING.to_string());
+    }
     Ok(Rendered {
         manifests: chart::render(&v, namespace)?,
         warnings,
@@ -439,6 +442,12 @@ pub const LINKERD_IPTABLES_IMAGE: &str = "/cni-plugin";
 pub const REPAIR_CONTROLLER_WARNING: &str = "warning: repairController.enabled has no effect in \
      eBPF mode: no repair controller is deployed; the agent adopts meshed pods that started \
      before the plugin where they run, without restarting them";
+
+/// The warning for `privileged: true`, which Linkerd's chart uses on SELinux-enforcing nodes
+/// and which changes nothing here (the chart's NOTES.txt says the same to Helm users).
+pub const PRIVILEGED_WARNING: &str = "warning: privileged has no effect in eBPF mode: the agent \
+     container holds a list of capabilities and is never privileged. On SELinux-enforcing nodes \
+     (what Linkerd's chart uses privileged for), set agent.seLinuxOptions.type=spc_t instead.";
 
 /// The warning for an `image.name` that looks like Linkerd's iptables plugin image.
 pub fn linkerd_image_warning(image: &str) -> String {

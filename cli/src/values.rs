@@ -299,6 +299,8 @@ pub const FREE_FORM: &[&str] = &[
     "podLabels",
     "nodeAffinity",
     "updateStrategy",
+    // Checked by `validate` instead: the keys of Kubernetes' SELinuxOptions.
+    "agent.seLinuxOptions",
 ];
 
 /// Takes out of `values` every key that the chart's `values.yaml` (`defaults`) does not have,
@@ -477,8 +479,9 @@ pub struct Values {
     pub update_strategy: Map<String, Json>,
     pub revision_history_limit: u32,
     pub cli_version: String,
-    /// Accepted (Linkerd's chart has it); the agent container is never privileged (only the
-    /// `mount-bpffs` init container is, see [`Agent::mount_bpffs`]).
+    /// Accepted (Linkerd's chart has it) with a warning when true: the agent container is never
+    /// privileged (only the `mount-bpffs` init container is, see [`Agent::mount_bpffs`]); on
+    /// SELinux-enforcing nodes [`Agent::se_linux_options`] is what to set.
     pub privileged: bool,
     /// Accepted (Linkerd's chart has it); no PodSecurityPolicy is rendered.
     pub enable_psp: bool,
@@ -536,6 +539,9 @@ pub struct Agent {
     /// Whether the runtime passes `/proc/<pid>/ns/net` as CNI_NETNS (host `/proc` mounted,
     /// CAP_SYS_PTRACE added).
     pub cni_netns_from_proc: bool,
+    /// The agent's and mount-bpffs's `securityContext.seLinuxOptions` (empty: the runtime's
+    /// default label); only the keys of Kubernetes' SELinuxOptions, each a string.
+    pub se_linux_options: Map<String, Json>,
     pub metrics: Metrics,
 }
 
@@ -773,6 +779,7 @@ impl<'a> Reader<'a> {
                 host_netns_dir: self.string("agent.hostNetnsDir")?,
                 mount_bpffs: self.boolean("agent.mountBpffs")?,
                 cni_netns_from_proc: self.boolean("agent.cniNetnsFromProc")?,
+                se_linux_options: self.map("agent.seLinuxOptions")?,
                 metrics: Metrics {
                     enabled: self.boolean("agent.metrics.enabled")?,
                     bind_address: self.ip("agent.metrics.bindAddress")?,
@@ -924,6 +931,20 @@ pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError>
     ] {
         if !(path.starts_with('/') && !path.contains("..") && path.len() > 1) {
             return Err(r.err(key, format!("{path:?} is not an absolute path")));
+        }
+    }
+    for (k, value) in &v.agent.se_linux_options {
+        if !["user", "role", "type", "level"].contains(&k.as_str()) {
+            return Err(r.err(
+                &format!("agent.seLinuxOptions.{k}"),
+                "not a field of SELinuxOptions (user, role, type, level)",
+            ));
+        }
+        if !value.is_string() {
+            return Err(r.err(
+                &format!("agent.seLinuxOptions.{k}"),
+                format!("expected a string, got {value}"),
+            ));
         }
     }
     if let Some(reason) = socket_dir_problem(&v.agent.socket_path) {

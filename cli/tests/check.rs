@@ -48,19 +48,30 @@ fn healthy() -> BTreeMap<String, Json> {
             b
         }),
         ("/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni".to_string(), daemonset(3, 3)),
+        (NS.to_string(), cni_namespace(Some("privileged"))),
     ]
     .into_iter()
     .collect()
 }
 
-const CHECKS: [&str; 6] = [
+const CHECKS: [&str; 7] = [
     "cni plugin ConfigMap exists",
     "cni plugin ClusterRole exists",
     "cni plugin ClusterRoleBinding exists",
     "cni plugin ServiceAccount exists",
     "cni plugin DaemonSet exists",
+    "cni plugin namespace allows privileged pods",
     "cni plugin pod is running on all nodes",
 ];
+
+/// The CNI namespace, with its Pod Security label (`None`: no label).
+fn cni_namespace(enforce: Option<&str>) -> Json {
+    let mut ns = meta("Namespace", "v1", "linkerd-cni", false);
+    if let Some(level) = enforce {
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = json!(level);
+    }
+    ns
+}
 
 /// The mark (√ or ×) printed for each check, by name.
 fn marks(stdout: &str) -> BTreeMap<String, char> {
@@ -83,6 +94,11 @@ fn cluster_checks_against_a_fake_api_server() {
     let without = |path: &str| {
         let mut r = healthy();
         assert!(r.remove(path).is_some(), "no route {path}");
+        r
+    };
+    let with_ns = |enforce| {
+        let mut r = healthy();
+        r.insert(NS.into(), cni_namespace(enforce));
         r
     };
     let with_ds = |desired, ready| {
@@ -119,9 +135,18 @@ fn cluster_checks_against_a_fake_api_server() {
         (
             "no DaemonSet",
             without("/apis/apps/v1/namespaces/linkerd-cni/daemonsets/linkerd-cni"),
-            vec![CHECKS[4], CHECKS[5]],
+            vec![CHECKS[4], CHECKS[6]],
         ),
-        ("one pod not ready", with_ds(3, 2), vec![CHECKS[5]]),
+        ("one pod not ready", with_ds(3, 2), vec![CHECKS[6]]),
+        // Issue 36: a namespace that refuses the DaemonSet's pod fails, naming the label.
+        (
+            "namespace enforces baseline",
+            with_ns(Some("baseline")),
+            vec![CHECKS[5]],
+        ),
+        ("no namespace", without(NS), vec![CHECKS[5]]),
+        // No label: the cluster's default applies; a warning, not a failure.
+        ("namespace without a level", with_ns(None), vec![]),
         // Scheduled on no node (no node matches): nothing to wait for, as in Linkerd.
         ("not scheduled anywhere", with_ds(0, 0), vec![]),
         ("nothing installed", BTreeMap::new(), CHECKS.to_vec()),
@@ -289,7 +314,7 @@ fn wait_retries_until_a_fresh_daemonset_is_ready() {
         "{stdout}\nstderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(marks(&stdout).get(CHECKS[5]), Some(&'√'), "{stdout}");
+    assert_eq!(marks(&stdout).get(CHECKS[6]), Some(&'√'), "{stdout}");
     assert!(stdout.contains("(2/2 nodes)"), "{stdout}");
     // Three reads of the DaemonSet (exists + two retries), five seconds apart (at least: a
     // busy machine only adds to it; success says the last one came before the deadline).
@@ -353,7 +378,7 @@ fn wait_gives_up_at_its_deadline() {
     let (out, took) = check_cni(&api, "kubeconfig-deadline", &["--wait=1s"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{stdout}");
-    assert_eq!(marks(&stdout).get(CHECKS[5]), Some(&'×'), "{stdout}");
+    assert_eq!(marks(&stdout).get(CHECKS[6]), Some(&'×'), "{stdout}");
     assert!(
         stdout.contains("1 of 2 linkerd-cni pods are ready"),
         "{stdout}"
@@ -437,7 +462,7 @@ fn json_output_has_linkerds_shape() {
     assert_eq!(doc["success"], true);
     assert_eq!(
         doc["categories"][0]["checks"].as_array().map(Vec::len),
-        Some(6)
+        Some(7)
     );
 
     // short: only what did not pass.
@@ -448,7 +473,7 @@ fn json_output_has_linkerds_shape() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         marks(&stdout),
-        BTreeMap::from([(CHECKS[5].to_string(), '×')]),
+        BTreeMap::from([(CHECKS[6].to_string(), '×')]),
         "{stdout}"
     );
 }

@@ -293,3 +293,29 @@ fn helm_refuses_unsafe_path_values() {
         "{env:?}"
     );
 }
+
+/// Helm users get the CLI's `privileged` warning in the release notes, word for word.
+#[test]
+fn helm_notes_warn_about_privileged() {
+    let chart = chart_dir().display().to_string();
+    let notes = |set: &str| {
+        let out = helm(&[
+            "install",
+            "linkerd2-cni",
+            &chart,
+            "-n",
+            OTHER_NS,
+            "--dry-run=client",
+            "--set",
+            set,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(notes("privileged=true").contains(linkerd_cli::install_cni::PRIVILEGED_WARNING));
+    assert!(!notes("privileged=false").contains("privileged has no effect"));
+}

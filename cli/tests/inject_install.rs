@@ -572,6 +572,7 @@ fn post_install_json_uses_linkerds_names() {
             "cni plugin ClusterRoleBinding exists",
             "cni plugin ServiceAccount exists",
             "cni plugin DaemonSet exists",
+            "cni plugin namespace allows privileged pods",
             "cni plugin pod is running on all nodes",
         ])
     );

@@ -92,9 +92,10 @@ fn golden_linkerd_values_render() {
         [
             linkerd_cli::install_cni::linkerd_image_warning("cr.example.com/linkerd/cni-plugin"),
             linkerd_cli::install_cni::REPAIR_CONTROLLER_WARNING.to_string(),
+            linkerd_cli::install_cni::PRIVILEGED_WARNING.to_string(),
         ],
-        "every key of Linkerd's chart is a value of this one: warnings for the iptables image \
-         and for repairController.enabled only"
+        "every key of Linkerd's chart is a value of this one: warnings for the iptables image, \
+         for repairController.enabled and for privileged only"
     );
     golden(
         "install-cni-linkerd-values.yaml",
@@ -947,6 +948,14 @@ fn errors() {
         ),
         (&["--set", "agent.pinRoot=/tmp/x"], "agent.pinRoot"),
         (
+            &["--set", "agent.seLinuxOptions.typ=spc_t"],
+            "agent.seLinuxOptions.typ",
+        ),
+        (
+            &["--set", "agent.seLinuxOptions.level=1"],
+            "expected a string",
+        ),
+        (
             &["--set", "agent.socketPath=/run/agent.sock"],
             "agent.socketPath",
         ),
@@ -1717,4 +1726,58 @@ fn every_path_the_agent_writes_is_on_a_writable_mount() {
             "{what}"
         );
     }
+}
+
+/// Issue 36: `agent.seLinuxOptions` labels the agent and the mount-bpffs init container (and
+/// nothing else: not the operator's extraInitContainers); unset by default. `privileged`
+/// changes nothing but a warning naming it.
+#[test]
+fn se_linux_options_and_privileged() {
+    let pod_of = |args: &[&str]| {
+        objects(&install_cni(args, &[]))["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"]
+            .clone()
+    };
+    let containers = |pod: &Json| -> Vec<(String, Json)> {
+        ["initContainers", "containers"]
+            .iter()
+            .flat_map(|k| pod[*k].as_array().cloned().unwrap_or_default())
+            .map(|c| {
+                (
+                    c["name"].as_str().expect("name").to_string(),
+                    c["securityContext"]["seLinuxOptions"].clone(),
+                )
+            })
+            .collect()
+    };
+    let default = pod_of(&[]);
+    assert!(
+        containers(&default).iter().all(|(_, o)| o.is_null()),
+        "{:?}",
+        containers(&default)
+    );
+    let extra = temp_file(
+        "selinux.yaml",
+        "agent:\n  seLinuxOptions:\n    type: spc_t\nextraInitContainers:\n  - name: x\n    image: x\n",
+    );
+    let labelled = pod_of(&["-f", &extra.display().to_string()]);
+    assert_eq!(
+        containers(&labelled),
+        [
+            ("mount-bpffs".to_string(), json!({"type": "spc_t"})),
+            ("x".to_string(), Json::Null),
+            ("install-cni".to_string(), json!({"type": "spc_t"})),
+        ]
+    );
+    assert!(pod_spec_violations(&labelled).is_empty());
+    let out = linkerd(&["install-cni", "--set", "privileged=true"], &[]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        linkerd_cli::install_cni::PRIVILEGED_WARNING
+    );
+    assert_eq!(
+        objects(&String::from_utf8_lossy(&out.stdout)),
+        objects(&install_cni(&[], &[])),
+        "privileged changes no object"
+    );
 }

@@ -1,6 +1,7 @@
 //! The contract's checks of an installation in the cluster: the linkerd-cni ConfigMap,
-//! ClusterRole, ClusterRoleBinding, ServiceAccount and DaemonSet exist, and the DaemonSet is
-//! ready on every node it is scheduled to.
+//! ClusterRole, ClusterRoleBinding, ServiceAccount and DaemonSet exist, the namespace's Pod
+//! Security level admits the DaemonSet's pod ([`PSA_CHECK`], this project's own), and the
+//! DaemonSet is ready on every node it is scheduled to.
 //!
 //! As in Linkerd, the existence checks run once, and the readiness check is retried every
 //! [`RETRY_INTERVAL`] until it passes or `--wait` runs out (when everything before it passed),
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
-        core::v1::{ConfigMap, ServiceAccount},
+        core::v1::{ConfigMap, Namespace, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding},
     },
     serde::de::DeserializeOwned,
@@ -20,7 +21,7 @@ use kube::{Api, Client, Resource};
 
 use linkerd_cni_k8s::names;
 
-use super::result::CheckResult;
+use super::result::{CheckResult, Status};
 
 /// The category these checks are printed under.
 pub const CATEGORY: &str = "linkerd-cni-plugin";
@@ -33,6 +34,73 @@ pub const READY_CHECK: &str = "cni plugin pod is running on all nodes";
 
 /// Linkerd's hint anchor of [`READY_CHECK`].
 pub const READY_HINT: &str = "cni-plugin-ready";
+
+/// This project's check of the CNI namespace's Pod Security level (Linkerd has none).
+pub const PSA_CHECK: &str = "cni plugin namespace allows privileged pods";
+
+/// The verdict on the CNI namespace's `pod-security.kubernetes.io/enforce` label: the
+/// DaemonSet's pod uses the host's network, hostPath volumes, added capabilities and (with
+/// `agent.mountBpffs`) a privileged init container, which only the `privileged` level admits;
+/// under `baseline` or `restricted` the DaemonSet controller's pods are refused and no node
+/// gets the plugin. `namespace` is the Namespace object (`None`: not found).
+pub fn psa_check(
+    namespace_name: &str,
+    namespace: Result<Option<&Namespace>, String>,
+) -> CheckResult {
+    let fix = format!(
+        "kubectl label namespace {namespace_name} {}=privileged --overwrite",
+        names::PSA_ENFORCE_LABEL
+    );
+    let ns = match namespace {
+        Ok(Some(ns)) => ns,
+        Ok(None) => {
+            return CheckResult::fail(
+                CATEGORY,
+                PSA_CHECK,
+                format!("namespace {namespace_name} not found"),
+            );
+        }
+        Err(e) => {
+            return CheckResult::fail(
+                CATEGORY,
+                PSA_CHECK,
+                format!("getting namespace {namespace_name}: {e}"),
+            );
+        }
+    };
+    let level = ns
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(names::PSA_ENFORCE_LABEL))
+        .map(String::as_str);
+    match level {
+        Some("privileged") => CheckResult::ok(
+            CATEGORY,
+            PSA_CHECK,
+            format!("{}=privileged", names::PSA_ENFORCE_LABEL),
+        ),
+        Some(other) => CheckResult::fail(
+            CATEGORY,
+            PSA_CHECK,
+            format!(
+                "namespace {namespace_name} enforces Pod Security {other:?}, which refuses the \
+                 DaemonSet's pod (host network, hostPath volumes, added capabilities, a \
+                 privileged init container): {fix}"
+            ),
+        ),
+        None => CheckResult::new(
+            CATEGORY,
+            PSA_CHECK,
+            Status::Warn,
+            format!(
+                "namespace {namespace_name} has no {} label: the cluster's default level \
+                 applies, and anything stricter than privileged refuses the DaemonSet's pod: {fix}",
+                names::PSA_ENFORCE_LABEL
+            ),
+        ),
+    }
+}
 
 /// The linkerd-cni objects whose existence is checked, in Linkerd's order, with the anchor of
 /// Linkerd's documentation of each check.
@@ -214,6 +282,14 @@ pub async fn run(
     )
     .await;
     results.push(ds_check);
+    let ns = Api::<Namespace>::all(client.clone())
+        .get_opt(namespace)
+        .await
+        .map_err(|e| e.to_string());
+    results.push(psa_check(
+        namespace,
+        ns.as_ref().map(Option::as_ref).map_err(Clone::clone),
+    ));
     let Some(ds) = ds else {
         results.push(
             CheckResult::fail(CATEGORY, READY_CHECK, "no DaemonSet to check").with_hint(READY_HINT),

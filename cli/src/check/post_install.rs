@@ -76,6 +76,8 @@ pub struct Observed {
     pub cni: Vec<(String, String, Lookup)>,
     /// Meshed pods (label `linkerd.io/control-plane-ns`), all namespaces.
     pub pods: Result<Vec<Value>, String>,
+    /// The CNI namespace's name and Namespace object (read with the other linkerd-cni objects).
+    pub cni_namespace: (String, Lookup),
 }
 
 /// An object that may be absent or unreadable.
@@ -113,9 +115,11 @@ pub async fn gather(client: &Client, control_plane_ns: &str, cni_ns: &str) -> Ob
         .await,
         cni: Vec::new(),
         pods: Ok(Vec::new()),
+        cni_namespace: (cni_ns.to_string(), Ok(None)),
     };
     if config_values(&o.config).is_ok_and(|v| v.cni_enabled) {
         let c = client.clone();
+        o.cni_namespace.1 = get(Api::<Namespace>::all(c.clone()), cni_ns).await;
         o.cni = vec![
             (
                 "ConfigMap".into(),
@@ -385,6 +389,18 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
                 .and_then(|ds| cluster::daemonset_ready(&ds)),
             Ok(None) | Err(_) => Err("no DaemonSet to check".to_string()),
         };
+        let (ns_name, ns) = &o.cni_namespace;
+        let ns = ns.as_ref().map_err(Clone::clone).and_then(|ns| {
+            ns.clone()
+                .map(serde_json::from_value::<Namespace>)
+                .transpose()
+                .map_err(|e| format!("unexpected Namespace: {e}"))
+        });
+        let psa = cluster::psa_check(
+            ns_name,
+            ns.as_ref().map(Option::as_ref).map_err(Clone::clone),
+        );
+        out.push(psa);
         out.push(
             CheckResult::from_outcome(CNI, cluster::READY_CHECK, outcome)
                 .with_hint(cluster::READY_HINT),
@@ -551,6 +567,12 @@ mod tests {
                 vec![]
             },
             pods: Ok(pods),
+            cni_namespace: (
+                "linkerd-cni".into(),
+                Ok(Some(
+                    json!({"metadata": {"labels": {names::PSA_ENFORCE_LABEL: "privileged"}}}),
+                )),
+            ),
         }
     }
 
