@@ -530,7 +530,8 @@ fn statfs_type(path: &str) -> i64 {
     t
 }
 
-/// The node checks on this machine: the kernel version printed is uname's, and the cgroup2
+/// The node checks on this machine: the kernel release printed is uname's with every feature
+/// present (the probes, run as root as the suite is), and the cgroup2
 /// (and bpffs, when mounted) paths printed really are those filesystems.
 #[test]
 fn node_checks_on_this_machine() {
@@ -545,11 +546,9 @@ fn node_checks_on_this_machine() {
     let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }
         .to_string_lossy()
         .into_owned();
-    let version =
-        linkerd_cli::check::node::KernelVersion::parse(&release).expect("uname release parses");
     assert!(
-        stdout.contains(&format!("(kernel {version})")),
-        "kernel {version} not reported:\n{stdout}"
+        stdout.contains(&format!("({release}: every feature present)")),
+        "kernel {release} not reported with every feature:\n{stdout}"
     );
 
     let cgroup_line = stdout
@@ -582,10 +581,5 @@ fn node_checks_on_this_machine() {
         let at = r.strip_suffix(')').expect("closing paren");
         assert_eq!(statfs_type(at), BPF_FS_MAGIC, "{at} is not bpffs");
     }
-    // This machine's kernel (6.18) is above every floor, so the whole check passes.
-    assert!(
-        version >= linkerd_cli::check::node::KernelVersion(5, 9, 0),
-        "kernel {version} older than the test machines'"
-    );
     assert!(out.status.success(), "{stdout}");
 }

@@ -3,12 +3,62 @@
 //! `linkerd check --node`, so both refuse exactly the kernels the programs cannot load on and
 //! name the same missing features.
 //!
-//! The floor is the newest release in the table: 5.17 today (`ingress_ifindex` in `sk_lookup`'s
-//! context). Loading the programs is the real proof; `tests/tests/kernel.rs` checks in every
-//! kernel the suite runs on (the host and the `cargo xtask vmtest` guests) that each program
-//! loads exactly when this table says the kernel has everything.
+//! Each row names the probe that asks the running kernel whether it has the feature
+//! ([`Probe`], run by `crate::probe` with the `probe` feature): the release number is
+//! information only, since distributions backport eBPF features far past their version (RHEL 9
+//! reports 5.14). The floor is the newest release in the table: 5.17 today (`ingress_ifindex` in
+//! `sk_lookup`'s context), the oldest mainline kernel with everything. `tests/tests/kernel.rs`
+//! checks in every kernel the suite runs on (the host and the `cargo xtask vmtest` guests) that
+//! each program loads exactly when the probes of its features all say yes.
 
 use core::fmt;
+
+use crate::names;
+
+/// How a feature is asked for: each program load is a few instructions, closed at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// A `cgroup/connect4` program (`BPF_PROG_TYPE_CGROUP_SOCK_ADDR`,
+    /// `BPF_CGROUP_INET4_CONNECT`) loads.
+    CgroupConnect,
+    /// A `cgroup/getsockopt` program (`BPF_PROG_TYPE_CGROUP_SOCKOPT`) loads.
+    CgroupGetsockopt,
+    /// `BPF_LINK_CREATE` for a cgroup program exists: with a loaded `cgroup/connect4` program
+    /// and an invalid cgroup fd the kernel answers `EBADF` (it looked the fd up), without the
+    /// command `EINVAL`. Nothing is attached.
+    CgroupLink,
+    /// A `cgroup/getpeername4` program (`BPF_CGROUP_INET4_GETPEERNAME`) loads.
+    CgroupGetpeername,
+    /// An `sk_lookup` program (`BPF_PROG_TYPE_SK_LOOKUP`) loads.
+    SkLookup,
+    /// `getsockopt(SO_NETNS_COOKIE)` answers on a socket.
+    SoNetnsCookie,
+    /// A `sockops` program and a `cgroup/getsockopt` program calling `bpf_get_netns_cookie`
+    /// both load.
+    NetnsCookieHelper,
+    /// An `sk_lookup` program reading `ingress_ifindex` from its context loads.
+    SkLookupIngressIfindex,
+}
+
+impl Probe {
+    /// What the probe asks, in a few words (the docs' table shows it).
+    pub const fn asks(self) -> &'static str {
+        match self {
+            Probe::CgroupConnect => "loads a cgroup/connect4 program",
+            Probe::CgroupGetsockopt => "loads a cgroup/getsockopt program",
+            Probe::CgroupLink => {
+                "BPF_LINK_CREATE of a cgroup/connect4 program on an invalid cgroup fd answers EBADF (not EINVAL)"
+            }
+            Probe::CgroupGetpeername => "loads a cgroup/getpeername4 program",
+            Probe::SkLookup => "loads an sk_lookup program",
+            Probe::SoNetnsCookie => "getsockopt(SO_NETNS_COOKIE) on a Unix socket",
+            Probe::NetnsCookieHelper => {
+                "loads a sock_ops and a cgroup/getsockopt program calling bpf_get_netns_cookie"
+            }
+            Probe::SkLookupIngressIfindex => "loads an sk_lookup program reading ingress_ifindex",
+        }
+    }
+}
 
 /// One kernel feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +69,10 @@ pub struct Feature {
     pub since: (u32, u32),
     /// What of ours needs it.
     pub used_by: &'static str,
+    /// How the running kernel is asked for it.
+    pub probe: Probe,
+    /// The programs (names in [`names`]) that do not load without it.
+    pub programs: &'static [&'static str],
 }
 
 /// Every feature, oldest first.
@@ -27,41 +81,57 @@ pub const FEATURES: &[Feature] = &[
         name: "cgroup sock_addr hooks (connect4/connect6)",
         since: (4, 17),
         used_by: "l5d_connect4, l5d_connect6: outbound redirection to the proxy",
+        probe: Probe::CgroupConnect,
+        programs: &[names::PROG_CONNECT4, names::PROG_CONNECT6],
     },
     Feature {
         name: "cgroup getsockopt hook",
         since: (5, 3),
         used_by: "l5d_getsockopt: SO_ORIGINAL_DST for the proxy",
+        probe: Probe::CgroupGetsockopt,
+        programs: &[names::PROG_GETSOCKOPT],
     },
     Feature {
         name: "bpf_link for cgroup programs",
         since: (5, 7),
         used_by: "the agent's attachments (pinned links, replaced atomically on upgrade)",
+        probe: Probe::CgroupLink,
+        programs: &[],
     },
     Feature {
         name: "cgroup getpeername hooks",
         since: (5, 8),
         used_by: "l5d_getpeername4, l5d_getpeername6: the app sees its original peer",
+        probe: Probe::CgroupGetpeername,
+        programs: &[names::PROG_GETPEERNAME4, names::PROG_GETPEERNAME6],
     },
     Feature {
         name: "sk_lookup programs",
         since: (5, 9),
         used_by: "l5d_sk_lookup and the per-pod stubs: inbound redirection",
+        probe: Probe::SkLookup,
+        programs: &[names::PROG_SK_LOOKUP, names::PROG_SK_LOOKUP_STUB],
     },
     Feature {
         name: "SO_NETNS_COOKIE",
         since: (5, 14),
         used_by: "the agent: the network namespace cookie that keys each pod's maps",
+        probe: Probe::SoNetnsCookie,
+        programs: &[],
     },
     Feature {
         name: "bpf_get_netns_cookie in sock_ops and cgroup sockopt programs",
         since: (5, 15),
         used_by: "l5d_sockops, l5d_getsockopt: the pod of a connection",
+        probe: Probe::NetnsCookieHelper,
+        programs: &[names::PROG_SOCKOPS, names::PROG_GETSOCKOPT],
     },
     Feature {
         name: "ingress_ifindex in the sk_lookup context",
         since: (5, 17),
         used_by: "l5d_sk_lookup: connections arriving on loopback (the pod's own) pass",
+        probe: Probe::SkLookupIngressIfindex,
+        programs: &[names::PROG_SK_LOOKUP],
     },
 ];
 

@@ -10,6 +10,8 @@
 pub mod kernel;
 pub mod names;
 pub mod paths;
+#[cfg(feature = "probe")]
+pub mod probe;
 pub mod types;
 
 pub use types::*;

@@ -59,7 +59,7 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LINKERD_CNI_EBPF_OB
 pub enum DataplaneError {
     /// The kernel lacks a feature (named).
     #[error(transparent)]
-    Kernel(#[from] kernel::KernelTooOld),
+    Kernel(#[from] kernel::KernelUnfit),
     /// bpffs or the pin directories could not be set up.
     #[error("preparing the pin directory {path}: {source}")]
     PinDir { path: PathBuf, source: io::Error },
@@ -139,7 +139,8 @@ impl Dataplane {
     /// [`Self::load`] with the node-wide maps created at `sizes` (a pinned map of another
     /// size is replaced as any layout change is).
     pub fn load_sized(pin_root: &Path, sizes: &MapSizes) -> Result<Self, DataplaneError> {
-        kernel::check_kernel()?;
+        let kernel = kernel::check_kernel()?;
+        tracing::info!("kernel {kernel}");
         let pin_dir = |path: PathBuf| move |source| DataplaneError::PinDir { path, source };
         kernel::ensure_bpffs(pin_root).map_err(pin_dir(pin_root.into()))?;
         let mut specs = MapSpec::of_object(OBJECT)?;

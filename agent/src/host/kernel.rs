@@ -1,5 +1,6 @@
-//! What the agent needs from the kernel and the host: the kernel version floor (with the
-//! missing features named), the cgroup v2 mount, and a bpffs at the pin root.
+//! What the agent needs from the kernel and the host: every kernel feature of the table
+//! (asked of the running kernel by the shared probes, the missing ones named), the cgroup v2
+//! mount, and a bpffs at the pin root.
 
 use std::{
     fs, io,
@@ -9,37 +10,23 @@ use std::{
 use linkerd_cni_common::paths;
 
 pub use linkerd_cni_common::kernel::{FEATURES, Feature, parse_release};
-use linkerd_cni_common::kernel::{MissingList, missing};
+pub use linkerd_cni_common::probe::Findings;
 
-/// The kernel lacks features the data plane needs (named in one line, from the table the CLI's
-/// `check --node` reads too).
+/// The kernel lacks features the data plane needs, or could not be asked (the one line of
+/// [`Findings::verdict`], the one `linkerd check --node` prints too).
 #[derive(Debug, thiserror::Error)]
-#[error("kernel {release} is too old for linkerd-cni's eBPF mode; missing: {missing}")]
-pub struct KernelTooOld {
-    /// `uname -r`.
-    pub release: String,
-    /// Each missing feature with the release that brought it: `name (5.15+), ...`.
-    pub missing: String,
+#[error("{0}")]
+pub struct KernelUnfit(pub String);
+
+/// Asks the running kernel for every feature of [`FEATURES`] (its version number is not
+/// consulted: distributions backport); returns `<release>: every feature present`.
+pub fn check_kernel() -> Result<String, KernelUnfit> {
+    check(&Findings::probe())
 }
 
-/// Checks a kernel release against [`FEATURES`]. A release that does not parse passes: loading
-/// the programs is the real proof, and the verifier then names what is wrong.
-pub fn check_release(release: &str) -> Result<(), KernelTooOld> {
-    match parse_release(release) {
-        Some(version) if missing(version).next().is_some() => Err(KernelTooOld {
-            release: release.to_string(),
-            missing: MissingList(version).to_string(),
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// Checks the running kernel against [`FEATURES`]; returns its release.
-pub fn check_kernel() -> Result<String, KernelTooOld> {
-    let release = nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_default();
-    check_release(&release).map(|()| release)
+/// The verdict on `findings`.
+pub fn check(findings: &Findings) -> Result<String, KernelUnfit> {
+    findings.verdict().map_err(KernelUnfit)
 }
 
 /// Finds the cgroup v2 mount point in `/proc/self/mountinfo` (hybrid hosts mount it at
@@ -158,20 +145,6 @@ pub fn ensure_bpffs(pin_root: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn releases_below_the_floor_are_refused_naming_each_missing_feature() {
-        assert!(check_release("6.18.44-fc-v595").is_ok());
-        assert!(check_release("5.17.0").is_ok());
-        assert!(check_release("not a release").is_ok());
-        let err = check_release("5.10.0-46-amd64").expect_err("5.10 is too old");
-        assert_eq!(
-            err.to_string(),
-            "kernel 5.10.0-46-amd64 is too old for linkerd-cni's eBPF mode; missing: \
-             SO_NETNS_COOKIE (5.14+), bpf_get_netns_cookie in sock_ops and cgroup sockopt \
-             programs (5.15+), ingress_ifindex in the sk_lookup context (5.17+)"
-        );
-    }
 
     #[test]
     fn mountinfo_parsing() {

@@ -1,52 +1,26 @@
-//! Checks of the machine this runs on, as a node of the eBPF mode: the kernel is recent enough
-//! for every program the agent loads, bpffs is mounted (or can be), and cgroup v2 is mounted
-//! somewhere (found in mountinfo; its place differs between hosts).
+//! Checks of the machine this runs on, as a node of the eBPF mode: the kernel has every feature
+//! the agent's programs need (asked of the running kernel by the probes the agent runs at
+//! start, `linkerd_cni_common::probe`; its version number is only reported), bpffs is mounted
+//! (or can be), and cgroup v2 is mounted somewhere (found in mountinfo; its place differs
+//! between hosts).
 
-use std::fmt;
-
-use linkerd_cni_common::kernel;
+use linkerd_cni_common::probe::Findings;
 
 use super::result::CheckResult;
 
 /// The category these checks are printed under.
 pub const CATEGORY: &str = "linkerd-cni-node";
 
-/// A kernel version, `major.minor.patch`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct KernelVersion(pub u32, pub u32, pub u32);
-
-impl KernelVersion {
-    /// Parses a release such as `6.18.0-1-amd64` or `5.15.0+`: the leading numbers count.
-    pub fn parse(release: &str) -> Option<Self> {
-        let mut nums = release.trim().split('.').map(|part| {
-            let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse::<u32>().ok()
-        });
-        let major = nums.next()??;
-        let minor = nums.next()??;
-        let patch = nums.next().flatten().unwrap_or(0);
-        Some(Self(major, minor, patch))
-    }
-}
-
-impl fmt::Display for KernelVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}.{}", self.0, self.1, self.2)
-    }
-}
-
 /// The name of the kernel check: one line, failing with every missing feature named (the
-/// table is `linkerd_cni_common::kernel`, the one the agent checks at start-up).
-pub fn kernel_check_name() -> String {
-    let (major, minor) = kernel::FLOOR;
-    format!("kernel has every feature the eBPF mode needs (>= {major}.{minor})")
-}
+/// table is `linkerd_cni_common::kernel`, the probes `linkerd_cni_common::probe`: the agent's
+/// start-up check runs the same).
+pub const KERNEL_CHECK: &str = "kernel has every feature the eBPF mode needs";
 
-/// What the node checks look at, read from `/proc` (tests pass their own).
+/// What the node checks look at (tests pass their own).
 #[derive(Clone, Debug, Default)]
 pub struct NodeFacts {
-    /// `/proc/sys/kernel/osrelease`.
-    pub kernel_release: Option<String>,
+    /// The running kernel's answers to the feature probes.
+    pub kernel: Option<Findings>,
     /// `/proc/self/mountinfo`.
     pub mountinfo: Option<String>,
     /// `/proc/filesystems`.
@@ -54,11 +28,12 @@ pub struct NodeFacts {
 }
 
 impl NodeFacts {
-    /// Reads the facts of this machine; a file that cannot be read stays `None`.
+    /// Probes this machine's kernel and reads its mounts; a file that cannot be read stays
+    /// `None`.
     pub fn read_local() -> Self {
         let read = |p: &str| std::fs::read_to_string(p).ok();
         Self {
-            kernel_release: read("/proc/sys/kernel/osrelease"),
+            kernel: Some(Findings::probe()),
             mountinfo: read("/proc/self/mountinfo"),
             filesystems: read("/proc/filesystems"),
         }
@@ -112,31 +87,10 @@ pub fn filesystem_supported(filesystems: &str, fstype: &str) -> bool {
 /// Runs the node checks on `facts`.
 pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
     let mut results = Vec::new();
-    let version = facts
-        .kernel_release
-        .as_deref()
-        .map(|r| (r.trim(), KernelVersion::parse(r)));
-    let name = kernel_check_name();
-    results.push(match version {
-        Some((release, Some(v))) => match kernel::parse_release(release) {
-            Some(major_minor) if kernel::missing(major_minor).next().is_some() => {
-                CheckResult::fail(
-                    CATEGORY,
-                    name,
-                    format!(
-                        "kernel {v} is too old; missing: {}",
-                        kernel::MissingList(major_minor)
-                    ),
-                )
-            }
-            _ => CheckResult::ok(CATEGORY, name, format!("kernel {v}")),
-        },
-        Some((release, None)) => CheckResult::fail(
-            CATEGORY,
-            name,
-            format!("cannot parse kernel release {release:?}"),
-        ),
-        None => CheckResult::fail(CATEGORY, name, "cannot read /proc/sys/kernel/osrelease"),
+    results.push(match facts.kernel.as_ref().map(Findings::verdict) {
+        Some(Ok(present)) => CheckResult::ok(CATEGORY, KERNEL_CHECK, present),
+        Some(Err(why)) => CheckResult::fail(CATEGORY, KERNEL_CHECK, why),
+        None => CheckResult::fail(CATEGORY, KERNEL_CHECK, "the kernel was not probed"),
     });
 
     let Some(mountinfo) = facts.mountinfo.as_deref() else {
@@ -178,6 +132,8 @@ pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
 
 #[cfg(test)]
 mod tests {
+    use linkerd_cni_common::{kernel, probe::Answer};
+
     use super::*;
 
     const MOUNTINFO: &str = "\
@@ -187,19 +143,6 @@ mod tests {
 40 22 0:35 / /sys/fs/bpf rw,nosuid - bpf bpf rw,mode=700
 41 1 0:36 / /mnt/with\\040space rw - cgroup2 none rw
 ";
-
-    #[test]
-    fn kernel_versions() {
-        for (release, want) in [
-            ("6.18.0-1-amd64", Some(KernelVersion(6, 18, 0))),
-            ("5.9\n", Some(KernelVersion(5, 9, 0))),
-            ("4.17.3+", Some(KernelVersion(4, 17, 3))),
-            ("5.15.0-1049-aws", Some(KernelVersion(5, 15, 0))),
-            ("garbage", None),
-        ] {
-            assert_eq!(KernelVersion::parse(release), want, "{release:?}");
-        }
-    }
 
     #[test]
     fn mountinfo_parsing() {
@@ -213,47 +156,60 @@ mod tests {
         assert!(!filesystem_supported("nodev\tsysfs\n", "bpf"));
     }
 
-    /// Each kernel below the floor fails the one kernel check, naming exactly the features
-    /// that need more; the floor and above pass it.
+    fn findings(release: &str, absent: &[usize]) -> Findings {
+        Findings {
+            release: release.into(),
+            answers: kernel::FEATURES
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let answer = if absent.contains(&i) {
+                        Answer::Absent("Invalid argument (os error 22)".into())
+                    } else {
+                        Answer::Present
+                    };
+                    (f, answer)
+                })
+                .collect(),
+        }
+    }
+
+    /// The kernel's answers decide, not its number: a 5.14 with every feature passes, a 6.1
+    /// that refused two fails naming exactly those, one line.
     #[test]
-    fn kernel_floors() {
-        let cases: &[(&str, Option<&str>)] = &[
-            ("6.1.0", None),
-            ("5.17.0", None),
+    fn kernel_answers() {
+        let cases: &[(&str, &[usize], Option<&str>)] = &[
+            ("5.14.0-503.el9.x86_64", &[], None),
+            ("2.6.78", &[], None),
             (
-                "5.16.20",
-                Some("missing: ingress_ifindex in the sk_lookup context (5.17+)"),
-            ),
-            (
-                "5.15.0-1049-aws",
-                Some("missing: ingress_ifindex in the sk_lookup context (5.17+)"),
-            ),
-            (
-                "5.10.0-46-amd64",
+                "6.1.0",
+                &[5, 7],
                 Some(
-                    "missing: SO_NETNS_COOKIE (5.14+), bpf_get_netns_cookie in sock_ops and \
-                     cgroup sockopt programs (5.15+), ingress_ifindex in the sk_lookup context \
-                     (5.17+)",
+                    "kernel 6.1.0 lacks features linkerd-cni's eBPF mode needs; missing: \
+                     SO_NETNS_COOKIE (5.14+), ingress_ifindex in the sk_lookup context (5.17+)",
                 ),
             ),
         ];
-        for (release, want) in cases {
+        for (release, absent, want) in cases {
             let facts = NodeFacts {
-                kernel_release: Some(release.to_string()),
+                kernel: Some(findings(release, absent)),
                 mountinfo: Some(MOUNTINFO.into()),
                 filesystems: None,
             };
             let results = run(&facts);
             let failed: Vec<_> = results.iter().filter(|r| !r.passed()).collect();
             match want {
-                None => assert!(failed.is_empty(), "kernel {release}: {failed:?}"),
-                Some(missing) => {
-                    assert_eq!(failed.len(), 1, "kernel {release}: {failed:?}");
-                    assert_eq!(failed[0].name, kernel_check_name());
-                    assert!(
-                        failed[0].detail.contains(missing),
-                        "kernel {release}: {failed:?}"
+                None => {
+                    assert!(failed.is_empty(), "kernel {release}: {failed:?}");
+                    assert_eq!(
+                        results[0].detail,
+                        format!("{release}: every feature present")
                     );
+                }
+                Some(line) => {
+                    assert_eq!(failed.len(), 1, "kernel {release}: {failed:?}");
+                    assert_eq!(failed[0].name, KERNEL_CHECK);
+                    assert_eq!(failed[0].detail, *line);
                 }
             }
         }
@@ -269,7 +225,7 @@ mod tests {
         ];
         for (mountinfo, filesystems, bpf_ok, cgroup_ok) in cases {
             let facts = NodeFacts {
-                kernel_release: Some("6.18.0".into()),
+                kernel: Some(findings("6.18.0", &[])),
                 mountinfo: Some(mountinfo.to_string()),
                 filesystems: filesystems.map(str::to_string),
             };

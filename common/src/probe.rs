@@ -1,0 +1,442 @@
+//! Asks the running kernel for each feature of [`FEATURES`] ([`Probe`] says how), for the
+//! agent's start-up check and `linkerd check --node`: the kernel's answer, not its version
+//! number, decides (distributions backport eBPF features far past their version).
+//!
+//! Each probe is a raw `bpf(2)` program load of two or three instructions, a `BPF_LINK_CREATE`
+//! on an invalid cgroup fd, or a `getsockopt` on a fresh socket. Every fd a probe opens is
+//! closed before it returns; nothing is attached or pinned. Loading programs needs root (or
+//! `CAP_BPF` with `CAP_NET_ADMIN`); without it the answer is [`Answer::CannotAsk`], never a
+//! guess.
+//!
+//! Written for little-endian machines (x86_64, arm64): the instruction encoding puts the
+//! destination register in the low nibble.
+
+extern crate std;
+
+use std::{
+    fmt, format, io,
+    os::fd::{FromRawFd, OwnedFd},
+    string::{String, ToString},
+    vec::Vec,
+};
+
+use crate::kernel::{FEATURES, Feature, MissingList, Probe, parse_release};
+
+/// What the kernel said about one feature.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The feature works.
+    Present,
+    /// The kernel refused it (the error it gave).
+    Absent(String),
+    /// The question could not be asked (not permitted): no answer.
+    CannotAsk(String),
+}
+
+/// The kernel's answers for every feature of [`FEATURES`], with its release.
+#[derive(Clone, Debug)]
+pub struct Findings {
+    /// `uname(2)`'s release (information only).
+    pub release: String,
+    /// One answer per row of [`FEATURES`], in order.
+    pub answers: Vec<(&'static Feature, Answer)>,
+}
+
+impl Findings {
+    /// Asks the running kernel for every feature.
+    pub fn probe() -> Self {
+        Self {
+            release: release(),
+            answers: FEATURES.iter().map(|f| (f, ask(f.probe))).collect(),
+        }
+    }
+
+    /// The features the kernel refused, in table order.
+    pub fn missing(&self) -> Vec<&'static Feature> {
+        self.answers
+            .iter()
+            .filter(|(_, a)| matches!(a, Answer::Absent(_)))
+            .map(|(f, _)| *f)
+            .collect()
+    }
+
+    /// The features that could not be asked for, with why.
+    pub fn unasked(&self) -> Vec<(&'static Feature, &str)> {
+        self.answers
+            .iter()
+            .filter_map(|(f, a)| match a {
+                Answer::CannotAsk(why) => Some((*f, why.as_str())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The verdict in one line: `Ok("<release>: every feature present")`, or the error naming
+    /// each missing feature (`kernel <release> lacks features ...; missing: name (5.15+), ...`)
+    /// or each feature that could not be asked for.
+    pub fn verdict(&self) -> Result<String, String> {
+        let missing = self.missing();
+        if !missing.is_empty() {
+            return Err(format!(
+                "kernel {} lacks features linkerd-cni's eBPF mode needs; missing: {}",
+                self.release,
+                Named(&missing)
+            ));
+        }
+        let unasked = self.unasked();
+        if let Some((_, why)) = unasked.first() {
+            let by_version = match parse_release(&self.release) {
+                Some(v) if MissingList(v).to_string().is_empty() => {
+                    "by its version number it has every feature".to_string()
+                }
+                Some(v) => format!("by its version number it would lack: {}", MissingList(v)),
+                None => "its version number does not parse".to_string(),
+            };
+            return Err(format!(
+                "cannot ask kernel {} for {} of its {} features ({why}): run as root; {by_version}",
+                self.release,
+                unasked.len(),
+                self.answers.len()
+            ));
+        }
+        Ok(format!("{}: every feature present", self.release))
+    }
+}
+
+/// Features as one line: `name (5.15+), name (5.17+)`, each with the mainline release that
+/// brought it.
+pub struct Named<'a>(pub &'a [&'static Feature]);
+
+impl fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, feature) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(
+                f,
+                "{} ({}.{}+)",
+                feature.name, feature.since.0, feature.since.1
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `uname(2)`'s release: what the kernel says of itself to this process (a process with the
+/// `UNAME26` personality is told `2.6.x`).
+pub fn release() -> String {
+    // SAFETY: an all-zero utsname is valid, and uname fills it.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: uts is a valid, writable utsname.
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return String::new();
+    }
+    let bytes: Vec<u8> = uts
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Asks the running kernel one question.
+pub fn ask(probe: Probe) -> Answer {
+    match probe {
+        Probe::CgroupConnect => answer(load(&CONNECT4, &[R0_1, EXIT])),
+        Probe::CgroupGetsockopt => answer(load(&GETSOCKOPT, &[R0_1, EXIT])),
+        Probe::CgroupLink => answer(link_create_exists()),
+        Probe::CgroupGetpeername => answer(load(&GETPEERNAME4, &[R0_1, EXIT])),
+        Probe::SkLookup => answer(load(&SK_LOOKUP, &[R0_1, EXIT])),
+        Probe::SoNetnsCookie => answer(netns_cookie()),
+        Probe::NetnsCookieHelper => {
+            let prog = [call(BPF_FUNC_GET_NETNS_COOKIE), R0_1, EXIT];
+            answer(load(&SOCK_OPS, &prog).and_then(|_| load(&GETSOCKOPT, &prog)))
+        }
+        Probe::SkLookupIngressIfindex => {
+            // r2 = *(u32 *)(r1 + offsetof(struct bpf_sk_lookup, ingress_ifindex))
+            let read = insn(BPF_LDX_MEM_W, 2, 1, SK_LOOKUP_INGRESS_IFINDEX, 0);
+            answer(load(&SK_LOOKUP, &[read, R0_1, EXIT]))
+        }
+    }
+}
+
+fn answer<T>(result: io::Result<T>) -> Answer {
+    match result {
+        Ok(_) => Answer::Present,
+        // bpf(2) itself refused: no CAP_BPF/CAP_SYS_ADMIN (or, before 5.11, RLIMIT_MEMLOCK).
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => Answer::CannotAsk(e.to_string()),
+        Err(e) => Answer::Absent(e.to_string()),
+    }
+}
+
+// bpf(2) commands, program and attach types, helper ids and opcodes from the kernel's UAPI
+// (include/uapi/linux/bpf.h).
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+
+const BPF_PROG_TYPE_SOCK_OPS: u32 = 13;
+const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
+const BPF_PROG_TYPE_CGROUP_SOCKOPT: u32 = 25;
+const BPF_PROG_TYPE_SK_LOOKUP: u32 = 30;
+
+const BPF_CGROUP_SOCK_OPS: u32 = 3;
+const BPF_CGROUP_INET4_CONNECT: u32 = 10;
+const BPF_CGROUP_GETSOCKOPT: u32 = 21;
+const BPF_CGROUP_INET4_GETPEERNAME: u32 = 29;
+const BPF_SK_LOOKUP: u32 = 36;
+
+const BPF_FUNC_GET_NETNS_COOKIE: i32 = 122;
+/// `offsetof(struct bpf_sk_lookup, ingress_ifindex)`.
+const SK_LOOKUP_INGRESS_IFINDEX: i16 = 64;
+/// `SO_NETNS_COOKIE` (asm-generic, as x86_64 and arm64 use).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// `BPF_ALU64 | BPF_MOV | BPF_K`.
+const BPF_MOV64_IMM: u8 = 0xb7;
+/// `BPF_JMP | BPF_EXIT`.
+const BPF_EXIT: u8 = 0x95;
+/// `BPF_JMP | BPF_CALL`.
+const BPF_CALL: u8 = 0x85;
+/// `BPF_LDX | BPF_MEM | BPF_W`.
+const BPF_LDX_MEM_W: u8 = 0x61;
+
+/// One instruction (`struct bpf_insn`).
+type Insn = [u8; 8];
+
+const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    let off = off.to_le_bytes();
+    let imm = imm.to_le_bytes();
+    [
+        code,
+        (dst & 0xf) | (src << 4),
+        off[0],
+        off[1],
+        imm[0],
+        imm[1],
+        imm[2],
+        imm[3],
+    ]
+}
+
+/// `r0 = 1`: allow (every hook probed here accepts 1).
+const R0_1: Insn = insn(BPF_MOV64_IMM, 0, 0, 0, 1);
+const EXIT: Insn = insn(BPF_EXIT, 0, 0, 0, 0);
+
+const fn call(helper: i32) -> Insn {
+    insn(BPF_CALL, 0, 0, 0, helper)
+}
+
+/// A program type with the attach type it is loaded for.
+struct Kind {
+    prog_type: u32,
+    attach_type: u32,
+}
+
+const CONNECT4: Kind = Kind {
+    prog_type: BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+    attach_type: BPF_CGROUP_INET4_CONNECT,
+};
+const GETPEERNAME4: Kind = Kind {
+    prog_type: BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+    attach_type: BPF_CGROUP_INET4_GETPEERNAME,
+};
+const GETSOCKOPT: Kind = Kind {
+    prog_type: BPF_PROG_TYPE_CGROUP_SOCKOPT,
+    attach_type: BPF_CGROUP_GETSOCKOPT,
+};
+const SOCK_OPS: Kind = Kind {
+    prog_type: BPF_PROG_TYPE_SOCK_OPS,
+    attach_type: BPF_CGROUP_SOCK_OPS,
+};
+const SK_LOOKUP: Kind = Kind {
+    prog_type: BPF_PROG_TYPE_SK_LOOKUP,
+    attach_type: BPF_SK_LOOKUP,
+};
+
+/// The `BPF_PROG_LOAD` part of `union bpf_attr` (up to `expected_attach_type`, 4.17).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+/// The `BPF_LINK_CREATE` part of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+}
+
+fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
+    // SAFETY: attr is a live, initialised bpf_attr prefix of the size passed; the kernel
+    // zero-fills the rest of its union.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T,
+            std::mem::size_of::<T>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: on success both commands used here return a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
+}
+
+/// Loads `insns` as a program of `kind`; the fd closes when the result drops.
+fn load(kind: &Kind, insns: &[Insn]) -> io::Result<OwnedFd> {
+    let license = b"GPL\0";
+    let mut name = [0u8; 16];
+    name[..9].copy_from_slice(b"l5d_probe");
+    let mut attr = ProgLoadAttr {
+        prog_type: kind.prog_type,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        prog_name: name,
+        expected_attach_type: kind.attach_type,
+        ..Default::default()
+    };
+    bpf(BPF_PROG_LOAD, &mut attr)
+}
+
+/// Whether `BPF_LINK_CREATE` takes cgroup programs: `EBADF` for the invalid cgroup fd means
+/// the kernel got as far as looking it up.
+fn link_create_exists() -> io::Result<()> {
+    let prog = load(&CONNECT4, &[R0_1, EXIT])?;
+    use std::os::fd::AsRawFd;
+    let mut attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_fd: u32::MAX,
+        attach_type: BPF_CGROUP_INET4_CONNECT,
+        flags: 0,
+    };
+    match bpf(BPF_LINK_CREATE, &mut attr) {
+        Err(e) if e.raw_os_error() == Some(libc::EBADF) => Ok(()),
+        Err(e) => Err(e),
+        // Cannot happen (fd -1 is no cgroup); the link is closed on drop, never attached.
+        Ok(_link) => Ok(()),
+    }
+}
+
+/// `getsockopt(SO_NETNS_COOKIE)` on a fresh Unix socket.
+fn netns_cookie() -> io::Result<u64> {
+    // SAFETY: plain socket(2).
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is the socket just created, owned by nothing else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    use std::os::fd::AsRawFd;
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: cookie and len are valid for writes of the sizes given.
+    let ret = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::vec;
+
+    use super::*;
+
+    #[test]
+    fn instructions_encode_as_the_kernel_reads_them() {
+        assert_eq!(R0_1, [0xb7, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(EXIT, [0x95, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(call(122), [0x85, 0, 0, 0, 122, 0, 0, 0]);
+        assert_eq!(
+            insn(BPF_LDX_MEM_W, 2, 1, 64, 0),
+            [0x61, 0x12, 64, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(std::mem::size_of::<ProgLoadAttr>(), 72);
+    }
+
+    fn findings(answers: &[Answer]) -> Findings {
+        Findings {
+            release: "5.14.0-503.el9.x86_64".into(),
+            answers: FEATURES.iter().zip(answers.iter().cloned()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_verdict_names_what_the_kernel_refused_not_what_its_number_says() {
+        let all = vec![Answer::Present; FEATURES.len()];
+        assert_eq!(
+            findings(&all).verdict(),
+            Ok("5.14.0-503.el9.x86_64: every feature present".into())
+        );
+        let mut two = all.clone();
+        two[6] = Answer::Absent("Invalid argument (os error 22)".into());
+        two[7] = Answer::Absent("Permission denied (os error 13)".into());
+        assert_eq!(
+            findings(&two).verdict(),
+            Err(
+                "kernel 5.14.0-503.el9.x86_64 lacks features linkerd-cni's eBPF mode needs; \
+                 missing: bpf_get_netns_cookie in sock_ops and cgroup sockopt programs (5.15+), \
+                 ingress_ifindex in the sk_lookup context (5.17+)"
+                    .into()
+            )
+        );
+        let unasked =
+            vec![Answer::CannotAsk("Operation not permitted (os error 1)".into()); FEATURES.len()];
+        let err = findings(&unasked)
+            .verdict()
+            .expect_err("no answer is no pass");
+        assert!(
+            err.starts_with(
+                "cannot ask kernel 5.14.0-503.el9.x86_64 for 8 of its 8 features (Operation not \
+                 permitted (os error 1)): run as root"
+            ),
+            "{err}"
+        );
+        assert!(
+            err.ends_with(
+                "run as root; by its version number it would lack: \
+             bpf_get_netns_cookie in sock_ops and cgroup sockopt programs (5.15+), \
+             ingress_ifindex in the sk_lookup context (5.17+)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_row_has_its_own_probe() {
+        for (i, a) in FEATURES.iter().enumerate() {
+            for b in &FEATURES[i + 1..] {
+                assert_ne!(a.probe, b.probe, "{} and {}", a.name, b.name);
+            }
+        }
+    }
+}
