@@ -8,7 +8,7 @@ use linkerd_cni_agent::{
     Agent, AgentConfig,
     dataplane::capacity::MapSizes,
     host::kernel,
-    service::{self, inspect},
+    service::{self, inspect, uninstall},
 };
 use linkerd_cni_common::{names, paths};
 
@@ -69,10 +69,32 @@ enum Command {
     Load,
     /// Mount bpffs (if not mounted yet) and exit: the DaemonSet's privileged init step.
     MountBpffs,
-    /// Remove linkerd-cni from every CNI config, then the kubeconfig and the plugin binary
-    /// (configured by Linkerd's installer environment variables), and exit. `run` keeps the
-    /// plugin in the conflists when it stops: this is the uninstall step.
-    Uninstall,
+    /// Take linkerd-cni off this node (docs/uninstalling.md): the plugin's conflist entry,
+    /// kubeconfig and binary (configured by Linkerd's installer environment variables), then,
+    /// once no pod redirected by it runs, every pin (links, maps, programs), the registry and
+    /// the socket. Nothing is touched while an agent answers on the socket. Exits 0 once the
+    /// node is clean; 3 while an agent runs or redirected pods remain (they keep their
+    /// redirection until they end), unless `--wait`.
+    Uninstall(UninstallArgs),
+}
+
+#[derive(clap::Args)]
+struct UninstallArgs {
+    /// The agent's registration socket (its directory holds the registry too).
+    #[arg(long, env = "LINKERD_CNI_AGENT_SOCKET", default_value = paths::AGENT_SOCKET)]
+    socket: PathBuf,
+    /// Wait (checking every 2 s) until no agent runs and no redirected pod is left, then
+    /// finish.
+    #[arg(long, env = "LINKERD_CNI_UNINSTALL_WAIT")]
+    wait: bool,
+    /// Once the node is clean, keep running until SIGTERM (the clean-up DaemonSet's main
+    /// container, so that its pod stays Ready).
+    #[arg(long)]
+    stay: bool,
+    /// Leave the plugin's conflist entry, kubeconfig and binary (the way back to Linkerd's
+    /// own plugin, which uses the same type and file names): only our eBPF state goes.
+    #[arg(long)]
+    keep_plugin: bool,
 }
 
 #[derive(clap::Args)]
@@ -226,15 +248,36 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::MountBpffs => {
-            kernel::ensure_bpffs_at(&cli.bpffs)?;
+            if !kernel::on_bpffs(&cli.bpffs)? {
+                kernel::ensure_bpffs_at(&cli.bpffs)?;
+                // Ours to unmount at the uninstall, once it holds nothing else.
+                std::fs::create_dir(cli.bpffs.join(uninstall::MOUNTED_MARKER))?;
+            }
             println!("bpffs mounted at {}", cli.bpffs.display());
             Ok(())
         }
-        Command::Uninstall => {
-            let cfg = linkerd_cni_installer::InstallerConfig::from_env()?;
-            linkerd_cni_installer::Installer::new(cfg)?.cleanup()?;
-            println!("linkerd-cni removed from the CNI configs");
-            Ok(())
+        Command::Uninstall(args) => {
+            let installer = match args.keep_plugin {
+                true => None,
+                false => Some(linkerd_cni_installer::InstallerConfig::from_env()?),
+            };
+            let opts = uninstall::Options {
+                pin_root: cli.pin_root,
+                state_dir: cli.state_dir,
+                socket: args.socket,
+                bpffs: cli.bpffs,
+                installer,
+            };
+            match uninstall::run(&opts, args.wait, args.stay, Duration::from_secs(2))? {
+                uninstall::Outcome::Clean => {
+                    println!("linkerd-cni removed from this node");
+                    Ok(())
+                }
+                other => {
+                    println!("linkerd-cni not removed yet: {other:?}");
+                    std::process::exit(3)
+                }
+            }
         }
         Command::Load => {
             Agent::start(config)?;

@@ -104,7 +104,18 @@ pub fn previous_registers(
     state_dir: &Path,
     pod: &PreviousPod<'_>,
 ) -> Result<PodRecord> {
-    let cfg = LinkerdConfig::default();
+    previous_registers_with(ebpf, pin_root, state_dir, pod, LinkerdConfig::default())
+}
+
+/// [`previous_registers`] with `cfg`, whatever its size: the previous version held no list
+/// to a per-pod limit, so it wrote every entry `cfg` makes.
+pub fn previous_registers_with(
+    ebpf: &aya::Ebpf,
+    pin_root: &Path,
+    state_dir: &Path,
+    pod: &PreviousPod<'_>,
+    cfg: LinkerdConfig,
+) -> Result<PodRecord> {
     let ns = Netns::open(pod.netns).map_err(|e| other("opening the pod netns", e))?;
     let (cookie, ips) = ns
         .cookie_and_addresses()

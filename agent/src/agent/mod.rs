@@ -133,26 +133,30 @@ impl Agent {
     /// earlier run are adopted as they are: their links and map entries were never touched.
     ///
     /// A redirected pod whose record holds a configuration over the per-pod limits a fresh
-    /// ADD is held to (an earlier agent accepted it before those limits) is refused, as that
-    /// ADD would be: checked before anything is built from it, left out of a layout
-    /// migration, then unregistered (links and map entries removed, as by a DEL) and kept as
-    /// a refused, unredirected record that CNI CHECK reports with the limit; each refusal is
-    /// logged at error level. Other pods are not touched.
+    /// ADD is held to (an earlier agent accepted it before those limits) keeps the
+    /// redirection that agent gave it until the pod ends: its entries are migrated as they
+    /// are when a layout migration replaces its maps, its links are switched like every
+    /// other pod's, and one warning per such pod names the limit. Its map space is already
+    /// held, and refusing it here would run a working meshed pod with its traffic past the
+    /// proxy until it is recreated. Only a new ADD with that configuration is refused
+    /// ([`Self::register`]).
     pub fn start(config: AgentConfig) -> Result<Self, AgentError> {
         capabilities::check()?;
         let registry = Registry::open(&config.state_dir)?;
         // Redirected pods, for maps a layout migration replaces (the registry is the source of
-        // truth for per-pod config), each checked as a fresh ADD is checked.
+        // truth for per-pod config), each with the entries its registration wrote, within
+        // today's per-pod limits or not.
         let mut pods = Vec::new();
-        let mut refused = Vec::new();
         for r in registry.all()?.into_iter().filter(PodRecord::redirected) {
-            match entries_within_limits(&r) {
-                Ok(entries) => {
-                    let dir = pod_link_dir(&config.pin_root, &r.id);
-                    pods.push((dir, r.netns_cookie, entries));
+            let entries = match entries_within_limits(&r) {
+                Ok(entries) => entries,
+                Err(why) => {
+                    warn_over_limits(&r, &why);
+                    entries_of(&r)
                 }
-                Err(why) => refused.push((r, why)),
-            }
+            };
+            let dir = pod_link_dir(&config.pin_root, &r.id);
+            pods.push((dir, r.netns_cookie, entries));
         }
         let dataplane = Dataplane::load_sized(&config.pin_root, &config.map_sizes)?;
         dataplane.finish_load(&pods)?;
@@ -174,9 +178,6 @@ impl Agent {
         };
         let dirs = podnetns::runtime_dirs(|p| agent.host_path(p));
         agent.netns_index = std::sync::Mutex::new(podnetns::NetnsIndex::new(dirs));
-        for (record, why) in refused {
-            agent.refuse_record(record, why);
-        }
         let adopted = agent.registry.all()?;
         tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
         Ok(agent)
@@ -374,53 +375,6 @@ impl Agent {
         }
         tracing::info!(id = %record.id, netns_cookie = record.netns_cookie, "pod registered again: updated in place");
         Ok(record)
-    }
-
-    /// Refuses the registration of a redirected pod that an earlier agent made with a
-    /// configuration over the per-pod limits (see [`Self::start`]): its links and map entries
-    /// are removed as a DEL removes them, and its record becomes an unredirected one marked
-    /// [`PodRecord::refused`], so CHECK, DEL, GC and `inspect` still know the pod. Logged at
-    /// error level either way.
-    fn refuse_record(&self, record: PodRecord, why: LimitError) {
-        let pod = record
-            .pod
-            .as_ref()
-            .map(|p| format!("{}/{}", p.namespace, p.name))
-            .unwrap_or_default();
-        let reason = format!(
-            "refused when the agent started (registered by an earlier agent): {}",
-            AgentError::Limit(why)
-        );
-        let refused = PodRecord {
-            attachment: Attachment::None,
-            reason: reason.into(),
-            refused: true,
-            ..record.clone()
-        };
-        let mut maps = self.lock();
-        // Its entries are built once more to delete them by key: by range, so at O(n log n)
-        // in the lists however long an earlier agent let them be.
-        let done = self
-            .unregister_locked(&mut maps, &record)
-            .and_then(|()| Ok(self.registry.put(&refused)?));
-        drop(maps);
-        match done {
-            Ok(()) => tracing::error!(
-                id = %Escaped(&record.id),
-                pod = %Escaped(&pod),
-                reason = %Escaped(&refused.reason),
-                "registration over the per-pod limits refused: the pod is no longer redirected \
-                 (links and map entries removed) until it is recreated within the limits"
-            ),
-            Err(e) => tracing::error!(
-                id = %Escaped(&record.id),
-                pod = %Escaped(&pod),
-                reason = %Escaped(&refused.reason),
-                error = %e,
-                "refusing a registration over the per-pod limits failed part way: its links, \
-                 map entries or record may be left as the earlier agent made them"
-            ),
-        }
     }
 
     /// Records a pod that is not redirected (so DEL and CHECK know about it) without touching
@@ -681,6 +635,26 @@ pub fn entries_within_limits(record: &PodRecord) -> Result<PodEntries, LimitErro
     let entries = entries_of(record);
     limits::check(&entries)?;
     Ok(entries)
+}
+
+/// Says (warning level) that the registration `record`, which an earlier agent made, is over
+/// today's per-pod limits and is kept as that agent made it (see [`Agent::start`]).
+fn warn_over_limits(record: &PodRecord, why: &LimitError) {
+    let pod = record
+        .pod
+        .as_ref()
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .unwrap_or_default();
+    tracing::warn!(
+        id = %Escaped(&record.id),
+        pod = %Escaped(&pod),
+        over = why.what,
+        count = why.count,
+        max = why.max,
+        from = %why.source_keys,
+        "a registration an earlier agent made over today's per-pod limits keeps its \
+         redirection until the pod ends; a new ADD with this configuration is refused"
+    );
 }
 
 /// The map entries a registration wrote.

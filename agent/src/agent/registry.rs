@@ -85,10 +85,13 @@ pub struct PodRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_ids: Option<HostIds>,
     /// An earlier agent redirected the pod with a configuration over the per-pod limits a
-    /// fresh ADD is held to, and this agent refused it at start: the pod is not redirected
-    /// ([`Attachment::None`]), `reason` says why, and CNI CHECK reports the limit as a
-    /// refused ADD does. (Absent in older records; an older agent reads such a record as an
-    /// unredirected pod, which it is.)
+    /// fresh ADD is held to, and an agent of a later version refused it at start: the pod is
+    /// not redirected ([`Attachment::None`]), `reason` says why, and CNI CHECK reports the
+    /// limit as a refused ADD does. Agents no longer write it (such a registration now keeps
+    /// its redirection until the pod ends, see [`crate::Agent::start`]); it is read so that
+    /// a pod one of those agents refused is still reported as refused, never as in force.
+    /// (Absent in other records; an older agent reads such a record as an unredirected pod,
+    /// which it is.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refused: bool,
 }

@@ -1,5 +1,6 @@
 //! Unit tests of what the agent checks without the kernel: the per-pod limits a record written
-//! by an earlier agent is held to at start and at CHECK.
+//! by an earlier agent is compared with (at start, where one over them is kept and said so, and
+//! at CHECK of a record an agent of a later version marked refused).
 
 use std::net::{IpAddr, Ipv4Addr};
 

@@ -22,6 +22,7 @@ use crate::{
 pub mod health;
 pub mod inspect;
 pub mod server;
+pub mod uninstall;
 
 use health::{Health, Serves};
 use server::Server;

@@ -1,0 +1,293 @@
+//! `linkerd-cni-agent uninstall`: takes linkerd-cni off a node for good, whatever the last
+//! agent managed to do (it may have been SIGKILLed, or unable to ask the API whether its
+//! DaemonSet was being deleted).
+//!
+//! In order, on each pass:
+//! 1. nothing is touched while an agent answers on the registration socket (a DaemonSet still
+//!    there, or one being reinstalled): that agent owns the state;
+//! 2. the plugin leaves the node (unless `keep_plugin`): its entry in every conflist, its
+//!    kubeconfig and its binary, as the installer removes them (new meshed pods then start as
+//!    the control plane injected them, without us);
+//! 3. the pinned links of pods that have ended are removed: a pod's link directory whose links
+//!    the kernel reports detached from everything (its network namespace, and its cgroup when
+//!    it had its own, are gone). The kernel's view, not the registry's paths: a mount missing
+//!    from this container can never make a running pod look ended;
+//! 4. while any pod's link still acts on a running pod, everything else stays: that pod keeps
+//!    its redirection (and the maps and programs it runs) until it ends, so its traffic never
+//!    goes past its proxy. The pass reports those pods;
+//! 5. once none is left: the shared attachment's links are detached, and the whole pin root
+//!    (maps, programs, a migration's staged maps) is unpinned, which frees every program and
+//!    map of ours; then the registry, the socket and their directory, when empty. A bpffs that
+//!    `mount-bpffs` mounted (its marker present) and that holds nothing else is unmounted.
+//!
+//! Every step is idempotent: a pass on a clean node changes nothing.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use linkerd_cni_common::paths;
+
+use crate::{
+    agent::{pod_link_dir, registry::Registry},
+    dataplane::{self, bpf_sys},
+};
+
+/// Where the node's state is, as this process sees it.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub pin_root: PathBuf,
+    pub state_dir: PathBuf,
+    pub socket: PathBuf,
+    /// The bpffs mount point (`mount-bpffs`'s).
+    pub bpffs: PathBuf,
+    /// The installer's configuration (conflists, kubeconfig, binary); `None` leaves the plugin
+    /// in place (`--keep-plugin`: the way back to Linkerd's own plugin, which has the same
+    /// type and file names).
+    pub installer: Option<linkerd_cni_installer::InstallerConfig>,
+}
+
+/// What a pass found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing of ours is left on the node.
+    Clean,
+    /// An agent answers on the socket: nothing was touched.
+    AgentRunning,
+    /// Pods still redirected by us (their pod names when the registry knows them, else their
+    /// link directories): their links, and the maps and programs, stay until they end.
+    PodsRunning(Vec<String>),
+}
+
+/// Why a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UninstallError {
+    #[error("removing the plugin from the CNI configs: {0}")]
+    Installer(#[from] linkerd_cni_installer::InstallError),
+    #[error("the installer's configuration: {0}")]
+    Config(#[from] linkerd_cni_installer::ConfigError),
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> UninstallError {
+    let path = path.to_path_buf();
+    move |source| UninstallError::Io { what, path, source }
+}
+
+/// The directory `mount-bpffs` creates in a bpffs it mounted itself: the uninstall unmounts
+/// only such a bpffs (never one the host mounted), and only once it holds nothing else.
+pub const MOUNTED_MARKER: &str = ".linkerd-cni-mounted";
+
+/// One pass (see the module's documentation).
+pub fn pass(opts: &Options) -> Result<Outcome, UninstallError> {
+    if std::os::unix::net::UnixStream::connect(&opts.socket).is_ok() {
+        return Ok(Outcome::AgentRunning);
+    }
+    if let Some(cfg) = &opts.installer {
+        linkerd_cni_installer::Installer::new(cfg.clone())?.cleanup()?;
+    }
+    let running = remove_ended_pods(opts)?;
+    if !running.is_empty() {
+        return Ok(Outcome::PodsRunning(running));
+    }
+    remove_pins(&opts.pin_root)?;
+    remove_dir_all_if_exists(&opts.state_dir).map_err(io_err("removing", &opts.state_dir))?;
+    match fs::remove_file(&opts.socket) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(io_err("removing", &opts.socket)(e));
+        }
+        _ => {}
+    }
+    for dir in [opts.state_dir.parent(), opts.socket.parent()]
+        .into_iter()
+        .flatten()
+    {
+        // Only an empty directory goes (another tool's files stay), and a mount point stays.
+        let _ = fs::remove_dir(dir);
+    }
+    unmount_own_bpffs(&opts.bpffs)?;
+    Ok(Outcome::Clean)
+}
+
+/// Removes the link directories of ended pods; returns the pods still redirected.
+fn remove_ended_pods(opts: &Options) -> Result<Vec<String>, UninstallError> {
+    let pods = opts.pin_root.join(paths::PIN_PODS);
+    let entries = match fs::read_dir(&pods) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("reading", &pods)(e)),
+    };
+    let mut running = Vec::new();
+    for entry in entries {
+        let dir = entry.map_err(io_err("reading", &pods))?.path();
+        if acts_on_a_running_pod(&dir).map_err(io_err("reading the links in", &dir))? {
+            running.push(dir);
+        } else {
+            dataplane::detach(&dir).map_err(io_err("unpinning the links in", &dir))?;
+        }
+    }
+    if running.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Named from the registry where it knows them.
+    let names: std::collections::HashMap<PathBuf, String> = Registry::open(&opts.state_dir)
+        .map(|r| {
+            r.map_each(|rec| {
+                let name = rec
+                    .pod
+                    .as_ref()
+                    .map_or_else(|| rec.id.clone(), |p| format!("{}/{}", p.namespace, p.name));
+                (pod_link_dir(&opts.pin_root, &rec.id), name)
+            })
+            .into_iter()
+            .collect()
+        })
+        .unwrap_or_default();
+    Ok(running
+        .into_iter()
+        .map(|dir| {
+            names
+                .get(&dir)
+                .cloned()
+                .unwrap_or_else(|| dir.display().to_string())
+        })
+        .collect())
+}
+
+/// Whether any link pinned in `dir` is still attached: to a network namespace that exists, or
+/// to a cgroup that exists. An error (no `CAP_BPF`, say) is reported, never taken as "ended".
+fn acts_on_a_running_pod(dir: &Path) -> io::Result<bool> {
+    for entry in fs::read_dir(dir)? {
+        let link = match bpf_sys::obj_get(&entry?.path()) {
+            Ok(link) => link,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        if bpf_sys::link_info(&link)?.target != 0 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Detaches the shared attachment's links and unpins everything under `pin_root`.
+fn remove_pins(pin_root: &Path) -> Result<(), UninstallError> {
+    let shared = pin_root.join(paths::PIN_SHARED);
+    dataplane::detach(&shared).map_err(io_err("detaching the shared links in", &shared))?;
+    let pods = pin_root.join(paths::PIN_PODS);
+    if let Ok(entries) = fs::read_dir(&pods) {
+        for dir in entries.flatten() {
+            dataplane::detach(&dir.path()).map_err(io_err("unpinning the links in", &pods))?;
+        }
+    }
+    remove_dir_all_if_exists(pin_root).map_err(io_err("unpinning", pin_root))
+}
+
+fn remove_dir_all_if_exists(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
+
+/// Unmounts the bpffs at `bpffs` when `mount-bpffs` mounted it (its marker is there) and it
+/// holds nothing but the marker.
+fn unmount_own_bpffs(bpffs: &Path) -> Result<(), UninstallError> {
+    let marker = bpffs.join(MOUNTED_MARKER);
+    if !marker.is_dir() {
+        return Ok(());
+    }
+    let others = fs::read_dir(bpffs)
+        .map_err(io_err("reading", bpffs))?
+        .flatten()
+        .any(|e| e.file_name() != MOUNTED_MARKER);
+    if others {
+        tracing::info!(bpffs = %bpffs.display(), "bpffs holds other pins: left mounted");
+        return Ok(());
+    }
+    fs::remove_dir(&marker).map_err(io_err("removing", &marker))?;
+    nix::mount::umount(bpffs)
+        .map_err(|e| io_err("unmounting", bpffs)(io::Error::from_raw_os_error(e as i32)))?;
+    tracing::info!(bpffs = %bpffs.display(), "unmounted the bpffs mount-bpffs had mounted");
+    Ok(())
+}
+
+/// Runs passes until the node is clean (with `wait`, every `interval`, logging what it waits
+/// for when that changes; without, once), then, with `stay`, until SIGTERM or SIGINT. Returns
+/// the last outcome; a SIGTERM or SIGINT while waiting ends it early.
+pub fn run(
+    opts: &Options,
+    wait: bool,
+    stay: bool,
+    interval: Duration,
+) -> Result<Outcome, UninstallError> {
+    let signals = Signals::block();
+    let mut said = None;
+    let outcome = loop {
+        let outcome = pass(opts)?;
+        if said.as_ref() != Some(&outcome) {
+            match &outcome {
+                Outcome::Clean => tracing::info!(
+                    "linkerd-cni removed from this node: no conflist entry, plugin, kubeconfig, \
+                     pins or registry left"
+                ),
+                Outcome::AgentRunning => tracing::warn!(
+                    socket = %opts.socket.display(),
+                    "an agent answers on its socket: nothing removed (delete the linkerd-cni \
+                     DaemonSet first)"
+                ),
+                Outcome::PodsRunning(pods) => tracing::warn!(
+                    pods = %pods.join(", "),
+                    count = pods.len(),
+                    "pods redirected by linkerd-cni still run: they keep their redirection until \
+                     they end (restart them to finish the uninstall)"
+                ),
+            }
+            said = Some(outcome.clone());
+        }
+        if outcome == Outcome::Clean || !wait {
+            break outcome;
+        }
+        if signals.wait(interval) {
+            return Ok(outcome);
+        }
+    };
+    if stay && outcome == Outcome::Clean {
+        while !signals.wait(Duration::from_secs(3600)) {}
+    }
+    Ok(outcome)
+}
+
+/// SIGTERM and SIGINT, blocked and waited for: the process may be PID 1 of a container, where
+/// their default action does nothing.
+struct Signals(nix::sys::signal::SigSet);
+
+impl Signals {
+    fn block() -> Self {
+        use nix::sys::signal::{SigSet, Signal};
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGTERM);
+        set.add(Signal::SIGINT);
+        let _ = set.thread_block();
+        Self(set)
+    }
+
+    /// Waits up to `timeout`; whether a signal came.
+    fn wait(&self, timeout: Duration) -> bool {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: the set and timespec are valid for the call; no siginfo is asked for.
+        let r = unsafe { libc::sigtimedwait(self.0.as_ref(), std::ptr::null_mut(), &ts) };
+        r > 0
+    }
+}
