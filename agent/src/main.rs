@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use linkerd_cni_agent::{
     Agent, AgentConfig,
     dataplane::capacity::MapSizes,
-    host::kernel,
+    host::{kernel, peer::PeerPlaces},
     service::{self, inspect, uninstall},
 };
 use linkerd_cni_common::{names, paths};
@@ -116,6 +116,26 @@ struct RunArgs {
     /// mounts them under /host): netns and cgroup paths from the runtime are host paths.
     #[arg(long, env = "LINKERD_CNI_AGENT_HOST_ROOT")]
     host_root: Option<PathBuf>,
+    /// Host directories where the container runtime pins pods' network namespaces,
+    /// comma-separated: a CNI_NETNS below none of them (nor a /proc/<pid>/ns/net) is refused,
+    /// and adoption looks for running pods' namespaces there.
+    #[arg(
+        long = "netns-dir",
+        env = "LINKERD_CNI_AGENT_NETNS_DIRS",
+        value_delimiter = ',',
+        default_values = paths::NETNS_DIRS
+    )]
+    netns_dirs: Vec<PathBuf>,
+    /// Kubelet's pod cgroup trees, relative to the cgroup2 root, comma-separated: a pod
+    /// cgroup (runtimeConfig.cgroupPath or found by pod UID) that is not strictly inside one
+    /// of them, or is a QoS cgroup, is refused (`/` allows every cgroup but the root).
+    #[arg(
+        long = "pod-cgroup-tree",
+        env = "LINKERD_CNI_AGENT_POD_CGROUP_TREES",
+        value_delimiter = ',',
+        default_values = paths::POD_CGROUP_TREES
+    )]
+    pod_cgroup_trees: Vec<PathBuf>,
     /// Addresses of the /live, /ready and /metrics endpoint, comma-separated. With
     /// `hostNetwork` every address is the node's: the default, loopback, is where kubelet (in
     /// the host's network namespace) probes and where no pod reaches. An IPv6 address is
@@ -291,6 +311,10 @@ fn main() -> anyhow::Result<()> {
             let config = AgentConfig {
                 shared_cgroup: args.shared_cgroup.clone(),
                 host_root: args.host_root.clone(),
+                peer: PeerPlaces {
+                    netns_dirs: args.netns_dirs.clone(),
+                    pod_cgroup_trees: args.pod_cgroup_trees.clone(),
+                },
                 ..config
             };
             service::run(config, args.options(cli.bpffs))

@@ -215,7 +215,14 @@ impl AgentProc {
             shared_cgroup: Some(shared_cgroup.into()),
             log: std::env::var_os("LINKERD_CNI_BENCH_AGENT_LOG")
                 .map_or_else(|| dir.path().join("agent.log"), PathBuf::from),
-            extra_args: vec!["--max-pods".into(), max_pods.to_string()],
+            // The benchmark's pods live in test cgroups below the cgroup2 root, not in
+            // kubelet's trees: any cgroup but the root (the check has its own tests).
+            extra_args: vec![
+                "--max-pods".into(),
+                max_pods.to_string(),
+                "--pod-cgroup-tree".into(),
+                "/".into(),
+            ],
         };
         Ok(Self {
             agent: None,

@@ -46,3 +46,13 @@ pub const CONTAINER_CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const KUBECONFIG_FILE_NAME: &str = "ZZZ-linkerd-cni-kubeconfig";
 /// The pod's projected service-account volume (token, `ca.crt`, `namespace`).
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// Host directories where container runtimes pin pods' network namespaces (`CNI_NETNS`):
+/// containerd's and CRI-O's `/var/run/netns/<name>`, `ip netns`'s and podman's `/run/netns`.
+/// A netns path a peer of the agent's socket names must lie below one of these (or be a
+/// process's `/proc/<pid>/ns/net`).
+pub const NETNS_DIRS: [&str; 2] = ["/run/netns", "/var/run/netns"];
+/// Kubelet's pod cgroup trees, relative to the cgroup2 root: `kubepods` (cgroupfs driver) and
+/// `kubepods.slice` (systemd driver). A pod cgroup a peer of the agent's socket names must
+/// be a pod's cgroup inside one of these.
+pub const POD_CGROUP_TREES: [&str; 2] = ["kubepods", "kubepods.slice"];

@@ -850,9 +850,9 @@ fn netns_work_runs_on_the_calling_thread_and_always_returns_home() {
     assert!(panicked.unwrap_err().to_string().contains("panicked"));
     assert_eq!(thread_ns(), home, "back home after a panic");
 
-    // Another kind of namespace file (nsfs too) is refused by `setns`; the thread stays home.
-    let uts = Netns::open(std::path::Path::new("/proc/self/ns/uts")).expect("an nsfs file");
-    let refused = uts.run(|| Ok(thread_ns()));
+    // Another kind of namespace file (nsfs too) is refused when opened (`NS_GET_NSTYPE`),
+    // before any `setns`; the thread stays home.
+    let refused = Netns::open(std::path::Path::new("/proc/self/ns/uts"));
     assert!(
         refused
             .unwrap_err()
@@ -897,5 +897,145 @@ fn a_netns_pin_is_alive_while_it_is_the_same_nsfs_inode() {
     assert!(
         !still_exists(&pin.path().with_extension("gone"), ino),
         "no file"
+    );
+}
+
+/// A symbolic link the test made, removed on drop.
+struct Symlink(PathBuf);
+
+impl Drop for Symlink {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// Issue 36 item 3: the agent acts only on netns and cgroup paths that lead where runtimes
+/// and kubelet put pods. Sent through the plugin and the agent's socket under another
+/// container id of a meshed pod: the host's netns as `/proc/<pid>/ns/net` (and PID 1's), a
+/// `..` path to it, a symbolic link to it in the runtime's netns directory, and cgroup hints naming the cgroup2 root and
+/// a cgroup outside kubelet's pod trees are each refused with a CNI error naming why, and
+/// leave no registration, link or map entry; the same request with the pod's own paths is
+/// served (the control).
+#[test]
+fn netns_and_cgroup_paths_outside_the_pods_places_are_refused() {
+    use linkerd_cni_tests::netns::NETNS_RUN_DIR;
+    // The agent with kubelet's default pod trees, the pod where kubelet puts it.
+    let opts = NodeOptions {
+        pod_cgroup_trees: vec!["kubepods".into(), "kubepods.slice".into()],
+        ..NodeOptions::default()
+    };
+    let node = SimNode::start(opts, &[namespace_manifest("shop", &[])])
+        .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
+    let spec = PodSpec::meshed("shop", "target");
+    node.apply(&[spec.manifest(linkerd_cni_tests::node::NODE_NAME)])
+        .expect("the pod's manifest");
+    let mut pod = SimPod::new_kubelet_cgroup(spec).expect("a pod in kubepods");
+    node.add(&mut pod)
+        .unwrap_or_else(|e| panic!("ADD: {e}\n{}", node.diagnostics()));
+    let host_cookie =
+        linkerd_cni_agent::host::netns::current_netns_cookie().expect("this netns's cookie");
+    let link = Symlink(PathBuf::from(NETNS_RUN_DIR).join(linkerd_cni_tests::names::unique_name()));
+    // The host's netns as a path the plugin can open wherever the test runs (some sandboxes
+    // refuse even root `/proc/1/ns/*`): this process's, the agent's own.
+    let host_netns = format!("/proc/{}/ns/net", std::process::id());
+    std::os::unix::fs::symlink(&host_netns, &link.0).expect("symlink in the netns dir");
+    let outside = CgroupGuard::new().expect("a cgroup outside kubelet's trees");
+    let own_netns = pod.netns_path().display().to_string();
+    let own_cgroup = pod.cgroup_path().expect("the pod's cgroup");
+    let add = |id: &str, netns: &str, cgroup: &str| {
+        let mut env = node.plugin_env("ADD", &pod);
+        for (k, v) in &mut env {
+            match k.as_str() {
+                "CNI_CONTAINERID" => *v = id.to_string(),
+                "CNI_NETNS" => *v = netns.to_string(),
+                _ => {}
+            }
+        }
+        let mut stdin = node
+            .plugin_stdin(&pod, pod.result.clone())
+            .unwrap_or_else(|e| panic!("plugin stdin: {e}"));
+        stdin["runtimeConfig"]["cgroupPath"] = Value::from(cgroup);
+        node.run_plugin(&env, stdin.to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("running the plugin: {e}"))
+    };
+    let dotted = format!("{NETNS_RUN_DIR}/../..{host_netns}");
+    let link_path = link.0.display().to_string();
+    let root_cgroup = "/".to_string();
+    let outside_cgroup = outside.path().display().to_string();
+    let refusals = [
+        (
+            "host",
+            host_netns.as_str(),
+            &own_cgroup,
+            "node's own network namespace",
+        ),
+        (
+            "dotdot",
+            dotted.as_str(),
+            &own_cgroup,
+            "not a plain absolute path",
+        ),
+        ("symlink", link_path.as_str(), &own_cgroup, "symbolic link"),
+        (
+            "cgroup-root",
+            own_netns.as_str(),
+            &root_cgroup,
+            "pod cgroup trees",
+        ),
+        (
+            "cgroup-outside",
+            own_netns.as_str(),
+            &outside_cgroup,
+            "pod cgroup trees",
+        ),
+    ];
+    for (name, netns, cgroup, why) in refusals {
+        let id = format!("{}-{name}", pod.container_id);
+        let out = add(&id, netns, cgroup);
+        assert_eq!(
+            out.code(),
+            Some(7),
+            "{name}: refused with a CNI error: {}\n{}",
+            out.stdout,
+            out.stderr
+        );
+        assert!(
+            out.msg().contains(why),
+            "{name}: names why ({why}): {}",
+            out.msg()
+        );
+        let st = state(&node);
+        assert!(!st.registered().contains(&id), "{name}: not registered");
+        assert!(st.links_of(&id).is_empty(), "{name}: no links");
+        assert!(
+            st.entries_for(host_cookie).is_empty(),
+            "{name}: no entry for the host's netns: {:?}",
+            st.entries_for(host_cookie)
+        );
+    }
+    // PID 1's: refused, by the plugin where it may not open it, else by the agent.
+    let id = format!("{}-pid1", pod.container_id);
+    let out = add(&id, "/proc/1/ns/net", &own_cgroup);
+    assert!(
+        out.code().is_some(),
+        "/proc/1/ns/net is refused with a CNI error: {}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let st = state(&node);
+    assert!(!st.registered().contains(&id) && st.links_of(&id).is_empty());
+    assert!(st.entries_for(host_cookie).is_empty());
+    // The control: the same request with the pod's own netns and cgroup is served.
+    let id = format!("{}-control", pod.container_id);
+    let out = add(&id, &own_netns, &own_cgroup);
+    assert!(
+        out.status.success(),
+        "control: {}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        state(&node).registered().contains(&id),
+        "control registered"
     );
 }

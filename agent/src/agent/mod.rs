@@ -25,6 +25,7 @@ use crate::{
     host::cgroup,
     host::kernel,
     host::netns::{self, Netns, NetnsError},
+    host::peer::{self, PeerError, PeerPlaces},
     host::podnetns,
     host::userns::{self, UsernsError},
 };
@@ -50,6 +51,9 @@ pub struct AgentConfig {
     /// The node's bpffs comes from the host (`--bpffs-from-host`): the reconciler never mounts
     /// one of its own when the pins go missing, it waits (unready) for the host's to be back.
     pub bpffs_from_host: bool,
+    /// Where the netns and cgroup paths a peer of the socket sends may lead (the runtime's
+    /// netns directories, which adoption also searches, and kubelet's pod cgroup trees).
+    pub peer: PeerPlaces,
 }
 
 impl Default for AgentConfig {
@@ -61,6 +65,7 @@ impl Default for AgentConfig {
             host_root: None,
             map_sizes: MapSizes::default(),
             bpffs_from_host: false,
+            peer: PeerPlaces::default(),
         }
     }
 }
@@ -80,6 +85,15 @@ pub struct Registration {
     pub config: LinkerdConfig,
     /// Addresses known from the runtime; the netns's own addresses are added.
     pub pod_ips: Vec<IpAddr>,
+}
+
+/// Who names a registration's paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// The agent itself (adoption, tests driving the library): trusted.
+    Agent,
+    /// A peer of the registration socket: checked ([`peer`]).
+    Peer,
 }
 
 /// Why an agent operation failed.
@@ -103,6 +117,9 @@ pub enum AgentError {
     /// The pod's configuration needs more map entries than one pod may have.
     #[error("pod configuration refused: {0}")]
     Limit(#[from] LimitError),
+    /// A peer's netns or cgroup path leads outside the places runtimes and kubelet use.
+    #[error("refused: {0}")]
+    Peer(#[from] PeerError),
     /// The pod's user namespace could not be read, or does not map the proxy's IDs.
     #[error(transparent)]
     Userns(#[from] UsernsError),
@@ -176,7 +193,7 @@ impl Agent {
             shared_cgroup,
             netns_index: Default::default(),
         };
-        let dirs = podnetns::runtime_dirs(|p| agent.host_path(p));
+        let dirs = podnetns::runtime_dirs(&agent.config.peer.netns_dirs, |p| agent.host_path(p));
         agent.netns_index = std::sync::Mutex::new(podnetns::NetnsIndex::new(dirs));
         let adopted = agent.registry.all()?;
         tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
@@ -219,13 +236,44 @@ impl Agent {
     ///
     /// A configuration over a per-pod limit ([`limits`]) is refused before anything is
     /// written, and a failed write is rolled back: a failed registration leaves no entries.
-    pub fn register(&self, mut reg: Registration) -> Result<PodRecord, AgentError> {
+    pub fn register(&self, reg: Registration) -> Result<PodRecord, AgentError> {
+        self.register_from(reg, Origin::Agent)
+    }
+
+    /// [`Self::register`] for a request from a peer of the socket: its netns and cgroup
+    /// must lead where runtimes and kubelet put pods ([`peer`]), or it is refused before
+    /// anything is written.
+    pub fn register_from_peer(&self, reg: Registration) -> Result<PodRecord, AgentError> {
+        self.register_from(reg, Origin::Peer)
+    }
+
+    /// Opens the netns `reg` names (a host path), checked as [`peer`] says when a peer sent
+    /// it; `reg.netns` becomes the path as this process sees it.
+    fn open_netns(&self, reg: &mut Registration, origin: Origin) -> Result<Netns, AgentError> {
+        let host = |p: &Path| self.host_path(p);
+        let ns = match origin {
+            // A netns that is gone or not one stays what it is (the runtime's "unknown
+            // container"), whoever named it.
+            Origin::Peer => match peer::open_netns(&reg.netns, &self.config.peer, host) {
+                Err(PeerError::Netns(e)) => return Err(e.into()),
+                opened => opened?,
+            },
+            Origin::Agent => Netns::open(&host(&reg.netns))?,
+        };
+        reg.netns = ns.path.clone();
+        Ok(ns)
+    }
+
+    fn register_from(
+        &self,
+        mut reg: Registration,
+        origin: Origin,
+    ) -> Result<PodRecord, AgentError> {
         let id = reg.id.clone();
         let mut phases = Phases::new("add", &id);
-        reg.netns = self.host_path(&reg.netns);
         // Lists longer than a pod may have are refused before any work is done for them.
         limits::check_config(&reg.config)?;
-        let ns = Netns::open(&reg.netns)?;
+        let ns = self.open_netns(&mut reg, origin)?;
         let (netns_cookie, addresses) = ns.cookie_and_addresses()?;
         phases.mark("netns");
         let mut pod_ips = reg.pod_ips.clone();
@@ -249,6 +297,13 @@ impl Agent {
             hint.as_deref(),
             reg.pod.as_ref().and_then(|p| p.uid.as_deref()),
         );
+        if let (Origin::Peer, Some(cgroup)) = (origin, &cgroup) {
+            peer::check_pod_cgroup(
+                &self.cgroup_root,
+                &self.config.peer.pod_cgroup_trees,
+                cgroup,
+            )?;
+        }
         phases.mark("cgroup");
         let host_ids = userns::host_ids(ns.file(), reg.config.proxy_uid(), reg.config.proxy_gid())?;
         phases.mark("userns");
@@ -381,11 +436,29 @@ impl Agent {
     /// the data plane.
     pub fn record_unredirected(
         &self,
-        mut reg: Registration,
+        reg: Registration,
         reason: String,
     ) -> Result<PodRecord, AgentError> {
-        reg.netns = self.host_path(&reg.netns);
-        let ns = Netns::open(&reg.netns)?;
+        self.record_unredirected_from(reg, reason, Origin::Agent)
+    }
+
+    /// [`Self::record_unredirected`] for a request from a peer of the socket (its netns
+    /// checked as for [`Self::register_from_peer`]).
+    pub fn record_unredirected_from_peer(
+        &self,
+        reg: Registration,
+        reason: String,
+    ) -> Result<PodRecord, AgentError> {
+        self.record_unredirected_from(reg, reason, Origin::Peer)
+    }
+
+    fn record_unredirected_from(
+        &self,
+        mut reg: Registration,
+        reason: String,
+        origin: Origin,
+    ) -> Result<PodRecord, AgentError> {
+        let ns = self.open_netns(&mut reg, origin)?;
         let (netns_ino, netns_cookie) = (ns.ino, ns.cookie()?);
         let mut maps = self.lock();
         if let Some(old) = self.registry.get(&reg.id)? {

@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod kernel;
 pub mod natrules;
 pub mod netns;
+pub mod peer;
 pub mod podnetns;
 pub mod podscan;
 pub mod userns;

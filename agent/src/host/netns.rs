@@ -17,7 +17,10 @@ use std::{
     fs::File,
     io,
     net::IpAddr,
-    os::{fd::OwnedFd, unix::fs::MetadataExt},
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
     path::{Path, PathBuf},
 };
 
@@ -27,6 +30,8 @@ use nix::sched::{CloneFlags, setns};
 const SO_NETNS_COOKIE: libc::c_int = 71;
 /// `NSFS_MAGIC`: the filesystem of `/proc/<pid>/ns/*` and their bind mounts.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
+/// `NS_GET_NSTYPE`: `_IO(0xb7, 0x3)`, the `CLONE_NEW*` type of a namespace file.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 
 /// Why a path does not lead to a usable network namespace.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +47,20 @@ pub enum NetnsError {
     Io { path: PathBuf, source: io::Error },
 }
 
+impl NetnsError {
+    /// The error for `source`, met while opening `path`.
+    pub fn from_io(path: &Path, source: io::Error) -> Self {
+        if source.kind() == io::ErrorKind::NotFound {
+            NetnsError::NotFound { path: path.into() }
+        } else {
+            NetnsError::Io {
+                path: path.into(),
+                source,
+            }
+        }
+    }
+}
+
 /// A network namespace opened by path, with its identity.
 #[derive(Debug)]
 pub struct Netns {
@@ -54,22 +73,27 @@ pub struct Netns {
 impl Netns {
     /// Opens `path` and checks it is a network namespace.
     pub fn open(path: &Path) -> Result<Self, NetnsError> {
-        let io_err = |source: io::Error| {
-            if source.kind() == io::ErrorKind::NotFound {
-                NetnsError::NotFound { path: path.into() }
-            } else {
-                NetnsError::Io {
-                    path: path.into(),
-                    source,
-                }
-            }
-        };
-        let file = File::open(path).map_err(io_err)?;
-        let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| io_err(e.into()))?;
+        let file = File::open(path).map_err(|e| NetnsError::from_io(path, e))?;
+        Self::from_file(path, file)
+    }
+
+    /// Checks that `file`, opened from `path`, is a network namespace (nsfs, and a namespace
+    /// of type `CLONE_NEWNET`).
+    pub fn from_file(path: &Path, file: File) -> Result<Self, NetnsError> {
+        let fs =
+            nix::sys::statfs::fstatfs(&file).map_err(|e| NetnsError::from_io(path, e.into()))?;
         if fs.filesystem_type().0 as i64 != NSFS_MAGIC {
             return Err(NetnsError::NotNetns { path: path.into() });
         }
-        let ino = file.metadata().map_err(io_err)?.ino();
+        // SAFETY: an ioctl without argument on a file we hold open.
+        let kind = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE as _) };
+        if kind != libc::CLONE_NEWNET {
+            return Err(NetnsError::NotNetns { path: path.into() });
+        }
+        let ino = file
+            .metadata()
+            .map_err(|e| NetnsError::from_io(path, e))?
+            .ino();
         Ok(Self {
             path: path.into(),
             file,

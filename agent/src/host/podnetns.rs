@@ -162,19 +162,20 @@ impl NetnsIndex {
     }
 }
 
-/// The directories a runtime pins network namespaces in, under `host` (the host's root as the
-/// agent sees it): `/run/netns` and `/var/run/netns` (usually one directory, counted once).
-pub fn runtime_dirs(host: impl Fn(&Path) -> PathBuf) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    for d in ["/run/netns", "/var/run/netns"] {
-        let dir = host(Path::new(d));
+/// The directories a runtime pins network namespaces in (`dirs`, host paths such as
+/// `/run/netns` and `/var/run/netns`), under `host` (the host's root as the agent sees it);
+/// one directory reached by two paths (`/var/run` is usually `/run`) counted once.
+pub fn runtime_dirs(dirs: &[PathBuf], host: impl Fn(&Path) -> PathBuf) -> Vec<PathBuf> {
+    let mut seen: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        let dir = host(d);
         let same = |a: &Path, b: &Path| match (fs::metadata(a), fs::metadata(b)) {
             (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
             _ => false,
         };
-        if !dirs.iter().any(|known| same(known, &dir)) {
-            dirs.push(dir);
+        if !seen.iter().any(|known| same(known, &dir)) {
+            seen.push(dir);
         }
     }
-    dirs
+    seen
 }

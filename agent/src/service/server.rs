@@ -316,9 +316,9 @@ impl Server {
                 let id = reg.id.clone();
                 let before = a.record(&id)?;
                 let record = if redirect {
-                    a.register(reg)?
+                    a.register_from_peer(reg)?
                 } else {
-                    a.record_unredirected(reg, why)?
+                    a.record_unredirected_from_peer(reg, why)?
                 };
                 if past() {
                     // A retry for a pod already redirected in this netns was an update in
@@ -414,9 +414,10 @@ fn agent_error(e: AgentError) -> Response {
         AgentError::UnknownContainer(_) => ErrorKind::UnknownContainer,
         AgentError::NotInForce { .. } => ErrorKind::NotInForce,
         // The pod's own configuration is at fault: retrying the same ADD cannot help.
-        AgentError::Limit(_) | AgentError::Userns(UsernsError::Unmapped { .. }) => {
-            ErrorKind::BadRequest
-        }
+        // So is a netns or cgroup path that leads outside the places pods live.
+        AgentError::Limit(_)
+        | AgentError::Userns(UsernsError::Unmapped { .. })
+        | AgentError::Peer(_) => ErrorKind::BadRequest,
         _ => ErrorKind::Internal,
     };
     error(kind, e.to_string())

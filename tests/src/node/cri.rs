@@ -515,6 +515,9 @@ impl CriNode {
             )
             .env("LINKERD_CNI_AGENT_SOCKET", self.socket())
             .env("LINKERD_CNI_AGENT_PIN_ROOT", self.pin_root())
+            // containerd pins pod netns below its state directory here
+            // (`netns_mounts_under_state_dir`): CNI_NETNS elsewhere is refused.
+            .env("LINKERD_CNI_AGENT_NETNS_DIRS", d.join("containerd/state"))
             .env(
                 "LINKERD_CNI_AGENT_HEALTH_ADDR",
                 self.agent_health.to_string(),

@@ -134,6 +134,10 @@ pub struct NodeOptions {
     /// The agent's `--bpffs-from-host` (as the DaemonSet sets it): it never mounts a bpffs
     /// of its own.
     pub bpffs_from_host: bool,
+    /// The agent's `--pod-cgroup-tree`s: `/` (any cgroup but the root) by default, as
+    /// simulated pods live in test cgroups right below the cgroup2 root; `kubepods` for a
+    /// node whose pods are where kubelet puts them ([`SimPod::new_kubelet_cgroup`]).
+    pub pod_cgroup_trees: Vec<String>,
 }
 
 impl Default for NodeOptions {
@@ -146,6 +150,7 @@ impl Default for NodeOptions {
             reconcile_interval: None,
             private_bpffs: false,
             bpffs_from_host: false,
+            pod_cgroup_trees: vec!["/".into()],
         }
     }
 }

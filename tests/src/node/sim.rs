@@ -381,11 +381,20 @@ impl SimNode {
             health: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
             shared_cgroup: None,
             log: self.dir.path().join("logs").join("agent.log"),
-            extra_args: if self.opts.bpffs_from_host {
-                vec!["--bpffs-from-host".into()]
-            } else {
-                Vec::new()
-            },
+            extra_args: self
+                .opts
+                .bpffs_from_host
+                .then(|| "--bpffs-from-host".to_string())
+                .into_iter()
+                .chain(
+                    [
+                        "--pod-cgroup-tree".into(),
+                        self.opts.pod_cgroup_trees.join(","),
+                    ]
+                    .into_iter()
+                    .filter(|_| !self.opts.pod_cgroup_trees.is_empty()),
+                )
+                .collect(),
         };
         let mut agent = AgentProcess::spawn(&command)?;
         // /live answers once the registration socket is bound.

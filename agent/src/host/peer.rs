@@ -1,0 +1,244 @@
+//! What a peer on the registration socket names, checked before the agent acts on it.
+//!
+//! A root peer could otherwise send any path: a netns path with `..` or a symbolic link that
+//! leads to the node's own network namespace (whose inbound TCP the pod's `sk_lookup` program
+//! would then steer), or a cgroup hint naming the cgroup2 root (whose every socket the pod's
+//! connect hooks would then see). So, for a request from a peer:
+//!
+//! - the netns path is absolute and plain (no `.` or `..` part), and either lies below one of
+//!   the directories runtimes pin network namespaces in ([`PeerPlaces::netns_dirs`]), opened
+//!   from that directory with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` (no symbolic
+//!   link, no way out), or is a process's `/proc/<pid>/ns/net`;
+//! - what it opens is a network namespace, and not the agent's own (the DaemonSet's pod has
+//!   the host's network) nor that of the host's PID 1;
+//! - the pod cgroup it resolves to lies strictly inside one of kubelet's pod cgroup trees
+//!   ([`PeerPlaces::pod_cgroup_trees`]), and is not a QoS cgroup: never the root, a tree, a
+//!   cgroup outside the trees or a cgroup that holds a whole class of pods.
+//!
+//! A request that fails any of these is refused with [`PeerError`] before anything is opened
+//! further or written. Paths the agent finds itself (adoption) and the registry's own
+//! records do not come from a peer and are not checked here.
+
+use std::{
+    fs::File,
+    os::unix::fs::MetadataExt,
+    path::{Component, Path, PathBuf},
+};
+
+use nix::{
+    errno::Errno,
+    fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2},
+    sys::stat::Mode,
+};
+
+use crate::host::netns::{Netns, NetnsError};
+
+/// Where a peer's paths may lead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerPlaces {
+    /// Host directories where runtimes pin pods' network namespaces.
+    pub netns_dirs: Vec<PathBuf>,
+    /// Kubelet's pod cgroup trees, relative to the cgroup2 root.
+    pub pod_cgroup_trees: Vec<PathBuf>,
+}
+
+impl Default for PeerPlaces {
+    fn default() -> Self {
+        use linkerd_cni_common::paths;
+        Self {
+            netns_dirs: paths::NETNS_DIRS.iter().map(PathBuf::from).collect(),
+            pod_cgroup_trees: paths::POD_CGROUP_TREES.iter().map(PathBuf::from).collect(),
+        }
+    }
+}
+
+/// Why a peer's path was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// The netns path is relative or has `.` or `..` parts.
+    #[error("netns path {path} is not a plain absolute path (no `.` or `..` parts)")]
+    NotPlain { path: String },
+    /// The netns path is in none of the places runtimes put pods' network namespaces.
+    #[error(
+        "netns path {path} is neither below a runtime's netns directory ({dirs}) nor a \
+         /proc/<pid>/ns/net"
+    )]
+    NetnsOutside { path: String, dirs: String },
+    /// Below a netns directory, the path goes through a symbolic link or out of it.
+    #[error("netns path {path} resolves through a symbolic link or out of {dir}")]
+    NetnsEscapes { path: String, dir: String },
+    /// The path leads to the node's own network namespace.
+    #[error("netns path {path} is the node's own network namespace")]
+    HostNetns { path: String },
+    /// The cgroup is not a pod's cgroup inside kubelet's pod trees.
+    #[error(
+        "cgroup {cgroup} is not a pod's cgroup inside the pod cgroup trees ({trees}) of the \
+         cgroup2 root {root}"
+    )]
+    CgroupOutside {
+        cgroup: String,
+        trees: String,
+        root: String,
+    },
+    /// What the path leads to is not a network namespace, or could not be opened.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+}
+
+/// Where a netns path lies, as written (nothing opened yet).
+#[derive(Debug, PartialEq, Eq)]
+pub enum NetnsPlace<'a> {
+    /// Below the netns directory `dir`, at `rest` (relative).
+    Pinned { dir: &'a Path, rest: PathBuf },
+    /// A process's `/proc/<pid>/ns/net`.
+    Process,
+}
+
+fn plain(path: &Path) -> bool {
+    let mut parts = path.components();
+    parts.next() == Some(Component::RootDir) && parts.all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Classifies `path` without opening anything: refused when it is not plain or lies in none
+/// of `dirs` nor `/proc/<pid>/ns/net`.
+pub fn netns_place<'a>(path: &Path, dirs: &'a [PathBuf]) -> Result<NetnsPlace<'a>, PeerError> {
+    let shown = || path.display().to_string();
+    // `Path::components` skips `.` parts: look at the bytes for them.
+    let dotted = path
+        .as_os_str()
+        .as_encoded_bytes()
+        .split(|b| *b == b'/')
+        .any(|part| part == b"." || part == b"..");
+    if !plain(path) || dotted {
+        return Err(PeerError::NotPlain { path: shown() });
+    }
+    let parts: Vec<_> = path.components().skip(1).collect();
+    if let [proc, pid, ns, net] = parts.as_slice()
+        && proc.as_os_str() == "proc"
+        && ns.as_os_str() == "ns"
+        && net.as_os_str() == "net"
+        && pid
+            .as_os_str()
+            .to_str()
+            .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Ok(NetnsPlace::Process);
+    }
+    for dir in dirs {
+        if let Ok(rest) = path.strip_prefix(dir)
+            && rest.components().next().is_some()
+        {
+            return Ok(NetnsPlace::Pinned {
+                dir,
+                rest: rest.into(),
+            });
+        }
+    }
+    Err(PeerError::NetnsOutside {
+        path: shown(),
+        dirs: dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// Opens the network namespace a peer named at the host path `path`, checked as the module
+/// says; `host` maps a host path to this process's view (the DaemonSet's `/host`).
+pub fn open_netns(
+    path: &Path,
+    places: &PeerPlaces,
+    host: impl Fn(&Path) -> PathBuf,
+) -> Result<Netns, PeerError> {
+    let seen = host(path);
+    let file = match netns_place(path, &places.netns_dirs)? {
+        NetnsPlace::Process => File::open(&seen).map_err(|e| NetnsError::from_io(&seen, e))?,
+        NetnsPlace::Pinned { dir, rest } => {
+            let dir_seen = host(dir);
+            let dirfd = open(
+                &dir_seen,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| NetnsError::from_io(&seen, e.into()))?;
+            let how = OpenHow::new()
+                .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+                .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+            match openat2(&dirfd, &rest, how) {
+                Ok(fd) => File::from(fd),
+                Err(Errno::ELOOP | Errno::EXDEV) => {
+                    return Err(PeerError::NetnsEscapes {
+                        path: path.display().to_string(),
+                        dir: dir.display().to_string(),
+                    });
+                }
+                Err(e) => return Err(NetnsError::from_io(&seen, e.into()).into()),
+            }
+        }
+    };
+    let ns = Netns::from_file(&seen, file)?;
+    let opened = ns
+        .file()
+        .metadata()
+        .map_err(|e| NetnsError::from_io(&seen, e))?;
+    let same = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.dev() == opened.dev() && m.ino() == opened.ino())
+    };
+    // The agent's own (the DaemonSet's pod has the host's network), and PID 1's as the host's
+    // /proc shows it (the DaemonSet mounts it under /host) or as ours does.
+    let host_init = host(Path::new("/proc/1/ns/net"));
+    if same(Path::new("/proc/self/ns/net")) || same(&host_init) || same(Path::new("/proc/1/ns/net"))
+    {
+        return Err(PeerError::HostNetns {
+            path: path.display().to_string(),
+        });
+    }
+    Ok(ns)
+}
+
+/// Kubelet's QoS cgroups (both drivers): each holds every pod of its class.
+const QOS_CGROUPS: [&str; 4] = [
+    "besteffort",
+    "burstable",
+    "kubepods-besteffort.slice",
+    "kubepods-burstable.slice",
+];
+
+/// Checks that `cgroup` (resolved from a peer's hint or pod UID) lies strictly inside one of
+/// `trees` (relative to `root`; a leading `/` as kubelet writes cgroup names is ignored, so
+/// `/` stands for every cgroup but the root) and is not one of kubelet's QoS cgroups; symbolic
+/// links and `..` are resolved first.
+pub fn check_pod_cgroup(root: &Path, trees: &[PathBuf], cgroup: &Path) -> Result<(), PeerError> {
+    let refused = || PeerError::CgroupOutside {
+        cgroup: cgroup.display().to_string(),
+        trees: trees
+            .iter()
+            .map(|t| t.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        root: root.display().to_string(),
+    };
+    let canonical = |p: &Path| std::fs::canonicalize(p).map_err(|_| refused());
+    let (root, cgroup) = (canonical(root)?, canonical(cgroup)?);
+    let Ok(rel) = cgroup.strip_prefix(&root) else {
+        return Err(refused());
+    };
+    let inside = trees.iter().any(|tree| {
+        let tree = tree.strip_prefix("/").unwrap_or(tree);
+        rel.strip_prefix(tree)
+            .is_ok_and(|below| below.components().next().is_some())
+    });
+    let qos = rel
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| QOS_CGROUPS.contains(&n));
+    if inside && !qos {
+        Ok(())
+    } else {
+        Err(refused())
+    }
+}
+
+#[cfg(test)]
+mod tests;
