@@ -603,7 +603,10 @@ impl Agent {
             target: record.netns.clone(),
             source,
         })?;
-        order::check_netns(&ns, &record.netns, &ours)
+        let shared_netns = self
+            .registry
+            .other_redirected_with_cookie(&record.id, record.netns_cookie);
+        order::check_netns(&ns, &record.netns, &ours, shared_netns)
     }
 
     /// CNI GC: drops every registration whose id is not in `valid`. Returns the dropped ids.

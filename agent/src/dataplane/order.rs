@@ -269,7 +269,15 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours) -> Result<(), Conflict> {
 }
 
 /// Checks that our `sk_lookup` stub is the first program of the network namespace `netns`.
-pub fn check_netns(netns: impl AsFd, netns_path: &Path, ours: &Ours) -> Result<(), Conflict> {
+/// With `shared_netns` (another registration of ours is in the same network namespace), a stub
+/// of ours ([`names::PROG_SK_LOOKUP_STUB`]) ahead counts as ours: it hands the connection to
+/// the same shared program.
+pub fn check_netns(
+    netns: impl AsFd,
+    netns_path: &Path,
+    ours: &Ours,
+    shared_netns: bool,
+) -> Result<(), Conflict> {
     let attach = AttachType::SkLookup;
     let hook = Hook::SkLookup;
     let ids = bpf_sys::prog_query(netns, attach, false)
@@ -279,7 +287,14 @@ pub fn check_netns(netns: impl AsFd, netns_path: &Path, ours: &Ours) -> Result<(
             source,
         })?
         .ids;
-    match ids.iter().position(|id| ours.contains(attach, *id)) {
+    let is_ours = |id: u32| {
+        ours.contains(attach, id)
+            || (shared_netns
+                && bpf_sys::prog_by_id(id)
+                    .and_then(bpf_sys::prog_name)
+                    .is_ok_and(|n| n == names::PROG_SK_LOOKUP_STUB))
+    };
+    match ids.iter().position(|id| is_ours(*id)) {
         None => Err(Conflict::Absent {
             hook,
             cgroup: netns_path.into(),
