@@ -43,7 +43,9 @@ pub struct AgentConfig {
     pub pin_root: PathBuf,
     /// Registry directory.
     pub state_dir: PathBuf,
-    /// Cgroup for the shared (fallback) attachment; default: the cgroup2 root.
+    /// Cgroup for the shared (fallback) attachment; default: kubelet's kubepods cgroup
+    /// (`kubepods.slice` or `kubepods` under the cgroup2 root), the root when there is no
+    /// single one.
     pub shared_cgroup: Option<PathBuf>,
     /// Where the host's filesystems are mounted when the agent runs in a container (`/host`
     /// in the DaemonSet): netns and cgroup paths sent by the runtime are host paths.
@@ -166,10 +168,20 @@ impl Agent {
         drop(pods);
         let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;
         let cgroup_root = kernel::cgroup2_mount(config.host_root.as_deref())?;
-        let shared_cgroup = config
-            .shared_cgroup
-            .clone()
-            .unwrap_or_else(|| cgroup_root.clone());
+        // The lowest cgroup that holds every pod: below the cgroup2 root, where other
+        // tenants' socket load balancers attach, so that ours run before theirs.
+        let shared_cgroup = match &config.shared_cgroup {
+            Some(c) => c.clone(),
+            None => cgroup::kubepods(&cgroup_root).unwrap_or_else(|| {
+                tracing::warn!(
+                    root = %cgroup_root.display(),
+                    "no single kubepods cgroup (kubepods.slice or kubepods) under the cgroup2 \
+                     root: the shared attachment goes on the root, after any program already \
+                     there unless the kernel orders cgroup links"
+                );
+                cgroup_root.clone()
+            }),
+        };
         let mut agent = Self {
             config,
             dataplane,

@@ -412,7 +412,7 @@ impl Agent {
                 path: cgroup.clone(),
                 source,
             })?;
-            let link = bpf_sys::link_create(prog.as_fd(), &cg, AttachType::of(*hook))
+            let link = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, AttachType::of(*hook))
                 .map_err(attach_err(&cgroup))?;
             (link, kind)
         } else {

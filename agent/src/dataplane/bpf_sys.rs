@@ -137,6 +137,47 @@ pub fn link_create_flags(
     bpf(BPF_LINK_CREATE, &mut attr).map(owned)
 }
 
+/// Whether this kernel orders links on a cgroup (`BPF_F_BEFORE`, the mprog API on cgroups):
+/// 0 not asked yet, 1 yes, 2 no.
+static CGROUP_LINKS_ORDERED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// `BPF_LINK_CREATE` of a cgroup program, first among the cgroup's own programs of that hook
+/// (`BPF_F_BEFORE`) where the kernel orders cgroup links, else last (the kernel's order before
+/// that). Asked of the kernel at the first link: `EINVAL` for the flag means no.
+pub fn cgroup_link_create(
+    prog: impl AsFd,
+    cgroup: impl AsFd,
+    attach: AttachType,
+) -> io::Result<OwnedFd> {
+    use std::sync::atomic::Ordering;
+    if CGROUP_LINKS_ORDERED.load(Ordering::Relaxed) != 2 {
+        match link_create_flags(prog.as_fd(), cgroup.as_fd(), attach, F_BEFORE) {
+            Ok(link) => {
+                CGROUP_LINKS_ORDERED.store(1, Ordering::Relaxed);
+                return Ok(link);
+            }
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINVAL)
+                    && CGROUP_LINKS_ORDERED.load(Ordering::Relaxed) == 0 =>
+            {
+                CGROUP_LINKS_ORDERED.store(2, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    link_create(prog, cgroup, attach)
+}
+
+/// Whether cgroup links are made first on their cgroup ([`cgroup_link_create`]); `None`
+/// before the first one.
+pub fn cgroup_links_ordered() -> Option<bool> {
+    match CGROUP_LINKS_ORDERED.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Some(true),
+        2 => Some(false),
+        _ => None,
+    }
+}
+
 /// `BPF_F_ALLOW_OVERRIDE`: a descendant may attach its own program, which replaces this one
 /// for the descendant's sockets.
 pub const F_ALLOW_OVERRIDE: u32 = 1;

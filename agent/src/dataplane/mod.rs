@@ -437,7 +437,7 @@ impl Dataplane {
                 continue;
             }
             let attach = AttachType::of(hook);
-            let link = bpf_sys::link_create(self.prog_fd(name)?, &cg, attach).map_err(|source| {
+            let link = bpf_sys::cgroup_link_create(self.prog_fd(name)?, &cg, attach).map_err(|source| {
                 let eperm = source.raw_os_error() == Some(libc::EPERM);
                 // The program in the way, named from the attach flags of the cgroup and its
                 // ancestors.
