@@ -109,7 +109,8 @@ struct RunArgs {
     #[arg(long, env = "LINKERD_CNI_AGENT_NODE_NAME")]
     node_name: Option<String>,
     /// Cgroup of the shared attachment used for pods without a cgroup v2 of their own
-    /// (default: the cgroup2 root).
+    /// (default: kubelet's kubepods cgroup, `kubepods.slice` or `kubepods`; the cgroup2 root
+    /// when there is no single one).
     #[arg(long, env = "LINKERD_CNI_AGENT_SHARED_CGROUP")]
     shared_cgroup: Option<PathBuf>,
     /// Where the host's filesystems are mounted when running in a container (the DaemonSet

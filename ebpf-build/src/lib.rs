@@ -21,6 +21,9 @@ use std::{
 
 /// Package name of the eBPF crate.
 pub const EBPF_PACKAGE: &str = "linkerd-cni-ebpf";
+/// The stand-in tenant's object (a socket load balancer for the coexistence tests), built
+/// next to the agent's object from the same crate; never embedded in the agent nor shipped.
+pub const TENANT_OBJECT: &str = "linkerd-cni-ebpf-tenant";
 /// The BPF target (little endian: x86_64 and arm64 nodes).
 pub const TARGET: &str = "bpfel-unknown-none";
 /// Cargo profile for the object (see the workspace `Cargo.toml`).

@@ -10,7 +10,10 @@ use std::{
 };
 
 use linkerd_cni_agent::{
-    Agent, AgentConfig, Registration, agent::registry::PodRecord, dataplane, dataplane::maps::Maps,
+    Agent, AgentConfig, AgentError, Registration,
+    agent::{reconcile::Reconciler, registry::PodRecord},
+    dataplane,
+    dataplane::maps::Maps,
 };
 use linkerd_cni_common::{names, paths};
 use linkerd_cni_proto::config::LinkerdConfig;
@@ -23,7 +26,7 @@ use crate::{
 
 /// An agent, stopped and restarted at will, cleaned up on drop.
 pub struct AgentHarness {
-    agent: Option<Agent>,
+    agent: Option<std::sync::Arc<Agent>>,
     config: AgentConfig,
 }
 
@@ -48,7 +51,7 @@ impl AgentHarness {
         };
         let agent = Agent::start(config.clone()).expect("start the agent (load and pin programs)");
         AgentHarness {
-            agent: Some(agent),
+            agent: Some(std::sync::Arc::new(agent)),
             config,
         }
     }
@@ -83,7 +86,17 @@ impl AgentHarness {
     /// # Panics
     /// After [`Self::kill`] and before [`Self::start_again`].
     pub fn agent(&self) -> &Agent {
-        self.agent.as_ref().expect("agent running")
+        self.agent.as_deref().expect("agent running")
+    }
+
+    /// A reconciler of the running agent, as the agent process runs one
+    /// (`--reconcile-interval`).
+    ///
+    /// # Panics
+    /// After [`Self::kill`] and before [`Self::start_again`].
+    pub fn reconciler(&self) -> Reconciler {
+        let agent = self.agent.clone().expect("agent running");
+        Reconciler::new(agent, Path::new(paths::BPFFS))
     }
 
     /// Its pin root and registry.
@@ -97,18 +110,28 @@ impl AgentHarness {
     /// # Panics
     /// When registration fails.
     pub fn register(&self, pod: &Pod, config: LinkerdConfig, per_pod: bool) -> PodRecord {
-        let cgroup_hint = per_pod.then(|| pod.cgroup.path().display().to_string());
-        self.agent()
-            .register(Registration {
-                id: format!("ctr-{}", pod.netns.name()),
-                ifname: "eth0".into(),
-                netns: pod.netns.path().into(),
-                cgroup_hint,
-                pod: None,
-                config,
-                pod_ips: vec![],
-            })
+        self.try_register(pod, config, per_pod)
             .expect("register the pod")
+    }
+
+    /// [`Self::register`], returning the agent's error (what CNI ADD answers) instead of
+    /// panicking.
+    pub fn try_register(
+        &self,
+        pod: &Pod,
+        config: LinkerdConfig,
+        per_pod: bool,
+    ) -> Result<PodRecord, AgentError> {
+        let cgroup_hint = per_pod.then(|| pod.cgroup.path().display().to_string());
+        self.agent().register(Registration {
+            id: format!("ctr-{}", pod.netns.name()),
+            ifname: "eth0".into(),
+            netns: pod.netns.path().into(),
+            cgroup_hint,
+            pod: None,
+            config,
+            pod_ips: vec![],
+        })
     }
 
     /// The pinned maps, opened afresh.
@@ -190,14 +213,17 @@ impl AgentHarness {
     /// # Panics
     /// When it cannot start.
     pub fn start_again(&mut self) {
-        self.agent = Some(Agent::start(self.config.clone()).expect("restart the agent"));
+        let agent = Agent::start(self.config.clone()).expect("restart the agent");
+        self.agent = Some(std::sync::Arc::new(agent));
     }
 }
 
 impl Drop for AgentHarness {
     fn drop(&mut self) {
         if self.agent.is_none() {
-            self.agent = Agent::start(self.config.clone()).ok();
+            self.agent = Agent::start(self.config.clone())
+                .ok()
+                .map(std::sync::Arc::new);
         }
         if let Some(agent) = &self.agent {
             for r in agent.pods().unwrap_or_default() {

@@ -42,6 +42,7 @@ pub mod node;
 pub mod pod;
 mod pool;
 pub mod proxy;
+pub mod tenant;
 
 /// The fake Kubernetes API server (crate `linkerd-cni-fake-apiserver`).
 pub use linkerd_cni_fake_apiserver as fake_apiserver;

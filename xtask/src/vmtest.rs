@@ -138,7 +138,16 @@ pub fn build(only: &[String]) -> anyhow::Result<Vec<TestBinary>> {
 /// `LINKERD_CNI_VM_KERNELS=none` skips them.
 pub const CI_KERNELS: &[(&str, &[&str])] = &[
     ("6.1", &[]),
-    ("6.12", &["dataplane", "inbound", "kernel", "cgroup_layout"]),
+    (
+        "6.12",
+        &[
+            "dataplane",
+            "inbound",
+            "kernel",
+            "cgroup_layout",
+            "coexistence",
+        ],
+    ),
 ];
 
 /// How long after `cargo xtask test` started its guests must be done: CI stops a run at 90

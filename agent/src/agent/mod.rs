@@ -20,7 +20,10 @@ use crate::{
     dataplane::limits::LimitError,
     dataplane::maps::{Maps, MapsError, PodEntries},
     dataplane::maps_lock::MapsLock,
-    dataplane::{self, Dataplane, DataplaneError},
+    dataplane::{
+        self, Dataplane, DataplaneError,
+        order::{self, Conflict, Ours},
+    },
     host::capabilities,
     host::cgroup,
     host::kernel,
@@ -41,7 +44,9 @@ pub struct AgentConfig {
     pub pin_root: PathBuf,
     /// Registry directory.
     pub state_dir: PathBuf,
-    /// Cgroup for the shared (fallback) attachment; default: the cgroup2 root.
+    /// Cgroup for the shared (fallback) attachment; default: kubelet's kubepods cgroup
+    /// (`kubepods.slice` or `kubepods` under the cgroup2 root), the root when there is no
+    /// single one.
     pub shared_cgroup: Option<PathBuf>,
     /// Where the host's filesystems are mounted when the agent runs in a container (`/host`
     /// in the DaemonSet): netns and cgroup paths sent by the runtime are host paths.
@@ -126,6 +131,10 @@ pub enum AgentError {
     /// CHECK: the redirection decided at ADD is not in force.
     #[error("redirection of {id} is not in force: {why}")]
     NotInForce { id: String, why: String },
+    /// Another tenant's program runs before ours for the pod, or ours would keep it from
+    /// running ([`order`]): the pod is not meshed.
+    #[error("{id} cannot be meshed: {conflict}")]
+    Order { id: String, conflict: Box<Conflict> },
     /// CHECK: nothing is registered under this id.
     #[error("no registration for container {0}")]
     UnknownContainer(String),
@@ -180,10 +189,20 @@ impl Agent {
         drop(pods);
         let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;
         let cgroup_root = kernel::cgroup2_mount(config.host_root.as_deref())?;
-        let shared_cgroup = config
-            .shared_cgroup
-            .clone()
-            .unwrap_or_else(|| cgroup_root.clone());
+        // The lowest cgroup that holds every pod: below the cgroup2 root, where other
+        // tenants' socket load balancers attach, so that ours run before theirs.
+        let shared_cgroup = match &config.shared_cgroup {
+            Some(c) => c.clone(),
+            None => cgroup::kubepods(&cgroup_root).unwrap_or_else(|| {
+                tracing::warn!(
+                    root = %cgroup_root.display(),
+                    "no single kubepods cgroup (kubepods.slice or kubepods) under the cgroup2 \
+                     root: the shared attachment goes on the root, after any program already \
+                     there unless the kernel orders cgroup links"
+                );
+                cgroup_root.clone()
+            }),
+        };
         let mut agent = Self {
             config,
             dataplane,
@@ -366,8 +385,19 @@ impl Agent {
             )?;
             Ok(a)
         });
+        // Never assumed: ours run first and switch no other tenant off, or the pod is refused
+        // (fail closed: a pod whose proxy may see rewritten destinations is worse than none).
+        let attached = attached.and_then(|a| {
+            record.attachment = a;
+            let checked = self.check_order(&record);
+            phases.mark("order");
+            checked.map_err(|conflict| AgentError::Order {
+                id: record.id.clone(),
+                conflict: Box::new(conflict),
+            })
+        });
         match attached {
-            Ok(a) => record.attachment = a,
+            Ok(()) => {}
             Err(e) => {
                 let _ = dataplane::detach(&self.pod_link_dir(&record.id));
                 let _ = maps.remove_pod(record.netns_cookie, entries);
@@ -592,7 +622,30 @@ impl Agent {
         for (dir, programs) in self.links_of(&record) {
             dataplane::links_in_force(&dir, programs).map_err(not_in_force)?;
         }
+        self.check_order(&record)
+            .map_err(|conflict| not_in_force(conflict.to_string()))?;
         Ok(record)
+    }
+
+    /// Where a redirected pod's programs run among other tenants' programs on the same hooks
+    /// ([`order`]): `Ok` when ours run first on every hook of its cgroup attachment and of its
+    /// network namespace, and every program that runs above its cgroup still runs for it.
+    pub fn check_order(&self, record: &PodRecord) -> Result<(), Conflict> {
+        let Some(cgroup) = record.attachment.cgroup() else {
+            return Ok(());
+        };
+        let dirs = self.links_of(record);
+        let ours = Ours::in_dirs(dirs.iter().map(|(d, _)| d.as_path()));
+        order::check_cgroup(cgroup, &ours)?;
+        let ns = std::fs::File::open(&record.netns).map_err(|source| Conflict::Query {
+            hook: names::Hook::SkLookup,
+            target: record.netns.clone(),
+            source,
+        })?;
+        let shared_netns = self
+            .registry
+            .other_redirected_with_cookie(&record.id, record.netns_cookie);
+        order::check_netns(&ns, &record.netns, &ours, shared_netns)
     }
 
     /// CNI GC: drops every registration whose id is not in `valid`. Returns the dropped ids.

@@ -100,6 +100,9 @@ pub struct Reconciler {
     /// The last failure logged per registration: a pod that cannot be repaired (its cgroup
     /// is being removed) is logged once, not at every pass.
     logged: Mutex<HashMap<String, String>>,
+    /// The pods whose programs do not run first (or switch another tenant off), with the
+    /// conflict last reported for each ([`crate::dataplane::order`]).
+    conflicts: Mutex<HashMap<String, String>>,
     /// The last pod the previous pass verified.
     cursor: Mutex<Option<String>>,
     pods_per_pass: usize,
@@ -121,6 +124,7 @@ impl Reconciler {
             passes: AtomicU64::new(0),
             problem: Mutex::new(None),
             logged: Mutex::new(HashMap::new()),
+            conflicts: Mutex::new(HashMap::new()),
             cursor: Mutex::new(None),
             pods_per_pass: PODS_PER_PASS,
         }
@@ -149,6 +153,15 @@ impl Reconciler {
     /// Whole passes done.
     pub fn passes(&self) -> u64 {
         self.passes.load(Ordering::Relaxed)
+    }
+
+    /// Pods whose programs were found, at their last check, not to run first or to switch
+    /// another tenant's program off.
+    pub fn order_conflicts(&self) -> usize {
+        self.conflicts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     /// Why the data plane cannot be restored, while it cannot.
@@ -204,6 +217,10 @@ impl Reconciler {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|id, _| self.agent.is_registered(id));
+        self.conflicts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| self.agent.is_registered(id));
         // A bounded share of the pods, continuing where the last pass stopped: on a node of
         // 10,000 pods a whole pass every interval would keep a core busy and the maps lock
         // contended for the ADDs.
@@ -226,6 +243,12 @@ impl Reconciler {
             Ok((record, repairs)) => {
                 logged.remove(id);
                 self.count(record.as_ref(), &repairs);
+                drop(logged);
+                if let Some(record) =
+                    record.filter(|r| r.redirected() && netns::still_exists(&r.netns, r.netns_ino))
+                {
+                    self.check_order(&record);
+                }
                 repairs
             }
             Err(e) => {
@@ -236,6 +259,45 @@ impl Reconciler {
                     logged.insert(id.into(), message);
                 }
                 Vec::new()
+            }
+        }
+    }
+}
+
+impl Reconciler {
+    /// Reads where a running pod's programs are among other tenants' ([`Agent::check_order`])
+    /// and reports a change: a conflict at error level (once, until it changes), its end at
+    /// info level. Nothing is detached: the pod keeps whatever redirection it has, and
+    /// `linkerd_cni_agent_order_conflicts` counts it.
+    fn check_order(&self, record: &PodRecord) {
+        let found = self.agent.check_order(record).err().map(|c| c.to_string());
+        let mut conflicts = self.conflicts.lock().unwrap_or_else(|p| p.into_inner());
+        let (namespace, pod) = record
+            .pod
+            .as_ref()
+            .map_or(("", ""), |p| (p.namespace.as_str(), p.name.as_str()));
+        match found {
+            Some(why) if conflicts.get(&record.id) != Some(&why) => {
+                tracing::error!(
+                    container = record.id.as_str(),
+                    namespace,
+                    pod,
+                    conflict = %why,
+                    "another program runs before ours or no longer runs for this meshed pod: \
+                     its proxy may not see original destinations"
+                );
+                conflicts.insert(record.id.clone(), why);
+            }
+            Some(_) => {}
+            None => {
+                if conflicts.remove(&record.id).is_some() {
+                    tracing::info!(
+                        container = record.id.as_str(),
+                        namespace,
+                        pod,
+                        "our programs run first again for this pod"
+                    );
+                }
             }
         }
     }
@@ -350,7 +412,7 @@ impl Agent {
                 path: cgroup.clone(),
                 source,
             })?;
-            let link = bpf_sys::link_create(prog.as_fd(), &cg, AttachType::of(*hook))
+            let link = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, AttachType::of(*hook))
                 .map_err(attach_err(&cgroup))?;
             (link, kind)
         } else {

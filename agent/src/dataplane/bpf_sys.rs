@@ -30,8 +30,11 @@ const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_PROG_ATTACH: libc::c_long = 8;
+const BPF_PROG_DETACH: libc::c_long = 9;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
@@ -116,6 +119,164 @@ pub fn link_create(prog: impl AsFd, target: impl AsFd, attach: AttachType) -> io
         .put_u32(4, target.as_fd().as_raw_fd() as u32)
         .put_u32(8, attach as u32);
     bpf(BPF_LINK_CREATE, &mut attr).map(owned)
+}
+
+/// `BPF_LINK_CREATE` with `flags` (`BPF_F_BEFORE` and friends, where the kernel orders
+/// links on the target; with no relative program or link, `BPF_F_BEFORE` means first).
+pub fn link_create_flags(
+    prog: impl AsFd,
+    target: impl AsFd,
+    attach: AttachType,
+    flags: u32,
+) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, prog.as_fd().as_raw_fd() as u32)
+        .put_u32(4, target.as_fd().as_raw_fd() as u32)
+        .put_u32(8, attach as u32)
+        .put_u32(12, flags);
+    bpf(BPF_LINK_CREATE, &mut attr).map(owned)
+}
+
+/// Whether this kernel orders links on a cgroup (`BPF_F_BEFORE`, the mprog API on cgroups):
+/// 0 not asked yet, 1 yes, 2 no.
+static CGROUP_LINKS_ORDERED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// `BPF_LINK_CREATE` of a cgroup program, first among the cgroup's own programs of that hook
+/// (`BPF_F_BEFORE`) where the kernel orders cgroup links, else last (the kernel's order before
+/// that). Asked of the kernel at the first link: `EINVAL` for the flag means no.
+pub fn cgroup_link_create(
+    prog: impl AsFd,
+    cgroup: impl AsFd,
+    attach: AttachType,
+) -> io::Result<OwnedFd> {
+    use std::sync::atomic::Ordering;
+    if CGROUP_LINKS_ORDERED.load(Ordering::Relaxed) != 2 {
+        match link_create_flags(prog.as_fd(), cgroup.as_fd(), attach, F_BEFORE) {
+            Ok(link) => {
+                CGROUP_LINKS_ORDERED.store(1, Ordering::Relaxed);
+                return Ok(link);
+            }
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINVAL)
+                    && CGROUP_LINKS_ORDERED.load(Ordering::Relaxed) == 0 =>
+            {
+                CGROUP_LINKS_ORDERED.store(2, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    link_create(prog, cgroup, attach)
+}
+
+/// Whether cgroup links are made first on their cgroup ([`cgroup_link_create`]); `None`
+/// before the first one.
+pub fn cgroup_links_ordered() -> Option<bool> {
+    match CGROUP_LINKS_ORDERED.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Some(true),
+        2 => Some(false),
+        _ => None,
+    }
+}
+
+/// `BPF_F_ALLOW_OVERRIDE`: a descendant may attach its own program, which replaces this one
+/// for the descendant's sockets.
+pub const F_ALLOW_OVERRIDE: u32 = 1;
+/// `BPF_F_ALLOW_MULTI`: a program list; descendants' programs run first, then these.
+pub const F_ALLOW_MULTI: u32 = 2;
+/// `BPF_F_BEFORE`: ordered before a relative program or link (first when none is named).
+pub const F_BEFORE: u32 = 1 << 3;
+/// `BPF_F_PREORDER` (6.15): runs before the programs of descendants, top-down.
+pub const F_PREORDER: u32 = 1 << 6;
+/// `BPF_F_QUERY_EFFECTIVE`.
+const F_QUERY_EFFECTIVE: u32 = 1;
+
+/// `BPF_PROG_ATTACH` (the attachment the kernel keeps without a link) of `prog` to the cgroup
+/// `target` with `flags`. The agent never attaches this way: other tenants do (and the tests'
+/// stand-ins for them).
+pub fn prog_attach(
+    prog: impl AsFd,
+    target: impl AsFd,
+    attach: AttachType,
+    flags: u32,
+) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, target.as_fd().as_raw_fd() as u32)
+        .put_u32(4, prog.as_fd().as_raw_fd() as u32)
+        .put_u32(8, attach as u32)
+        .put_u32(12, flags);
+    bpf(BPF_PROG_ATTACH, &mut attr).map(drop)
+}
+
+/// `BPF_PROG_DETACH` of `prog` from the cgroup `target` (a `BPF_PROG_ATTACH` attachment).
+pub fn prog_detach(prog: impl AsFd, target: impl AsFd, attach: AttachType) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, target.as_fd().as_raw_fd() as u32)
+        .put_u32(4, prog.as_fd().as_raw_fd() as u32)
+        .put_u32(8, attach as u32);
+    bpf(BPF_PROG_DETACH, &mut attr).map(drop)
+}
+
+/// What `BPF_PROG_QUERY` says about one hook of a cgroup or netns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Query {
+    /// The cgroup's attach flags for the hook (0 for an effective query, and for netns).
+    pub flags: u32,
+    /// Program ids: the target's own in attach order, or (effective) the run order.
+    pub ids: Vec<u32>,
+    /// Attach flags per program, parallel to `ids` (the kernel reports the cgroup's flags for
+    /// each, not the program's own `BPF_F_PREORDER`); empty when the kernel does not report
+    /// them (before 6.0, and for effective queries).
+    pub prog_flags: Vec<u32>,
+}
+
+/// `BPF_PROG_QUERY` of `attach` on `target` (a cgroup or a netns): with `effective`, the
+/// programs that run for the target's sockets, in run order (cgroups only); without, the
+/// target's own programs with their flags.
+pub fn prog_query(target: impl AsFd, attach: AttachType, effective: bool) -> io::Result<Query> {
+    let target = target.as_fd().as_raw_fd() as u32;
+    let mut cap = 16usize;
+    loop {
+        let mut ids = vec![0u32; cap];
+        let mut prog_flags = vec![0u32; cap];
+        let query = |with_flags: bool, ids: &mut [u32], prog_flags: &mut [u32]| {
+            let mut attr = Attr::new();
+            attr.put_u32(0, target)
+                .put_u32(4, attach as u32)
+                .put_u32(8, if effective { F_QUERY_EFFECTIVE } else { 0 })
+                .put_u64(16, ids.as_mut_ptr() as u64)
+                .put_u32(24, ids.len() as u32);
+            if with_flags {
+                attr.put_u64(32, prog_flags.as_mut_ptr() as u64);
+            }
+            let res = bpf(BPF_PROG_QUERY, &mut attr);
+            let u32_at = |o: usize| {
+                u32::from_ne_bytes([attr.0[o], attr.0[o + 1], attr.0[o + 2], attr.0[o + 3]])
+            };
+            res.map(|_| (u32_at(12), u32_at(24) as usize))
+        };
+        // Per-program flags where the kernel has them (netns and effective queries refuse them).
+        let with_flags = !effective && attach != AttachType::SkLookup;
+        let res = match query(with_flags, &mut ids, &mut prog_flags) {
+            Err(e) if with_flags && e.raw_os_error() == Some(libc::EINVAL) => {
+                query(false, &mut ids, &mut prog_flags).map(|r| (r, false))
+            }
+            r => r.map(|r| (r, with_flags)),
+        };
+        match res {
+            Ok(((flags, count), got_flags)) if count <= cap => {
+                ids.truncate(count);
+                prog_flags.truncate(if got_flags { count } else { 0 });
+                return Ok(Query {
+                    flags,
+                    ids,
+                    prog_flags,
+                });
+            }
+            Ok(((_, count), _)) => cap = count,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => cap *= 4,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// `BPF_LINK_CREATE` for an iterator program (`BPF_TRACE_ITER`, no target, no parameters):
@@ -498,6 +659,21 @@ pub fn prog_by_id(id: u32) -> io::Result<OwnedFd> {
 
 /// The name a program was loaded with (`struct bpf_prog_info`'s `name`, at most 15 bytes).
 pub fn prog_name(prog: impl AsFd) -> io::Result<String> {
+    prog_info(prog).map(|i| i.name)
+}
+
+/// What the kernel says about a program (`struct bpf_prog_info`, the part used here).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProgInfo {
+    /// `enum bpf_prog_type`.
+    pub prog_type: u32,
+    pub id: u32,
+    /// The name it was loaded with (at most 15 bytes).
+    pub name: String,
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` on a program.
+pub fn prog_info(prog: impl AsFd) -> io::Result<ProgInfo> {
     #[repr(C, align(8))]
     struct Raw([u8; 80]);
     let mut raw = Raw([0; 80]);
@@ -506,9 +682,15 @@ pub fn prog_name(prog: impl AsFd) -> io::Result<String> {
         .put_u32(4, 80)
         .put_u64(8, raw.0.as_mut_ptr() as u64);
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let u32_at =
+        |o: usize| u32::from_ne_bytes([raw.0[o], raw.0[o + 1], raw.0[o + 2], raw.0[o + 3]]);
     let name = &raw.0[64..80];
     let len = name.iter().position(|b| *b == 0).unwrap_or(name.len());
-    Ok(String::from_utf8_lossy(&name[..len]).into_owned())
+    Ok(ProgInfo {
+        prog_type: u32_at(0),
+        id: u32_at(4),
+        name: String::from_utf8_lossy(&name[..len]).into_owned(),
+    })
 }
 
 /// Programs whose last reference may be dropped before [`pace_program_frees`] pauses.

@@ -25,6 +25,7 @@ pub mod layout;
 pub mod limits;
 pub mod maps;
 pub mod maps_lock;
+pub mod order;
 
 use std::{
     fs, io,
@@ -87,6 +88,12 @@ pub enum DataplaneError {
     /// The cgroup could not be opened.
     #[error("opening cgroup {path}: {source}")]
     Cgroup { path: PathBuf, source: io::Error },
+    /// Another tenant's program is in the way (named, with what to change).
+    #[error("attaching to {}: {conflict}", path.display())]
+    Order {
+        path: PathBuf,
+        conflict: Box<order::Conflict>,
+    },
     /// Attaching failed; `hint` explains the usual cause.
     #[error("attaching {program} to {path}: {source}{hint}")]
     Attach {
@@ -431,14 +438,25 @@ impl Dataplane {
                 continue;
             }
             let attach = AttachType::of(hook);
-            let link = bpf_sys::link_create(self.prog_fd(name)?, &cg, attach).map_err(|source| {
-                let hint = if source.raw_os_error() == Some(libc::EPERM) {
-                    " (an exclusive, non-multi program of this type is attached to this cgroup or an ancestor; \
-                     detach it or attach it with BPF_F_ALLOW_MULTI)"
-                } else {
-                    ""
-                };
-                DataplaneError::Attach { program: name, path: cgroup.into(), source, hint }
+            let link = bpf_sys::cgroup_link_create(self.prog_fd(name)?, &cg, attach).map_err(|source| {
+                let eperm = source.raw_os_error() == Some(libc::EPERM);
+                // The program in the way, named from the attach flags of the cgroup and its
+                // ancestors.
+                match eperm.then(|| order::exclusive_above(cgroup, hook)).flatten() {
+                    Some(tenant) => DataplaneError::Order {
+                        path: cgroup.into(),
+                        conflict: Box::new(order::Conflict::Exclusive { tenant }),
+                    },
+                    None => {
+                        let hint = if eperm {
+                            " (an exclusive, non-multi program of this type is attached to this cgroup or an ancestor; \
+                             detach it or attach it with BPF_F_ALLOW_MULTI)"
+                        } else {
+                            ""
+                        };
+                        DataplaneError::Attach { program: name, path: cgroup.into(), source, hint }
+                    }
+                }
             })?;
             pin_new(link.as_fd(), &link_dir.join(name))?;
         }

@@ -50,6 +50,20 @@ pub fn candidates_for_uid(uid: &str) -> Vec<PathBuf> {
     out
 }
 
+/// kubelet's cgroup of every pod under `root` (the cgroup2 mount): `kubepods.slice` (systemd
+/// driver) or `kubepods` (cgroupfs driver), whichever exists; `None` when neither or both do.
+pub fn kubepods(root: &Path) -> Option<PathBuf> {
+    let found: Vec<PathBuf> = ["kubepods.slice", "kubepods"]
+        .iter()
+        .map(|d| root.join(d))
+        .filter(|p| p.is_dir())
+        .collect();
+    match found.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    }
+}
+
 /// Resolves the pod's cgroup under `root` (the cgroup2 mount): the runtime's hint first, then
 /// the pod UID. `None` means no per-pod cgroup v2 exists (the shared attachment applies).
 pub fn resolve(root: &Path, hint: Option<&str>, pod_uid: Option<&str>) -> Option<PathBuf> {
@@ -121,6 +135,10 @@ mod tests {
         );
         assert_eq!(resolve(&root, Some("/missing"), Some("cccc")), None);
         assert_eq!(resolve(&root, None, Some("../x")), None);
+        // Both layouts at once: no single cgroup holds every pod.
+        assert_eq!(kubepods(&root), None);
+        std::fs::remove_dir_all(root.join("kubepods.slice")).unwrap();
+        assert_eq!(kubepods(&root), Some(root.join("kubepods")));
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -128,6 +128,10 @@ impl Health {
                 kind.label()
             ));
         }
+        out.push_str(&format!(
+            "# HELP linkerd_cni_agent_order_conflicts Meshed pods whose programs were found, at their last check, not to run first on a hook, or to keep another tenant's program from running (see the agent's log).\n# TYPE linkerd_cni_agent_order_conflicts gauge\nlinkerd_cni_agent_order_conflicts {}\n",
+            self.reconciler.order_conflicts()
+        ));
         out.push_str(&self.server.adopter.metrics());
         counter(
             &mut out,
