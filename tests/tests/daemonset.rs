@@ -25,7 +25,7 @@
 //! Run: `cargo test -p linkerd-cni-tests --test daemonset -- --test-threads=1`
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -36,6 +36,7 @@ use linkerd_cni_common::paths;
 use linkerd_cni_tests::{
     EchoServer, Placement,
     client::{Options, Report, run_client},
+    layout,
     names::TempDir,
     node::{
         ContainerSpec, CriNode, CriNodeOptions, NODE_NAME, PodSpec, Sandbox, group_object_path,
@@ -1311,58 +1312,6 @@ fn node_files(node: &CriNode) -> NodeFiles {
     }
 }
 
-/// The ids of every program, map and link pinned under the node's pin root (the programs
-/// of the links included: the pods' inbound stubs are pinned only through their links).
-fn our_bpf_objects(node: &CriNode) -> BTreeMap<&'static str, Vec<u32>> {
-    use linkerd_cni_agent::dataplane::bpf_sys;
-    let pin_root = node.pin_root();
-    let mut ids: BTreeMap<&'static str, Vec<u32>> = BTreeMap::new();
-    for rel in tree(&pin_root).expect("the pin root exists") {
-        let path = pin_root.join(&rel);
-        if path.is_dir() {
-            continue;
-        }
-        let fd = bpf_sys::obj_get(&path).unwrap_or_else(|e| panic!("{rel}: {e}"));
-        let id = bpf_sys::obj_id(&fd).unwrap_or_else(|e| panic!("{rel}: {e}"));
-        let kind = match rel.split('/').next() {
-            Some(paths::PIN_MAPS | paths::PIN_NEXT) => "map",
-            Some(paths::PIN_PROGS) => "prog",
-            _ => {
-                let info = bpf_sys::link_info(&fd).unwrap_or_else(|e| panic!("{rel}: {e}"));
-                ids.entry("prog").or_default().push(info.prog_id);
-                "link"
-            }
-        };
-        ids.entry(kind).or_default().push(id);
-    }
-    for v in ids.values_mut() {
-        v.sort_unstable();
-        v.dedup();
-    }
-    ids
-}
-
-/// Which of `ours` `bpftool <kind> show` still lists.
-fn still_loaded(ours: &BTreeMap<&'static str, Vec<u32>>) -> Vec<String> {
-    let mut left = Vec::new();
-    for (kind, ids) in ours {
-        let out = std::process::Command::new("bpftool")
-            .args(["-j", kind, "show"])
-            .output()
-            .expect("run bpftool");
-        assert!(out.status.success(), "bpftool {kind} show: {out:?}");
-        let listed: Vec<Value> = serde_json::from_slice(&out.stdout).expect("bpftool json");
-        for o in listed {
-            if let Some(id) = o["id"].as_u64()
-                && ids.contains(&(id as u32))
-            {
-                left.push(format!("{kind} {id} ({})", o["name"]));
-            }
-        }
-    }
-    left
-}
-
 /// Issue 37: an uninstall leaves the node as it was before the install, even when the last
 /// agent was SIGKILLed (no SIGTERM, so nothing of its own clean-up ran): the manifests
 /// rendered with `uninstall.enabled=true` run the clean-up DaemonSet's pod; its init
@@ -1412,12 +1361,16 @@ fn uninstall_after_a_sigkilled_agent_leaves_the_node_as_before() {
     let plain = start_app(&node, &PodSpec::unmeshed("shop", "plain"), false);
     assert_redirected(&node, &meshed, &server, "installed");
     assert_direct(&node, &plain, &server, "installed");
-    let ours = our_bpf_objects(&node);
+    let ours = ok(
+        &node,
+        "the pinned objects",
+        layout::pinned_objects(&node.pin_root()),
+    );
     assert!(ours.get("link").is_some_and(|l| !l.is_empty()), "{ours:?}");
     // The positive control of the check below: bpftool lists each of them now.
     assert_eq!(
-        still_loaded(&ours).len(),
-        ours.values().map(Vec::len).sum::<usize>(),
+        ok(&node, "bpftool", layout::still_loaded(&ours)).len(),
+        ours.values().map(BTreeSet::len).sum::<usize>(),
         "{ours:?}"
     );
 
@@ -1504,7 +1457,7 @@ fn uninstall_after_a_sigkilled_agent_leaves_the_node_as_before() {
     assert_direct(&node, &plain, &server, "after the uninstall");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let left = still_loaded(&ours);
+        let left = ok(&node, "bpftool", layout::still_loaded(&ours));
         if left.is_empty() {
             break;
         }
