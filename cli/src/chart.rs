@@ -54,6 +54,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         "daemonset.yaml",
         include_str!("../../deploy/charts/linkerd2-cni/templates/daemonset.yaml"),
     ),
+    (
+        "uninstall.yaml",
+        include_str!("../../deploy/charts/linkerd2-cni/templates/uninstall.yaml"),
+    ),
 ];
 
 /// Why the chart could not be rendered.

@@ -44,6 +44,13 @@ fn value_sets() -> Vec<(String, Vec<String>)> {
             "--set",
             "destCNIBinDir=/etc/kubernetes/cni/net.d,destCNINetDir=/etc/kubernetes/cni/net.d",
         ],
+        // The uninstall's clean-up DaemonSet, privileged or not, with one CNI dir or two.
+        ["--set", "uninstall.enabled=true"],
+        [
+            "--set",
+            "uninstall.enabled=true,uninstall.keepPlugin=true,agent.mountBpffs=false,\
+             destCNIBinDir=/etc/kubernetes/cni/net.d,destCNINetDir=/etc/kubernetes/cni/net.d",
+        ],
     ] {
         sets.push((set.join(" "), set.iter().map(|s| s.to_string()).collect()));
     }
@@ -203,7 +210,16 @@ fn helm_in_another_namespace_puts_everything_there() {
                 "DaemonSet/linkerd-cni/spec/template/spec/serviceAccountName",
                 "linkerd-cni",
             ),
+            (
+                "DaemonSet/linkerd-cni-uninstall/metadata/namespace",
+                OTHER_NS,
+            ),
         ] {
+            // `uninstall.enabled` renders the clean-up DaemonSet instead of the agent's.
+            let uninstall = what.contains("uninstall.enabled=true");
+            if path.starts_with("DaemonSet/") && uninstall != path.contains("-uninstall/") {
+                continue;
+            }
             assert_eq!(all.get(path), Some(&json!(want)), "{what}: {path}");
         }
 

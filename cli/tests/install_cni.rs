@@ -1020,6 +1020,17 @@ fn kubernetes_validate_strict() {
             "linkerd-values",
             String::from_utf8(linkerd_values_render().stdout).expect("UTF-8"),
         ),
+        (
+            "uninstall",
+            install_cni(&["--set", "uninstall.enabled=true"], &[]),
+        ),
+        (
+            "uninstall-unprivileged",
+            install_cni(
+                &["--set", "uninstall.enabled=true,agent.mountBpffs=false"],
+                &[],
+            ),
+        ),
     ];
     for (name, yaml) in &renders {
         for (k, obj) in objects(yaml) {

@@ -11,7 +11,7 @@
 //! the pod in the registry, as that agent did on CNI ADD.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
     path::{Path, PathBuf},
 };
@@ -243,6 +243,47 @@ pub fn pinned_ids(pin_root: &Path) -> Result<BTreeMap<PathBuf, (u32, Option<u32>
         }
     }
     Ok(out)
+}
+
+/// The kernel ids of everything pinned under `pin_root` by kind, as `bpftool` names them
+/// (`prog`, `map`, `link`): the programs the links run included (a pod's inbound stub is
+/// pinned only through its link).
+pub fn pinned_objects(pin_root: &Path) -> Result<BTreeMap<&'static str, BTreeSet<u32>>> {
+    let mut out: BTreeMap<&'static str, BTreeSet<u32>> = BTreeMap::new();
+    for (path, (id, prog)) in pinned_ids(pin_root)? {
+        let kind = if path.starts_with(pin_root.join(paths::PIN_PROGS)) {
+            "prog"
+        } else if prog.is_some() {
+            "link"
+        } else {
+            "map"
+        };
+        out.entry(kind).or_default().insert(id);
+        if let Some(prog) = prog {
+            out.entry("prog").or_default().insert(prog);
+        }
+    }
+    Ok(out)
+}
+
+/// Which of `objects` (from [`pinned_objects`]) `bpftool <kind> show` still lists, each as
+/// "<kind> <id> (<name>)".
+pub fn still_loaded(objects: &BTreeMap<&'static str, BTreeSet<u32>>) -> Result<Vec<String>> {
+    let mut left = Vec::new();
+    for (kind, ids) in objects {
+        let out =
+            crate::names::run(std::process::Command::new("bpftool").args(["-j", kind, "show"]))?;
+        let listed: Vec<serde_json::Value> =
+            serde_json::from_str(&out).map_err(|e| other(format!("bpftool {kind} show"), e))?;
+        for o in listed {
+            if let Some(id) = o["id"].as_u64().and_then(|id| u32::try_from(id).ok())
+                && ids.contains(&id)
+            {
+                left.push(format!("{kind} {id} ({})", o["name"]));
+            }
+        }
+    }
+    Ok(left)
 }
 
 /// The program each pinned link under `pin_root` runs: link pin → program id.

@@ -25,9 +25,9 @@
 //! Run: `cargo test -p linkerd-cni-tests --test daemonset -- --test-threads=1`
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
-    path::Path,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -36,6 +36,7 @@ use linkerd_cni_common::paths;
 use linkerd_cni_tests::{
     EchoServer, Placement,
     client::{Options, Report, run_client},
+    layout,
     names::TempDir,
     node::{
         ContainerSpec, CriNode, CriNodeOptions, NODE_NAME, PodSpec, Sandbox, group_object_path,
@@ -1238,4 +1239,250 @@ fn host_mounted_bpffs_leaves_nothing_privileged() {
         node.pin_root().join(paths::PIN_MAPS).is_dir(),
         "pinned on the host's bpffs again"
     );
+}
+
+/// What of linkerd-cni's a node can hold, compared before the install and after the
+/// uninstall: the conflists (name and content), the CNI bin dir (names and sizes), the
+/// agent's `/run` directory, what is mounted at the node's bpffs path and what it holds, and
+/// the programs attached directly to the cgroup2 root (where the shared attachment goes).
+#[derive(Debug, PartialEq, Eq)]
+struct NodeFiles {
+    conflists: BTreeMap<String, String>,
+    cni_bin: BTreeMap<String, u64>,
+    run_dir: Option<Vec<String>>,
+    bpffs: (Option<String>, Option<Vec<String>>),
+    cgroup_root_programs: String,
+}
+
+/// Every path below `dir`, relative to it, sorted; `None` when `dir` does not exist.
+fn tree(dir: &Path) -> Option<Vec<String>> {
+    fn walk(dir: &Path, base: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(base).unwrap_or(&p).display().to_string());
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&p, base, out);
+            }
+        }
+    }
+    dir.is_dir().then(|| {
+        let mut out = Vec::new();
+        walk(dir, dir, &mut out);
+        out.sort();
+        out
+    })
+}
+
+fn node_files(node: &CriNode) -> NodeFiles {
+    let root = node.root().expect("own root");
+    let read = |dir: PathBuf| -> Vec<(String, std::fs::Metadata, PathBuf)> {
+        std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+            .flatten()
+            .map(|e| {
+                let meta = e.metadata().expect("metadata");
+                (e.file_name().to_string_lossy().into_owned(), meta, e.path())
+            })
+            .collect()
+    };
+    let conflists = read(node.cni_conf_dir())
+        .into_iter()
+        .map(|(name, _, path)| (name, std::fs::read_to_string(path).unwrap_or_default()))
+        .collect();
+    let cni_bin = read(node.cni_bin_dir())
+        .into_iter()
+        .map(|(name, meta, _)| (name, meta.len()))
+        .collect();
+    let cgroup2 = linkerd_cni_tests::cgroup::cgroup2_root().expect("cgroup2 root");
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "cgroup", "show"])
+        .arg(&cgroup2)
+        .output()
+        .expect("run bpftool");
+    assert!(out.status.success(), "bpftool cgroup show: {out:?}");
+    NodeFiles {
+        conflists,
+        cni_bin,
+        run_dir: tree(&node.node_path("/run/linkerd-cni")),
+        bpffs: (
+            root.fstype_at(paths::BPFFS),
+            tree(&node.node_path(paths::BPFFS)),
+        ),
+        cgroup_root_programs: String::from_utf8_lossy(&out.stdout).into_owned(),
+    }
+}
+
+/// Issue 37: an uninstall leaves the node as it was before the install, even when the last
+/// agent was SIGKILLed (no SIGTERM, so nothing of its own clean-up ran): the manifests
+/// rendered with `uninstall.enabled=true` run the clean-up DaemonSet's pod; its init
+/// container takes the plugin out of the conflist at once but leaves a still-running meshed
+/// pod its redirection (real traffic through its proxy) until the pod ends, then removes the
+/// rest. Compared with the node before the install: conflists, CNI bin dir,
+/// `/run/linkerd-cni`, bpffs (mount and contents) and the cgroup2 root's programs; and
+/// `bpftool prog/map/link show` lists none of the objects that were pinned.
+#[test]
+fn uninstall_after_a_sigkilled_agent_leaves_the_node_as_before() {
+    let work = TempDir::new().expect("scratch directory");
+    let install = render_install(Renderer::Cli, work.path());
+    let objects = render::render(
+        Renderer::Helm,
+        &format!("{VALUES}uninstall:\n  enabled: true\n"),
+        &work.path().join("uninstall"),
+    )
+    .unwrap_or_else(|e| panic!("rendering the uninstall: {e}"));
+    assert!(
+        render::find(&objects, "DaemonSet", "linkerd-cni").is_err(),
+        "uninstall.enabled renders no agent DaemonSet"
+    );
+    let uninstall = Install {
+        daemonset: render::find(&objects, "DaemonSet", "linkerd-cni-uninstall")
+            .expect("the clean-up DaemonSet")
+            .clone(),
+        objects,
+        image: install.image.clone(),
+    };
+    let node = start_node(&install, work.path());
+    let server = ok(
+        &node,
+        "echo server on the node",
+        EchoServer::bind_in(
+            node.netns(),
+            SocketAddr::from(([0, 0, 0, 0], SERVER_PORT)),
+            "node",
+        ),
+    );
+    let before = node_files(&node);
+    assert_eq!(before.run_dir, None, "{before:?}");
+
+    // Installed; a meshed and an unmeshed pod.
+    let (_, plan) = plan_pod(&node, &install, "u0001");
+    let (mut pod, _) = run_agent_pod(&node, plan);
+    let meshed = start_app(&node, &PodSpec::meshed("shop", "web"), true);
+    let plain = start_app(&node, &PodSpec::unmeshed("shop", "plain"), false);
+    assert_redirected(&node, &meshed, &server, "installed");
+    assert_direct(&node, &plain, &server, "installed");
+    let ours = ok(
+        &node,
+        "the pinned objects",
+        layout::pinned_objects(&node.pin_root()),
+    );
+    assert!(ours.get("link").is_some_and(|l| !l.is_empty()), "{ours:?}");
+    // The positive control of the check below: bpftool lists each of them now.
+    assert_eq!(
+        ok(&node, "bpftool", layout::still_loaded(&ours)).len(),
+        ours.values().map(BTreeSet::len).sum::<usize>(),
+        "{ours:?}"
+    );
+
+    // The agent is SIGKILLed, then its DaemonSet deleted: nothing of the SIGTERM path runs.
+    let agent = pod
+        .container(AGENT_CONTAINER)
+        .expect("the agent container")
+        .id
+        .clone();
+    let pid = ok(&node, "the agent's pid", node.container_pid(&agent));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL the agent");
+    let deadline = Instant::now() + READY_GUARD;
+    while node
+        .container_status(&agent)
+        .is_ok_and(|s| s.state != k8s_cri::v1::ContainerState::ContainerExited as i32)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the agent container never exited"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let api = node.api_server().expect("API server");
+    api.remove_route(&group_object_path(&install.daemonset).expect("DaemonSet path"));
+    ok(
+        &node,
+        "removing the agent's pod",
+        node.stop_kubelet_pod(&mut pod),
+    );
+    assert_eq!(
+        chain(&node),
+        ["bridge", "linkerd-cni"],
+        "a SIGKILLed agent left the plugin in the conflist"
+    );
+    assert_redirected(&node, &meshed, &server, "agent SIGKILLed");
+
+    // The clean-up DaemonSet's pod: its init container runs while the meshed pod runs.
+    let (_, plan) = plan_pod(&node, &uninstall, "v0001");
+    let mut cleanup = std::thread::scope(|s| {
+        let running = s.spawn(|| node.run_kubelet_pod(plan));
+        let deadline = Instant::now() + READY_GUARD;
+        while chain(&node) != ["bridge"] {
+            assert!(
+                Instant::now() < deadline && !running.is_finished(),
+                "the plugin never left the conflist: {:?}",
+                chain(&node)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(!plugin_installed(&node), "the plugin binary went at once");
+        // The meshed pod keeps its redirection while it runs, however long.
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(
+            !running.is_finished(),
+            "the clean-up waits for the meshed pod"
+        );
+        assert!(node.pin_root().join(paths::PIN_PROGS).is_dir(), "pins kept");
+        assert_redirected(&node, &meshed, &server, "during the uninstall");
+        assert_inbound_redirected(&node, &meshed, "during the uninstall");
+        // The pod ends (deleted: its sandbox stopped and removed).
+        ok(
+            &node,
+            "stopping the meshed pod",
+            node.stop_pod(&meshed.sandbox),
+        );
+        ok(
+            &node,
+            "removing the meshed pod",
+            node.remove_pod(&meshed.sandbox),
+        );
+        running
+            .join()
+            .expect("the clean-up thread")
+            .unwrap_or_else(|e| panic!("the clean-up pod: {e}\n{}", node.diagnostics()))
+    });
+    println!(
+        "daemonset: uninstall init container:\n{}",
+        cleanup.logs("uninstall")
+    );
+    assert_direct(&node, &plain, &server, "after the uninstall");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = ok(&node, "bpftool", layout::still_loaded(&ours));
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bpftool still lists what was pinned: {left:?}\n{}",
+            cleanup.logs("uninstall")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        node_files(&node),
+        before,
+        "the node after the uninstall, as before the install\n{}",
+        cleanup.logs("uninstall")
+    );
+    // The clean-up pod's own stop and removal leave nothing either.
+    let exits = ok(
+        &node,
+        "removing the clean-up pod",
+        node.stop_kubelet_pod(&mut cleanup),
+    );
+    assert!(
+        exits.iter().all(|e| e.exit_code == 0),
+        "the clean-up pod exits cleanly on SIGTERM: {exits:?}"
+    );
+    assert_eq!(node_files(&node), before, "after the clean-up pod is gone");
 }

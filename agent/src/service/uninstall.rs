@@ -8,10 +8,11 @@
 //! 2. the plugin leaves the node (unless `keep_plugin`): its entry in every conflist, its
 //!    kubeconfig and its binary, as the installer removes them (new meshed pods then start as
 //!    the control plane injected them, without us);
-//! 3. the pinned links of pods that have ended are removed: a pod's link directory whose links
-//!    the kernel reports detached from everything (its network namespace, and its cgroup when
-//!    it had its own, are gone). The kernel's view, not the registry's paths: a mount missing
-//!    from this container can never make a running pod look ended;
+//! 3. the pinned links of pods that have ended are removed: a pod whose inbound link the kernel
+//!    reports detached (it detaches it when it destroys the pod's network namespace). The
+//!    kernel's view, not the registry's paths: a mount missing from this container can never
+//!    make a running pod look ended. (An inbound link detached by hand, `bpftool link detach`,
+//!    while no agent runs to repair it, is taken for an ended pod);
 //! 4. while any pod's link still acts on a running pod, everything else stays: that pod keeps
 //!    its redirection (and the maps and programs it runs) until it ends, so its traffic never
 //!    goes past its proxy. The pass reports those pods;
@@ -28,7 +29,7 @@ use std::{
     time::Duration,
 };
 
-use linkerd_cni_common::paths;
+use linkerd_cni_common::{names, paths};
 
 use crate::{
     agent::{pod_link_dir, registry::Registry},
@@ -83,8 +84,12 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Uninstal
 }
 
 /// The directory `mount-bpffs` creates in a bpffs it mounted itself: the uninstall unmounts
-/// only such a bpffs (never one the host mounted), and only once it holds nothing else.
-pub const MOUNTED_MARKER: &str = ".linkerd-cni-mounted";
+/// only such a bpffs (never one the host mounted), and only once it holds nothing else. (bpffs
+/// refuses names that start with a dot.)
+pub const MOUNTED_MARKER: &str = "linkerd-cni-mounted";
+
+/// What the kernel puts in every bpffs it mounts (`bpf_preload`'s iterators), not a user of it.
+const KERNEL_ENTRIES: [&str; 2] = ["maps.debug", "progs.debug"];
 
 /// One pass (see the module's documentation).
 pub fn pass(opts: &Options) -> Result<Outcome, UninstallError> {
@@ -137,8 +142,12 @@ fn remove_ended_pods(opts: &Options) -> Result<Vec<String>, UninstallError> {
     if running.is_empty() {
         return Ok(Vec::new());
     }
-    // Named from the registry where it knows them.
-    let names: std::collections::HashMap<PathBuf, String> = Registry::open(&opts.state_dir)
+    // Named from the registry where it knows them (never made here: `open` would create it).
+    let registry = match opts.state_dir.is_dir() {
+        true => Registry::open(&opts.state_dir).ok(),
+        false => None,
+    };
+    let names: std::collections::HashMap<PathBuf, String> = registry
         .map(|r| {
             r.map_each(|rec| {
                 let name = rec
@@ -162,16 +171,25 @@ fn remove_ended_pods(opts: &Options) -> Result<Vec<String>, UninstallError> {
         .collect())
 }
 
-/// Whether any link pinned in `dir` is still attached: to a network namespace that exists, or
-/// to a cgroup that exists. An error (no `CAP_BPF`, say) is reported, never taken as "ended".
+/// Whether the pod whose links are pinned in `dir` still runs, as the kernel says: its
+/// inbound (netns) link is still attached, i.e. its network namespace exists (the kernel
+/// detaches that link when it destroys the namespace, which it does only once no process of
+/// the pod is left in it). Its cgroup links may outlive it (a pod cgroup is removed after the
+/// pod). Without an inbound link (a registration cut short), any attached link counts. An
+/// error (no `CAP_BPF`, say) is reported, never taken for "ended".
 fn acts_on_a_running_pod(dir: &Path) -> io::Result<bool> {
+    let attached = |path: &Path| -> io::Result<Option<bool>> {
+        match bpf_sys::obj_get(path) {
+            Ok(link) => Ok(Some(bpf_sys::link_info(&link)?.target != 0)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    if let Some(attached) = attached(&dir.join(names::PROG_SK_LOOKUP))? {
+        return Ok(attached);
+    }
     for entry in fs::read_dir(dir)? {
-        let link = match bpf_sys::obj_get(&entry?.path()) {
-            Ok(link) => link,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        if bpf_sys::link_info(&link)?.target != 0 {
+        if attached(&entry?.path())? == Some(true) {
             return Ok(true);
         }
     }
@@ -202,13 +220,16 @@ fn remove_dir_all_if_exists(dir: &Path) -> io::Result<()> {
 /// holds nothing but the marker.
 fn unmount_own_bpffs(bpffs: &Path) -> Result<(), UninstallError> {
     let marker = bpffs.join(MOUNTED_MARKER);
-    if !marker.is_dir() {
+    if !marker.is_dir() || !crate::host::kernel::on_bpffs(bpffs).unwrap_or(false) {
         return Ok(());
     }
     let others = fs::read_dir(bpffs)
         .map_err(io_err("reading", bpffs))?
         .flatten()
-        .any(|e| e.file_name() != MOUNTED_MARKER);
+        .any(|e| {
+            let name = e.file_name();
+            name != MOUNTED_MARKER && !KERNEL_ENTRIES.iter().any(|k| name == *k)
+        });
     if others {
         tracing::info!(bpffs = %bpffs.display(), "bpffs holds other pins: left mounted");
         return Ok(());
@@ -289,5 +310,59 @@ impl Signals {
         // SAFETY: the set and timespec are valid for the call; no siginfo is asked for.
         let r = unsafe { libc::sigtimedwait(self.0.as_ref(), std::ptr::null_mut(), &ts) };
         r > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node layout in a scratch directory: nothing pinned (no bpf() call is made).
+    fn scratch(name: &str) -> (PathBuf, Options) {
+        let dir = std::env::temp_dir().join(format!("l5d-uninstall-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let run = dir.join("run/linkerd-cni");
+        fs::create_dir_all(run.join("pods")).unwrap();
+        fs::write(run.join("pods/x.json"), "{}").unwrap();
+        let opts = Options {
+            pin_root: dir.join("bpf/linkerd-cni"),
+            state_dir: run.join("pods"),
+            socket: run.join("agent.sock"),
+            bpffs: dir.join("bpf"),
+            installer: None,
+        };
+        fs::create_dir_all(opts.bpffs.join(MOUNTED_MARKER)).unwrap();
+        (dir, opts)
+    }
+
+    #[test]
+    fn nothing_is_touched_while_an_agent_answers_on_the_socket() {
+        let (dir, opts) = scratch("agent");
+        let listener = std::os::unix::net::UnixListener::bind(&opts.socket).unwrap();
+        assert_eq!(pass(&opts).unwrap(), Outcome::AgentRunning);
+        assert!(opts.state_dir.join("x.json").exists() && opts.socket.exists());
+        // A socket nobody serves any more is a dead agent's: the pass goes on.
+        drop(listener);
+        assert_eq!(pass(&opts).unwrap(), Outcome::Clean);
+        assert!(!opts.socket.exists() && !opts.state_dir.exists());
+        assert!(
+            !dir.join("run/linkerd-cni").exists(),
+            "its empty directory goes too"
+        );
+        // Not a bpffs: the marker is not ours to act on, nothing is unmounted.
+        assert!(opts.bpffs.join(MOUNTED_MARKER).is_dir());
+        // A second pass on the clean node changes nothing.
+        assert_eq!(pass(&opts).unwrap(), Outcome::Clean);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_holding_other_files_stays() {
+        let (dir, opts) = scratch("other");
+        fs::write(dir.join("run/linkerd-cni/not-ours"), "").unwrap();
+        assert_eq!(pass(&opts).unwrap(), Outcome::Clean);
+        assert!(!opts.state_dir.exists());
+        assert!(dir.join("run/linkerd-cni/not-ours").exists());
+        fs::remove_dir_all(&dir).unwrap();
     }
 }
