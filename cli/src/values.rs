@@ -527,6 +527,8 @@ pub struct Resource {
 #[derive(Clone, Debug)]
 pub struct Agent {
     pub log_level: String,
+    /// `plain` or `json`.
+    pub log_format: String,
     pub socket_path: String,
     pub bpffs_path: String,
     pub pin_root: String,
@@ -771,6 +773,7 @@ impl<'a> Reader<'a> {
             resources: self.resources("resources")?,
             agent: Agent {
                 log_level: self.string("agent.logLevel")?,
+                log_format: self.string("agent.logFormat")?,
                 socket_path: self.string("agent.socketPath")?,
                 bpffs_path: self.string("agent.bpffsPath")?,
                 pin_root: self.string("agent.pinRoot")?,
@@ -946,6 +949,9 @@ pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError>
                 format!("expected a string, got {value}"),
             ));
         }
+    }
+    if !["plain", "json"].contains(&v.agent.log_format.as_str()) {
+        return Err(r.err("agent.logFormat", "expected plain or json"));
     }
     if let Some(reason) = socket_dir_problem(&v.agent.socket_path) {
         return Err(r.err("agent.socketPath", reason));

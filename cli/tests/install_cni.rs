@@ -24,6 +24,7 @@ const FULL_FLAGS: &[&str] = &[
     "--cni-image=example.com/linkerd/agent",
     "--cni-image-version=v9.9.9",
     "--cni-log-level=debug",
+    "--agent-log-format=json",
     "--dest-cni-net-dir=/var/lib/cni/net.d",
     "--dest-cni-bin-dir=/var/lib/cni/bin",
     "--priority-class-name=linkerd-cni-critical",
@@ -593,6 +594,14 @@ fn flags_change_what_they_should() {
             vec![],
             vec![(format!("{conf}/log_level"), json!("debug"))],
         ),
+        (
+            vec!["--agent-log-format=json"],
+            vec![],
+            vec![(
+                format!("{ds}/spec/containers/0/env/16/value"),
+                json!("json"),
+            )],
+        ),
         // Linkerd's CLI: -v, LINKERD_DOCKER_REGISTRY, every log level it accepts.
         (vec!["-v", "stable-2.14.10"], vec![], vec![]),
         (vec!["--linkerd-version=edge-25.1.1"], vec![], vec![]),
@@ -787,11 +796,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/16/name"),
+                    format!("{ds}/spec/containers/0/env/17/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/16/value"),
+                    format!("{ds}/spec/containers/0/env/17/value"),
                     json!("0.0.0.0:9991"),
                 ),
             ],
@@ -816,11 +825,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/16/name"),
+                    format!("{ds}/spec/containers/0/env/17/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/16/value"),
+                    format!("{ds}/spec/containers/0/env/17/value"),
                     json!("[fd00::1]:9100"),
                 ),
             ],
@@ -947,6 +956,8 @@ fn errors() {
             "bad reg is not a valid Docker registry",
         ),
         (&["--set", "agent.pinRoot=/tmp/x"], "agent.pinRoot"),
+        (&["--set", "agent.logFormat=text"], "expected plain or json"),
+        (&["--agent-log-format=text"], "--agent-log-format"),
         (
             &["--set", "agent.seLinuxOptions.typ=spc_t"],
             "agent.seLinuxOptions.typ",
