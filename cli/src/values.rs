@@ -299,6 +299,7 @@ pub const FREE_FORM: &[&str] = &[
     "podLabels",
     "nodeAffinity",
     "updateStrategy",
+    "agent.metrics.podMonitor.labels",
     // Checked by `validate` instead: the keys of Kubernetes' SELinuxOptions.
     "agent.seLinuxOptions",
 ];
@@ -554,6 +555,16 @@ pub struct Metrics {
     /// An IP address (the template brackets an IPv6 one).
     pub bind_address: std::net::IpAddr,
     pub port: u16,
+    /// `agent.metrics.podMonitor`: a Prometheus Operator PodMonitor.
+    pub pod_monitor: PodMonitor,
+}
+
+/// `agent.metrics.podMonitor`.
+#[derive(Clone, Debug)]
+pub struct PodMonitor {
+    pub enabled: bool,
+    pub labels: BTreeMap<String, String>,
+    pub interval: String,
 }
 
 /// What a JSON value is, for messages.
@@ -787,6 +798,11 @@ impl<'a> Reader<'a> {
                     enabled: self.boolean("agent.metrics.enabled")?,
                     bind_address: self.ip("agent.metrics.bindAddress")?,
                     port: self.port("agent.metrics.port")?,
+                    pod_monitor: PodMonitor {
+                        enabled: self.boolean("agent.metrics.podMonitor.enabled")?,
+                        labels: self.labels("agent.metrics.podMonitor.labels")?,
+                        interval: self.text("agent.metrics.podMonitor.interval")?,
+                    },
                 },
             },
             common_labels: self.labels("commonLabels")?,
@@ -949,6 +965,13 @@ pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError>
                 format!("expected a string, got {value}"),
             ));
         }
+    }
+    if v.agent.metrics.pod_monitor.enabled && !v.agent.metrics.enabled {
+        return Err(r.err(
+            "agent.metrics.podMonitor.enabled",
+            "needs agent.metrics.enabled: the PodMonitor scrapes the /metrics that \
+             agent.metrics.enabled serves on the node's addresses",
+        ));
     }
     if !["plain", "json"].contains(&v.agent.log_format.as_str()) {
         return Err(r.err("agent.logFormat", "expected plain or json"));
