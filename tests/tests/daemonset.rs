@@ -1264,7 +1264,7 @@ fn moved_socket_path_starts_and_serves() {
         ),
     );
     let (_, plan) = plan_pod(&node, &install, "s0001");
-    let (pod, _) = run_agent_pod(&node, plan);
+    let (mut pod, _) = run_agent_pod(&node, plan);
     assert_eq!(
         chain(&node),
         ["bridge", "linkerd-cni"],
@@ -1299,5 +1299,37 @@ fn moved_socket_path_starts_and_serves() {
     assert_eq!(
         records, 1,
         "the meshed pod's registration next to the socket"
+    );
+
+    // Issue 36: every API request the agent made (its watches, the ADD, SIGTERM's read of its
+    // DaemonSet and namespace), through the kubernetes Service with its projected token, is
+    // one the rendered RBAC allows its ServiceAccount.
+    stop_agent_pod(&node, &mut pod, "rolling update, socket moved");
+    let api = node.api_server().expect("API server");
+    let rbac = linkerd_cni_tests::fake_apiserver::rbac::Rbac::for_service_account(
+        &install.objects,
+        NAMESPACE,
+        "linkerd-cni",
+    );
+    let requests = api.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.path.ends_with("/daemonsets/linkerd-cni")),
+        "the agent read its DaemonSet on SIGTERM"
+    );
+    let denied: Vec<String> = requests
+        .iter()
+        .filter_map(|r| {
+            let a = linkerd_cni_tests::fake_apiserver::rbac::Attributes::of(r)?;
+            rbac.allowing(&a)
+                .is_empty()
+                .then(|| format!("{} {} {:?}", r.method, r.path, r.query))
+        })
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "requests the rendered RBAC denies:\n{}",
+        denied.join("\n")
     );
 }
