@@ -8,7 +8,11 @@ use linkerd_cni_agent::{
     Agent, AgentConfig,
     dataplane::capacity::MapSizes,
     host::{kernel, peer::PeerPlaces},
-    service::{self, inspect, uninstall},
+    service::{
+        self, inspect,
+        logs::{self, LogFormat},
+        uninstall,
+    },
 };
 use linkerd_cni_common::{names, paths};
 
@@ -32,6 +36,16 @@ struct Cli {
         global = true
     )]
     log: String,
+    /// Log format: plain (text lines, coloured only on a terminal) or json (one object per
+    /// line, the same fields). Records go to standard error.
+    #[arg(
+        long = "log-format",
+        env = "LINKERD_CNI_AGENT_LOG_FORMAT",
+        value_enum,
+        default_value = "plain",
+        global = true
+    )]
+    log_format: LogFormat,
     /// Where bpffs is (or is to be) mounted.
     #[arg(long, env = "LINKERD_CNI_AGENT_BPFFS", default_value = paths::BPFFS, global = true)]
     bpffs: PathBuf,
@@ -240,10 +254,7 @@ static ALLOC: linkerd_cni_memory::heap_profile::Counting =
 fn main() -> anyhow::Result<()> {
     linkerd_cni_memory::tune_allocator();
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr)
-        .init();
+    logs::init(&cli.log, cli.log_format);
     let map_sizes = MapSizes {
         pods: cli.max_pods,
         port_blocks: cli.max_port_blocks,

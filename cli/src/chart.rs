@@ -32,7 +32,8 @@ pub const RELEASE_SERVICE: &str = "CLI";
 pub const CHART_YAML: &str = include_str!("../../deploy/charts/linkerd2-cni/Chart.yaml");
 
 /// The templates, in the order their objects must be applied (Helm's install order by kind:
-/// Namespace, ServiceAccount, ClusterRole(Binding), ConfigMap, DaemonSet).
+/// Namespace, ServiceAccount, ClusterRole(Binding), Role(Binding), ConfigMap, DaemonSet, then
+/// the PodMonitor, a custom resource).
 pub const TEMPLATES: &[(&str, &str)] = &[
     (
         "namespace.yaml",
@@ -57,6 +58,10 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     (
         "uninstall.yaml",
         include_str!("../../deploy/charts/linkerd2-cni/templates/uninstall.yaml"),
+    ),
+    (
+        "podmonitor.yaml",
+        include_str!("../../deploy/charts/linkerd2-cni/templates/podmonitor.yaml"),
     ),
 ];
 

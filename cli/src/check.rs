@@ -9,6 +9,7 @@
 pub mod cluster;
 pub mod node;
 pub mod post_install;
+pub mod pre;
 pub mod result;
 
 use std::{io::Write, time::Duration};
@@ -61,8 +62,9 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
 /// The flags of `linkerd check`.
 #[derive(Args, Debug, Clone)]
 pub struct CheckArgs {
-    /// Pre-installation checks (with --linkerd-cni-enabled: the linkerd-cni installation the
-    /// control plane will rely on).
+    /// Pre-installation checks: alone, Linkerd's checks that read the cluster (the client, the
+    /// API, the minimum Kubernetes version, the control plane namespace absent); with
+    /// --linkerd-cni-enabled, the linkerd-cni installation the control plane will rely on.
     #[arg(long, env = "LINKERD_CHECK_PRE")]
     pub pre: bool,
     /// With --pre: check the linkerd-cni installation in the cluster (its objects, and its
@@ -113,14 +115,26 @@ pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> any
         anyhow::bail!("Validation error when executing check command: {e}");
     }
     let post_install = args.proxy || !(args.pre || args.node);
-    if !post_install && !args.linkerd_cni_enabled && !args.node {
-        anyhow::bail!(
-            "nothing to check: use --pre --linkerd-cni-enabled for the linkerd-cni objects in the \
-             cluster and/or --node for this machine, or no flag (or --proxy) for the post-install \
-             checks"
-        );
-    }
     let mut printer = Printer::new(out, args.output);
+    // --pre alone: Linkerd's pre-install checks that read the cluster (check/pre.rs says which);
+    // with --linkerd-cni-enabled, the linkerd-cni installation's checks instead.
+    if args.pre && !args.linkerd_cni_enabled && !args.node {
+        let results = pre::run(kube, &kube.linkerd_namespace).await;
+        for category in [
+            pre::API_CATEGORY,
+            pre::VERSION_CATEGORY,
+            pre::SETUP_CATEGORY,
+        ] {
+            let in_category: Vec<CheckResult> = results
+                .iter()
+                .filter(|r| r.category == category)
+                .cloned()
+                .collect();
+            if !in_category.is_empty() {
+                printer.category(category, &in_category)?;
+            }
+        }
+    }
     let retry = cluster::Retry::for_wait(args.wait);
     // Progress while a check is retried, for a person watching (Linkerd's spinner).
     let interactive =

@@ -179,6 +179,15 @@ pub struct InstallCniArgs {
         value_parser = log_level
     )]
     pub cni_log_level: String,
+    /// Log format of the node agent: plain or json (as Linkerd's --proxy-log-format and
+    /// --controller-log-format).
+    #[arg(
+        long,
+        env = "LINKERD_INSTALL_CNI_AGENT_LOG_FORMAT",
+        default_value = "plain",
+        value_parser = ["plain", "json"]
+    )]
+    pub agent_log_format: String,
     /// Host directory of CNI network configs.
     #[arg(
         long,
@@ -260,6 +269,7 @@ pub const FLAG_VALUES: &[(&str, &str, FlagKind)] = &[
     ("cni_image", "image.name", FlagKind::Str),
     ("cni_image_version", "image.version", FlagKind::Str),
     ("cni_log_level", "logLevel", FlagKind::Str),
+    ("agent_log_format", "agent.logFormat", FlagKind::Str),
     ("dest_cni_net_dir", "destCNINetDir", FlagKind::Str),
     ("dest_cni_bin_dir", "destCNIBinDir", FlagKind::Str),
     ("priority_class_name", "priorityClassName", FlagKind::Str),

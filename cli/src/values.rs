@@ -299,6 +299,7 @@ pub const FREE_FORM: &[&str] = &[
     "podLabels",
     "nodeAffinity",
     "updateStrategy",
+    "agent.metrics.podMonitor.labels",
     // Checked by `validate` instead: the keys of Kubernetes' SELinuxOptions.
     "agent.seLinuxOptions",
 ];
@@ -527,6 +528,8 @@ pub struct Resource {
 #[derive(Clone, Debug)]
 pub struct Agent {
     pub log_level: String,
+    /// `plain` or `json`.
+    pub log_format: String,
     pub socket_path: String,
     pub bpffs_path: String,
     pub pin_root: String,
@@ -552,6 +555,16 @@ pub struct Metrics {
     /// An IP address (the template brackets an IPv6 one).
     pub bind_address: std::net::IpAddr,
     pub port: u16,
+    /// `agent.metrics.podMonitor`: a Prometheus Operator PodMonitor.
+    pub pod_monitor: PodMonitor,
+}
+
+/// `agent.metrics.podMonitor`.
+#[derive(Clone, Debug)]
+pub struct PodMonitor {
+    pub enabled: bool,
+    pub labels: BTreeMap<String, String>,
+    pub interval: String,
 }
 
 /// What a JSON value is, for messages.
@@ -771,6 +784,7 @@ impl<'a> Reader<'a> {
             resources: self.resources("resources")?,
             agent: Agent {
                 log_level: self.string("agent.logLevel")?,
+                log_format: self.string("agent.logFormat")?,
                 socket_path: self.string("agent.socketPath")?,
                 bpffs_path: self.string("agent.bpffsPath")?,
                 pin_root: self.string("agent.pinRoot")?,
@@ -784,6 +798,11 @@ impl<'a> Reader<'a> {
                     enabled: self.boolean("agent.metrics.enabled")?,
                     bind_address: self.ip("agent.metrics.bindAddress")?,
                     port: self.port("agent.metrics.port")?,
+                    pod_monitor: PodMonitor {
+                        enabled: self.boolean("agent.metrics.podMonitor.enabled")?,
+                        labels: self.labels("agent.metrics.podMonitor.labels")?,
+                        interval: self.text("agent.metrics.podMonitor.interval")?,
+                    },
                 },
             },
             common_labels: self.labels("commonLabels")?,
@@ -946,6 +965,16 @@ pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError>
                 format!("expected a string, got {value}"),
             ));
         }
+    }
+    if v.agent.metrics.pod_monitor.enabled && !v.agent.metrics.enabled {
+        return Err(r.err(
+            "agent.metrics.podMonitor.enabled",
+            "needs agent.metrics.enabled: the PodMonitor scrapes the /metrics that \
+             agent.metrics.enabled serves on the node's addresses",
+        ));
+    }
+    if !["plain", "json"].contains(&v.agent.log_format.as_str()) {
+        return Err(r.err("agent.logFormat", "expected plain or json"));
     }
     if let Some(reason) = socket_dir_problem(&v.agent.socket_path) {
         return Err(r.err("agent.socketPath", reason));

@@ -110,6 +110,7 @@ fn full_flags_equal_their_values_in_the_chart() {
             "--cni-image=example.com/linkerd/agent",
             "--cni-image-version=v9.9.9",
             "--cni-log-level=debug",
+            "--agent-log-format=json",
             "--dest-cni-net-dir=/var/lib/cni/net.d",
             "--dest-cni-bin-dir=/var/lib/cni/bin",
             "--priority-class-name=linkerd-cni-critical",

@@ -512,11 +512,59 @@ fn flag_rules_are_linkerds() {
     assert_eq!(api.requested(), Vec::<String>::new());
 }
 
+/// Issue 37: `--pre` alone runs Linkerd's pre-install checks that read the cluster, under
+/// Linkerd's names (no more "nothing to check"); the control plane namespace must not exist.
 #[test]
-fn nothing_to_check_is_an_error() {
-    let out = linkerd(&["check", "--pre"], &[]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to check"));
+fn pre_alone_runs_linkerds_pre_install_checks() {
+    const PRE: [&str; 4] = [
+        "can initialize the client",
+        "can query the Kubernetes API",
+        "is running the minimum Kubernetes API version",
+        "control plane namespace does not already exist",
+    ];
+    for (case, routes, failing) in [
+        ("empty cluster", BTreeMap::new(), vec![]),
+        (
+            "linkerd installed",
+            BTreeMap::from([(
+                "/api/v1/namespaces/linkerd".to_string(),
+                json!({"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "linkerd"}}),
+            )]),
+            vec![PRE[3]],
+        ),
+    ] {
+        let api = FakeApi::start(routes);
+        let kubeconfig = api.kubeconfig(&format!("kubeconfig-pre-{}", case.replace(' ', "-")));
+        let out = linkerd(
+            &[
+                "check",
+                "--pre",
+                "--kubeconfig",
+                &kubeconfig.display().to_string(),
+            ],
+            &[],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let want: BTreeMap<String, char> = PRE
+            .iter()
+            .map(|c| (c.to_string(), if failing.contains(c) { '×' } else { '√' }))
+            .collect();
+        assert_eq!(marks(&stdout), want, "{case}:\n{stdout}");
+        for category in [
+            "kubernetes-api",
+            "kubernetes-version",
+            "pre-kubernetes-setup",
+        ] {
+            assert!(stdout.contains(category), "{case}: {category}\n{stdout}");
+        }
+        assert_eq!(out.status.success(), failing.is_empty(), "{case}");
+        if !failing.is_empty() {
+            assert!(
+                stdout.contains("The \"linkerd\" namespace already exists"),
+                "{stdout}"
+            );
+        }
+    }
 }
 
 fn statfs_type(path: &str) -> i64 {

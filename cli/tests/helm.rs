@@ -77,6 +77,11 @@ fn expected_in(cli: &str, ns: &str) -> BTreeMap<String, Json> {
         {
             *n = json!(ns);
         }
+        if let Some(Json::Array(names)) = obj.pointer_mut("/spec/namespaceSelector/matchNames") {
+            for n in names {
+                *n = json!(ns);
+            }
+        }
         if let Some(Json::Array(subjects)) = obj.get_mut("subjects") {
             for s in subjects {
                 s["namespace"] = json!(ns);

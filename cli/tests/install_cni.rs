@@ -24,6 +24,7 @@ const FULL_FLAGS: &[&str] = &[
     "--cni-image=example.com/linkerd/agent",
     "--cni-image-version=v9.9.9",
     "--cni-log-level=debug",
+    "--agent-log-format=json",
     "--dest-cni-net-dir=/var/lib/cni/net.d",
     "--dest-cni-bin-dir=/var/lib/cni/bin",
     "--priority-class-name=linkerd-cni-critical",
@@ -148,22 +149,23 @@ fn unknown_values_are_ignored_with_a_warning() {
 fn objects_and_labels() {
     for (what, yaml) in [("default", install_cni(&[], &[])), ("full", full_render())] {
         let keys: Vec<String> = docs(&yaml).iter().map(key).collect();
-        assert_eq!(
-            keys,
-            [
-                "Namespace/linkerd-cni",
-                "ServiceAccount/linkerd-cni",
-                "ClusterRole/linkerd-cni",
-                "ClusterRoleBinding/linkerd-cni",
-                "Role/linkerd-cni",
-                "RoleBinding/linkerd-cni",
-                "Role/linkerd-cni-kubernetes-service",
-                "RoleBinding/linkerd-cni-kubernetes-service",
-                "ConfigMap/linkerd-cni-config",
-                "DaemonSet/linkerd-cni"
-            ],
-            "{what} render"
-        );
+        let mut want = vec![
+            "Namespace/linkerd-cni",
+            "ServiceAccount/linkerd-cni",
+            "ClusterRole/linkerd-cni",
+            "ClusterRoleBinding/linkerd-cni",
+            "Role/linkerd-cni",
+            "RoleBinding/linkerd-cni",
+            "Role/linkerd-cni-kubernetes-service",
+            "RoleBinding/linkerd-cni-kubernetes-service",
+            "ConfigMap/linkerd-cni-config",
+            "DaemonSet/linkerd-cni",
+        ];
+        // The full values enable agent.metrics.podMonitor.
+        if what == "full" {
+            want.push("PodMonitor/linkerd-cni");
+        }
+        assert_eq!(keys, want, "{what} render");
         for obj in docs(&yaml) {
             assert_eq!(
                 obj.pointer("/metadata/labels/linkerd.io~1cni-resource"),
@@ -593,6 +595,14 @@ fn flags_change_what_they_should() {
             vec![],
             vec![(format!("{conf}/log_level"), json!("debug"))],
         ),
+        (
+            vec!["--agent-log-format=json"],
+            vec![],
+            vec![(
+                format!("{ds}/spec/containers/0/env/16/value"),
+                json!("json"),
+            )],
+        ),
         // Linkerd's CLI: -v, LINKERD_DOCKER_REGISTRY, every log level it accepts.
         (vec!["-v", "stable-2.14.10"], vec![], vec![]),
         (vec!["--linkerd-version=edge-25.1.1"], vec![], vec![]),
@@ -787,11 +797,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/16/name"),
+                    format!("{ds}/spec/containers/0/env/17/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/16/value"),
+                    format!("{ds}/spec/containers/0/env/17/value"),
                     json!("0.0.0.0:9991"),
                 ),
             ],
@@ -816,11 +826,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/16/name"),
+                    format!("{ds}/spec/containers/0/env/17/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/16/value"),
+                    format!("{ds}/spec/containers/0/env/17/value"),
                     json!("[fd00::1]:9100"),
                 ),
             ],
@@ -947,6 +957,8 @@ fn errors() {
             "bad reg is not a valid Docker registry",
         ),
         (&["--set", "agent.pinRoot=/tmp/x"], "agent.pinRoot"),
+        (&["--set", "agent.logFormat=text"], "expected plain or json"),
+        (&["--agent-log-format=text"], "--agent-log-format"),
         (
             &["--set", "agent.seLinuxOptions.typ=spc_t"],
             "agent.seLinuxOptions.typ",
@@ -1790,5 +1802,72 @@ fn se_linux_options_and_privileged() {
         objects(&String::from_utf8_lossy(&out.stdout)),
         objects(&install_cni(&[], &[])),
         "privileged changes no object"
+    );
+}
+
+/// Issue 37: `agent.metrics.podMonitor.enabled` renders a Prometheus Operator PodMonitor for the
+/// agents' /metrics (only with `agent.metrics.enabled`, refused otherwise), selecting the
+/// DaemonSet's pods in the release namespace and scraping the pod IP (the node's) at
+/// `agent.metrics.port`, IPv6 in brackets.
+#[test]
+fn pod_monitor_scrapes_the_agents_metrics_port() {
+    let objs = objects(&install_cni(&[], &[]));
+    assert!(!objs.keys().any(|k| k.starts_with("PodMonitor/")), "opt-in");
+    let objs = objects(&install_cni(
+        &[
+            "--set",
+            "agent.metrics.enabled=true,agent.metrics.port=9100,agent.metrics.podMonitor.enabled=true",
+            "--set",
+            "agent.metrics.podMonitor.labels.release=prom,agent.metrics.podMonitor.interval=15s",
+        ],
+        &[],
+    ));
+    let pm = &objs["PodMonitor/linkerd-cni"];
+    assert_eq!(pm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(pm["metadata"]["namespace"], "linkerd-cni");
+    assert_eq!(pm["metadata"]["labels"]["release"], "prom");
+    let pod_labels = &objs["DaemonSet/linkerd-cni"]["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in pm["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("selector")
+    {
+        assert_eq!(
+            &pod_labels[k], v,
+            "the selector matches the DaemonSet's pods"
+        );
+    }
+    assert_eq!(
+        pm["spec"]["namespaceSelector"]["matchNames"],
+        json!(["linkerd-cni"])
+    );
+    let ep = &pm["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(
+        (ep["path"].as_str(), ep["interval"].as_str()),
+        (Some("/metrics"), Some("15s"))
+    );
+    let relabel = ep["relabelings"].as_array().expect("relabelings");
+    assert_eq!(relabel[0]["regex"], "install-cni");
+    assert_eq!(relabel[0]["action"], "keep");
+    assert_eq!(relabel[1]["replacement"], "${1}:9100");
+    assert_eq!(relabel[2]["replacement"], "[${1}]:9100");
+    assert!(
+        relabel
+            .iter()
+            .all(|r| r["action"] == "keep" || r["targetLabel"].is_string())
+    );
+
+    let out = linkerd(
+        &[
+            "install-cni",
+            "--set",
+            "agent.metrics.podMonitor.enabled=true",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs agent.metrics.enabled"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

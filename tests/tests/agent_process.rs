@@ -275,6 +275,74 @@ fn status_request() -> Vec<u8> {
     )
 }
 
+/// (type, label names) of every metric, by name.
+type MetricShapes =
+    std::collections::BTreeMap<String, (String, std::collections::BTreeSet<String>)>;
+
+/// What `/metrics` serves: each metric's `# TYPE` and the label names of its samples.
+fn served_metrics(text: &str) -> MetricShapes {
+    let mut out = MetricShapes::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name type");
+            out.entry(name.to_string()).or_default().0 = kind.to_string();
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let name = line.split(['{', ' ']).next().expect("sample name");
+            let labels = line
+                .split_once('{')
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map(|(labels, _)| labels)
+                .unwrap_or("");
+            let entry = out.entry(name.to_string()).or_default();
+            for pair in labels.split(',').filter(|p| !p.is_empty()) {
+                entry
+                    .1
+                    .insert(pair.split('=').next().expect("label").to_string());
+            }
+        }
+    }
+    out
+}
+
+/// What docs/metrics.md lists: its table's rows `| `name` | type | labels | meaning |`.
+fn documented_metrics() -> MetricShapes {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
+    let doc = std::fs::read_to_string(&path).expect("docs/metrics.md");
+    doc.lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let labels = cells[3]
+                .split(',')
+                .map(|c| c.trim().trim_matches('`'))
+                .filter(|c| !c.is_empty() && *c != "-")
+                .map(str::to_string)
+                .collect();
+            (
+                cells[1].trim_matches('`').to_string(),
+                (cells[2].to_string(), labels),
+            )
+        })
+        .collect()
+}
+
+/// docs/metrics.md lists exactly the metrics the agent serves, with their types and labels
+/// (issue 37).
+fn assert_metrics_documented(text: &str) {
+    let (served, documented) = (served_metrics(text), documented_metrics());
+    assert_eq!(
+        served.keys().collect::<Vec<_>>(),
+        documented.keys().collect::<Vec<_>>(),
+        "docs/metrics.md and /metrics list different metrics\n{text}"
+    );
+    for (name, shape) in &served {
+        assert_eq!(
+            shape, &documented[name],
+            "{name}: (type, labels) served vs documented in docs/metrics.md"
+        );
+    }
+}
+
 #[test]
 fn run_with_installer_becomes_ready_and_keeps_the_plugin_on_sigterm() {
     let mut node = Installed::start("term", &[]);
@@ -307,6 +375,7 @@ fn run_with_installer_becomes_ready_and_keeps_the_plugin_on_sigterm() {
     assert!(node.socket.exists(), "registration socket");
     let (_, metrics) = get(health, "/metrics").expect("metrics");
     assert!(metrics.contains("linkerd_cni_agent_pods 0"), "{metrics}");
+    assert_metrics_documented(&metrics);
 
     // Another CNI rewrites its file without us: we are back (within a second on an idle
     // machine: the watcher flushes at most 300 ms after the first event; the bound here only

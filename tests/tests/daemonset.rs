@@ -1486,3 +1486,97 @@ fn uninstall_after_a_sigkilled_agent_leaves_the_node_as_before() {
     );
     assert_eq!(node_files(&node), before, "after the clean-up pod is gone");
 }
+
+/// Issue 37: `agent.socketPath` moved to `/var/run/l5d/agent.sock` moves everything that
+/// depends on it: rendered and run as the DaemonSet's pod, the agent starts (its pod registry
+/// next to the socket, on the same writable hostPath mount, not on the container's read-only
+/// root, where it used to fail with `registry: Read-only file system`), the conflist entry it
+/// installs names the moved socket, a meshed pod's ADD goes through it and the pod is
+/// redirected, and the pod's registration is in `/var/run/l5d/pods` on the node.
+#[test]
+fn moved_socket_path_starts_and_serves() {
+    const SOCKET: &str = "/var/run/l5d/agent.sock";
+    let work = TempDir::new().expect("scratch directory");
+    let values = format!("{VALUES}  socketPath: {SOCKET}\n");
+    let install = render_install_with(Renderer::Cli, &values, work.path());
+    let node = start_node(&install, work.path());
+    let root = node.root().expect("own root");
+    let server = ok(
+        &node,
+        "echo server on the node",
+        EchoServer::bind_in(
+            node.netns(),
+            SocketAddr::from(([0, 0, 0, 0], SERVER_PORT)),
+            "node",
+        ),
+    );
+    let (_, plan) = plan_pod(&node, &install, "s0001");
+    let (mut pod, _) = run_agent_pod(&node, plan);
+    assert_eq!(
+        chain(&node),
+        ["bridge", "linkerd-cni"],
+        "installed\n{}",
+        pod.logs(AGENT_CONTAINER)
+    );
+    let conflist: Value =
+        serde_json::from_str(&std::fs::read_to_string(node.conflist()).expect("the conflist"))
+            .expect("conflist JSON");
+    let entry = conflist["plugins"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["type"] == "linkerd-cni"))
+        .cloned()
+        .expect("the linkerd-cni entry");
+    assert_eq!(entry["linkerd"]["agent-socket"], SOCKET);
+    assert!(
+        root.path(SOCKET).exists(),
+        "the agent's socket at {SOCKET} on the node"
+    );
+    assert!(
+        !root.path(paths::AGENT_SOCKET).exists(),
+        "nothing at the default socket path"
+    );
+    let meshed = start_app(&node, &PodSpec::meshed("shop", "web"), true);
+    assert_redirected(&node, &meshed, &server, "socket moved");
+    let registry = root.path("/var/run/l5d/pods");
+    let records = std::fs::read_dir(&registry)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", registry.display(), pod.logs(AGENT_CONTAINER)))
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .count();
+    assert_eq!(
+        records, 1,
+        "the meshed pod's registration next to the socket"
+    );
+
+    // Issue 36: every API request the agent made (its watches, the ADD, SIGTERM's read of its
+    // DaemonSet and namespace), through the kubernetes Service with its projected token, is
+    // one the rendered RBAC allows its ServiceAccount.
+    stop_agent_pod(&node, &mut pod, "rolling update, socket moved");
+    let api = node.api_server().expect("API server");
+    let rbac = linkerd_cni_tests::fake_apiserver::rbac::Rbac::for_service_account(
+        &install.objects,
+        NAMESPACE,
+        "linkerd-cni",
+    );
+    let requests = api.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.path.ends_with("/daemonsets/linkerd-cni")),
+        "the agent read its DaemonSet on SIGTERM"
+    );
+    let denied: Vec<String> = requests
+        .iter()
+        .filter_map(|r| {
+            let a = linkerd_cni_tests::fake_apiserver::rbac::Attributes::of(r)?;
+            rbac.allowing(&a)
+                .is_empty()
+                .then(|| format!("{} {} {:?}", r.method, r.path, r.query))
+        })
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "requests the rendered RBAC denies:\n{}",
+        denied.join("\n")
+    );
+}

@@ -12,9 +12,44 @@ use crate::{
     dataplane::maps::{Maps, MapsError},
 };
 
+/// What `inspect` prints on a node where the agent never pinned anything (or everything was
+/// removed): one line, instead of the kernel's error for the first missing pin.
+pub fn nothing_installed(pin_root: &Path, state_dir: &Path, registered: usize) -> String {
+    let maps = pin_root.join(paths::PIN_MAPS);
+    if registered == 0 {
+        format!(
+            "nothing installed: no linkerd-cni maps pinned at {} and no pod registered in {} \
+             (the agent has not run on this node, or its state was removed)\n",
+            maps.display(),
+            state_dir.display()
+        )
+    } else {
+        format!(
+            "no linkerd-cni maps pinned at {} although {registered} pod(s) are registered in {}: \
+             the agent is not running and the pins are gone (bpffs unmounted or emptied); \
+             its next start re-attaches them\n",
+            maps.display(),
+            state_dir.display()
+        )
+    }
+}
+
 /// Renders the state under `pin_root` and `state_dir` for humans.
 pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
-    let maps = Maps::open(&pin_root.join(paths::PIN_MAPS))?;
+    let maps_dir = pin_root.join(paths::PIN_MAPS);
+    if std::fs::symlink_metadata(&maps_dir).is_err() {
+        // Only a registry that exists is read (opening one creates its directory).
+        let registered = if state_dir.is_dir() {
+            Registry::open(state_dir)
+                .and_then(|r| r.all())
+                .map(|r| r.len())
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        return Ok(nothing_installed(pin_root, state_dir, registered));
+    }
+    let maps = Maps::open(&maps_dir)?;
     let records = Registry::open(state_dir)
         .and_then(|r| r.all())
         .unwrap_or_default();

@@ -21,6 +21,7 @@ use crate::{
 
 pub mod health;
 pub mod inspect;
+pub mod logs;
 pub mod server;
 pub mod uninstall;
 
