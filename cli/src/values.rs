@@ -536,6 +536,8 @@ pub struct Agent {
     /// Whether the runtime passes `/proc/<pid>/ns/net` as CNI_NETNS (host `/proc` mounted,
     /// CAP_SYS_PTRACE added).
     pub cni_netns_from_proc: bool,
+    /// Whether the agent's container gets CAP_SYS_ADMIN (adoption, user-namespaced pods).
+    pub sys_admin: bool,
     pub metrics: Metrics,
 }
 
@@ -773,6 +775,7 @@ impl<'a> Reader<'a> {
                 host_netns_dir: self.string("agent.hostNetnsDir")?,
                 mount_bpffs: self.boolean("agent.mountBpffs")?,
                 cni_netns_from_proc: self.boolean("agent.cniNetnsFromProc")?,
+                sys_admin: self.boolean("agent.sysAdmin")?,
                 metrics: Metrics {
                     enabled: self.boolean("agent.metrics.enabled")?,
                     bind_address: self.ip("agent.metrics.bindAddress")?,
@@ -988,6 +991,7 @@ mod tests {
         assert!(!v.agent.metrics.enabled);
         assert!(v.agent.mount_bpffs);
         assert!(!v.agent.cni_netns_from_proc);
+        assert!(!v.agent.sys_admin);
     }
 
     #[test]

@@ -273,7 +273,7 @@ fn default_render_content() {
     assert_eq!(sc["readOnlyRootFilesystem"], true);
     assert_eq!(
         sc["capabilities"],
-        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "SYS_ADMIN"]})
+        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN"]})
     );
     // Nothing exposed: no ports (a hostPort with hostNetwork), probes and health on loopback,
     // no Prometheus annotations while metrics are off.
@@ -412,7 +412,7 @@ fn only_the_bpffs_mount_is_privileged_and_only_when_asked() {
         ["install-cni: cannot set allowPrivilegeEscalation to false and privileged to true"]
     );
     assert_eq!(
-        agent_with(&|c| c["securityContext"]["capabilities"]["add"][2] = json!("CAP_SYS_ADMIN")),
+        agent_with(&|c| c["securityContext"]["capabilities"]["add"][1] = json!("CAP_SYS_ADMIN")),
         [
             "install-cni: cannot set allowPrivilegeEscalation to false and capabilities.add CAP_SYS_ADMIN"
         ]
@@ -457,7 +457,7 @@ fn netns_from_proc_adds_the_host_proc_and_sys_ptrace() {
     let pod = c(&["--set", "agent.cniNetnsFromProc=true"]);
     assert_eq!(
         pod["containers"][0]["securityContext"]["capabilities"]["add"],
-        json!(["BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"])
+        json!(["BPF", "NET_ADMIN", "SYS_PTRACE"])
     );
     let proc_mount = pod["containers"][0]["volumeMounts"]
         .as_array()
@@ -1555,4 +1555,20 @@ fn yaml_1_1_plain_scalars_are_refused_not_misread() {
         cli["DaemonSet/linkerd-cni"].pointer("/spec/template/spec/priorityClassName"),
         Some(&json!("yes"))
     );
+}
+
+/// Issue 36 item 1: the agent's container holds BPF and NET_ADMIN only; `agent.sysAdmin`
+/// (adoption of pods running before the plugin, user-namespaced pods) adds CAP_SYS_ADMIN and
+/// nothing else.
+#[test]
+fn sys_admin_only_with_agent_sys_admin() {
+    let caps = |args: &[&str]| {
+        objects(&install_cni(args, &[]))["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"]
+            ["containers"][0]["securityContext"]["capabilities"]
+            .clone()
+    };
+    assert_eq!(caps(&[])["add"], json!(["BPF", "NET_ADMIN"]));
+    let with = caps(&["--set", "agent.sysAdmin=true"]);
+    assert_eq!(with["add"], json!(["BPF", "NET_ADMIN", "SYS_ADMIN"]));
+    assert_eq!(with["drop"], json!(["ALL"]));
 }
