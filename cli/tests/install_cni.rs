@@ -771,11 +771,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/15/name"),
+                    format!("{ds}/spec/containers/0/env/16/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/15/value"),
+                    format!("{ds}/spec/containers/0/env/16/value"),
                     json!("0.0.0.0:9991"),
                 ),
             ],
@@ -800,11 +800,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/15/name"),
+                    format!("{ds}/spec/containers/0/env/16/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/15/value"),
+                    format!("{ds}/spec/containers/0/env/16/value"),
                     json!("[fd00::1]:9100"),
                 ),
             ],
