@@ -545,6 +545,8 @@ pub struct Agent {
     /// The agent's and mount-bpffs's `securityContext.seLinuxOptions` (empty: the runtime's
     /// default label); only the keys of Kubernetes' SELinuxOptions, each a string.
     pub se_linux_options: Map<String, Json>,
+    /// Whether the agent's container gets CAP_SYS_ADMIN (adoption, user-namespaced pods).
+    pub sys_admin: bool,
     pub metrics: Metrics,
 }
 
@@ -794,6 +796,7 @@ impl<'a> Reader<'a> {
                 mount_bpffs: self.boolean("agent.mountBpffs")?,
                 cni_netns_from_proc: self.boolean("agent.cniNetnsFromProc")?,
                 se_linux_options: self.map("agent.seLinuxOptions")?,
+                sys_admin: self.boolean("agent.sysAdmin")?,
                 metrics: Metrics {
                     enabled: self.boolean("agent.metrics.enabled")?,
                     bind_address: self.ip("agent.metrics.bindAddress")?,
@@ -1061,6 +1064,7 @@ mod tests {
         assert!(!v.agent.metrics.enabled);
         assert!(v.agent.mount_bpffs);
         assert!(!v.agent.cni_netns_from_proc);
+        assert!(!v.agent.sys_admin);
     }
 
     #[test]

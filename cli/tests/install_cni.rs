@@ -291,7 +291,7 @@ fn default_render_content() {
     assert_eq!(sc["readOnlyRootFilesystem"], true);
     assert_eq!(
         sc["capabilities"],
-        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "SYS_ADMIN"]})
+        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN"]})
     );
     // Nothing exposed: no ports (a hostPort with hostNetwork), probes and health on loopback,
     // no Prometheus annotations while metrics are off.
@@ -430,7 +430,7 @@ fn only_the_bpffs_mount_is_privileged_and_only_when_asked() {
         ["install-cni: cannot set allowPrivilegeEscalation to false and privileged to true"]
     );
     assert_eq!(
-        agent_with(&|c| c["securityContext"]["capabilities"]["add"][2] = json!("CAP_SYS_ADMIN")),
+        agent_with(&|c| c["securityContext"]["capabilities"]["add"][1] = json!("CAP_SYS_ADMIN")),
         [
             "install-cni: cannot set allowPrivilegeEscalation to false and capabilities.add CAP_SYS_ADMIN"
         ]
@@ -475,7 +475,7 @@ fn netns_from_proc_adds_the_host_proc_and_sys_ptrace() {
     let pod = c(&["--set", "agent.cniNetnsFromProc=true"]);
     assert_eq!(
         pod["containers"][0]["securityContext"]["capabilities"]["add"],
-        json!(["BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"])
+        json!(["BPF", "NET_ADMIN", "SYS_PTRACE"])
     );
     let proc_mount = pod["containers"][0]["volumeMounts"]
         .as_array()
@@ -797,11 +797,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/17/name"),
+                    format!("{ds}/spec/containers/0/env/18/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/17/value"),
+                    format!("{ds}/spec/containers/0/env/18/value"),
                     json!("0.0.0.0:9991"),
                 ),
             ],
@@ -826,11 +826,11 @@ fn flags_change_what_they_should() {
                     json!("/metrics"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/17/name"),
+                    format!("{ds}/spec/containers/0/env/18/name"),
                     json!("LINKERD_CNI_AGENT_METRICS_ADDR"),
                 ),
                 (
-                    format!("{ds}/spec/containers/0/env/17/value"),
+                    format!("{ds}/spec/containers/0/env/18/value"),
                     json!("[fd00::1]:9100"),
                 ),
             ],
@@ -1870,4 +1870,20 @@ fn pod_monitor_scrapes_the_agents_metrics_port() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Issue 36 item 1: the agent's container holds BPF and NET_ADMIN only; `agent.sysAdmin`
+/// (adoption of pods running before the plugin, user-namespaced pods) adds CAP_SYS_ADMIN and
+/// nothing else.
+#[test]
+fn sys_admin_only_with_agent_sys_admin() {
+    let caps = |args: &[&str]| {
+        objects(&install_cni(args, &[]))["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"]
+            ["containers"][0]["securityContext"]["capabilities"]
+            .clone()
+    };
+    assert_eq!(caps(&[])["add"], json!(["BPF", "NET_ADMIN"]));
+    let with = caps(&["--set", "agent.sysAdmin=true"]);
+    assert_eq!(with["add"], json!(["BPF", "NET_ADMIN", "SYS_ADMIN"]));
+    assert_eq!(with["drop"], json!(["ALL"]));
 }

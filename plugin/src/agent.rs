@@ -2,8 +2,11 @@
 //! deadline for connect, write and read together. Blocking std I/O, no runtime.
 
 use std::{
-    io,
-    os::unix::net::UnixStream,
+    io::{self, Write},
+    os::{
+        fd::{AsRawFd, BorrowedFd},
+        unix::net::UnixStream,
+    },
     sync::mpsc,
     thread,
     time::{Duration, Instant},
@@ -24,6 +27,20 @@ pub trait AgentClient {
         timeout: Duration,
         request: Request,
     ) -> Result<Response, AgentError>;
+
+    /// [`Self::call`], with `fd` passed to the agent as `SCM_RIGHTS` on the request's first
+    /// byte (the netns socket of an ADD: see `linkerd_cni_proto::wire`). Clients without
+    /// a socket (tests) ignore it.
+    fn call_with_fd(
+        &self,
+        socket: &str,
+        timeout: Duration,
+        request: Request,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<Response, AgentError> {
+        let _ = fd;
+        self.call(socket, timeout, request)
+    }
 }
 
 /// The real client.
@@ -36,6 +53,16 @@ impl AgentClient for UnixAgent {
         socket: &str,
         timeout: Duration,
         request: Request,
+    ) -> Result<Response, AgentError> {
+        self.call_with_fd(socket, timeout, request, None)
+    }
+
+    fn call_with_fd(
+        &self,
+        socket: &str,
+        timeout: Duration,
+        request: Request,
+        fd: Option<BorrowedFd<'_>>,
     ) -> Result<Response, AgentError> {
         let deadline = Instant::now() + timeout;
         let timed_out = || AgentError::Timeout {
@@ -82,12 +109,59 @@ impl AgentClient for UnixAgent {
         let budget = remaining().ok_or_else(timed_out)?;
         set(stream.set_write_timeout(Some(budget)))?;
         // The agent abandons the work it cannot finish within this budget (see `Envelope`).
-        wire::write_frame(&mut stream, &Envelope::with_budget(request, budget))
-            .map_err(frame_err)?;
+        let frame = wire::encode(&Envelope::with_budget(request, budget)).map_err(frame_err)?;
+        let sent = match fd {
+            Some(fd) => send_with_fd(&stream, &frame, fd),
+            None => Ok(0),
+        };
+        let sent = sent.map_err(|e| frame_err(e.into()))?;
+        stream
+            .write_all(&frame[sent..])
+            .map_err(|e| frame_err(e.into()))?;
         set(stream.set_read_timeout(Some(remaining().ok_or_else(timed_out)?)))?;
         match wire::read_frame::<Response>(&mut stream).map_err(frame_err)? {
             Response::Error { kind, message } => Err(AgentError::Refused { kind, message }),
             response => Ok(response),
+        }
+    }
+}
+
+/// Sends the start of `frame` with `fd` attached (`SCM_RIGHTS`); returns how many bytes
+/// went (at least one: the descriptor travels with the first byte).
+fn send_with_fd(stream: &UnixStream, frame: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    // u64s: the control buffer must be aligned for cmsghdr.
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: frame.as_ptr() as *mut libc::c_void,
+        iov_len: frame.len(),
+    };
+    // SAFETY: msghdr is plain data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: the control buffer holds one cmsghdr with room for one descriptor (CMSG_SPACE),
+    // aligned; CMSG_FIRSTHDR of it is non-null.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), raw);
+    }
+    loop {
+        // SAFETY: `msg` points to live buffers for the duration of the call.
+        let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
         }
     }
 }

@@ -22,7 +22,11 @@
 //!   the agent drops the registration once it is back (it reaps registrations whose netns is
 //!   gone; one whose netns a runtime leaked goes with CNI GC).
 
-use std::{io::Read, time::Duration};
+use std::{
+    io::Read,
+    os::fd::{AsFd, BorrowedFd},
+    time::Duration,
+};
 
 use linkerd_cni_proto::{
     escape::Escaped,
@@ -246,12 +250,21 @@ impl Ctx<'_> {
     }
 
     fn call(&mut self, request: Request) -> Result<Response, AgentError> {
+        self.call_with_fd(request, None)
+    }
+
+    /// [`Self::call`], passing `fd` to the agent (an ADD's netns socket).
+    fn call_with_fd(
+        &mut self,
+        request: Request,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<Response, AgentError> {
         let socket = &self.conf.linkerd.agent_socket;
         self.log.debug(format_args!(
             "asking the node agent at {socket}: {request:?}"
         ));
         let timeout = Duration::from_millis(self.conf.linkerd.agent_timeout_ms);
-        let answer = self.agent.call(socket, timeout, request);
+        let answer = self.agent.call_with_fd(socket, timeout, request, fd);
         self.log
             .debug(format_args!("node agent answered: {answer:?}"));
         answer
@@ -277,7 +290,7 @@ impl Ctx<'_> {
         if self.excluded() {
             return Ok(output);
         }
-        netns::check(&self.env.netns)?;
+        let netns_file = netns::check(&self.env.netns)?;
         let pod_ips = prev.map(|r| r.pod_ips()).unwrap_or_default();
         if pod_ips.is_empty() {
             self.log.warn(format_args!(
@@ -290,6 +303,7 @@ impl Ctx<'_> {
             cgroup_path: self.conf.cgroup_path.clone(),
             pod_ips,
             config: self.conf.linkerd.clone(),
+            netns_addrs: None,
         };
         if self.conf.linkerd.simulate {
             self.log.info(format_args!(
@@ -298,10 +312,24 @@ impl Ctx<'_> {
             ));
             return Ok(output);
         }
-        let answer = match self.call(Request::Add(Box::new(request))) {
-            Err(e) if agent_unavailable(&e) => return self.add_without_agent(&pod, e, output),
-            answer => answer?,
+        // What only a process inside the pod's netns can get, so that the agent need not
+        // enter it (no CAP_SYS_ADMIN): a socket made there, and the namespace's addresses.
+        let inside = netns::inside(&netns_file).map_err(|source| PluginError::Io {
+            what: format!(
+                "creating a socket inside network namespace {:?}",
+                self.env.netns
+            ),
+            source,
+        })?;
+        let request = AddRequest {
+            netns_addrs: Some(inside.addrs),
+            ..request
         };
+        let answer =
+            match self.call_with_fd(Request::Add(Box::new(request)), Some(inside.socket.as_fd())) {
+                Err(e) if agent_unavailable(&e) => return self.add_without_agent(&pod, e, output),
+                answer => answer?,
+            };
         match answer {
             Response::Added { redirected, reason } => {
                 let verb = if redirected {

@@ -12,10 +12,11 @@
 //! `NS_GET_NSTYPE` needs Linux 4.11; on older kernels any nsfs file is accepted.
 
 use std::{
-    fs::OpenOptions,
+    fs::{File, OpenOptions},
     io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::{
-        fd::AsRawFd,
+        fd::{AsRawFd, FromRawFd, OwnedFd},
         unix::fs::{FileTypeExt, OpenOptionsExt},
     },
 };
@@ -27,8 +28,8 @@ const NSFS_MAGIC: i64 = 0x6e73_6673;
 /// `NS_GET_NSTYPE` from `linux/nsfs.h`: `_IO(0xb7, 0x3)`.
 const NS_GET_NSTYPE: u64 = 0xb703;
 
-/// Succeeds when `path` is a network namespace; says precisely what it is otherwise.
-pub fn check(path: &str) -> Result<(), PluginError> {
+/// Opens `path` when it is a network namespace; says precisely what it is otherwise.
+pub fn check(path: &str) -> Result<File, PluginError> {
     // std adds O_CLOEXEC itself; O_NONBLOCK keeps a FIFO from blocking the open.
     let opened = OpenOptions::new()
         .read(true)
@@ -100,7 +101,7 @@ pub fn check(path: &str) -> Result<(), PluginError> {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
             // Kernel before 4.11: the file is on nsfs, that is all we can know.
-            Some(libc::ENOTTY | libc::EINVAL) => Ok(()),
+            Some(libc::ENOTTY | libc::EINVAL) => Ok(file),
             _ => Err(io_err("querying the namespace type of", e)),
         };
     }
@@ -119,7 +120,86 @@ pub fn check(path: &str) -> Result<(), PluginError> {
             what: format!("a {name} namespace"),
         });
     }
-    Ok(())
+    Ok(file)
+}
+
+/// What only a process inside the pod's network namespace can get, for the agent, which does
+/// not enter it: a socket created there (its namespace and cookie are readable from any
+/// namespace) and the namespace's addresses.
+#[derive(Debug)]
+pub struct Inside {
+    /// An `AF_UNIX` datagram socket of the pod's network namespace, never bound.
+    pub socket: OwnedFd,
+    /// The namespace's addresses, except loopback.
+    pub addrs: Vec<IpAddr>,
+}
+
+/// Enters `netns` on a thread of its own (which ends there: no other thread changes
+/// namespace) and makes what [`Inside`] holds.
+pub fn inside(netns: &File) -> io::Result<Inside> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: setns on a descriptor we hold open; affects this thread only.
+                if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: plain socket(2); the result is checked before use.
+                let fd = unsafe {
+                    libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
+                };
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: a new descriptor owned by nothing else.
+                let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+                Ok(Inside {
+                    socket,
+                    addrs: addresses()?,
+                })
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the netns thread panicked")))
+    })
+}
+
+/// The calling thread's network namespace's addresses, except loopback.
+fn addresses() -> io::Result<Vec<IpAddr>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not freed yet.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null ifa_addr points to a sockaddr whose family says its type.
+        let ip = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => continue,
+            }
+        };
+        if !ip.is_loopback() && !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(list) };
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -4,6 +4,14 @@
 //! big-endian length, then that many bytes of JSON. Every request carries
 //! [`PROTOCOL_VERSION`]; an agent answers a version it does not speak with
 //! [`ErrorKind::VersionMismatch`], so plugin and agent can be upgraded independently.
+//!
+//! An ADD may carry one file descriptor as `SCM_RIGHTS` ancillary data on its first byte: a
+//! socket the plugin (root, handed the pod's netns by the runtime) created inside the pod's
+//! network namespace. From it the agent learns that namespace and its cookie without entering
+//! it, so it needs no `CAP_SYS_ADMIN` ([`AddRequest::netns_addrs`] carries the addresses the
+//! plugin read there). An agent that predates this reads the frame with `read(2)`, which
+//! discards the descriptor; an ADD without one (an older plugin) is served by entering the
+//! namespace, which only an agent holding `CAP_SYS_ADMIN` can.
 
 use std::{
     io::{self, Read, Write},
@@ -109,6 +117,10 @@ pub struct AddRequest {
     pub pod_ips: Vec<IpAddr>,
     /// The `linkerd` section of the network config.
     pub config: LinkerdConfig,
+    /// The addresses of the pod's network namespace (except loopback), read by the plugin
+    /// inside it, sent with the netns socket (see the module). Absent from older plugins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_addrs: Option<Vec<IpAddr>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -239,6 +251,7 @@ mod tests {
             cgroup_path: None,
             pod_ips: vec!["10.0.0.5".parse().unwrap()],
             config: LinkerdConfig::default(),
+            netns_addrs: Some(vec!["10.0.0.5".parse().unwrap()]),
         })));
         let bytes = encode(&req).unwrap();
         let back: Envelope = read_frame(&mut &bytes[..]).unwrap();

@@ -8,7 +8,11 @@
 use std::process::{Command, Output};
 
 use linkerd_cni_agent::host::{capabilities::CAPABILITIES, kernel};
-use linkerd_cni_tests::{AgentHarness, node::workspace_bin};
+use linkerd_cni_tests::{
+    AgentHarness,
+    cniruntime::Verb,
+    node::{NodeOptions, PodSpec, SimNode, namespace_manifest, workspace_bin},
+};
 
 /// Runs `linkerd-cni-agent load` with exactly `caps` (bounding set, so also its effective set
 /// as root) on a fresh pin root and registry, cleaned up afterwards.
@@ -87,4 +91,53 @@ fn each_missing_required_capability_is_named_at_start_in_one_line() {
             "{stderr}"
         );
     }
+}
+
+/// The effective capability set of process `pid`.
+fn cap_eff(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .expect("CapEff")
+}
+
+/// Issue 36 item 1: the agent holding exactly the required capabilities (no `CAP_SYS_ADMIN`:
+/// its effective set is read from `/proc`) serves the ADD, CHECK and DEL of a meshed pod
+/// through the real plugin and socket: the plugin passes a socket from inside the pod's
+/// netns, so the agent never enters it; the pod's links and map entries are in place after
+/// ADD, CHECK passes, and DEL removes them.
+#[test]
+fn the_required_capabilities_serve_add_check_and_del() {
+    let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
+        .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
+    node.start_agent_with_capabilities(&required())
+        .unwrap_or_else(|e| panic!("the agent with {:?} only: {e}", required()));
+    let pid = node.agent().expect("agent running").pid();
+    let held = cap_eff(pid);
+    let want: u64 = CAPABILITIES
+        .iter()
+        .filter(|c| c.required)
+        .map(|c| 1u64 << c.bit)
+        .sum();
+    assert_eq!(held, want, "the agent holds exactly the required set");
+    assert_eq!(held & (1 << 21), 0, "no CAP_SYS_ADMIN");
+
+    let pod = node.added_pod(PodSpec::meshed("shop", "capped"));
+    let cookie = pod.cookie().expect("cookie");
+    let st = node.state().expect("state");
+    assert!(st.registered().contains(&pod.container_id), "registered");
+    assert!(!st.links_of(&pod.container_id).is_empty(), "links attached");
+    assert!(
+        st.pod_config.contains_key(&cookie),
+        "config entry under the pod's cookie"
+    );
+    let check = node.cni(Verb::Check, &pod).expect("CHECK runs");
+    assert!(check.ok(), "CHECK: {}\n{}", check.stdout, check.stderr);
+    let del = node.cni(Verb::Del, &pod).expect("DEL runs");
+    assert!(del.ok(), "DEL: {}\n{}", del.stdout, del.stderr);
+    let st = node.state().expect("state");
+    assert!(!st.registered().contains(&pod.container_id), "unregistered");
+    assert!(!st.pod_config.contains_key(&cookie), "entries removed");
 }

@@ -67,6 +67,10 @@ const AGENT_CONTAINER: &str = "install-cni";
 const BULK_PODS: usize = 1000;
 /// The values file both renderers get: debug logs, so a failure explains itself.
 const VALUES: &str = "logLevel: debug\nagent:\n  logLevel: info,linkerd_cni_agent=debug\n";
+/// [`VALUES`] with `agent.sysAdmin` (issue 36): CAP_SYS_ADMIN, which adopting a pod that
+/// started before the plugin needs (entering its netns, loading the iterator).
+const VALUES_ADOPTION: &str =
+    "logLevel: debug\nagent:\n  logLevel: info,linkerd_cni_agent=debug\n  sysAdmin: true\n";
 /// [`VALUES`] for a node whose host mounts bpffs itself: no `mount-bpffs` init container.
 const VALUES_HOST_BPFFS: &str =
     "logLevel: debug\nagent:\n  logLevel: info,linkerd_cni_agent=debug\n  mountBpffs: false\n";
@@ -777,9 +781,10 @@ fn register_bulk(node: &CriNode, n: usize) -> Duration {
 }
 
 /// The rendered pod's least-privilege shape (issue 25): no host PIDs, the agent container
-/// unprivileged with exactly the agent's required capabilities, and `mount-bpffs` the only
-/// privileged container (or none when the host mounts bpffs).
-fn assert_rendered_least_privilege(install: &Install, mount_bpffs: bool) {
+/// unprivileged with exactly the agent's required capabilities (and `extra`, optional ones
+/// the values asked for), and `mount-bpffs` the only privileged container (or none when the
+/// host mounts bpffs).
+fn assert_rendered_least_privilege(install: &Install, mount_bpffs: bool, extra: &[&str]) {
     let pod = install
         .daemonset
         .pointer("/spec/template/spec")
@@ -802,6 +807,7 @@ fn assert_rendered_least_privilege(install: &Install, mount_bpffs: bool) {
         .iter()
         .filter(|c| c.required)
         .map(|c| c.name)
+        .chain(extra.iter().copied())
         .collect();
     assert_eq!(
         agent.pointer("/securityContext/capabilities"),
@@ -811,8 +817,9 @@ fn assert_rendered_least_privilege(install: &Install, mount_bpffs: bool) {
     assert_eq!(agent.get("ports"), None, "no containerPort (a hostPort)");
 }
 
-/// The running agent's effective capabilities are exactly the agent's required table.
-fn assert_agent_holds_only_its_capabilities(node: &CriNode, pod: &KubeletPod) {
+/// The running agent's effective capabilities are exactly the agent's required table (and
+/// `extra`, optional ones the values asked for).
+fn assert_agent_holds_only_its_capabilities(node: &CriNode, pod: &KubeletPod, extra: &[&str]) {
     let c = pod.container(AGENT_CONTAINER).expect("agent container");
     let pid = ok(node, "the agent's PID", node.container_pid(&c.id));
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
@@ -823,12 +830,12 @@ fn assert_agent_holds_only_its_capabilities(node: &CriNode, pod: &KubeletPod) {
         .expect("CapEff");
     let want: u64 = CAPABILITIES
         .iter()
-        .filter(|c| c.required)
+        .filter(|c| c.required || extra.contains(&c.name))
         .map(|c| 1u64 << c.bit)
         .sum();
     assert_eq!(
         eff, want,
-        "the agent process holds exactly BPF, NET_ADMIN and SYS_ADMIN (CapEff {eff:x})"
+        "the agent process holds exactly the required capabilities and {extra:?} (CapEff {eff:x})"
     );
 }
 
@@ -876,7 +883,7 @@ fn registered(node: &CriNode) -> usize {
 #[test]
 fn daemonset_pod_installs_redirects_survives_a_rolling_update_and_uninstalls() {
     let work = TempDir::new().expect("scratch directory");
-    let install = render_install(Renderer::Cli, work.path());
+    let install = render_install_with(Renderer::Cli, VALUES_ADOPTION, work.path());
     let node = start_node(&install, work.path());
     let server = ok(
         &node,
@@ -899,7 +906,7 @@ fn daemonset_pod_installs_redirects_survives_a_rolling_update_and_uninstalls() {
         "before the install nothing is mounted at the node's {}",
         paths::BPFFS
     );
-    assert_rendered_least_privilege(&install, true);
+    assert_rendered_least_privilege(&install, true, &["SYS_ADMIN"]);
 
     // 0. A meshed pod that starts before the plugin is in the chain (no ADD reaches any
     //    agent): its proxy listens, kubelet publishes its address; it runs unredirected.
@@ -939,7 +946,7 @@ fn daemonset_pod_installs_redirects_survives_a_rolling_update_and_uninstalls() {
         "the agent pinned its maps on the node's bpffs"
     );
     assert_container_as_translated(&node, &pod);
-    assert_agent_holds_only_its_capabilities(&node, &pod);
+    assert_agent_holds_only_its_capabilities(&node, &pod, &["SYS_ADMIN"]);
     // The early pod is adopted in place, on these capabilities and without the host's PIDs:
     // outbound through its proxy, inbound to the listener its proxy opened before the agent.
     wait_adoptions(&node, &pod, 1);
@@ -1137,7 +1144,8 @@ fn host_mounted_bpffs_leaves_nothing_privileged() {
         None,
         "helm template renders no init container either"
     );
-    assert_rendered_least_privilege(&install, false);
+    // The default capabilities, BPF and NET_ADMIN (issue 36): no CAP_SYS_ADMIN.
+    assert_rendered_least_privilege(&install, false, &[]);
     let node = start_node(&install, work.path());
     let root = node.root().expect("own root");
     // The host mounts bpffs at boot (shared, as everything on a systemd host).
@@ -1169,7 +1177,7 @@ fn host_mounted_bpffs_leaves_nothing_privileged() {
     let (mut pod, ready) = run_agent_pod(&node, plan);
     println!("daemonset: with the host's bpffs the agent was ready {ready:?} after its start");
     assert_container_as_translated(&node, &pod);
-    assert_agent_holds_only_its_capabilities(&node, &pod);
+    assert_agent_holds_only_its_capabilities(&node, &pod, &[]);
     assert_eq!(chain(&node), ["bridge", "linkerd-cni"]);
     assert!(
         node.pin_root().join(paths::PIN_MAPS).is_dir(),

@@ -28,7 +28,7 @@ use crate::{
     host::cgroup,
     host::kernel,
     host::netns::{self, Netns, NetnsError},
-    host::peer::{self, PeerError, PeerPlaces},
+    host::peer::{self, PeerError, PeerNetns, PeerPlaces},
     host::podnetns,
     host::userns::{self, UsernsError},
 };
@@ -256,14 +256,43 @@ impl Agent {
     /// A configuration over a per-pod limit ([`limits`]) is refused before anything is
     /// written, and a failed write is rolled back: a failed registration leaves no entries.
     pub fn register(&self, reg: Registration) -> Result<PodRecord, AgentError> {
-        self.register_from(reg, Origin::Agent)
+        self.register_from(reg, Origin::Agent, None)
     }
 
     /// [`Self::register`] for a request from a peer of the socket: its netns and cgroup
     /// must lead where runtimes and kubelet put pods ([`peer`]), or it is refused before
-    /// anything is written.
-    pub fn register_from_peer(&self, reg: Registration) -> Result<PodRecord, AgentError> {
-        self.register_from(reg, Origin::Peer)
+    /// anything is written. `inside` is what the plugin passed from inside the netns: the
+    /// cookie is read from its socket, nothing enters the namespace (without it, the agent
+    /// enters it, which needs `CAP_SYS_ADMIN`).
+    pub fn register_from_peer(
+        &self,
+        reg: Registration,
+        inside: Option<PeerNetns>,
+    ) -> Result<PodRecord, AgentError> {
+        self.register_from(reg, Origin::Peer, inside)
+    }
+
+    /// The netns's cookie and addresses: from the plugin's socket when it passed one, else
+    /// read inside the namespace.
+    fn cookie_and_addresses(
+        &self,
+        ns: &Netns,
+        origin: Origin,
+        inside: Option<&PeerNetns>,
+    ) -> Result<(u64, Vec<IpAddr>), AgentError> {
+        match (inside, origin) {
+            (Some(p), _) => Ok((p.cookie_of(ns)?, p.addrs.clone())),
+            (None, Origin::Agent) => Ok(ns.cookie_and_addresses()?),
+            (None, Origin::Peer) => ns.cookie_and_addresses().map_err(|e| match e {
+                NetnsError::Io { source, .. } if source.raw_os_error() == Some(libc::EPERM) => {
+                    PeerError::NoSocket {
+                        path: ns.path.display().to_string(),
+                    }
+                    .into()
+                }
+                e => e.into(),
+            }),
+        }
     }
 
     /// Opens the netns `reg` names (a host path), checked as [`peer`] says when a peer sent
@@ -287,13 +316,14 @@ impl Agent {
         &self,
         mut reg: Registration,
         origin: Origin,
+        inside: Option<PeerNetns>,
     ) -> Result<PodRecord, AgentError> {
         let id = reg.id.clone();
         let mut phases = Phases::new("add", &id);
         // Lists longer than a pod may have are refused before any work is done for them.
         limits::check_config(&reg.config)?;
         let ns = self.open_netns(&mut reg, origin)?;
-        let (netns_cookie, addresses) = ns.cookie_and_addresses()?;
+        let (netns_cookie, addresses) = self.cookie_and_addresses(&ns, origin, inside.as_ref())?;
         phases.mark("netns");
         let mut pod_ips = reg.pod_ips.clone();
         for ip in addresses {
@@ -469,7 +499,7 @@ impl Agent {
         reg: Registration,
         reason: String,
     ) -> Result<PodRecord, AgentError> {
-        self.record_unredirected_from(reg, reason, Origin::Agent)
+        self.record_unredirected_from(reg, reason, Origin::Agent, None)
     }
 
     /// [`Self::record_unredirected`] for a request from a peer of the socket (its netns
@@ -478,8 +508,9 @@ impl Agent {
         &self,
         reg: Registration,
         reason: String,
+        inside: Option<PeerNetns>,
     ) -> Result<PodRecord, AgentError> {
-        self.record_unredirected_from(reg, reason, Origin::Peer)
+        self.record_unredirected_from(reg, reason, Origin::Peer, inside)
     }
 
     fn record_unredirected_from(
@@ -487,9 +518,14 @@ impl Agent {
         mut reg: Registration,
         reason: String,
         origin: Origin,
+        inside: Option<PeerNetns>,
     ) -> Result<PodRecord, AgentError> {
         let ns = self.open_netns(&mut reg, origin)?;
-        let (netns_ino, netns_cookie) = (ns.ino, ns.cookie()?);
+        let netns_ino = ns.ino;
+        let netns_cookie = match &inside {
+            Some(p) => p.cookie_of(&ns)?,
+            None => self.cookie_and_addresses(&ns, origin, None)?.0,
+        };
         let mut maps = self.lock();
         if let Some(old) = self.registry.get(&reg.id)? {
             self.unregister_locked(&mut maps, &old)?;

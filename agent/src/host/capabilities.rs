@@ -3,7 +3,10 @@
 //!
 //! The DaemonSet runs the agent's container unprivileged with exactly the capabilities marked
 //! required here (and the chart lists the same ones): a new use of a capability must be added
-//! here, with its reason, or the agent would fail at its first use on a real node.
+//! here, with its reason, or the agent would fail at its first use on a real node. The
+//! optional ones serve paths a node may not need (adoption, user-namespaced pods, older
+//! plugins); without them those paths fail closed with an error naming the capability, and
+//! the chart adds them only when asked (`agent.sysAdmin`).
 
 use std::{fmt, fs, io};
 
@@ -20,29 +23,48 @@ pub struct Capability {
     pub why: &'static str,
 }
 
-/// Every capability the agent uses.
-pub const CAPABILITIES: [Capability; 4] = [
+/// Every capability the agent uses, and every system call that needs one. Read from the
+/// kernel's checks (6.1 and later): `bpf_prog_load` wants `CAP_BPF` for every program type
+/// but socket filters, plus `CAP_NET_ADMIN` for the cgroup sock_addr, sockops and sockopt
+/// types and `CAP_PERFMON` for tracing programs such as `iter/tcp`; `sk_lookup` needs
+/// `CAP_BPF` alone. `BPF_LINK_CREATE` on a netns (`netns_bpf_link_create`) checks nothing
+/// beyond holding the netns descriptor; on a cgroup it needs the program loaded.
+/// `BPF_PROG_GET_FD_BY_ID` wants `CAP_SYS_ADMIN`. Opening pins (`BPF_OBJ_GET`), reading link
+/// and program info by descriptor and map reads and writes need no capability beyond the
+/// descriptor (the maps were made by `CAP_BPF`).
+pub const CAPABILITIES: [Capability; 5] = [
     Capability {
         name: "BPF",
         bit: 39,
         required: true,
         why: "bpf(2): creating the maps and loading the programs (BPF_MAP_CREATE, \
-              BPF_PROG_LOAD), reading and updating map entries",
+              BPF_PROG_LOAD), attaching them (BPF_LINK_CREATE), reading and updating map \
+              entries",
     },
     Capability {
         name: "NET_ADMIN",
         bit: 12,
         required: true,
-        why: "bpf(2) for networking: loading cgroup sock_addr, sockops, sockopt and sk_lookup \
-              programs, creating the listener SOCKHASH, attaching them to cgroups and network \
-              namespaces (BPF_LINK_CREATE)",
+        why: "bpf(2) BPF_PROG_LOAD of the cgroup sock_addr, sockops and sockopt programs, \
+              and ioctl(2) SIOCGSKNS on the socket the plugin passes from inside a pod's \
+              network namespace (which namespace it is, without entering it)",
     },
     Capability {
         name: "SYS_ADMIN",
         bit: 21,
-        required: true,
-        why: "setns(2) into pods' network namespaces (their addresses, their netns cookie), \
-              mount(2) of bpffs when it is gone, and bpf(2) commands that open objects by ID",
+        required: false,
+        why: "setns(2) into pods' network namespaces for pods running before the plugin \
+              (adoption) and for ADDs from plugins older than the agent, setns(2) into a \
+              user-namespaced pod's user namespace (its uid_map), mount(2) of bpffs when it is \
+              gone, and bpf(2) BPF_PROG_GET_FD_BY_ID (keeping pods' inbound stubs across a \
+              restart; without it each is replaced)",
+    },
+    Capability {
+        name: "PERFMON",
+        bit: 38,
+        required: false,
+        why: "bpf(2) BPF_PROG_LOAD of the iter/tcp program (a tracing program), which \
+              adoption runs (CAP_SYS_ADMIN also allows it)",
     },
     Capability {
         name: "SYS_PTRACE",
@@ -115,7 +137,7 @@ pub fn check() -> Result<(), MissingCapabilities> {
     let (required, optional) = missing(effective);
     for cap in optional {
         tracing::warn!(
-            "capability CAP_{} not held: no {} (only some runtimes need it)",
+            "capability CAP_{} not held: no {} (only some nodes need it)",
             cap.name,
             cap.why
         );
@@ -151,7 +173,7 @@ mod tests {
 
     #[test]
     fn each_missing_required_capability_is_named_in_one_line() {
-        let all = set(&["BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"]);
+        let all = set(&["BPF", "NET_ADMIN", "SYS_ADMIN", "PERFMON", "SYS_PTRACE"]);
         assert_eq!(missing(all), (vec![], vec![]));
         for cap in CAPABILITIES.iter().filter(|c| c.required) {
             let (required, optional) = missing(all & !(1u64 << cap.bit));
@@ -164,11 +186,11 @@ mod tests {
             );
             assert!(!line.contains('\n'), "{line}");
         }
-        let (required, optional) = missing(set(&["BPF", "NET_ADMIN", "SYS_ADMIN"]));
+        let (required, optional) = missing(set(&["BPF", "NET_ADMIN"]));
         assert!(required.is_empty());
         assert_eq!(
             optional.iter().map(|c| c.name).collect::<Vec<_>>(),
-            ["SYS_PTRACE"]
+            ["SYS_ADMIN", "PERFMON", "SYS_PTRACE"]
         );
     }
 
@@ -179,6 +201,7 @@ mod tests {
         assert_eq!(bit("NET_ADMIN"), Some(12));
         assert_eq!(bit("SYS_PTRACE"), Some(19));
         assert_eq!(bit("SYS_ADMIN"), Some(21));
+        assert_eq!(bit("PERFMON"), Some(38));
         assert_eq!(bit("BPF"), Some(39));
     }
 }

@@ -21,7 +21,12 @@
 
 use std::{
     fs::File,
-    os::unix::fs::MetadataExt,
+    io,
+    net::IpAddr,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
     path::{Component, Path, PathBuf},
 };
 
@@ -80,6 +85,27 @@ pub enum PeerError {
         trees: String,
         root: String,
     },
+    /// The socket the plugin passed is not of the namespace the path names.
+    #[error(
+        "the socket passed for netns {path} belongs to another network namespace (inode {socket_ino}, \
+         the path's {path_ino})"
+    )]
+    SocketElsewhere {
+        path: String,
+        socket_ino: u64,
+        path_ino: u64,
+    },
+    /// Reading the passed socket's namespace or cookie failed.
+    #[error("the socket passed for netns {path}: {source}")]
+    Socket { path: String, source: io::Error },
+    /// No socket came with the ADD (a plugin older than the agent), and entering the
+    /// namespace instead needs a capability the agent does not hold.
+    #[error(
+        "no socket from inside netns {path} came with the ADD (a linkerd-cni plugin older than \
+         the agent?), and entering it needs CAP_SYS_ADMIN, which this agent does not hold: \
+         retry once the agent has installed its plugin"
+    )]
+    NoSocket { path: String },
     /// What the path leads to is not a network namespace, or could not be opened.
     #[error(transparent)]
     Netns(#[from] NetnsError),
@@ -195,6 +221,65 @@ pub fn open_netns(
         });
     }
     Ok(ns)
+}
+
+/// What the plugin passes from inside the pod's network namespace (see
+/// `linkerd_cni_proto::wire`): a socket it created there, and the addresses it read there.
+#[derive(Debug)]
+pub struct PeerNetns {
+    pub socket: OwnedFd,
+    pub addrs: Vec<IpAddr>,
+}
+
+/// `SIOCGSKNS`: a descriptor of a socket's network namespace (`CAP_NET_ADMIN` over it).
+const SIOCGSKNS: libc::c_ulong = 0x894c;
+/// `SO_NETNS_COOKIE` (not in every libc release yet).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+impl PeerNetns {
+    /// The cookie of `ns` (opened from the path the peer named), read from the passed socket
+    /// once the socket is shown to belong to `ns`: nothing enters the namespace.
+    pub fn cookie_of(&self, ns: &Netns) -> Result<u64, PeerError> {
+        let shown = || ns.path.display().to_string();
+        let sock_err = |source: io::Error| PeerError::Socket {
+            path: shown(),
+            source,
+        };
+        // SAFETY: an ioctl on a socket we own; on success it returns a new descriptor.
+        let raw = unsafe { libc::ioctl(self.socket.as_raw_fd(), SIOCGSKNS as _) };
+        if raw < 0 {
+            return Err(sock_err(io::Error::last_os_error()));
+        }
+        // SAFETY: a new descriptor owned by nothing else.
+        let socket_ns = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        let (a, b) = (
+            socket_ns.metadata().map_err(sock_err)?,
+            ns.file().metadata().map_err(sock_err)?,
+        );
+        if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+            return Err(PeerError::SocketElsewhere {
+                path: shown(),
+                socket_ino: a.ino(),
+                path_ino: b.ino(),
+            });
+        }
+        let mut cookie: u64 = 0;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: getsockopt into a u64 we own, with its size.
+        let ret = unsafe {
+            libc::getsockopt(
+                self.socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_NETNS_COOKIE,
+                (&raw mut cookie).cast(),
+                &mut len,
+            )
+        };
+        if ret < 0 {
+            return Err(sock_err(io::Error::last_os_error()));
+        }
+        Ok(cookie)
+    }
 }
 
 /// Kubelet's QoS cgroups (both drivers): each holds every pod of its class.

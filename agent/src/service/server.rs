@@ -12,7 +12,10 @@
 
 use std::{
     io,
-    os::unix::fs::PermissionsExt,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        unix::fs::PermissionsExt,
+    },
     path::Path,
     sync::{
         Arc,
@@ -31,7 +34,7 @@ use linkerd_cni_proto::{
 };
 use tokio::sync::Semaphore;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncReadExt, AsyncWriteExt, Interest},
     net::{UnixListener, UnixStream},
 };
 use tracing::Instrument;
@@ -40,6 +43,7 @@ use crate::{
     agent::adopt::Adopter,
     agent::{Agent, AgentError, Registration, reconcile::Reconciler},
     host::netns::NetnsError,
+    host::peer::{PeerError, PeerNetns},
     host::userns::UsernsError,
 };
 
@@ -154,16 +158,16 @@ impl Server {
             .await
             .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut).into()));
         let response = match request {
-            Ok(env) if env.version != PROTOCOL_VERSION => error(
+            Ok((env, _)) if env.version != PROTOCOL_VERSION => error(
                 ErrorKind::VersionMismatch,
                 format!(
                     "agent speaks protocol {PROTOCOL_VERSION}, request uses {}",
                     env.version
                 ),
             ),
-            Ok(env) => {
+            Ok((env, fd)) => {
                 let deadline = env.agent_budget().map(|b| Instant::now() + b);
-                self.handle_until(env.request, deadline).await
+                self.handle_with(env.request, deadline, fd).await
             }
             Err(e) => error(ErrorKind::BadRequest, e.to_string()),
         };
@@ -186,10 +190,21 @@ impl Server {
     /// Serves one request; an ADD not finished by `deadline` (when the plugin stops waiting)
     /// is abandoned and anything it registered rolled back.
     pub async fn handle_until(&self, request: Request, deadline: Option<Instant>) -> Response {
+        self.handle_with(request, deadline, None).await
+    }
+
+    /// [`Self::handle_until`], with the descriptor the request carried (an ADD's netns
+    /// socket; any other request's is closed unused).
+    pub async fn handle_with(
+        &self,
+        request: Request,
+        deadline: Option<Instant>,
+        fd: Option<OwnedFd>,
+    ) -> Response {
         match request {
             Request::Add(add) => {
                 self.stats.adds.fetch_add(1, Ordering::Relaxed);
-                self.add(*add, deadline).await
+                self.add(*add, deadline, fd).await
             }
             Request::Del(att) => {
                 self.stats.dels.fetch_add(1, Ordering::Relaxed);
@@ -244,15 +259,25 @@ impl Server {
         }
     }
 
-    async fn add(&self, add: AddRequest, deadline: Option<Instant>) -> Response {
+    async fn add(
+        &self,
+        add: AddRequest,
+        deadline: Option<Instant>,
+        fd: Option<OwnedFd>,
+    ) -> Response {
         let span = add_span(&add);
         // `instrument`, not `enter`: the future moves between runtime threads at each await,
         // and an entered span guard held across one corrupts the span stack (a panic under
         // concurrent ADDs).
-        self.add_in_span(add, deadline).instrument(span).await
+        self.add_in_span(add, deadline, fd).instrument(span).await
     }
 
-    async fn add_in_span(&self, add: AddRequest, deadline: Option<Instant>) -> Response {
+    async fn add_in_span(
+        &self,
+        add: AddRequest,
+        deadline: Option<Instant>,
+        fd: Option<OwnedFd>,
+    ) -> Response {
         let AddRequest {
             attachment:
                 AttachmentRef {
@@ -264,7 +289,13 @@ impl Server {
             cgroup_path,
             pod_ips,
             config,
+            netns_addrs,
         } = add;
+        // The socket the plugin made inside the pod's netns, with the addresses it read there.
+        let inside = fd.map(|socket| PeerNetns {
+            socket,
+            addrs: netns_addrs.unwrap_or_default(),
+        });
         self.adopter.remember_config(&config);
         if pod.namespace.is_empty() || pod.name.is_empty() {
             return error(
@@ -316,9 +347,9 @@ impl Server {
                 let id = reg.id.clone();
                 let before = a.record(&id)?;
                 let record = if redirect {
-                    a.register_from_peer(reg)?
+                    a.register_from_peer(reg, inside)?
                 } else {
-                    a.record_unredirected_from_peer(reg, why)?
+                    a.record_unredirected_from_peer(reg, why, inside)?
                 };
                 if past() {
                     // A retry for a pod already redirected in this netns was an update in
@@ -367,9 +398,24 @@ impl Server {
     }
 }
 
-async fn read_request(conn: &mut UnixStream) -> Result<Envelope, FrameError> {
+/// Reads one request and the descriptor it may carry (see `linkerd_cni_proto::wire`).
+async fn read_request(conn: &mut UnixStream) -> Result<(Envelope, Option<OwnedFd>), FrameError> {
     let mut header = [0u8; 4];
-    conn.read_exact(&mut header).await?;
+    // The first bytes with `recvmsg`: a descriptor travels with the first byte.
+    let (got, fd) = loop {
+        conn.readable().await?;
+        match conn.try_io(Interest::READABLE, || {
+            recv_with_fd(conn.as_raw_fd(), &mut header)
+        }) {
+            Ok(done) => break done,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    if got == 0 {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
+    conn.read_exact(&mut header[got..]).await?;
     let len = wire::frame_len(header)?;
     // Grows with what arrives: an announced length allocates nothing by itself.
     let mut body = Vec::with_capacity(len.min(64 * 1024));
@@ -377,7 +423,44 @@ async fn read_request(conn: &mut UnixStream) -> Result<Envelope, FrameError> {
     if body.len() < len {
         return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
     }
-    Ok(serde_json::from_slice(&body)?)
+    Ok((serde_json::from_slice(&body)?, fd))
+}
+
+/// One `recvmsg` into `buf`, with room for one `SCM_RIGHTS` descriptor (received
+/// close-on-exec; any more than one are closed by the kernel as the room is short).
+fn recv_with_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` points to live buffers for the duration of the call.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut received = None;
+    // SAFETY: walking the control messages the kernel wrote into `control`, within
+    // `msg_controllen`; an SCM_RIGHTS message's data holds descriptors now ours.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                received = Some(OwnedFd::from_raw_fd(raw));
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok((n as usize, received))
 }
 
 /// The span every log line of an ADD carries: the attachment and pod as the plugin named them,
@@ -408,6 +491,8 @@ fn error(kind: ErrorKind, message: String) -> Response {
 /// The one place agent errors become protocol error kinds.
 fn agent_error(e: AgentError) -> Response {
     let kind = match &e {
+        // A plugin older than the agent, seen while the agent installs its own: retry.
+        AgentError::Peer(PeerError::NoSocket { .. }) => ErrorKind::Unavailable,
         AgentError::Netns(NetnsError::NotFound { .. } | NetnsError::NotNetns { .. }) => {
             ErrorKind::UnknownContainer
         }
@@ -464,6 +549,7 @@ mod tests {
             cgroup_path: None,
             pod_ips: Vec::new(),
             config: LinkerdConfig::default(),
+            netns_addrs: None,
         };
         let sink = Captured::default();
         let writer = sink.clone();

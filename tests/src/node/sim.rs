@@ -363,6 +363,25 @@ impl SimNode {
         self.start_agent_bin(wrapper)
     }
 
+    /// [`Self::start_agent`], with the agent holding exactly `caps` (their names without
+    /// `CAP_`, as `setpriv --bounding-set` takes them: as root, its effective set then), as
+    /// the DaemonSet's unprivileged container runs it.
+    pub fn start_agent_with_capabilities(&mut self, caps: &[&str]) -> Result<()> {
+        let wrapper = self.dir.path().join("agent-with-capabilities");
+        let bounding = std::iter::once("-all".to_string())
+            .chain(caps.iter().map(|c| format!("+{}", c.to_lowercase())))
+            .collect::<Vec<_>>()
+            .join(",");
+        let script = format!(
+            "#!/bin/sh\nexec setpriv --bounding-set {bounding} '{}' \"$@\"\n",
+            workspace_bin(AGENT_BIN)?.display()
+        );
+        fs::write(&wrapper, script).ctx(|| format!("writing {}", wrapper.display()))?;
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755))
+            .ctx(|| format!("chmod {}", wrapper.display()))?;
+        self.start_agent_bin(wrapper)
+    }
+
     fn start_agent_bin(&mut self, bin: PathBuf) -> Result<()> {
         if let Some(mut old) = self.agent.take() {
             old.kill();
