@@ -37,6 +37,9 @@ pub const PROGRAMS: [(&str, AttachType); 4] = [
 pub enum How {
     /// A bpf_link (Cilium >= 1.14, Calico).
     Link,
+    /// A bpf_link made first on the cgroup (`BPF_F_BEFORE`, where the kernel orders cgroup
+    /// links).
+    LinkFirst,
     /// `BPF_PROG_ATTACH` with flags 0 (Cilium <= 1.13, Merbridge, Kuma).
     Exclusive,
     /// `BPF_PROG_ATTACH` with `BPF_F_ALLOW_OVERRIDE`.
@@ -51,6 +54,7 @@ impl How {
     fn flags(self) -> u32 {
         match self {
             How::Link | How::Exclusive => 0,
+            How::LinkFirst => bpf_sys::F_BEFORE,
             How::Override => bpf_sys::F_ALLOW_OVERRIDE,
             How::Multi => bpf_sys::F_ALLOW_MULTI,
             How::Preorder => bpf_sys::F_ALLOW_MULTI | bpf_sys::F_PREORDER,
@@ -159,8 +163,8 @@ impl SocketLb {
             let prog = self.prog(name).map_err(std::io::Error::other)?;
             let cg = fs::File::open(cgroup)?;
             match how {
-                How::Link => {
-                    let link = bpf_sys::link_create(&prog, &cg, attach)?;
+                How::Link | How::LinkFirst => {
+                    let link = bpf_sys::link_create_flags(&prog, &cg, attach, how.flags())?;
                     self.attached.push(Attachment::Link(link));
                 }
                 _ => {

@@ -262,6 +262,42 @@ fn shared_attachment_after_the_tenant_on_its_cgroup_goes_first_or_is_refused_nam
 }
 
 #[test]
+fn a_tenant_link_made_first_after_ours_is_put_behind_ours_by_the_next_reconcile_pass() {
+    let root = CgroupGuard::new().expect("stand-in root");
+    let world = World::under(root.path());
+    let h = AgentHarness::new(Some(root.path()));
+    let record = h.register(&world.net.pod, LinkerdConfig::default(), false);
+    let mut lb = world.tenant();
+    // Asked of the kernel: before cgroup links could be ordered, it refuses the flag.
+    match lb.attach(root.path(), How::LinkFirst) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            assert_ne!(bpf_sys::cgroup_links_ordered(), Some(true));
+            eprintln!(
+                "this kernel refuses BPF_F_BEFORE on cgroup links: no link can go ahead of ours"
+            );
+            return;
+        }
+        Err(e) => panic!("attaching with BPF_F_BEFORE: {e}"),
+        Ok(()) => {}
+    }
+    let conflict = h
+        .agent()
+        .check_order(&record)
+        .expect_err("the tenant runs first");
+    assert!(
+        conflict.to_string().contains("runs before ours"),
+        "{conflict}"
+    );
+    let reconciler = h.reconciler();
+    reconciler.run_once();
+    assert_eq!(reconciler.order_conflicts(), 0, "repaired in one pass");
+    h.agent().check_order(&record).expect("ours first again");
+    h.agent().check(&record.id).expect("links in force");
+    let proxy = world.proxy();
+    world.assert_meshed(&proxy, &lb);
+}
+
+#[test]
 fn exclusive_tenant_above_the_pod_refuses_the_add_naming_it() {
     let root = CgroupGuard::new().expect("stand-in root");
     let world = World::under(root.path());

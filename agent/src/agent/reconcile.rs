@@ -27,7 +27,7 @@ use std::{
 
 use aya::maps::{MapError, PerCpuValues, lpm_trie::Key};
 use linkerd_cni_common::{
-    names::{self, Program},
+    names::{self, Hook, Program},
     paths,
     types::PodStats,
 };
@@ -38,6 +38,7 @@ use crate::{
     dataplane::DataplaneError,
     dataplane::bpf_sys::{self, AttachType},
     dataplane::maps::Maps,
+    dataplane::order::Conflict,
     host::kernel,
     host::netns::{self, Netns},
 };
@@ -270,7 +271,37 @@ impl Reconciler {
     /// info level. Nothing is detached: the pod keeps whatever redirection it has, and
     /// `linkerd_cni_agent_order_conflicts` counts it.
     fn check_order(&self, record: &PodRecord) {
-        let found = self.agent.check_order(record).err().map(|c| c.to_string());
+        let mut found = self.agent.check_order(record);
+        // Another program on the very cgroup of our links, ahead of them: where the kernel
+        // orders cgroup links, ours made again go first (one hook at a time).
+        for _ in names::PROGRAMS {
+            let Err(Conflict::Ahead {
+                tenant,
+                attached_to,
+                ..
+            }) = &found
+            else {
+                break;
+            };
+            if !(tenant.hook.on_cgroup()
+                && tenant.cgroup.as_deref() == Some(attached_to.as_path())
+                && bpf_sys::cgroup_links_ordered() == Some(true))
+            {
+                break;
+            }
+            match self.agent.reorder(record, tenant.hook) {
+                Ok(kind) => {
+                    let what = format!("{tenant} ran before ours: our link re-made first");
+                    self.count(Some(record), &[Repair { kind, what }]);
+                    found = self.agent.check_order(record);
+                }
+                Err(e) => {
+                    tracing::warn!(container = record.id.as_str(), error = %e, "re-making a link first failed");
+                    break;
+                }
+            }
+        }
+        let found = found.err().map(|c| c.to_string());
         let mut conflicts = self.conflicts.lock().unwrap_or_else(|p| p.into_inner());
         let (namespace, pod) = record
             .pod
@@ -368,6 +399,66 @@ impl Agent {
             }
         }
         Ok((Some(record), repairs))
+    }
+
+    /// Makes `record`'s cgroup link of `hook` again, first on its cgroup (where the kernel
+    /// orders cgroup links): the new link is pinned over the old one, which is then detached,
+    /// so the program runs throughout (twice for a moment: a second run finds its work done).
+    pub fn reorder(&self, record: &PodRecord, hook: Hook) -> Result<RepairKind, AgentError> {
+        let _guard = self.lock_background();
+        // Read again under the lock: a DEL in between must not be undone.
+        let Some(record) = self.registry.get(&record.id)? else {
+            return Err(AgentError::UnknownContainer(record.id.clone()));
+        };
+        let (cgroup, dir, kind) = match &record.attachment {
+            Attachment::PerPod { cgroup } => (
+                cgroup.clone(),
+                self.pod_link_dir(&record.id),
+                RepairKind::CgroupLink,
+            ),
+            Attachment::Shared { cgroup } => (
+                cgroup.clone(),
+                self.shared_link_dir(),
+                RepairKind::SharedLink,
+            ),
+            Attachment::None => return Err(AgentError::UnknownContainer(record.id.clone())),
+        };
+        let Some(Program { name, .. }) = names::PROGRAMS.iter().find(|p| p.hook == hook) else {
+            return Err(DataplaneError::MissingProgram("?").into());
+        };
+        let path = dir.join(name);
+        let pin_err = |source| DataplaneError::Pin {
+            path: path.clone(),
+            source,
+        };
+        let prog = bpf_sys::obj_get(&self.config.pin_root.join(paths::PIN_PROGS).join(name))
+            .map_err(pin_err)?;
+        let cg = std::fs::File::open(&cgroup).map_err(|source| DataplaneError::Cgroup {
+            path: cgroup.clone(),
+            source,
+        })?;
+        let old = bpf_sys::obj_get(&path).map_err(pin_err)?;
+        let new = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, AttachType::of(hook)).map_err(
+            |source| DataplaneError::Attach {
+                program: name,
+                path: cgroup.clone(),
+                source,
+                hint: "",
+            },
+        )?;
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push("_new");
+        let tmp = std::path::PathBuf::from(tmp);
+        let _ = std::fs::remove_file(&tmp);
+        let pinned =
+            bpf_sys::obj_pin(new.as_fd(), &tmp).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = pinned {
+            let _ = bpf_sys::link_detach(&new);
+            let _ = std::fs::remove_file(&tmp);
+            return Err(pin_err(e).into());
+        }
+        let _ = bpf_sys::link_detach(&old);
+        Ok(kind)
     }
 
     /// Re-creates the link of program `name` for `record` and pins it in `dir`.
