@@ -291,7 +291,7 @@ fn default_render_content() {
     assert_eq!(sc["readOnlyRootFilesystem"], true);
     assert_eq!(
         sc["capabilities"],
-        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN"]})
+        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "PERFMON"]})
     );
     // Nothing exposed: no ports (a hostPort with hostNetwork), probes and health on loopback,
     // no Prometheus annotations while metrics are off.
@@ -475,7 +475,7 @@ fn netns_from_proc_adds_the_host_proc_and_sys_ptrace() {
     let pod = c(&["--set", "agent.cniNetnsFromProc=true"]);
     assert_eq!(
         pod["containers"][0]["securityContext"]["capabilities"]["add"],
-        json!(["BPF", "NET_ADMIN", "SYS_PTRACE"])
+        json!(["BPF", "NET_ADMIN", "PERFMON", "SYS_PTRACE"])
     );
     let proc_mount = pod["containers"][0]["volumeMounts"]
         .as_array()
@@ -1872,7 +1872,7 @@ fn pod_monitor_scrapes_the_agents_metrics_port() {
     );
 }
 
-/// Issue 36 item 1: the agent's container holds BPF and NET_ADMIN only; `agent.sysAdmin`
+/// Issue 36 item 1: the agent's container holds BPF, NET_ADMIN and PERFMON only; `agent.sysAdmin`
 /// (adoption of pods running before the plugin, user-namespaced pods) adds CAP_SYS_ADMIN and
 /// nothing else.
 #[test]
@@ -1882,8 +1882,11 @@ fn sys_admin_only_with_agent_sys_admin() {
             ["containers"][0]["securityContext"]["capabilities"]
             .clone()
     };
-    assert_eq!(caps(&[])["add"], json!(["BPF", "NET_ADMIN"]));
+    assert_eq!(caps(&[])["add"], json!(["BPF", "NET_ADMIN", "PERFMON"]));
     let with = caps(&["--set", "agent.sysAdmin=true"]);
-    assert_eq!(with["add"], json!(["BPF", "NET_ADMIN", "SYS_ADMIN"]));
+    assert_eq!(
+        with["add"],
+        json!(["BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN"])
+    );
     assert_eq!(with["drop"], json!(["ALL"]));
 }

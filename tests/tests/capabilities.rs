@@ -107,7 +107,7 @@ fn cap_eff(pid: u32) -> u64 {
 /// its effective set is read from `/proc`) serves the ADD, CHECK and DEL of a meshed pod
 /// through the real plugin and socket: the plugin passes a socket from inside the pod's
 /// netns, so the agent never enters it; the pod's links and map entries are in place after
-/// ADD, CHECK passes, and DEL removes them.
+/// ADD, CHECK passes (also after a restart on the same capabilities), and DEL removes them.
 #[test]
 fn the_required_capabilities_serve_add_check_and_del() {
     let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
@@ -135,6 +135,24 @@ fn the_required_capabilities_serve_add_check_and_del() {
     );
     let check = node.cni(Verb::Check, &pod).expect("CHECK runs");
     assert!(check.ok(), "CHECK: {}\n{}", check.stdout, check.stderr);
+    // A restart on the same capabilities: without CAP_SYS_ADMIN the pod's inbound stub
+    // cannot be opened by ID, so it is replaced (not kept); the pod stays registered, linked
+    // and in force.
+    node.start_agent_with_capabilities(&required())
+        .unwrap_or_else(|e| panic!("restarting the agent with {:?} only: {e}", required()));
+    let st = node.state().expect("state");
+    assert!(
+        st.registered().contains(&pod.container_id),
+        "still registered"
+    );
+    assert!(!st.links_of(&pod.container_id).is_empty(), "still linked");
+    let check = node.cni(Verb::Check, &pod).expect("CHECK runs");
+    assert!(
+        check.ok(),
+        "CHECK after the restart: {}\n{}",
+        check.stdout,
+        check.stderr
+    );
     let del = node.cni(Verb::Del, &pod).expect("DEL runs");
     assert!(del.ok(), "DEL: {}\n{}", del.stdout, del.stderr);
     let st = node.state().expect("state");

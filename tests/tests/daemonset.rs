@@ -1144,7 +1144,7 @@ fn host_mounted_bpffs_leaves_nothing_privileged() {
         None,
         "helm template renders no init container either"
     );
-    // The default capabilities, BPF and NET_ADMIN (issue 36): no CAP_SYS_ADMIN.
+    // The default capabilities, BPF, NET_ADMIN and PERFMON (issue 36): no CAP_SYS_ADMIN.
     assert_rendered_least_privilege(&install, false, &[]);
     let node = start_node(&install, work.path());
     let root = node.root().expect("own root");

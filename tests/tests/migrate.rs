@@ -261,7 +261,8 @@ fn start_installing_agent(node: &SimNode, net_dir: &Path) -> AgentProcess {
         health: SocketAddr::from(([127, 0, 0, 1], port)),
         shared_cgroup: None,
         log: d.join("logs").join("agent.log"),
-        extra_args: vec!["--install".into()],
+        // Simulated pods live in test cgroups below the cgroup2 root, not in kubelet's trees.
+        extra_args: vec!["--install".into(), "--pod-cgroup-tree".into(), "/".into()],
     };
     let mut agent = AgentProcess::spawn(&command).unwrap_or_else(|e| panic!("agent: {e}"));
     agent

@@ -326,16 +326,20 @@ impl Dataplane {
             .collect();
         let swapped = layout::swap_links(&self.pin_root, |dir, name, link| {
             if name == names::PROG_SK_LOOKUP && dir != shared_dir {
+                // Opening a program by ID needs CAP_SYS_ADMIN (agent.sysAdmin): without it
+                // what the link runs is unknown, so it is never kept, and its swap is paced as
+                // a stub's is (a stub's is the likely case; pacing a shared one costs a pause).
                 let runs_stub = bpf_sys::prog_by_id(link.prog_id)
                     .and_then(bpf_sys::prog_name)
-                    .is_ok_and(|n| n == names::PROG_SK_LOOKUP_STUB);
-                if runs_stub && stubs_stay {
+                    .map(|n| n == names::PROG_SK_LOOKUP_STUB)
+                    .ok();
+                if runs_stub == Some(true) && stubs_stay {
                     return Some(layout::Swap::Keep);
                 }
                 let stub = self.sk_lookup_stub(*cookies.get(dir)?).ok()?;
                 return Some(match runs_stub {
-                    true => layout::Swap::Private(stub),
-                    false => layout::Swap::Shared(stub),
+                    Some(false) => layout::Swap::Shared(stub),
+                    Some(true) | None => layout::Swap::Private(stub),
                 });
             }
             let name = names::ALL_PROGRAMS.into_iter().find(|p| *p == name)?;

@@ -29,7 +29,8 @@ pub struct Capability {
 /// types and `CAP_PERFMON` for tracing programs such as `iter/tcp`; `sk_lookup` needs
 /// `CAP_BPF` alone. `BPF_LINK_CREATE` on a netns (`netns_bpf_link_create`) checks nothing
 /// beyond holding the netns descriptor; on a cgroup it needs the program loaded.
-/// `BPF_PROG_GET_FD_BY_ID` wants `CAP_SYS_ADMIN`. Opening pins (`BPF_OBJ_GET`), reading link
+/// `BPF_PROG_GET_FD_BY_ID` wants `CAP_SYS_ADMIN`. The verifier's `allow_ptr_leaks` is
+/// `CAP_PERFMON`: without it 6.1 refuses our connect programs (see [`CAPABILITIES`]'s entry). Opening pins (`BPF_OBJ_GET`), reading link
 /// and program info by descriptor and map reads and writes need no capability beyond the
 /// descriptor (the maps were made by `CAP_BPF`).
 pub const CAPABILITIES: [Capability; 5] = [
@@ -62,9 +63,11 @@ pub const CAPABILITIES: [Capability; 5] = [
     Capability {
         name: "PERFMON",
         bit: 38,
-        required: false,
-        why: "bpf(2) BPF_PROG_LOAD of the iter/tcp program (a tracing program), which \
-              adoption runs (CAP_SYS_ADMIN also allows it)",
+        required: true,
+        why: "bpf(2) BPF_PROG_LOAD of the connect programs on kernels whose verifier refuses, \
+              to a loader without it (no allow_ptr_leaks), a write to part of a stack slot \
+              holding a spilled register (6.1: 'attempt to corrupt spilled pointer on stack'), \
+              and of the iter/tcp program (a tracing program) that adoption runs",
     },
     Capability {
         name: "SYS_PTRACE",
@@ -186,11 +189,11 @@ mod tests {
             );
             assert!(!line.contains('\n'), "{line}");
         }
-        let (required, optional) = missing(set(&["BPF", "NET_ADMIN"]));
+        let (required, optional) = missing(set(&["BPF", "NET_ADMIN", "PERFMON"]));
         assert!(required.is_empty());
         assert_eq!(
             optional.iter().map(|c| c.name).collect::<Vec<_>>(),
-            ["SYS_ADMIN", "PERFMON", "SYS_PTRACE"]
+            ["SYS_ADMIN", "SYS_PTRACE"]
         );
     }
 

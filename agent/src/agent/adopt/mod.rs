@@ -47,6 +47,7 @@ use super::{Agent, AgentError, Registration};
 use crate::{
     agent::registry::PodRecord,
     dataplane::iter::ListenerIter,
+    host::capabilities,
     host::natrules,
     host::netns::{self, Netns},
     host::podscan::{self, PodScan, RunningPod, ScanError, V1Hierarchies},
@@ -158,9 +159,23 @@ impl Agent {
     }
 
     /// Why running pods cannot be adopted on this node (the `iter/tcp` program cannot be
-    /// used), or `None` when they can.
+    /// used, or this process may not enter a pod's network namespace), or `None` when they can.
     pub fn adoption_unavailable(&self) -> Option<String> {
-        self.dataplane.listener_iter().err().map(str::to_string)
+        if let Err(e) = self.dataplane.listener_iter() {
+            return Some(e.to_string());
+        }
+        // setns(CLONE_NEWNET) needs CAP_SYS_ADMIN (the chart's agent.sysAdmin).
+        let sys_admin = capabilities::CAPABILITIES
+            .iter()
+            .find(|c| c.name == "SYS_ADMIN")
+            .map(|c| 1u64 << c.bit);
+        match (capabilities::effective(), sys_admin) {
+            (Ok(held), Some(bit)) if held & bit == 0 => Some(
+                "entering a pod's network namespace needs CAP_SYS_ADMIN (agent.sysAdmin=true)"
+                    .into(),
+            ),
+            _ => None,
+        }
     }
 
     /// One scan of the node's pods: the host's cgroup v1 hierarchies (the mount table is read
