@@ -71,7 +71,8 @@ pub struct CheckArgs {
     /// DaemonSet ready on every node, waited for up to --wait).
     #[arg(long, env = "LINKERD_CHECK_LINKERD_CNI_ENABLED")]
     pub linkerd_cni_enabled: bool,
-    /// Also check this machine as a node of the eBPF mode (kernel version, bpffs, cgroup v2).
+    /// Also check this machine as a node of the eBPF mode (kernel version, bpffs, cgroup v2,
+    /// other programs on the cgroup hooks we use on the pods' path).
     /// Meaningful on a node, e.g. from `kubectl debug node/<name>`.
     #[arg(long, env = "LINKERD_CHECK_NODE")]
     pub node: bool,
