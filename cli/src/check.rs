@@ -71,10 +71,15 @@ pub struct CheckArgs {
     /// DaemonSet ready on every node, waited for up to --wait).
     #[arg(long, env = "LINKERD_CHECK_LINKERD_CNI_ENABLED")]
     pub linkerd_cni_enabled: bool,
-    /// Also check this machine as a node of the eBPF mode (kernel version, bpffs, cgroup v2).
+    /// Also check this machine as a node of the eBPF mode (kernel version, bpffs, cgroup v2,
+    /// other programs on the cgroup hooks we use on the pods' path).
     /// Meaningful on a node, e.g. from `kubectl debug node/<name>`.
     #[arg(long, env = "LINKERD_CHECK_NODE")]
     pub node: bool,
+    /// With --node: the cgroup whose programs (and its kubepods cgroup's) are listed as the
+    /// other tenants on the pods' path (default: the cgroup2 mount).
+    #[arg(long, requires = "node")]
+    pub cgroup_root: Option<std::path::PathBuf>,
     /// Post-install checks (what `linkerd check` runs when no other check is asked for):
     /// linkerd-config, the proxy injector, the linkerd-cni objects when cniEnabled is true;
     /// with --proxy also the meshed pods.
@@ -172,7 +177,7 @@ pub async fn run(args: &CheckArgs, kube: &KubeArgs, out: &mut impl Write) -> any
         printer.category(cluster::CATEGORY, &results)?;
     }
     if args.node {
-        let results = node::run(&node::NodeFacts::read_local());
+        let results = node::run(&node::NodeFacts::read_local(args.cgroup_root.as_deref()));
         printer.category(node::CATEGORY, &results)?;
     }
     Ok(printer.finish()?)

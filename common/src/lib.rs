@@ -12,6 +12,8 @@ pub mod names;
 pub mod paths;
 #[cfg(feature = "probe")]
 pub mod probe;
+#[cfg(feature = "query")]
+pub mod query;
 pub mod types;
 
 pub use types::*;

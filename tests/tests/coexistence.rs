@@ -25,10 +25,10 @@ use linkerd_cni_agent::{
 };
 use linkerd_cni_proto::config::LinkerdConfig;
 use linkerd_cni_tests::{
-    AgentHarness, CgroupGuard, EchoServer, PodAndPeer, TestProxy,
+    AgentHarness, CgroupGuard, EchoServer, PodAndPeer, TestProxy, bins,
     client::{Options as ClientOptions, Report, run_client},
     proxy,
-    tenant::{How, SocketLb, detach_every_program},
+    tenant::{self, How, SocketLb, detach_every_program},
 };
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -461,4 +461,101 @@ fn a_second_sk_lookup_program_in_the_pod_netns() {
     lb.attach_lookup(netns())
         .expect("tenant sk_lookup after ours");
     h.agent().check_order(&record).expect("ours first");
+}
+
+/// A `kubepods` cgroup inside the stand-in root (kubelet's cgroupfs layout), removed on drop.
+struct Kubepods(std::path::PathBuf);
+
+impl Drop for Kubepods {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// `linkerd check --node --cgroup-root <stand-in>`: the real command, its output.
+fn check_node(root: &Path) -> String {
+    let out = std::process::Command::new(bins::bin_path("linkerd").expect("linkerd binary"))
+        .args(["check", "--node", "--cgroup-root"])
+        .arg(root)
+        .output()
+        .expect("run linkerd check --node");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{text}");
+    text
+}
+
+/// The line of tenant program `name` (`id`) on `cgroup`, with its detail lines joined.
+fn tenant_line(out: &str, name: &str, id: u32, cgroup: &Path) -> String {
+    let head = format!("program id {id} \"{name}\" on {}", cgroup.display());
+    let mut lines = out.lines().skip_while(|l| !l.contains(&head));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no line for {head} in check --node:\n{out}"));
+    let detail: Vec<&str> = lines
+        .take_while(|l| l.starts_with(' '))
+        .map(str::trim)
+        .collect();
+    [first, &detail.join(" ")].join(" ")
+}
+
+#[test]
+fn check_node_lists_the_tenant_with_its_flags_and_what_it_means() {
+    let root = CgroupGuard::new().expect("stand-in root");
+    let backend = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), BACKEND_PORT);
+    // (how, on kubepods below the stand-in root, mark, what the line says)
+    let cases = [
+        (
+            How::Exclusive,
+            false,
+            "×",
+            "flags 0 (exclusive): pods below it cannot be meshed",
+        ),
+        (
+            How::Multi,
+            false,
+            "√",
+            "warning: BPF_F_ALLOW_MULTI (or a bpf_link) on the shared attachment's cgroup",
+        ),
+        (How::Multi, true, "√", "fine, it runs after our programs"),
+        (How::Link, true, "√", "fine, it runs after our programs"),
+    ];
+    for (how, with_kubepods, mark, says) in cases {
+        let kubepods = with_kubepods.then(|| {
+            let dir = root.path().join("kubepods");
+            std::fs::create_dir(&dir).expect("kubepods cgroup");
+            Kubepods(dir)
+        });
+        let mut lb = SocketLb::load(VIP, backend).expect("load the stand-in socket LB");
+        lb.attach(root.path(), how).expect("attach the tenant");
+        let out = check_node(root.path());
+        let ids = lb.ids();
+        assert_eq!(ids.len(), tenant::PROGRAMS.len());
+        for ((name, _), id) in tenant::PROGRAMS.iter().zip(ids) {
+            let line = tenant_line(&out, name, id, root.path());
+            assert!(line.starts_with(mark), "{how:?}: {line}");
+            assert!(line.contains(says), "{how:?}: {says:?} missing from {line}");
+            assert!(
+                line.contains(&format!("`bpftool cgroup show {}`", root.path().display())),
+                "{line}"
+            );
+        }
+        let looked_at = match &kubepods {
+            Some(k) => format!("on {} and {}", root.path().display(), k.0.display()),
+            None => format!("on {} (", root.path().display()),
+        };
+        assert!(out.contains(&looked_at), "{looked_at:?} missing:\n{out}");
+        assert!(
+            out.contains(
+                "sk_lookup programs in pods' network namespaces (skipped: not listed here"
+            ),
+            "{out}"
+        );
+        lb.detach_all();
+        drop(kubepods);
+        let out = check_node(root.path());
+        assert!(
+            out.contains(&format!("0 found on {}", root.path().display())),
+            "nothing left after the tenant detached:\n{out}"
+        );
+    }
 }

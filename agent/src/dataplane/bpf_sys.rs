@@ -32,9 +32,7 @@ const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_ATTACH: libc::c_long = 8;
 const BPF_PROG_DETACH: libc::c_long = 9;
-const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
@@ -59,6 +57,7 @@ pub enum AttachType {
 impl AttachType {
     /// The attach type of a program's hook.
     pub const fn of(hook: Hook) -> Self {
+        // The same numbers as `linkerd_cni_common::query::attach_type` (checked in the tests).
         match hook {
             Hook::Connect4 => Self::CgroupInet4Connect,
             Hook::Connect6 => Self::CgroupInet6Connect,
@@ -178,17 +177,9 @@ pub fn cgroup_links_ordered() -> Option<bool> {
     }
 }
 
-/// `BPF_F_ALLOW_OVERRIDE`: a descendant may attach its own program, which replaces this one
-/// for the descendant's sockets.
-pub const F_ALLOW_OVERRIDE: u32 = 1;
-/// `BPF_F_ALLOW_MULTI`: a program list; descendants' programs run first, then these.
-pub const F_ALLOW_MULTI: u32 = 2;
+pub use linkerd_cni_common::query::{F_ALLOW_MULTI, F_ALLOW_OVERRIDE, F_PREORDER};
 /// `BPF_F_BEFORE`: ordered before a relative program or link (first when none is named).
 pub const F_BEFORE: u32 = 1 << 3;
-/// `BPF_F_PREORDER` (6.15): runs before the programs of descendants, top-down.
-pub const F_PREORDER: u32 = 1 << 6;
-/// `BPF_F_QUERY_EFFECTIVE`.
-const F_QUERY_EFFECTIVE: u32 = 1;
 
 /// `BPF_PROG_ATTACH` (the attachment the kernel keeps without a link) of `prog` to the cgroup
 /// `target` with `flags`. The agent never attaches this way: other tenants do (and the tests'
@@ -216,67 +207,14 @@ pub fn prog_detach(prog: impl AsFd, target: impl AsFd, attach: AttachType) -> io
     bpf(BPF_PROG_DETACH, &mut attr).map(drop)
 }
 
-/// What `BPF_PROG_QUERY` says about one hook of a cgroup or netns.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Query {
-    /// The cgroup's attach flags for the hook (0 for an effective query, and for netns).
-    pub flags: u32,
-    /// Program ids: the target's own in attach order, or (effective) the run order.
-    pub ids: Vec<u32>,
-    /// Attach flags per program, parallel to `ids` (the kernel reports the cgroup's flags for
-    /// each, not the program's own `BPF_F_PREORDER`); empty when the kernel does not report
-    /// them (before 6.0, and for effective queries).
-    pub prog_flags: Vec<u32>,
-}
+pub use linkerd_cni_common::query::{ProgInfo, Query};
 
 /// `BPF_PROG_QUERY` of `attach` on `target` (a cgroup or a netns): with `effective`, the
 /// programs that run for the target's sockets, in run order (cgroups only); without, the
-/// target's own programs with their flags.
+/// target's own programs with their flags. The one implementation is
+/// `linkerd_cni_common::query`, which `linkerd check --node` uses too.
 pub fn prog_query(target: impl AsFd, attach: AttachType, effective: bool) -> io::Result<Query> {
-    let target = target.as_fd().as_raw_fd() as u32;
-    let mut cap = 16usize;
-    loop {
-        let mut ids = vec![0u32; cap];
-        let mut prog_flags = vec![0u32; cap];
-        let query = |with_flags: bool, ids: &mut [u32], prog_flags: &mut [u32]| {
-            let mut attr = Attr::new();
-            attr.put_u32(0, target)
-                .put_u32(4, attach as u32)
-                .put_u32(8, if effective { F_QUERY_EFFECTIVE } else { 0 })
-                .put_u64(16, ids.as_mut_ptr() as u64)
-                .put_u32(24, ids.len() as u32);
-            if with_flags {
-                attr.put_u64(32, prog_flags.as_mut_ptr() as u64);
-            }
-            let res = bpf(BPF_PROG_QUERY, &mut attr);
-            let u32_at = |o: usize| {
-                u32::from_ne_bytes([attr.0[o], attr.0[o + 1], attr.0[o + 2], attr.0[o + 3]])
-            };
-            res.map(|_| (u32_at(12), u32_at(24) as usize))
-        };
-        // Per-program flags where the kernel has them (netns and effective queries refuse them).
-        let with_flags = !effective && attach != AttachType::SkLookup;
-        let res = match query(with_flags, &mut ids, &mut prog_flags) {
-            Err(e) if with_flags && e.raw_os_error() == Some(libc::EINVAL) => {
-                query(false, &mut ids, &mut prog_flags).map(|r| (r, false))
-            }
-            r => r.map(|r| (r, with_flags)),
-        };
-        match res {
-            Ok(((flags, count), got_flags)) if count <= cap => {
-                ids.truncate(count);
-                prog_flags.truncate(if got_flags { count } else { 0 });
-                return Ok(Query {
-                    flags,
-                    ids,
-                    prog_flags,
-                });
-            }
-            Ok(((_, count), _)) => cap = count,
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => cap *= 4,
-            Err(e) => return Err(e),
-        }
-    }
+    linkerd_cni_common::query::prog_query(target, attach as u32, effective)
 }
 
 /// `BPF_LINK_CREATE` for an iterator program (`BPF_TRACE_ITER`, no target, no parameters):
@@ -649,48 +587,11 @@ pub fn map_next_key(map: impl AsFd, key: Option<&[u8]>, next: &mut [u8]) -> io::
     }
 }
 
-/// `BPF_PROG_GET_FD_BY_ID`: a new reference to the program with kernel id `id` (`ENOENT`
-/// once it is gone).
-pub fn prog_by_id(id: u32) -> io::Result<OwnedFd> {
-    let mut attr = Attr::new();
-    attr.put_u32(0, id);
-    bpf(BPF_PROG_GET_FD_BY_ID, &mut attr).map(owned)
-}
+pub use linkerd_cni_common::query::{prog_by_id, prog_info};
 
 /// The name a program was loaded with (`struct bpf_prog_info`'s `name`, at most 15 bytes).
 pub fn prog_name(prog: impl AsFd) -> io::Result<String> {
     prog_info(prog).map(|i| i.name)
-}
-
-/// What the kernel says about a program (`struct bpf_prog_info`, the part used here).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProgInfo {
-    /// `enum bpf_prog_type`.
-    pub prog_type: u32,
-    pub id: u32,
-    /// The name it was loaded with (at most 15 bytes).
-    pub name: String,
-}
-
-/// `BPF_OBJ_GET_INFO_BY_FD` on a program.
-pub fn prog_info(prog: impl AsFd) -> io::Result<ProgInfo> {
-    #[repr(C, align(8))]
-    struct Raw([u8; 80]);
-    let mut raw = Raw([0; 80]);
-    let mut attr = Attr::new();
-    attr.put_u32(0, prog.as_fd().as_raw_fd() as u32)
-        .put_u32(4, 80)
-        .put_u64(8, raw.0.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    let u32_at =
-        |o: usize| u32::from_ne_bytes([raw.0[o], raw.0[o + 1], raw.0[o + 2], raw.0[o + 3]]);
-    let name = &raw.0[64..80];
-    let len = name.iter().position(|b| *b == 0).unwrap_or(name.len());
-    Ok(ProgInfo {
-        prog_type: u32_at(0),
-        id: u32_at(4),
-        name: String::from_utf8_lossy(&name[..len]).into_owned(),
-    })
 }
 
 /// Programs whose last reference may be dropped before [`pace_program_frees`] pauses.
@@ -744,6 +645,16 @@ mod tests {
     use std::os::fd::BorrowedFd;
 
     use super::*;
+
+    #[test]
+    fn attach_types_agree_with_common() {
+        for p in linkerd_cni_common::names::PROGRAMS {
+            assert_eq!(
+                AttachType::of(p.hook) as u32,
+                linkerd_cni_common::query::attach_type(p.hook)
+            );
+        }
+    }
 
     #[test]
     fn program_frees_pause_once_per_batch() {

@@ -50,19 +50,9 @@ pub fn candidates_for_uid(uid: &str) -> Vec<PathBuf> {
     out
 }
 
-/// kubelet's cgroup of every pod under `root` (the cgroup2 mount): `kubepods.slice` (systemd
-/// driver) or `kubepods` (cgroupfs driver), whichever exists; `None` when neither or both do.
-pub fn kubepods(root: &Path) -> Option<PathBuf> {
-    let found: Vec<PathBuf> = ["kubepods.slice", "kubepods"]
-        .iter()
-        .map(|d| root.join(d))
-        .filter(|p| p.is_dir())
-        .collect();
-    match found.as_slice() {
-        [one] => Some(one.clone()),
-        _ => None,
-    }
-}
+/// kubelet's cgroup of every pod under `root` (the cgroup2 mount): `kubepods.slice` or
+/// `kubepods`, whichever exists alone (shared with `linkerd check --node`).
+pub use linkerd_cni_common::query::kubepods;
 
 /// Resolves the pod's cgroup under `root` (the cgroup2 mount): the runtime's hint first, then
 /// the pod UID. `None` means no per-pod cgroup v2 exists (the shared attachment applies).

@@ -2,11 +2,19 @@
 //! the agent's programs need (asked of the running kernel by the probes the agent runs at
 //! start, `linkerd_cni_common::probe`; its version number is only reported), bpffs is mounted
 //! (or can be), and cgroup v2 is mounted somewhere (found in mountinfo; its place differs
-//! between hosts).
+//! between hosts); and the other tenants' cgroup programs on the pods' path ([`Tenants`]:
+//! the cgroup2 root and kubelet's kubepods cgroup, each hook our programs use), each with what
+//! it means for the mesh ([`classify`]).
 
-use linkerd_cni_common::probe::Findings;
+use std::path::{Path, PathBuf};
 
-use super::result::CheckResult;
+use linkerd_cni_common::{
+    names::{self, Hook},
+    probe::Findings,
+    query::{self, F_ALLOW_MULTI, F_ALLOW_OVERRIDE, F_PREORDER},
+};
+
+use super::result::{CheckResult, Status};
 
 /// The category these checks are printed under.
 pub const CATEGORY: &str = "linkerd-cni-node";
@@ -25,17 +33,236 @@ pub struct NodeFacts {
     pub mountinfo: Option<String>,
     /// `/proc/filesystems`.
     pub filesystems: Option<String>,
+    /// The other programs on the pods' path (`None`: no cgroup2 mount to look in).
+    pub tenants: Option<Tenants>,
+}
+
+/// Another tenant's program attached to a cgroup on the pods' path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attached {
+    /// The cgroup it is attached to.
+    pub cgroup: PathBuf,
+    pub hook: Hook,
+    /// The cgroup's attach flags for the hook.
+    pub flags: u32,
+    /// The program's own flags, where the kernel reports them (`BPF_F_PREORDER`).
+    pub prog_flags: u32,
+    pub id: u32,
+    /// The name it was loaded with.
+    pub name: String,
+    /// Whether it comes before a program of ours in the cgroup's own list (it runs first).
+    pub before_ours: bool,
+}
+
+/// The other programs on the pods' path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tenants {
+    /// The cgroups looked at: the cgroup2 root, then kubepods when there is one.
+    pub roots: Vec<PathBuf>,
+    /// Where the agent's shared attachment goes by default: kubepods, else the root.
+    pub shared: PathBuf,
+    /// Every program found that is not ours.
+    pub found: Vec<Attached>,
+    /// Queries the kernel refused (`<cgroup> <hook>: <error>`).
+    pub errors: Vec<String>,
+}
+
+impl Tenants {
+    /// Reads the programs of every cgroup hook we use on `root` (the cgroup2 mount, or a test's
+    /// stand-in) and on its kubepods cgroup (found as the agent finds it).
+    pub fn read(root: &Path) -> Self {
+        let shared = query::kubepods(root);
+        let mut roots = vec![root.to_path_buf()];
+        roots.extend(shared.clone());
+        let mut out = Self {
+            shared: shared.unwrap_or_else(|| root.to_path_buf()),
+            ..Self::default()
+        };
+        for cgroup in &roots {
+            let file = match std::fs::File::open(cgroup) {
+                Ok(f) => f,
+                Err(e) => {
+                    out.errors.push(format!("{}: {e}", cgroup.display()));
+                    continue;
+                }
+            };
+            for program in names::PROGRAMS.iter().filter(|p| p.hook.on_cgroup()) {
+                let q = match query::prog_query(&file, query::attach_type(program.hook), false) {
+                    Ok(q) => q,
+                    Err(e) => {
+                        out.errors.push(format!(
+                            "{} {}: {e}",
+                            cgroup.display(),
+                            bpftool_type(program.hook)
+                        ));
+                        continue;
+                    }
+                };
+                let named: Vec<(u32, String)> = q
+                    .ids
+                    .iter()
+                    .map(|&id| {
+                        let name = query::prog_by_id(id)
+                            .and_then(query::prog_info)
+                            .map_or_else(|_| "?".into(), |i| i.name);
+                        (id, name)
+                    })
+                    .collect();
+                let is_ours = |name: &str| names::PROGRAMS.iter().any(|p| p.name == name);
+                let first_ours = named.iter().position(|(_, n)| is_ours(n));
+                for (i, (id, name)) in named.iter().enumerate() {
+                    if is_ours(name) {
+                        continue;
+                    }
+                    out.found.push(Attached {
+                        cgroup: cgroup.clone(),
+                        hook: program.hook,
+                        flags: q.flags,
+                        prog_flags: q.prog_flags.get(i).copied().unwrap_or(0),
+                        id: *id,
+                        name: name.clone(),
+                        before_ours: first_ours.is_some_and(|o| i < o),
+                    });
+                }
+            }
+            drop(file);
+        }
+        out.roots = roots;
+        out
+    }
+}
+
+/// The attach type as `bpftool` names it.
+fn bpftool_type(hook: Hook) -> &'static str {
+    match hook {
+        Hook::Connect4 => "connect4",
+        Hook::Connect6 => "connect6",
+        Hook::SockOps => "sock_ops",
+        Hook::Getsockopt => "getsockopt",
+        Hook::Getpeername4 => "getpeername4",
+        Hook::Getpeername6 => "getpeername6",
+        Hook::SkLookup => "sk_lookup",
+        Hook::IterTcp => "iter",
+    }
+}
+
+/// What one tenant's program means for the mesh, as one check line: an exclusive program
+/// fails (no pod below it can be meshed), one that runs ahead of ours or is switched off for
+/// meshed pods warns, one that runs after ours passes.
+pub fn classify(t: &Attached, shared: &Path) -> CheckResult {
+    let name = format!(
+        "{} program id {} \"{}\" on {}",
+        bpftool_type(t.hook),
+        t.id,
+        t.name,
+        t.cgroup.display()
+    );
+    let see = format!("`bpftool cgroup show {}`", t.cgroup.display());
+    let (status, detail) = if t.flags & (F_ALLOW_MULTI | F_ALLOW_OVERRIDE) == 0 {
+        (
+            Status::Fail,
+            format!(
+                "attached with flags 0 (exclusive): pods below it cannot be meshed (their CNI \
+                 ADD fails naming it); re-attach it with BPF_F_ALLOW_MULTI or as a bpf_link, \
+                 or detach it; see {see}"
+            ),
+        )
+    } else if t.flags & F_ALLOW_MULTI == 0 {
+        (
+            Status::Fail,
+            format!(
+                "attached with BPF_F_ALLOW_OVERRIDE: the kernel skips it for a cgroup with \
+                 programs of its own, so meshed pods would lose it and the agent refuses them; \
+                 re-attach it with BPF_F_ALLOW_MULTI or as a bpf_link; see {see}"
+            ),
+        )
+    } else if t.prog_flags & F_PREORDER != 0 {
+        (
+            Status::Warn,
+            format!(
+                "BPF_F_ALLOW_MULTI + BPF_F_PREORDER: it runs before our programs for pods \
+                 below it, so a proxy could lose the original destination (the agent refuses \
+                 such pods); attach it without BPF_F_PREORDER; see {see}"
+            ),
+        )
+    } else if t.cgroup == shared && (t.before_ours || t.hook != Hook::SockOps) {
+        let order = if t.before_ours {
+            "it comes before our shared attachment's program"
+        } else {
+            "our shared attachment goes first only where the kernel orders cgroup links \
+             (BPF_F_BEFORE)"
+        };
+        (
+            Status::Warn,
+            format!(
+                "BPF_F_ALLOW_MULTI (or a bpf_link) on the shared attachment's cgroup: {order}; \
+                 a meshed pod without a cgroup of its own could lose the original destination \
+                 (the agent checks and refuses or reports it); pods with their own cgroup are \
+                 fine; see {see}"
+            ),
+        )
+    } else {
+        (
+            Status::Ok,
+            format!(
+                "BPF_F_ALLOW_MULTI (or a bpf_link) below ours in run order: fine, it runs after \
+                 our programs for meshed pods; see {see}"
+            ),
+        )
+    };
+    CheckResult::new(CATEGORY, name, status, detail)
+}
+
+/// The check lines of the other tenants: one per program, the cgroups looked at, and what
+/// could not be looked at (the pods' network namespaces).
+pub fn tenant_results(t: &Tenants) -> Vec<CheckResult> {
+    let roots: Vec<String> = t.roots.iter().map(|r| r.display().to_string()).collect();
+    let mut results = vec![if t.errors.is_empty() {
+        CheckResult::ok(
+            CATEGORY,
+            "other cgroup programs on the pods' path",
+            format!(
+                "{} found on {} (connect4/6, sock_ops, getsockopt, getpeername4/6)",
+                t.found.len(),
+                roots.join(" and ")
+            ),
+        )
+    } else {
+        CheckResult::fail(
+            CATEGORY,
+            "other cgroup programs on the pods' path",
+            format!("cannot read them (run as root): {}", t.errors.join("; ")),
+        )
+    }];
+    results.extend(t.found.iter().map(|a| classify(a, &t.shared)));
+    results.push(CheckResult::new(
+        CATEGORY,
+        "sk_lookup programs in pods' network namespaces",
+        Status::Skipped,
+        "not listed here (one per pod); the agent checks that each meshed pod's sk_lookup \
+         program runs first and refuses or reports the pod (`linkerd_cni_agent_order_conflicts`); \
+         to see them: `bpftool net` inside the pod's network namespace",
+    ));
+    results
 }
 
 impl NodeFacts {
     /// Probes this machine's kernel and reads its mounts; a file that cannot be read stays
     /// `None`.
-    pub fn read_local() -> Self {
+    /// The other tenants are read on `cgroup_root` when given (a test's stand-in for the
+    /// cgroup2 root), else on the first cgroup2 mount.
+    pub fn read_local(cgroup_root: Option<&Path>) -> Self {
         let read = |p: &str| std::fs::read_to_string(p).ok();
+        let mountinfo = read("/proc/self/mountinfo");
+        let root = cgroup_root.map(Path::to_path_buf).or_else(|| {
+            let m = mountinfo.as_deref()?;
+            mounts_of_type(m, "cgroup2").first().map(PathBuf::from)
+        });
         Self {
             kernel: Some(Findings::probe()),
-            mountinfo: read("/proc/self/mountinfo"),
+            mountinfo,
             filesystems: read("/proc/filesystems"),
+            tenants: root.map(|r| Tenants::read(&r)),
         }
     }
 }
@@ -127,6 +354,9 @@ pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
             "no cgroup2 filesystem in /proc/self/mountinfo; the eBPF mode attaches its programs to cgroup v2",
         ),
     });
+    if let Some(tenants) = &facts.tenants {
+        results.extend(tenant_results(tenants));
+    }
     results
 }
 
@@ -195,6 +425,7 @@ mod tests {
                 kernel: Some(findings(release, absent)),
                 mountinfo: Some(MOUNTINFO.into()),
                 filesystems: None,
+                tenants: None,
             };
             let results = run(&facts);
             let failed: Vec<_> = results.iter().filter(|r| !r.passed()).collect();
@@ -228,6 +459,7 @@ mod tests {
                 kernel: Some(findings("6.18.0", &[])),
                 mountinfo: Some(mountinfo.to_string()),
                 filesystems: filesystems.map(str::to_string),
+                tenants: None,
             };
             let results = run(&facts);
             let by_name = |n: &str| {
@@ -244,5 +476,123 @@ mod tests {
             );
             assert_eq!(by_name("cgroup v2 is mounted"), *cgroup_ok, "{mountinfo}");
         }
+    }
+
+    fn tenant(cgroup: &str, hook: Hook, flags: u32, prog_flags: u32, before: bool) -> Attached {
+        Attached {
+            cgroup: cgroup.into(),
+            hook,
+            flags,
+            prog_flags,
+            id: 42,
+            name: "cil_sock4_conne".into(),
+            before_ours: before,
+        }
+    }
+
+    /// Each way a tenant can be attached, as the line it gives: exclusive and override fail
+    /// (pods cannot be meshed), PREORDER and ahead of ours on the shared attachment's cgroup
+    /// warn, multi or a link above the shared attachment passes; every line names the
+    /// program, its cgroup and flags, and the bpftool command to see more.
+    #[test]
+    fn tenants_are_classified_by_their_flags_and_place() {
+        let (root, kubepods) = ("/sys/fs/cgroup", "/sys/fs/cgroup/kubepods.slice");
+        let shared = Path::new(kubepods);
+        let multi = F_ALLOW_MULTI;
+        let cases: &[(Attached, Status, &str)] = &[
+            (
+                tenant(root, Hook::Connect4, 0, 0, false),
+                Status::Fail,
+                "flags 0 (exclusive): pods below it cannot be meshed",
+            ),
+            (
+                tenant(
+                    root,
+                    Hook::SockOps,
+                    F_ALLOW_OVERRIDE,
+                    F_ALLOW_OVERRIDE,
+                    false,
+                ),
+                Status::Fail,
+                "BPF_F_ALLOW_OVERRIDE: the kernel skips it",
+            ),
+            (
+                tenant(root, Hook::Connect4, multi, multi | F_PREORDER, false),
+                Status::Warn,
+                "BPF_F_PREORDER: it runs before our programs",
+            ),
+            (
+                tenant(kubepods, Hook::Connect6, multi, multi, true),
+                Status::Warn,
+                "it comes before our shared attachment's program",
+            ),
+            (
+                tenant(kubepods, Hook::Getpeername4, multi, multi, false),
+                Status::Warn,
+                "goes first only where the kernel orders cgroup links",
+            ),
+            (
+                tenant(kubepods, Hook::SockOps, multi, multi, false),
+                Status::Ok,
+                "runs after our programs",
+            ),
+            (
+                tenant(root, Hook::Connect4, multi, multi, false),
+                Status::Ok,
+                "runs after our programs",
+            ),
+            (
+                tenant(root, Hook::Getsockopt, multi, 0, false),
+                Status::Ok,
+                "runs after our programs",
+            ),
+        ];
+        for (t, status, says) in cases {
+            let r = classify(t, shared);
+            assert_eq!(r.status, *status, "{t:?}: {r:?}");
+            assert!(r.detail.contains(says), "{t:?}: {r:?}");
+            assert!(
+                r.name.contains(&format!(
+                    "program id 42 \"cil_sock4_conne\" on {}",
+                    t.cgroup.display()
+                )),
+                "{r:?}"
+            );
+            assert!(
+                r.detail
+                    .contains(&format!("`bpftool cgroup show {}`", t.cgroup.display())),
+                "{r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tenant_lines_say_what_was_looked_at() {
+        let tenants = Tenants {
+            roots: vec!["/sys/fs/cgroup".into(), "/sys/fs/cgroup/kubepods".into()],
+            shared: "/sys/fs/cgroup/kubepods".into(),
+            found: vec![tenant("/sys/fs/cgroup", Hook::Connect4, 0, 0, false)],
+            errors: vec![],
+        };
+        let results = tenant_results(&tenants);
+        assert_eq!(results.len(), 3);
+        assert_eq!(results[0].status, Status::Ok);
+        assert!(
+            results[0]
+                .detail
+                .starts_with("1 found on /sys/fs/cgroup and /sys/fs/cgroup/kubepods"),
+            "{results:?}"
+        );
+        assert_eq!(results[1].status, Status::Fail);
+        assert_eq!(results[2].status, Status::Skipped);
+        assert!(results[2].detail.contains("bpftool net"), "{results:?}");
+        let denied = Tenants {
+            errors: vec!["/sys/fs/cgroup connect4: Operation not permitted (os error 1)".into()],
+            found: vec![],
+            ..tenants
+        };
+        let results = tenant_results(&denied);
+        assert_eq!(results[0].status, Status::Fail);
+        assert!(results[0].detail.contains("run as root"), "{results:?}");
     }
 }
