@@ -154,6 +154,13 @@ pub struct Results {
     /// rounds with the BPF statistics off; the CPU goal rows are judged on their pairs.
     #[serde(default, alias = "baseline_pair_rounds")]
     pub pair_rounds: usize,
+    /// The ebpf pod with and without another tenant's socket LB chained above it (issue 35;
+    /// absent from results written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<crate::chain::ChainResults>,
+    /// The kernel feature probes' cost (issue 38; absent from results written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_cost: Option<crate::chain::ProbeCost>,
     /// Profiling notes and explanations, written by hand after a run is analysed; kept
     /// verbatim in BENCHMARKS.md.
     pub notes: Vec<String>,
