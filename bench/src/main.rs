@@ -12,6 +12,7 @@
 
 mod apiload;
 mod bpfstats;
+mod chain;
 mod cpu;
 mod crisandbox;
 mod diag;
@@ -122,6 +123,10 @@ struct RunArgs {
     /// their goal rows (to iterate on the agent's per-pod cost; writes no report).
     #[arg(long, hide = true)]
     only_pod_setup: bool,
+    /// Run only the rows added after the committed report's run (the chain with another
+    /// tenant's socket LB, the feature probes' cost) and print them; writes nothing.
+    #[arg(long, hide = true)]
+    only_added_rows: bool,
     /// With `--traffic-only`: only these scenarios (labels, comma-separated).
     #[arg(long, hide = true, value_delimiter = ',')]
     scenarios: Vec<String>,
@@ -211,6 +216,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let loadavg_start = report::loadavg();
     let quick = args.quick;
     let bins = node::Bins::find()?;
+    // The kernel feature probes the agent runs at start (issue 38), in this process.
+    let probe_cost = chain::probe_cost(if quick { 20 } else { 100 });
+    eprintln!(
+        "bench: feature probes: {:.2} ms wall, {:.2} ms CPU per run (median of {})",
+        probe_cost.wall_ms.median, probe_cost.cpu_ms.median, probe_cost.runs
+    );
     let cfg = if quick {
         traffic::TrafficConfig {
             rounds: 2,
@@ -330,6 +341,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    // The ebpf pod with and without another tenant's socket LB chained above it (issue 35).
+    let mut chain = chain::ChainResults::default();
     let outcome = (|| -> anyhow::Result<_> {
         let topo = traffic::Topology::build(
             &bins.me,
@@ -346,6 +359,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             "bench: node ready ({:.1} s)",
             started.elapsed().as_secs_f64()
         );
+        if args.only_added_rows {
+            chain.rounds = chain::run(&topo, &cfg, cfg.rounds, 0)?;
+            drop(bpf_stats);
+            let quiet = traffic::TrafficConfig {
+                without_bpf_stats: true,
+                ..cfg.clone()
+            };
+            chain
+                .rounds
+                .extend(chain::run(&topo, &quiet, pair_rounds, cfg.rounds)?);
+            topo.teardown(&cni)?;
+            return Ok((Default::default(), Default::default(), String::new(), None));
+        }
         let traffic = if args.skip_traffic {
             Default::default()
         } else {
@@ -355,6 +381,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             };
             traffic::run(&topo, &cfg, &only)?
         };
+        if !args.skip_traffic && !args.traffic_only {
+            chain.rounds = chain::run(&topo, &cfg, cfg.rounds, 0)?;
+        }
         // The program figures come from the main rounds; the paired rounds run without the
         // statistics' clock reads around every program run.
         drop(bpf_stats);
@@ -370,6 +399,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         } else {
             traffic.clone()
         };
+        if !args.skip_traffic && !args.traffic_only && pair_rounds > 0 {
+            let quiet = traffic::TrafficConfig {
+                without_bpf_stats: true,
+                ..cfg.clone()
+            };
+            chain
+                .rounds
+                .extend(chain::run(&topo, &quiet, pair_rounds, cfg.rounds)?);
+        }
         let floor_check = if args.skip_traffic {
             String::new()
         } else {
@@ -406,6 +444,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let baseline = baseline.map(|b| b.description);
     drop(agent);
     let (traffic, paired, floor_check, rest) = outcome?;
+    if args.only_added_rows {
+        eprintln!(
+            "bench: agent start to /ready on a fresh node: {:.0} ms",
+            start_empty.ready_ms
+        );
+        let mut rows = chain::goals(&chain);
+        rows.push(chain::probe_goal(&probe_cost, Some(start_empty.ready_ms)));
+        for g in rows {
+            println!("| {} | {} |", g.goal, g.observed);
+        }
+        println!("{}", serde_json::to_string(&(&chain, &probe_cost))?);
+        return Ok(());
+    }
     let paired = report::traffic_rows(&paired);
     let Some((restart, upgrade, pods)) = rest else {
         print_cpu(&report::traffic_rows(&traffic), &paired, &floor_check);
@@ -437,6 +488,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         &start_empty,
         pods.restart_to_ready.as_ref(),
     ));
+    goals.extend(chain::goals(&chain));
+    goals.push(chain::probe_goal(&probe_cost, Some(start_empty.ready_ms)));
     let notes = read_notes(&args.out_dir);
     let results = report::Results {
         command: args
@@ -463,6 +516,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         floor_check,
         baseline,
         pair_rounds,
+        chain: Some(chain),
+        probe_cost: Some(probe_cost),
         notes,
     };
     report::write(&args.out_dir, &results)?;

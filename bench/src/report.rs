@@ -154,6 +154,13 @@ pub struct Results {
     /// rounds with the BPF statistics off; the CPU goal rows are judged on their pairs.
     #[serde(default, alias = "baseline_pair_rounds")]
     pub pair_rounds: usize,
+    /// The ebpf pod with and without another tenant's socket LB chained above it (issue 35;
+    /// absent from results written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<crate::chain::ChainResults>,
+    /// The kernel feature probes' cost (issue 38; absent from results written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_cost: Option<crate::chain::ProbeCost>,
     /// Profiling notes and explanations, written by hand after a run is analysed; kept
     /// verbatim in BENCHMARKS.md.
     pub notes: Vec<String>,
@@ -1933,6 +1940,26 @@ pub fn markdown(r: &Results) -> String {
          which the floor's sockets go through as well with an empty program array (a step of \
          its loop and an indirect call, a few ns per run)."
     );
+    if r.chain.as_ref().is_some_and(|c| !c.rounds.is_empty()) {
+        let _ = writeln!(
+            md,
+            "- **Another tenant's socket load balancer above the pod** (issue 35): the ebpf \
+             pod's cgroup lies below a cgroup the run owns, its stand-in for the node's cgroup2 \
+             root (never the real root). The stand-in socket LB of the coexistence tests \
+             (`connect4/6`, `getpeername4/6`, one Service address translated to a backend) is \
+             linked there (a bpf_link, multi: how Cilium >= 1.14 and Calico attach theirs) for \
+             half of each round: the pod's outbound connections are measured with and without \
+             it back to back (the order alternates), to the upstream server, not to the \
+             Service, so the tenant runs for every connect (the app's and the proxy's) and \
+             leaves it alone. Its CPU row is the paired median of the per-round ratios (the \
+             paired rounds, statistics off); the program row is the kernel's run time of ours \
+             and of the tenant's (the run's rounds, statistics on). Information rows: no limit.\n\
+             - **The feature probes** (issue 38): `Findings::probe()` (every kernel feature \
+             probe the agent runs at start) timed in the benchmark's own process, root, after \
+             one untimed run: wall clock and the thread's CPU time (the verifier's work \
+             included) per run."
+        );
+    }
     md
 }
 

@@ -254,6 +254,9 @@ pub struct Topology {
     _bridge: Bridge,
     _node: NetnsGuard,
     me: std::path::PathBuf,
+    /// A cgroup the benchmark owns above the ebpf pod's: its stand-in for the node's cgroup2
+    /// root, where another tenant's programs go (dropped after the pods: declared last).
+    node_root: CgroupGuard,
 }
 
 /// The CNI container id of a mode's pod.
@@ -351,6 +354,7 @@ impl Topology {
             Ipv4Addr::new(10, 244, 0, 250),
         )?;
 
+        let node_root = CgroupGuard::new()?;
         let mut pods = Vec::new();
         let baseline_mode = baseline.map(|_| Mode::EbpfBaseline);
         for mode in Mode::ALL
@@ -361,6 +365,11 @@ impl Topology {
             let pod = if mode == Mode::UnmeshedShared {
                 Pod {
                     cgroup: CgroupGuard::new_under(shared_cgroup)?,
+                    netns: NetnsGuard::new()?,
+                }
+            } else if mode == Mode::Ebpf {
+                Pod {
+                    cgroup: CgroupGuard::new_under(node_root.path())?,
                     netns: NetnsGuard::new()?,
                 }
             } else {
@@ -469,6 +478,7 @@ impl Topology {
             _bridge: bridge,
             _node: node,
             me: me.into(),
+            node_root,
         })
     }
 
@@ -483,6 +493,11 @@ impl Topology {
     pub fn ebpf_pod(&self) -> anyhow::Result<(&Pod, Ipv4Addr)> {
         let p = self.pod(Mode::Ebpf)?;
         Ok((&p.pod, p.ip))
+    }
+
+    /// The cgroup the benchmark owns above the ebpf pod's (the stand-in for the node's root).
+    pub fn node_root(&self) -> &std::path::Path {
+        self.node_root.path()
     }
 
     /// The upstream server's address.
@@ -559,6 +574,19 @@ impl Topology {
         cfg: &TrafficConfig,
         round: usize,
     ) -> anyhow::Result<Sample> {
+        self.measure_extra(mode, scenario, cfg, round, &BTreeSet::new())
+    }
+
+    /// [`Self::measure`], with the statistics of the programs `extra` (another tenant's) in
+    /// the sample's `bpf` too.
+    pub fn measure_extra(
+        &self,
+        mode: Mode,
+        scenario: Scenario,
+        cfg: &TrafficConfig,
+        round: usize,
+        extra: &BTreeSet<u32>,
+    ) -> anyhow::Result<Sample> {
         let (placement, target) = self.client(mode, scenario)?;
         let kind = scenario.kind();
         let (concurrency, duration_ms) = match kind {
@@ -580,6 +608,7 @@ impl Topology {
         // A process in the pod's netns: its /proc/<pid>/net/dev is that netns'.
         let in_pod = self.pod(mode)?.server.pid();
         let (ids, other_ids) = self.bpf_ids(mode);
+        let ids = &ids.union(extra).copied().collect::<BTreeSet<u32>>();
         // Without the statistics there are no run counts to read.
         let stats = !cfg.without_bpf_stats;
         let take = |load_pid: u32| {
