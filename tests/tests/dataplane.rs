@@ -129,6 +129,15 @@ fn outbound_goes_through_the_proxy_with_the_original_destination() {
         Some(world.server.addr()),
         "getpeername on the app socket"
     );
+    // Not yet its local address (issue 35 item 8, docs/architecture.md "Transparency"): the
+    // socket was bound for the proxy's loopback listener, so getsockname says 127.0.0.1 where
+    // Linkerd's iptables REDIRECT leaves the pod's own address. A getsockname4/6 pair would
+    // turn this into the pod's address.
+    assert_eq!(
+        report.local.map(|a| a.ip()),
+        Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        "getsockname on the app socket: {report:?}"
+    );
     // The connection landed on the outbound listener, and SO_ORIGINAL_DST named the server.
     assert_eq!(
         proxied(&proxy, 1),
