@@ -21,6 +21,12 @@ fn run(dir: &Path, format: &[&str]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_linkerd-cni-agent"))
         .args(format)
         .arg("uninstall")
+        // Everything else the uninstall removes, in the scratch directory too: the defaults
+        // are the node's own paths.
+        .args(["--pin-root".as_ref(), dir.join("pins").as_os_str()])
+        .args(["--state-dir".as_ref(), dir.join("state").as_os_str()])
+        .args(["--socket".as_ref(), dir.join("agent.sock").as_os_str()])
+        .args(["--bpffs".as_ref(), dir.as_os_str()])
         .env("DEST_CNI_NET_DIR", &net)
         .env("DEST_CNI_BIN_DIR", &bin)
         .env("CONTAINER_MOUNT_PREFIX", "")
@@ -54,7 +60,7 @@ fn plain_and_json_records_on_standard_error() {
 
     for format in [&[][..], &["--log-format", "plain"][..]] {
         let (stdout, stderr) = run(&dir.join("plain"), format);
-        assert_eq!(stdout, "linkerd-cni removed from the CNI configs\n");
+        assert_eq!(stdout, "linkerd-cni removed from this node\n");
         let line = stderr
             .lines()
             .find(|l| l.contains(MESSAGE))
@@ -67,7 +73,7 @@ fn plain_and_json_records_on_standard_error() {
     }
 
     let (stdout, stderr) = run(&dir.join("json"), &["--log-format", "json"]);
-    assert_eq!(stdout, "linkerd-cni removed from the CNI configs\n");
+    assert_eq!(stdout, "linkerd-cni removed from this node\n");
     let records: Vec<serde_json::Value> = stderr
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
