@@ -147,6 +147,14 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         .into_iter()
         .map(|l| (l, Serves::Probes))
         .chain(metrics.into_iter().map(|l| (l, Serves::Metrics)));
+    // One reconcile pass before /ready answers: a restarted agent whose pins were lost (its
+    // bpffs gone with the previous container, pins removed) re-attaches the registered pods
+    // first, so that ready means they are redirected again, not that they will be at the
+    // first timed pass.
+    let first = reconciler.clone();
+    if let Err(e) = tokio::task::spawn_blocking(move || first.run_once()).await {
+        tracing::warn!(error = %e, "reconcile pass failed");
+    }
     for (listener, serves) in listeners {
         tokio::spawn(health.clone().serve(listener, serves));
     }
