@@ -54,6 +54,20 @@ pub enum Hook {
 }
 
 impl Hook {
+    /// The attach type as `bpftool` names it (`bpftool cgroup show`, `bpftool cgroup detach`).
+    pub const fn bpftool_name(self) -> &'static str {
+        match self {
+            Hook::Connect4 => "connect4",
+            Hook::Connect6 => "connect6",
+            Hook::SockOps => "sock_ops",
+            Hook::Getsockopt => "getsockopt",
+            Hook::Getpeername4 => "getpeername4",
+            Hook::Getpeername6 => "getpeername6",
+            Hook::SkLookup => "sk_lookup",
+            Hook::IterTcp => "iter",
+        }
+    }
+
     /// Whether programs of this hook attach to a cgroup (otherwise to a network namespace, or,
     /// for an iterator, to nothing).
     pub const fn on_cgroup(self) -> bool {

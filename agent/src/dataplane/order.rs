@@ -171,7 +171,7 @@ fn detach_command(tenant: &Tenant) -> String {
     format!(
         "`bpftool cgroup detach {} {} id {}`",
         cgroup.display(),
-        bpftool_type(tenant.hook),
+        tenant.hook.bpftool_name(),
         tenant.id
     )
 }
@@ -369,20 +369,6 @@ pub fn flag_words(flags: u32, prog_flags: u32) -> String {
         words.push("BPF_F_PREORDER");
     }
     words.join(" + ")
-}
-
-/// The attach type as `bpftool` names it.
-pub fn bpftool_type(hook: Hook) -> &'static str {
-    match hook {
-        Hook::Connect4 => "connect4",
-        Hook::Connect6 => "connect6",
-        Hook::SockOps => "sock_ops",
-        Hook::Getsockopt => "getsockopt",
-        Hook::Getpeername4 => "getpeername4",
-        Hook::Getpeername6 => "getpeername6",
-        Hook::SkLookup => "sk_lookup",
-        Hook::IterTcp => "iter",
-    }
 }
 
 /// The attach type as the kernel names it.

@@ -93,7 +93,7 @@ impl Tenants {
                         out.errors.push(format!(
                             "{} {}: {e}",
                             cgroup.display(),
-                            bpftool_type(program.hook)
+                            program.hook.bpftool_name()
                         ));
                         continue;
                     }
@@ -132,27 +132,13 @@ impl Tenants {
     }
 }
 
-/// The attach type as `bpftool` names it.
-fn bpftool_type(hook: Hook) -> &'static str {
-    match hook {
-        Hook::Connect4 => "connect4",
-        Hook::Connect6 => "connect6",
-        Hook::SockOps => "sock_ops",
-        Hook::Getsockopt => "getsockopt",
-        Hook::Getpeername4 => "getpeername4",
-        Hook::Getpeername6 => "getpeername6",
-        Hook::SkLookup => "sk_lookup",
-        Hook::IterTcp => "iter",
-    }
-}
-
 /// What one tenant's program means for the mesh, as one check line: an exclusive program
 /// fails (no pod below it can be meshed), one that runs ahead of ours or is switched off for
 /// meshed pods warns, one that runs after ours passes.
 pub fn classify(t: &Attached, shared: &Path) -> CheckResult {
     let name = format!(
         "{} program id {} \"{}\" on {}",
-        bpftool_type(t.hook),
+        t.hook.bpftool_name(),
         t.id,
         t.name,
         t.cgroup.display()
