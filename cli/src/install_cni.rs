@@ -7,7 +7,7 @@
 //! are coalesced over it, so a values file wins over a flag ([`merged_values`]).
 
 use clap::{ArgMatches, Args, parser::ValueSource};
-use linkerd_cni_proto::config::PortRange;
+use linkerd_cni_proto::config::{DEFAULT_INBOUND_PORT, DEFAULT_OUTBOUND_PORT, PortRange};
 use serde_json::Value as Json;
 
 use crate::{
@@ -140,10 +140,10 @@ pub struct InstallCniArgs {
     #[arg(long, env = "LINKERD_INSTALL_CNI_PROXY_GID", default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(..=i64::from(u32::MAX)))]
     pub proxy_gid: i64,
     /// Port of the proxy's inbound listener.
-    #[arg(long, env = "LINKERD_INSTALL_CNI_INBOUND_PORT", default_value_t = 4143, value_parser = port)]
+    #[arg(long, env = "LINKERD_INSTALL_CNI_INBOUND_PORT", default_value_t = DEFAULT_INBOUND_PORT, value_parser = port)]
     pub inbound_port: u16,
     /// Port of the proxy's outbound listener.
-    #[arg(long, env = "LINKERD_INSTALL_CNI_OUTBOUND_PORT", default_value_t = 4140, value_parser = port)]
+    #[arg(long, env = "LINKERD_INSTALL_CNI_OUTBOUND_PORT", default_value_t = DEFAULT_OUTBOUND_PORT, value_parser = port)]
     pub outbound_port: u16,
     /// The proxy's control port, never redirected inbound.
     #[arg(long, env = "LINKERD_INSTALL_CNI_CONTROL_PORT", default_value_t = 4190, value_parser = port)]

@@ -27,6 +27,9 @@ pub const PIN_NEXT: &str = "next";
 pub const PIN_PODS: &str = "pods";
 /// Under the pin root: links of the shared (fallback) attachment.
 pub const PIN_SHARED: &str = "shared";
+/// The subdirectories of the pin root that always exist once the agent has loaded
+/// ([`PIN_NEXT`] exists only during a migration).
+pub const PIN_DIRS: [&str; 4] = [PIN_MAPS, PIN_PROGS, PIN_PODS, PIN_SHARED];
 
 /// The agent's registration socket (root-only).
 pub const AGENT_SOCKET: &str = "/run/linkerd-cni/agent.sock";

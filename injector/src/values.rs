@@ -4,6 +4,7 @@
 //! written by Linkerd itself parses too. Unknown keys are ignored; missing keys take Linkerd's
 //! defaults.
 
+use linkerd_cni_proto::config::{DEFAULT_INBOUND_PORT, DEFAULT_OUTBOUND_PORT};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Linkerd version used for images when neither the values nor a flag name one.
@@ -131,8 +132,8 @@ impl Default for Ports {
         Self {
             admin: 4191,
             control: 4190,
-            inbound: 4143,
-            outbound: 4140,
+            inbound: DEFAULT_INBOUND_PORT,
+            outbound: DEFAULT_OUTBOUND_PORT,
         }
     }
 }

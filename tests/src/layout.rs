@@ -50,12 +50,7 @@ fn other(what: impl std::fmt::Display, e: impl std::fmt::Display) -> Error {
 /// for [`previous_registers`]; dropping it leaves what is pinned in force.
 pub fn previous_loads(pin_root: &Path) -> Result<aya::Ebpf> {
     kernel::ensure_bpffs(pin_root).map_err(missing("mounting bpffs"))?;
-    for sub in [
-        paths::PIN_MAPS,
-        paths::PIN_PROGS,
-        paths::PIN_PODS,
-        paths::PIN_SHARED,
-    ] {
+    for sub in paths::PIN_DIRS {
         let dir = pin_root.join(sub);
         fs::create_dir_all(&dir).map_err(missing(format!("creating {}", dir.display())))?;
     }

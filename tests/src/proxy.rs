@@ -41,12 +41,12 @@ use crate::{
     pool::Pool,
 };
 
-/// linkerd2-proxy's UID, the one the data plane exempts.
-pub const PROXY_UID: u32 = 2102;
-/// The proxy's outbound listener port.
-pub const OUTBOUND_PORT: u16 = 4140;
-/// The proxy's inbound listener port.
-pub const INBOUND_PORT: u16 = 4143;
+/// linkerd2-proxy's UID (the one the data plane exempts), its outbound and its inbound
+/// listener port: the defaults `linkerd_cni_proto::config` defines.
+pub use linkerd_cni_proto::config::{
+    DEFAULT_INBOUND_PORT as INBOUND_PORT, DEFAULT_OUTBOUND_PORT as OUTBOUND_PORT,
+    DEFAULT_PROXY_UID as PROXY_UID,
+};
 /// `SO_ORIGINAL_DST` (netfilter, `SOL_IP` level).
 pub const SO_ORIGINAL_DST: libc::c_int = 80;
 /// `IP6T_SO_ORIGINAL_DST` (netfilter, `SOL_IPV6` level).

@@ -16,7 +16,7 @@ use std::{
 
 use linkerd_cni_agent::{Registration, dataplane::maps::Maps};
 use linkerd_cni_common::{AF_INET, names, paths};
-use linkerd_cni_proto::config::{Cidr, LinkerdConfig};
+use linkerd_cni_proto::config::{Cidr, DEFAULT_PROXY_UID as PROXY_UID, LinkerdConfig};
 use linkerd_cni_tests::{
     CgroupGuard, EchoServer,
     agent::AgentHarness,
@@ -28,7 +28,6 @@ use linkerd_cni_tests::{
 use serde_json::Value;
 
 const APP_UID: u32 = 1000;
-const PROXY_UID: u32 = 2102;
 const SKIP_SUBNETS: &str = "config.linkerd.io/skip-subnets";
 const SKIP_INBOUND: &str = "config.linkerd.io/skip-inbound-ports";
 

@@ -153,12 +153,7 @@ impl Dataplane {
         let mut specs = MapSpec::of_object(OBJECT)?;
         sizes.apply(&mut specs);
         let plan = layout::plan(pin_root, &specs)?;
-        for sub in [
-            paths::PIN_MAPS,
-            paths::PIN_PROGS,
-            paths::PIN_PODS,
-            paths::PIN_SHARED,
-        ] {
+        for sub in paths::PIN_DIRS {
             let dir = pin_root.join(sub);
             fs::create_dir_all(&dir).map_err(pin_dir(dir))?;
         }
@@ -473,12 +468,7 @@ impl Dataplane {
     /// hand), from the objects this process holds. Returns how many pins it made.
     pub fn restore_pins(&self) -> Result<usize, DataplaneError> {
         let mut made = 0;
-        for sub in [
-            paths::PIN_MAPS,
-            paths::PIN_PROGS,
-            paths::PIN_PODS,
-            paths::PIN_SHARED,
-        ] {
+        for sub in paths::PIN_DIRS {
             let dir = self.pin_root.join(sub);
             fs::create_dir_all(&dir)
                 .map_err(|source| DataplaneError::PinDir { path: dir, source })?;
