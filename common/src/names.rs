@@ -75,11 +75,18 @@ impl Hook {
     }
 }
 
-/// One eBPF program: its name (the function's name in `ebpf/`) and its hook.
+/// One eBPF program: its name (the function's name in `ebpf/`), its hook, and whether it
+/// writes first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Program {
     pub name: &'static str,
     pub hook: Hook,
+    /// Whether the program writes the first state of a connection, which the others then read
+    /// (the connect hooks save the original destination at `connect()`; sockops, getsockopt,
+    /// getpeername and sk_lookup read what was written before them). When the agent swaps
+    /// pinned links to a new generation of programs, the writers go last, so a connection
+    /// whose `connect()` ran an old writer finds its entry in the new maps.
+    pub writes_first: bool,
 }
 
 /// Every program of the object, with its hook: the cgroup ones in attach order, then the netns
@@ -88,30 +95,37 @@ pub const PROGRAMS: [Program; 7] = [
     Program {
         name: PROG_CONNECT4,
         hook: Hook::Connect4,
+        writes_first: true,
     },
     Program {
         name: PROG_CONNECT6,
         hook: Hook::Connect6,
+        writes_first: true,
     },
     Program {
         name: PROG_SOCKOPS,
         hook: Hook::SockOps,
+        writes_first: false,
     },
     Program {
         name: PROG_GETSOCKOPT,
         hook: Hook::Getsockopt,
+        writes_first: false,
     },
     Program {
         name: PROG_GETPEERNAME4,
         hook: Hook::Getpeername4,
+        writes_first: false,
     },
     Program {
         name: PROG_GETPEERNAME6,
         hook: Hook::Getpeername6,
+        writes_first: false,
     },
     Program {
         name: PROG_SK_LOOKUP,
         hook: Hook::SkLookup,
+        writes_first: false,
     },
 ];
 
@@ -120,6 +134,7 @@ pub const PROGRAMS: [Program; 7] = [
 pub const ITER_PROGRAMS: [Program; 1] = [Program {
     name: PROG_ITER_TCP,
     hook: Hook::IterTcp,
+    writes_first: false,
 }];
 
 /// Every program of the object: the attached ones ([`ALL_PROGRAMS`]), then the iterators.

@@ -58,7 +58,7 @@ pub fn previous_loads(pin_root: &Path) -> Result<aya::Ebpf> {
         .default_map_pin_directory(pin_root.join(paths::PIN_MAPS))
         .load(PREVIOUS_OBJECT)
         .map_err(|e| other("loading the previous eBPF object", e))?;
-    for Program { name, hook } in names::PROGRAMS {
+    for Program { name, hook, .. } in previous_programs(&ebpf)? {
         let program = ebpf
             .program_mut(name)
             .ok_or_else(|| Error::Missing(format!("{name} not in the previous object")))?;
@@ -68,6 +68,25 @@ pub fn previous_loads(pin_root: &Path) -> Result<aya::Ebpf> {
             .map_err(missing(format!("pinning {name}")))?;
     }
     Ok(ebpf)
+}
+
+/// The previous object's own programs (not today's list: a program added since is not in
+/// it), each with the hook `names` gives its name, in `names`' order.
+fn previous_programs(ebpf: &aya::Ebpf) -> Result<Vec<Program>> {
+    let known: Vec<Program> = names::PROGRAMS
+        .into_iter()
+        .chain(names::ITER_PROGRAMS)
+        .filter(|p| ebpf.program(p.name).is_some())
+        .collect();
+    if let Some((name, _)) = ebpf
+        .programs()
+        .find(|(name, _)| !known.iter().any(|p| p.name == *name))
+    {
+        return Err(Error::Missing(format!(
+            "the previous object's program {name} has no hook in linkerd_cni_common::names"
+        )));
+    }
+    Ok(known)
 }
 
 fn program_fd<'a>(ebpf: &'a aya::Ebpf, name: &str) -> Result<&'a aya::programs::ProgramFd> {
@@ -125,7 +144,11 @@ pub fn previous_registers_with(
         .join(dataplane::pin_name(pod.id));
     fs::create_dir_all(&link_dir).map_err(missing("creating the link dir"))?;
     let cgroup = fs::File::open(pod.cgroup).map_err(missing("opening the pod cgroup"))?;
-    for Program { name, hook } in names::PROGRAMS {
+    // The previous object's programs that attach to something (not its iterators, if any).
+    let attached = previous_programs(ebpf)?
+        .into_iter()
+        .filter(|p| names::PROGRAMS.contains(p));
+    for Program { name, hook, .. } in attached {
         let prog = program_fd(ebpf, name)?;
         let (link, dir) = if hook.on_cgroup() {
             let dir = match pod.shared {

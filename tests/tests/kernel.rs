@@ -258,7 +258,7 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
         .unwrap_or_else(|e| panic!("creating the object's maps on {release}: {e}"));
     let mut report = Vec::new();
     let mut disagree = Vec::new();
-    for Program { name, hook } in names::PROGRAMS {
+    for Program { name, hook, .. } in names::PROGRAMS {
         let program = ebpf
             .program_mut(name)
             .unwrap_or_else(|| panic!("no program {name} in the object"));

@@ -485,16 +485,14 @@ pub fn copy_entries(from: impl AsFd, to: impl AsFd, spec: &MapSpec) -> io::Resul
 }
 
 /// Programs in the order their links are swapped: first those that read what others write
-/// (sockops, getsockopt, getpeername, sk_lookup), then the connect hooks that write first. A
+/// (sockops, getsockopt, getpeername, sk_lookup), then those that write first (the connect
+/// hooks: [`names::Program::writes_first`]), each group in [`names::PROGRAMS`] order. A
 /// connection whose `connect()` ran the old program finds its entry in the new maps because
 /// it was copied before the readers were swapped, or in the copy pass right after.
 fn swap_order() -> Vec<&'static str> {
-    let mut order: Vec<&'static str> = names::ALL_PROGRAMS
-        .into_iter()
-        .filter(|p| *p != names::PROG_CONNECT4 && *p != names::PROG_CONNECT6)
-        .collect();
-    order.extend([names::PROG_CONNECT4, names::PROG_CONNECT6]);
-    order
+    let (writers, readers): (Vec<_>, Vec<_>) =
+        names::PROGRAMS.into_iter().partition(|p| p.writes_first);
+    readers.into_iter().chain(writers).map(|p| p.name).collect()
 }
 
 /// Every directory of pinned links under `pin_root`: each pod's, and the shared one.
@@ -613,6 +611,45 @@ mod tests {
             assert!(pos(reader) < pos(names::PROG_CONNECT4), "{order:?}");
             assert!(pos(reader) < pos(names::PROG_CONNECT6), "{order:?}");
         }
+    }
+
+    /// The order derived from the program table is the one written out by name before it was
+    /// derived: the readers in table order, then the connect hooks.
+    #[test]
+    fn swap_order_of_todays_programs() {
+        assert_eq!(
+            swap_order(),
+            [
+                names::PROG_SOCKOPS,
+                names::PROG_GETSOCKOPT,
+                names::PROG_GETPEERNAME4,
+                names::PROG_GETPEERNAME6,
+                names::PROG_SK_LOOKUP,
+                names::PROG_CONNECT4,
+                names::PROG_CONNECT6,
+            ]
+        );
+    }
+
+    /// Every program that writes first comes after every program that does not.
+    #[test]
+    fn writers_are_swapped_last() {
+        let order = swap_order();
+        let writes_first = |name: &str| {
+            names::PROGRAMS
+                .iter()
+                .find(|p| p.name == name)
+                .expect("listed")
+                .writes_first
+        };
+        let first_writer = order
+            .iter()
+            .position(|n| writes_first(n))
+            .expect("a writer");
+        assert!(
+            order[first_writer..].iter().all(|n| writes_first(n)),
+            "{order:?}"
+        );
     }
 
     #[test]

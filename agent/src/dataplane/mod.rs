@@ -173,7 +173,7 @@ impl Dataplane {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT)?;
-        for Program { name, hook } in names::PROGRAMS {
+        for Program { name, hook, .. } in names::PROGRAMS {
             let program = ebpf
                 .program_mut(name)
                 .ok_or(DataplaneError::MissingProgram(name))?;
@@ -185,7 +185,7 @@ impl Dataplane {
         // The iterator serves adoption only: without it everything else still works.
         let mut iter_loaded = Vec::new();
         let mut iter_error = None;
-        for Program { name, hook } in names::ITER_PROGRAMS {
+        for Program { name, hook, .. } in names::ITER_PROGRAMS {
             let program = ebpf
                 .program_mut(name)
                 .ok_or(DataplaneError::MissingProgram(name))?;
@@ -432,7 +432,7 @@ impl Dataplane {
             path: link_dir.into(),
             source,
         })?;
-        for Program { name, hook } in names::PROGRAMS {
+        for Program { name, hook, .. } in names::PROGRAMS {
             if !hook.on_cgroup() {
                 continue;
             }
@@ -805,7 +805,7 @@ mod tests {
     #[test]
     fn object_programs_have_their_common_hooks() {
         let object = object();
-        for Program { name, hook } in names::PROGRAMS.into_iter().chain(names::ITER_PROGRAMS) {
+        for Program { name, hook, .. } in names::PROGRAMS.into_iter().chain(names::ITER_PROGRAMS) {
             let Some(program) = object.programs.get(name) else {
                 continue; // `object_programs_are_common_programs` reports it.
             };
