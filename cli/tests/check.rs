@@ -573,7 +573,10 @@ fn statfs_type(path: &str) -> i64 {
     let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statfs(c.as_ptr(), &mut buf) };
     assert_eq!(rc, 0, "statfs {path}: {}", std::io::Error::last_os_error());
-    #[allow(clippy::unnecessary_cast)]
+    #[allow(
+        clippy::unnecessary_cast,
+        reason = "f_type's width differs between libcs"
+    )]
     let t = buf.f_type as i64;
     t
 }

@@ -1,7 +1,10 @@
 //! Test support: running the built `linkerd` binary, parsing its YAML into objects, the Go
 //! reference renderer of the chart, `kubernetes-validate`, and a fake Kubernetes API server.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the support module"
+)]
 
 pub mod fake_api;
 

@@ -1,7 +1,10 @@
 //! Test support shared by the injector's integration tests: a fake Kubernetes API server
 //! (plain HTTP, real JSON shapes), fixture and golden-file helpers, the schema validator, and
 //! an HTTPS client that trusts a given CA.
-#![allow(dead_code)] // each test binary uses a different subset
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the support module"
+)]
 
 use std::{
     net::SocketAddr,

@@ -1,6 +1,9 @@
 //! Test support: a fake node (host dirs under a temp root, the image's plugin binary, a
 //! kubelet-style service-account volume) and polling helpers.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the support module"
+)]
 
 use std::{
     fs,
