@@ -1,0 +1,328 @@
+//! The HTTP side: accepting connections, recording each request, the test hooks' failures and
+//! fixed routes, discovery, GET of one object and LIST (WATCH is in `watch`).
+
+use std::{
+    convert::Infallible,
+    net::TcpListener as StdTcpListener,
+    sync::{Arc, atomic::Ordering},
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::{Method, Request, Response, StatusCode, service::service_fn};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use crate::{
+    ObjectKey, RecordedRequest, log,
+    resources::{RESOURCES, resource_by_plural, short_names},
+    select::Filter,
+    state::Shared,
+    watch::watch_response,
+};
+
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+pub(crate) async fn serve(
+    listener: StdTcpListener,
+    shared: Arc<Shared>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("fake-apiserver: cannot use listener: {e}");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let shared = shared.clone();
+                        async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+}
+
+pub(crate) fn full(status: StatusCode, body: Value) -> Response<Body> {
+    let mut bytes = serde_json::to_vec(&body).unwrap_or_default();
+    bytes.push(b'\n');
+    let mut resp = Response::new(Full::new(Bytes::from(bytes)).boxed());
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+pub(crate) fn status_object(code: StatusCode, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    })
+}
+
+pub(crate) fn error(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    full(code, status_object(code, reason, message))
+}
+
+pub(crate) fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| char::from(b).to_digit(16);
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        // Two hex digits make one byte: h, l < 16.
+                        out.push((h * 16 + l) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub(crate) fn parse_query(q: Option<&str>) -> Vec<(String, String)> {
+    q.unwrap_or_default()
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (percent_decode(k), percent_decode(v)),
+            None => (percent_decode(kv), String::new()),
+        })
+        .collect()
+}
+
+/// The path of the server's own statistics (see the module documentation).
+pub const STATS_PATH: &str = "/fake/stats";
+
+/// What `GET /fake/stats` answers.
+pub(crate) fn stats(shared: &Shared) -> Value {
+    let requests: Vec<Value> = shared
+        .lock()
+        .requests
+        .iter()
+        .map(|r| json!({"method": r.method, "path": r.path, "query": r.query}))
+        .collect();
+    json!({
+        "requests": requests,
+        "watchesOpen": shared.watches_open.load(Ordering::SeqCst),
+        "watchesStarted": shared.watches_started.load(Ordering::SeqCst),
+    })
+}
+
+/// Whether the client asked for `PartialObjectMetadata` (metadata-only) answers.
+pub(crate) fn wants_metadata_only(req: &Request<hyper::body::Incoming>) -> bool {
+    req.headers()
+        .get_all(hyper::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("as=PartialObjectMetadata"))
+}
+
+/// An object as a metadata-only answer carries it.
+pub(crate) fn metadata_only(object: &Value) -> Value {
+    json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": object.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+pub(crate) async fn handle(
+    shared: &Arc<Shared>,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Body> {
+    if req.uri().path() == STATS_PATH && req.method() == Method::GET {
+        return full(StatusCode::OK, stats(shared));
+    }
+    let meta_only = wants_metadata_only(&req);
+    let record = RecordedRequest {
+        method: req.method().to_string(),
+        path: req.uri().path().to_string(),
+        query: parse_query(req.uri().query()),
+    };
+    let (failing, route) = {
+        let mut state = shared.lock();
+        state.requests.push(record.clone());
+        let mut failing = state
+            .failing_paths
+            .get(&record.path)
+            .copied()
+            .or(state.failing);
+        if failing.is_none()
+            && let Some((code, left)) = state.failing_times.get_mut(&record.path)
+        {
+            failing = Some(*code);
+            *left -= 1;
+            if *left == 0 {
+                state.failing_times.remove(&record.path);
+            }
+        }
+        let mut route = state.routes.get(&record.path).cloned();
+        if failing.is_none()
+            && record.method == "GET"
+            && let Some((bodies, served)) = state.sequences.get_mut(&record.path)
+        {
+            route = bodies.get(*served).or(bodies.last()).cloned();
+            *served += 1;
+        }
+        (failing, route)
+    };
+    log(&format!(
+        "{} {} {:?}",
+        record.method, record.path, record.query
+    ));
+    if let Some(code) = failing {
+        return error(
+            code,
+            "InternalError",
+            "the fake API server was told to fail",
+        );
+    }
+    if req.method() != Method::GET {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the fake API server is read-only",
+        );
+    }
+    if let Some(body) = route {
+        return full(StatusCode::OK, body);
+    }
+    match record.path.trim_end_matches('/') {
+        "/version" => {
+            return full(
+                StatusCode::OK,
+                json!({"major": "1", "minor": "34", "gitVersion": "v1.34.0-fake", "platform": "linux/amd64"}),
+            );
+        }
+        "/api" => {
+            return full(
+                StatusCode::OK,
+                json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
+            );
+        }
+        "/apis" => {
+            return full(
+                StatusCode::OK,
+                json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
+            );
+        }
+        "/api/v1" => {
+            let resources: Vec<Value> = RESOURCES
+                .iter()
+                .map(|(kind, plural, namespaced)| {
+                    json!({"name": plural, "singularName": kind.to_lowercase(), "namespaced": namespaced, "shortNames": short_names(plural), "kind": kind, "verbs": ["get", "list", "watch"]})
+                })
+                .collect();
+            return full(
+                StatusCode::OK,
+                json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}),
+            );
+        }
+        _ => {}
+    }
+    let Some(rest) = record.path.strip_prefix("/api/v1/") else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+    };
+    let segs: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+    // (plural, namespace scope of a collection, object name)
+    let (plural, namespace, name) = match segs.as_slice() {
+        [plural] => (*plural, None, None),
+        ["namespaces", name] => ("namespaces", None, Some(*name)),
+        ["namespaces", ns, plural] => (*plural, Some(*ns), None),
+        ["namespaces", ns, plural, name] => (*plural, Some(*ns), Some(*name)),
+        _ => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
+        }
+    };
+    let Some((kind, plural, namespaced)) = resource_by_plural(plural) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("the server doesn't have a resource type {plural:?}"),
+        );
+    };
+    if namespace.is_some() && !namespaced {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("{plural} are not namespaced"),
+        );
+    }
+    if let Some(name) = name {
+        let key = ObjectKey {
+            plural,
+            namespace: namespaced.then(|| namespace.unwrap_or("default").to_string()),
+            name: name.to_string(),
+        };
+        return match shared.lock().objects.get(&key) {
+            Some(obj) if meta_only => full(StatusCode::OK, metadata_only(obj)),
+            Some(obj) => full(StatusCode::OK, obj.clone()),
+            None => error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("{plural} {name:?} not found"),
+            ),
+        };
+    }
+    let filter = match Filter::new(plural, namespace, &record) {
+        Ok(f) => Filter { meta_only, ..f },
+        Err(msg) => return error(StatusCode::BAD_REQUEST, "BadRequest", &msg),
+    };
+    if record.is_watch() {
+        return watch_response(shared.clone(), filter, &record);
+    }
+    let state = shared.lock();
+    let items: Vec<Value> = state
+        .objects
+        .iter()
+        .filter(|(k, v)| filter.in_scope(k) && filter.matches(v))
+        .map(|(_, v)| filter.shape(v))
+        .collect();
+    let (list_kind, api_version) = if meta_only {
+        ("PartialObjectMetadataList".to_string(), "meta.k8s.io/v1")
+    } else {
+        (format!("{kind}List"), "v1")
+    };
+    full(
+        StatusCode::OK,
+        json!({"kind": list_kind, "apiVersion": api_version, "metadata": {"resourceVersion": state.rv.to_string()}, "items": items}),
+    )
+}

@@ -1,0 +1,44 @@
+//! A kubeconfig pointing at a fake server, with no credentials.
+
+use std::{fs, io, path::Path, path::PathBuf};
+
+/// A kubeconfig whose current context points at `server_url` with no credentials (the fake
+/// server asks for none).
+pub fn kubeconfig(server_url: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: fake
+  cluster:
+    server: {server_url}
+users:
+- name: fake
+  user: {{}}
+contexts:
+- name: fake
+  context:
+    cluster: fake
+    user: fake
+    namespace: default
+current-context: fake
+"
+    )
+}
+
+/// Writes [`kubeconfig`] to `path` atomically (temporary file, then rename), mode 0600.
+pub fn write_kubeconfig(path: &Path, server_url: &str) -> io::Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(kubeconfig(server_url).as_bytes())?;
+    file.sync_all()?;
+    fs::rename(&tmp, path)
+}
