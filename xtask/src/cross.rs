@@ -254,6 +254,26 @@ pub fn test(
     run(&mut cmd)
 }
 
+/// Cargo for `target` with the static link flags on every crate it builds (not only a final
+/// one, as [`build`] does): the test binaries and helper binaries that `cargo xtask vmtest
+/// --arch` runs on another architecture's kernel. `subcommand` (`build`, `test`) is given with
+/// `--target` and, where std comes from Debian, `-Zbuild-std`.
+pub fn cargo_all_static(target: Target, subcommand: &str) -> anyhow::Result<Command> {
+    let mut cmd = cargo_for(target)?;
+    cmd.args([subcommand, "--target", &target.triple()]);
+    if target.std_source() == StdSource::DebianBuildStd {
+        cmd.arg("-Zbuild-std=std,panic_unwind");
+    }
+    let mut flags = remap_flags();
+    flags.extend(
+        link_flags(target)?
+            .into_iter()
+            .map(|f| f.to_string_lossy().into_owned()),
+    );
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"));
+    Ok(cmd)
+}
+
 /// The node-side crates whose unit tests `cargo xtask cross-test` runs for another
 /// architecture, each with the C library of the binary it ships in: the plugin's (musl) and
 /// the agent's (glibc, with the installer it runs); proto is in both.

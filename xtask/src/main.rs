@@ -9,12 +9,13 @@
 //!   defined; `cross.rs` for the other architecture).
 //! - `image [--out DIR] [--arch ARCH]`: the DaemonSet's image, OCI archives for linux/amd64 and
 //!   linux/arm64, reproducible (see `image.rs`).
-//! - `release [--out DIR] [--chart-url URL]`: `dist/` with the image archives, the packaged
+//! - `release [--out DIR] [--chart-url URL] [--without-arm64-run]`: `dist/` with the image archives, the packaged
 //!   chart and its repository index, the static CLI for both architectures, SHA256SUMS (see
-//!   `release.rs`).
+//!   `release.rs`); only for a commit with a recorded arm64 guest pass (`vmtest --arch arm64`).
 //! - `cross-test [--arch arm64]`: the node-side crates' unit tests built for another
 //!   architecture, run under qemu-user (see `cross.rs`).
-//! - `vmtest --kernel 6.1|6.12|5.10|<image>`: the privileged tests in a QEMU guest on that kernel.
+//! - `vmtest [--arch arm64] --kernel 6.1|6.12|5.10|<image>`: the privileged tests in a QEMU guest
+//!   on that kernel (arm64: the data-plane binaries built for aarch64, see `vmtest.rs`).
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
 //! - `fuzz [--secs N] [--target NAME]`: every cargo-fuzz target of `fuzz/` for N seconds (60),
 //!   one after another (see `fuzz.rs` and docs/fuzzing.md).
@@ -105,6 +106,10 @@ enum Task {
         /// without it, the index names the chart by a relative URL.
         #[arg(long)]
         chart_url: Option<String>,
+        /// Release without a recorded pass of the arm64 binaries on an arm64 kernel
+        /// (`cargo xtask vmtest --arch arm64 --kernel 6.12` on this commit records one).
+        #[arg(long)]
+        without_arm64_run: bool,
     },
     /// Build the unit tests of the node-side crates for another architecture and run them
     /// under qemu-user (not the privileged tests).
@@ -128,6 +133,11 @@ enum Task {
         /// `6.1`, `6.12` or `5.10` (Debian's current package of that line), or a kernel image.
         #[arg(long)]
         kernel: String,
+        /// The guest's architecture [default: this machine's]; another one runs under full
+        /// emulation with a userland from Debian's packages, and by default only the
+        /// data-plane binaries.
+        #[arg(long, value_enum)]
+        arch: Option<cross::Arch>,
         /// Only this test binary (`tests/tests/<name>.rs`); repeatable.
         #[arg(long = "test")]
         only: Vec<String>,
@@ -172,7 +182,17 @@ fn main() -> anyhow::Result<()> {
             quick,
             baseline_bins,
         } => bench::bench(quick, baseline_bins.as_deref()),
-        Task::Vmtest { kernel, only, args } => vmtest::vmtest(&kernel, &only, &args),
+        Task::Vmtest {
+            kernel,
+            arch,
+            only,
+            args,
+        } => {
+            let arch = arch
+                .or_else(cross::Arch::host)
+                .context("this machine's architecture is not one the release ships: give --arch")?;
+            vmtest::vmtest(&kernel, arch, &only, &args)
+        }
         Task::Dist { out, arch } => dist::dist(&workspace().join(out), arch),
         Task::CrossTest { arch } => cross::test_node_crates(arch),
         Task::Image { out, arch } => {
@@ -183,9 +203,15 @@ fn main() -> anyhow::Result<()> {
             };
             image::image(&workspace().join(out), &archs).map(drop)
         }
-        Task::Release { out, chart_url } => {
-            release::release(&workspace().join(out), chart_url.as_deref())
-        }
+        Task::Release {
+            out,
+            chart_url,
+            without_arm64_run,
+        } => release::release(
+            &workspace().join(out),
+            chart_url.as_deref(),
+            !without_arm64_run,
+        ),
         Task::BuildEbpf => {
             let object = build_ebpf()?;
             println!("{}", object.display());

@@ -89,6 +89,10 @@ const PACKAGES: &[(&str, &str)] = &[
          a backported qemu-utils)",
     ),
     (
+        "qemu-system-arm",
+        "boots Debian's arm64 kernels for `cargo xtask vmtest --arch arm64`",
+    ),
+    (
         "kmod",
         "depmod over those kernels' modules, and the modprobe their guests load modules with",
     ),
