@@ -278,7 +278,9 @@ pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
         .and_then(|s| s.parse().ok())
         .map_or(CI_BUDGET, Duration::from_secs);
     let until = started + budget;
-    let all = build(&[], Arch::Amd64)?;
+    // Guests of the machine's own architecture (CI's is amd64).
+    let arch = Arch::host().context("this machine's architecture is not one the release ships")?;
+    let all = build(&[], arch)?;
     let mut summary = Vec::new();
     let mut failed = Vec::new();
     for (kernel, only) in CI_KERNELS {
@@ -294,7 +296,7 @@ pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
             ));
             continue;
         }
-        match run_guest(kernel, Arch::Amd64, &binaries, args, Some(until)) {
+        match run_guest(kernel, arch, &binaries, args, Some(until)) {
             Ok(outcome) => {
                 summary.push(format!(
                     "{} ({} binaries): {} passed, {} failed, {} s{}",
