@@ -28,7 +28,10 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{cargo, run, workspace};
+use crate::{
+    exec::{cargo, run, workspace},
+    phases::Phases,
+};
 
 /// Guest memory (the tests' tmpfs writes, containerd, a few agents).
 const MEMORY: &str = "4G";
@@ -72,9 +75,9 @@ pub struct Outcome {
 /// shipped plugin the tests execute (as `cargo xtask test` builds them); `only` keeps those
 /// named.
 pub fn build(only: &[String]) -> anyhow::Result<Vec<TestBinary>> {
-    crate::build_ebpf()?;
+    crate::build::ebpf::build_ebpf()?;
     run(cargo().args(["build", "--bins"]))?;
-    crate::dist::build_plugin(false)?;
+    crate::build::dist::build_plugin(false)?;
     let mut cmd = cargo();
     cmd.args([
         "test",
@@ -158,8 +161,8 @@ const CI_BUDGET: Duration = Duration::from_secs(80 * 60);
 /// `cargo xtask test`'s guest runs: every kernel of [`CI_KERNELS`], each run whatever the
 /// previous one did, all ending by [`CI_BUDGET`] after `started`; fails when any test failed
 /// in any of them. Binaries the budget left no time for are named as not run, and do not fail
-/// the task (they ran on the host).
-pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
+/// the task (they ran on the host). Each kernel's wall time goes to `phases`.
+pub fn ci(args: &[String], started: Instant, phases: &mut Phases) -> anyhow::Result<()> {
     if std::env::var("LINKERD_CNI_VM_KERNELS").as_deref() == Ok("none") {
         eprintln!("vmtest: LINKERD_CNI_VM_KERNELS=none: no guest kernels");
         return Ok(());
@@ -169,7 +172,7 @@ pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
         .and_then(|s| s.parse().ok())
         .map_or(CI_BUDGET, Duration::from_secs);
     let until = started + budget;
-    let all = build(&[])?;
+    let all = phases.run("vmtest: build", || build(&[]))?;
     let mut summary = Vec::new();
     let mut failed = Vec::new();
     for (kernel, only) in CI_KERNELS {
@@ -185,7 +188,11 @@ pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
             ));
             continue;
         }
-        match run_guest(kernel, &binaries, args, Some(until)) {
+        let start = Instant::now();
+        let result = run_guest(kernel, &binaries, args, Some(until));
+        let passed = result.as_ref().is_ok_and(|o| o.failed.is_empty());
+        phases.record(format!("vmtest: {kernel}"), start.elapsed(), passed);
+        match result {
             Ok(outcome) => {
                 summary.push(format!(
                     "{} ({} binaries): {} passed, {} failed, {} s{}",
