@@ -27,9 +27,12 @@ use anyhow::{Context, bail};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::{
-    cross::{self, Arch, Libc, Target},
-    image::{self, CHART_DIR, Provenance},
-    run, workspace,
+    build::{
+        cross, elf,
+        image::{self, CHART_DIR, Provenance},
+        target::{Arch, Libc, Target},
+    },
+    exec::{run, workspace},
 };
 
 /// The CLI's package and binary.
@@ -54,7 +57,7 @@ pub fn build_cli(arch: Arch) -> anyhow::Result<PathBuf> {
         rustc_flags: &["-C", "relocation-model=static"],
         envs: Vec::new(),
     })?;
-    cross::check_static_for(&cli, arch)?;
+    elf::check_static_for(&cli, arch)?;
     Ok(cli)
 }
 

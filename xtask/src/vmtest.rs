@@ -39,9 +39,12 @@ use std::{
 use anyhow::{Context, bail};
 
 use crate::{
-    cargo,
-    cross::{self, Arch, Libc, Target},
-    run, workspace,
+    build::{
+        cross,
+        target::{Arch, Libc, Target},
+    },
+    exec::{cargo, run, workspace},
+    phases::Phases,
 };
 
 /// Guest memory (the tests' tmpfs writes, containerd, a few agents).
@@ -109,9 +112,9 @@ pub fn build(only: &[String], arch: Arch) -> anyhow::Result<Vec<TestBinary>> {
     if !arch.is_host() {
         return build_foreign(only, arch);
     }
-    crate::build_ebpf()?;
+    crate::build::ebpf::build_ebpf()?;
     run(cargo().args(["build", "--bins"]))?;
-    crate::dist::build_plugin(false)?;
+    crate::build::dist::build_plugin(false)?;
     let mut cmd = cargo();
     cmd.args(["test", "-p", "linkerd-cni-tests", "--tests", "--no-run"]);
     test_binaries(&mut cmd, only)
@@ -122,7 +125,7 @@ pub fn build(only: &[String], arch: Arch) -> anyhow::Result<Vec<TestBinary>> {
 /// binaries they execute (beside themselves); the CNI runtime of the end-to-end tests built by
 /// Go for `arch` into the same place.
 fn build_foreign(only: &[String], arch: Arch) -> anyhow::Result<Vec<TestBinary>> {
-    let object = crate::build_ebpf()?;
+    let object = crate::build::ebpf::build_ebpf()?;
     let target = Target::new(arch, Libc::Gnu);
     run(cross::cargo_all_static(target, "build")?
         .env("LINKERD_CNI_EBPF_OBJECT", &object)
@@ -267,8 +270,8 @@ const CI_BUDGET: Duration = Duration::from_secs(80 * 60);
 /// `cargo xtask test`'s guest runs: every kernel of [`CI_KERNELS`], each run whatever the
 /// previous one did, all ending by [`CI_BUDGET`] after `started`; fails when any test failed
 /// in any of them. Binaries the budget left no time for are named as not run, and do not fail
-/// the task (they ran on the host).
-pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
+/// the task (they ran on the host). Each kernel's wall time goes to `phases`.
+pub fn ci(args: &[String], started: Instant, phases: &mut Phases) -> anyhow::Result<()> {
     if std::env::var("LINKERD_CNI_VM_KERNELS").as_deref() == Ok("none") {
         eprintln!("vmtest: LINKERD_CNI_VM_KERNELS=none: no guest kernels");
         return Ok(());
@@ -280,7 +283,7 @@ pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
     let until = started + budget;
     // Guests of the machine's own architecture (CI's is amd64).
     let arch = Arch::host().context("this machine's architecture is not one the release ships")?;
-    let all = build(&[], arch)?;
+    let all = phases.run("vmtest: build", || build(&[], arch))?;
     let mut summary = Vec::new();
     let mut failed = Vec::new();
     for (kernel, only) in CI_KERNELS {
@@ -296,7 +299,11 @@ pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
             ));
             continue;
         }
-        match run_guest(kernel, arch, &binaries, args, Some(until)) {
+        let start = Instant::now();
+        let result = run_guest(kernel, arch, &binaries, args, Some(until));
+        let passed = result.as_ref().is_ok_and(|o| o.failed.is_empty());
+        phases.record(format!("vmtest: {kernel}"), start.elapsed(), passed);
+        match result {
             Ok(outcome) => {
                 summary.push(format!(
                     "{} ({} binaries): {} passed, {} failed, {} s{}",

@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{cross::Arch, run};
+use crate::{build::target::Arch, exec::run};
 
 /// The kernel lines `--kernel` names, the Debian suites that carry them, and the package whose
 /// dependency is the current kernel of that line.
@@ -77,7 +77,7 @@ pub fn cache_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| crate::workspace().join("target"));
+        .unwrap_or_else(|| crate::exec::workspace().join("target"));
     base.join("linkerd-cni").join("vm")
 }
 

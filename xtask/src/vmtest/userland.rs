@@ -16,7 +16,7 @@ use std::{
 use anyhow::{Context, bail};
 
 use super::kernel::{apt, apt_dir, cache_dir};
-use crate::{cross::Arch, run};
+use crate::{build::target::Arch, exec::run};
 
 /// What the guest runs besides the test binaries: the run script (bash, coreutils' `timeout`,
 /// util-linux's `dmesg`), the initramfs (busybox-static), the tests' own commands (`ip`,
