@@ -50,8 +50,16 @@ fn cache_root() -> Result<PathBuf> {
     Ok(dir.join("cniruntime"))
 }
 
-/// The runtime binary: built on first use (per version of [`SOURCE`]) and cached.
+/// A runtime built elsewhere, used as is: `cargo xtask vmtest --arch` builds it for a guest of
+/// another architecture with Go's cross compiler (the guest has no Go).
+pub const PREBUILT_ENV: &str = "LINKERD_CNI_TEST_CNI_RUNTIME";
+
+/// The runtime binary: `$LINKERD_CNI_TEST_CNI_RUNTIME`, else built on first use (per version
+/// of [`SOURCE`]) and cached.
 pub fn tool() -> Result<PathBuf> {
+    if let Some(prebuilt) = std::env::var_os(PREBUILT_ENV) {
+        return Ok(PathBuf::from(prebuilt));
+    }
     let root = cache_root()?;
     let out = root.join(format!("{TOOL}-{}", fnv1a64(SOURCE.as_bytes())));
     if out.is_file() {

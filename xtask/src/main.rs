@@ -1,44 +1,53 @@
-//! Project tasks, run as `cargo xtask <task>`:
+//! Project tasks, run as `cargo xtask <task>`: this file parses the command line and hands
+//! each task to its module. The modules are layered, each using only those below it (the layers
+//! test, `xtask/tests/layers.rs`, keeps it so): `tasks/`, `setup.rs`, `release.rs` → `vmtest.rs`,
+//! `privileged.rs` → `build/` (image → dist → cross → musl → target, elf, ebpf) → `exec.rs`,
+//! `phases.rs`.
 //!
 //! - `setup`: installs what builds and tests need on Debian/Ubuntu (idempotent).
 //! - `build-ebpf`: builds the eBPF object.
-//! - `demo`: setup, build, then the demo on a simulated node (root; see `demo.rs`).
-//! - `bench [--quick] [--baseline-bins DIR]`: the benchmarks (see `bench.rs`).
+//! - `demo`: setup, build, then the demo on a simulated node (root; see `tasks/demo.rs`).
+//! - `bench [--quick] [--baseline-bins DIR]`: the benchmarks (see `tasks/bench.rs`).
 //! - `dist [--out DIR] [--arch ARCH]`: the static agent and the static plugin, laid out as the
-//!   DaemonSet's image holds them (see `dist.rs`, the one place the plugin's link flags are
-//!   defined; `cross.rs` for the other architecture).
+//!   DaemonSet's image holds them (see `build/dist.rs`, the one place the plugin's link flags
+//!   are defined; `build/cross.rs` for the other architecture).
 //! - `image [--out DIR] [--arch ARCH]`: the DaemonSet's image, OCI archives for linux/amd64 and
-//!   linux/arm64, reproducible (see `image.rs`).
-//! - `release [--out DIR] [--chart-url URL]`: `dist/` with the image archives, the packaged
+//!   linux/arm64, reproducible (see `build/image.rs`).
+//! - `release [--out DIR] [--chart-url URL] [--without-arm64-run]`: `dist/` with the image archives, the packaged
 //!   chart and its repository index, the static CLI for both architectures, SHA256SUMS (see
-//!   `release.rs`).
+//!   `release.rs`); only for a commit with a recorded arm64 guest pass (`vmtest --arch arm64`).
 //! - `cross-test [--arch arm64]`: the node-side crates' unit tests built for another
-//!   architecture, run under qemu-user (see `cross.rs`).
-//! - `vmtest --kernel 6.1|6.12|5.10|<image>`: the privileged tests in a QEMU guest on that kernel.
+//!   architecture, run under qemu-user (see `build/cross.rs`).
+//! - `vmtest [--arch arm64] --kernel 6.1|6.12|5.10|<image>`: the privileged tests in a QEMU guest
+//!   on that kernel (arm64: the data-plane binaries built for aarch64, see `vmtest.rs`).
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
 //! - `fuzz [--secs N] [--target NAME]`: every cargo-fuzz target of `fuzz/` for N seconds (60),
-//!   one after another (see `fuzz.rs` and docs/fuzzing.md).
+//!   one after another (see `tasks/fuzz.rs` and docs/fuzzing.md).
 //! - `test` (alias `ci`): setup, build, lint, then every test (unit in parallel, privileged one at a
 //!   time, each binary under a time limit: see `privileged.rs`), then the privileged binaries
-//!   again on Debian's 6.1 and 6.12 kernels in QEMU guests (`vmtest.rs`). This is the README's
-//!   test command and what `.ci/run` runs.
+//!   again on Debian's 6.1 and 6.12 kernels in QEMU guests (`vmtest.rs`), then a table of each
+//!   phase's wall time (see `tasks/test.rs`). This is the README's test command and what
+//!   `.ci/run` runs.
 
-mod bench;
-mod cross;
-mod demo;
-mod dist;
-mod fuzz;
-mod image;
-mod musl;
+mod build;
+mod exec;
+mod phases;
 mod privileged;
 mod release;
 mod setup;
+mod tasks;
 mod vmtest;
 
-use std::{path::PathBuf, process::Command};
+use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+
+use crate::{
+    build::{cross, dist, ebpf::build_ebpf, image, target::Arch},
+    exec::workspace,
+    tasks::{bench, demo, fuzz, lint::lint},
+};
 
 #[derive(Parser)]
 #[command(about = "linkerd-cni project tasks")]
@@ -84,7 +93,7 @@ enum Task {
         out: PathBuf,
         /// The architecture to build for [default: this machine's].
         #[arg(long, value_enum)]
-        arch: Option<cross::Arch>,
+        arch: Option<Arch>,
     },
     /// Build the DaemonSet's image (linux/amd64 and linux/arm64) as OCI archives.
     Image {
@@ -93,7 +102,7 @@ enum Task {
         out: PathBuf,
         /// Only these architectures (repeatable) [default: amd64 and arm64].
         #[arg(long, value_enum)]
-        arch: Vec<cross::Arch>,
+        arch: Vec<Arch>,
     },
     /// Build a release into dist/: image archives, the packaged chart and its repository
     /// index, the static `linkerd` CLI for amd64 and arm64, SHA256SUMS.
@@ -105,13 +114,17 @@ enum Task {
         /// without it, the index names the chart by a relative URL.
         #[arg(long)]
         chart_url: Option<String>,
+        /// Release without a recorded pass of the arm64 binaries on an arm64 kernel
+        /// (`cargo xtask vmtest --arch arm64 --kernel 6.12` on this commit records one).
+        #[arg(long)]
+        without_arm64_run: bool,
     },
     /// Build the unit tests of the node-side crates for another architecture and run them
     /// under qemu-user (not the privileged tests).
     CrossTest {
         /// The architecture to build and run them for.
         #[arg(long, value_enum, default_value = "arm64")]
-        arch: cross::Arch,
+        arch: Arch,
     },
     /// Build and run the benchmarks (ebpf vs iptables vs direct); writes BENCHMARKS.md (root).
     Bench {
@@ -128,6 +141,11 @@ enum Task {
         /// `6.1`, `6.12` or `5.10` (Debian's current package of that line), or a kernel image.
         #[arg(long)]
         kernel: String,
+        /// The guest's architecture [default: this machine's]; another one runs under full
+        /// emulation with a userland from Debian's packages, and by default only the
+        /// data-plane binaries.
+        #[arg(long, value_enum)]
+        arch: Option<Arch>,
         /// Only this test binary (`tests/tests/<name>.rs`); repeatable.
         #[arg(long = "test")]
         only: Vec<String>,
@@ -135,33 +153,6 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-}
-
-/// The workspace root (xtask lives one level below it).
-pub fn workspace() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
-}
-
-/// Runs a command, failing with its command line when it fails.
-pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
-    let line = format!("{cmd:?}");
-    eprintln!("+ {line}");
-    let status = cmd.status().with_context(|| format!("starting {line}"))?;
-    if !status.success() {
-        bail!("{line} failed: {status}");
-    }
-    Ok(())
-}
-
-fn cargo() -> Command {
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(workspace());
-    cmd
-}
-
-fn build_ebpf() -> anyhow::Result<PathBuf> {
-    linkerd_cni_ebpf_build::build(&workspace()).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -172,20 +163,36 @@ fn main() -> anyhow::Result<()> {
             quick,
             baseline_bins,
         } => bench::bench(quick, baseline_bins.as_deref()),
-        Task::Vmtest { kernel, only, args } => vmtest::vmtest(&kernel, &only, &args),
+        Task::Vmtest {
+            kernel,
+            arch,
+            only,
+            args,
+        } => {
+            let arch = arch
+                .or_else(Arch::host)
+                .context("this machine's architecture is not one the release ships: give --arch")?;
+            vmtest::vmtest(&kernel, arch, &only, &args)
+        }
         Task::Dist { out, arch } => dist::dist(&workspace().join(out), arch),
         Task::CrossTest { arch } => cross::test_node_crates(arch),
         Task::Image { out, arch } => {
             let archs = if arch.is_empty() {
-                cross::Arch::ALL.to_vec()
+                Arch::ALL.to_vec()
             } else {
                 arch
             };
             image::image(&workspace().join(out), &archs).map(drop)
         }
-        Task::Release { out, chart_url } => {
-            release::release(&workspace().join(out), chart_url.as_deref())
-        }
+        Task::Release {
+            out,
+            chart_url,
+            without_arm64_run,
+        } => release::release(
+            &workspace().join(out),
+            chart_url.as_deref(),
+            !without_arm64_run,
+        ),
         Task::BuildEbpf => {
             let object = build_ebpf()?;
             println!("{}", object.display());
@@ -199,67 +206,6 @@ fn main() -> anyhow::Result<()> {
             build_ebpf()?;
             lint()
         }
-        Task::Test { args } => {
-            let started = std::time::Instant::now();
-            setup::setup(false)?;
-            build_ebpf()?;
-            lint()?;
-            if !nix_is_root() {
-                bail!(
-                    "the test suite exercises BPF, network namespaces and cgroups: run it as root"
-                );
-            }
-            // Binaries the integration tests execute.
-            run(cargo().args(["build", "--bins"]))?;
-            // The plugin as shipped (replaces the one just built).
-            dist::build_plugin(false)?;
-            // Unprivileged and self-contained tests, in parallel.
-            // (The default members: the eBPF crate only builds for the BPF target.)
-            run(cargo()
-                .args([
-                    "test",
-                    "--no-fail-fast",
-                    "--workspace",
-                    "--exclude",
-                    "linkerd-cni-ebpf",
-                    "--exclude",
-                    "linkerd-cni-tests",
-                ])
-                .args(&args))?;
-            // Privileged tests: real kernel state, one at a time, each binary time-limited;
-            // then the same binaries on Debian's kernels in QEMU guests (`vmtest.rs`).
-            let host = privileged::test(&args);
-            host.and(vmtest::ci(&args, started))
-        }
+        Task::Test { args } => tasks::test::test(&args),
     }
-}
-
-/// One formatting style and no lint warnings, checked before any test runs.
-fn lint() -> anyhow::Result<()> {
-    run(cargo().args(["fmt", "--all", "--check"]))?;
-    // Every host crate; the eBPF crate only builds for the BPF target (below).
-    run(cargo().args([
-        "clippy",
-        "--workspace",
-        "--exclude",
-        "linkerd-cni-ebpf",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    // The eBPF crate, with Debian's clippy for the BPF target.
-    eprintln!("+ clippy for the eBPF crate (bpfel-unknown-none)");
-    linkerd_cni_ebpf_build::clippy(&workspace()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(())
-}
-
-fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc_geteuid() == 0 }
-}
-
-unsafe extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
 }

@@ -14,7 +14,11 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{cargo, run, workspace};
+use crate::{
+    build::{image, target::Arch},
+    exec::{cargo, run, workspace},
+    phases::Phases,
+};
 
 /// Longest any one test binary may run (the slowest takes a few minutes), unless
 /// `LINKERD_CNI_TEST_LIMIT_SECS` says otherwise.
@@ -48,11 +52,15 @@ const IMAGE_ENV: &str = "LINKERD_CNI_TEST_IMAGE";
 
 /// Builds every privileged test binary and the DaemonSet's image for this machine (`cargo
 /// xtask image`, named by [`IMAGE_ENV`]), then runs each binary (`args` passed to `cargo
-/// test`, tests one at a time) under [`limit`].
-pub fn test(args: &[String]) -> anyhow::Result<()> {
-    run(cargo().args(["test", "-p", "linkerd-cni-tests", "--no-run"]))?;
-    let arch = crate::cross::Arch::host().context("no image for this machine's architecture")?;
-    let (_, archives) = crate::image::image(&workspace().join("target/image"), &[arch])?;
+/// test`, tests one at a time) under [`limit`], recording each step's wall time in `phases`.
+pub fn test(args: &[String], phases: &mut Phases) -> anyhow::Result<()> {
+    phases.run("privileged: build", || {
+        run(cargo().args(["test", "-p", "linkerd-cni-tests", "--no-run"]))
+    })?;
+    let arch = Arch::host().context("no image for this machine's architecture")?;
+    let (_, archives) = phases.run("image", || {
+        image::image(&workspace().join("target/image"), &[arch])
+    })?;
     let image = archives
         .first()
         .context("`cargo xtask image` wrote no archive")?;
@@ -77,6 +85,11 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
             }
             std::thread::sleep(Duration::from_millis(500));
         };
+        phases.record(
+            format!("privileged: {name}"),
+            start.elapsed(),
+            status.is_some_and(|s| s.success()),
+        );
         let took = start.elapsed().as_secs();
         match status {
             Some(s) if s.success() => eprintln!("xtask: test binary {name}: passed in {took} s"),

@@ -10,6 +10,10 @@
 //!   (`linkerd-<tag>-linux-<arch>`);
 //! - `SHA256SUMS` of all of them (`sha256sum -c SHA256SUMS`).
 //!
+//! It packages only a commit whose arm64 binaries have passed the data-plane tests on an arm64
+//! kernel: `cargo xtask vmtest --arch arm64 --kernel 6.12` records such a pass (CI runs only
+//! amd64 guests, see `vmtest.rs`); `--without-arm64-run` releases without one, saying so.
+//!
 //! `helm package` takes the chart files' modification times and `helm repo index` stamps the
 //! current time: the chart is packaged from a copy whose times are `SOURCE_DATE_EPOCH`, and
 //! the index's `created` and `generated` are set to it too.
@@ -23,9 +27,12 @@ use anyhow::{Context, bail};
 use serde_yaml_ng::Value as Yaml;
 
 use crate::{
-    cross::{self, Arch, Libc, Target},
-    image::{self, CHART_DIR, Provenance},
-    run, workspace,
+    build::{
+        cross, elf,
+        image::{self, CHART_DIR, Provenance},
+        target::{Arch, Libc, Target},
+    },
+    exec::{run, workspace},
 };
 
 /// The CLI's package and binary.
@@ -50,14 +57,22 @@ pub fn build_cli(arch: Arch) -> anyhow::Result<PathBuf> {
         rustc_flags: &["-C", "relocation-model=static"],
         envs: Vec::new(),
     })?;
-    cross::check_static_for(&cli, arch)?;
+    elf::check_static_for(&cli, arch)?;
     Ok(cli)
 }
 
-/// `cargo xtask release`.
-pub fn release(out: &Path, chart_url: Option<&str>) -> anyhow::Result<()> {
+/// `cargo xtask release`; `arm64_run` requires a recorded arm64 guest pass of the commit.
+pub fn release(out: &Path, chart_url: Option<&str>, arm64_run: bool) -> anyhow::Result<()> {
     if Command::new("helm").arg("version").output().is_err() {
         bail!("helm is missing: `cargo xtask setup` installs it");
+    }
+    if arm64_run {
+        let record = crate::vmtest::recorded_pass(Arch::Arm64)?;
+        eprintln!("release: the arm64 guest run of this commit:\n{record}");
+    } else {
+        eprintln!(
+            "release: WARNING: --without-arm64-run: no arm64 kernel has run this commit's arm64 binaries"
+        );
     }
     let prov = Provenance::of_checkout()?;
     let meta = image::chart_meta(&workspace())?;

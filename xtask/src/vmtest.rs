@@ -1,5 +1,5 @@
-//! `cargo xtask vmtest --kernel 6.1|6.12|5.10|<bzImage>`: the privileged test binaries on
-//! another kernel, in a QEMU guest.
+//! `cargo xtask vmtest [--arch arm64] --kernel 6.1|6.12|5.10|<image>`: the privileged test
+//! binaries on another kernel, in a QEMU guest.
 //!
 //! The guest boots the kernel with a small initramfs (Debian's static busybox, see
 //! `initramfs.rs`) that loads the virtio/9p/overlay modules, mounts the host's root filesystem
@@ -14,9 +14,19 @@
 //!
 //! KVM is used only when `/dev/kvm` belongs to a hardware KVM module (`kvm_intel`, `kvm_amd`):
 //! a paravirtual KVM (`kvm_pvm`) boots no stock kernel, so the guest runs under TCG.
+//!
+//! `--arch arm64` on an amd64 host: Debian's arm64 kernel package boots under
+//! `qemu-system-aarch64 -M virt` (TCG); the host's programs cannot run there, so the guest's
+//! root is an arm64 userland unpacked from Debian's packages (`userland.rs`) and the workspace
+//! is shared at its own path (read-only, under a tmpfs overlay), the kernel's modules over a
+//! share of their own. The test binaries, the shipped binaries they execute and the helper
+//! binaries are built for aarch64 (glibc, static, as the arm64 agent ships: `cross.rs`), the
+//! end-to-end tests' CNI runtime by Go's cross compiler. Without `--test` it runs
+//! [`FOREIGN_DEFAULT`], the data-plane binaries.
 
 mod initramfs;
 mod kernel;
+mod userland;
 
 use std::{
     collections::BTreeSet,
@@ -28,7 +38,14 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{cargo, run, workspace};
+use crate::{
+    build::{
+        cross,
+        target::{Arch, Libc, Target},
+    },
+    exec::{cargo, run, workspace},
+    phases::Phases,
+};
 
 /// Guest memory (the tests' tmpfs writes, containerd, a few agents).
 const MEMORY: &str = "4G";
@@ -44,6 +61,26 @@ const BOOT_LIMIT: Duration = Duration::from_secs(300);
 /// over the host's 900 s limit there with the host's load average at 28). CI's time budget
 /// still bounds the whole run.
 const TCG_LIMIT_FACTOR: u32 = 2;
+/// The same for a guest of another architecture: every instruction is translated (arm64 on
+/// amd64: `dataplane` took 1019 s there against about 400 s in an amd64 guest).
+const FOREIGN_LIMIT_FACTOR: u32 = 4;
+
+/// The binaries `cargo xtask vmtest --arch <not the host's>` runs without `--test`: the data
+/// plane (programs, links, redirection both ways, the pin layout, the end-to-end chain
+/// through libcni). The others need containerd or Kubernetes images of the guest's
+/// architecture, which the unpacked userland does not have.
+pub const FOREIGN_DEFAULT: &[&str] = &[
+    "kernel",
+    "dataplane",
+    "inbound",
+    "layout",
+    "cgroup_layout",
+    "e2e",
+];
+
+/// Where the end-to-end tests find a CNI runtime built for the guest (the tests build their
+/// own with the host's Go otherwise): `tests/src/cniruntime.rs` reads it.
+const CNI_RUNTIME_ENV: &str = "LINKERD_CNI_TEST_CNI_RUNTIME";
 
 /// A privileged test binary, built on the host.
 #[derive(Clone, Debug)]
@@ -68,23 +105,98 @@ pub struct Outcome {
     pub wall: Duration,
 }
 
-/// The binaries of `cargo test -p linkerd-cni-tests --no-run`, with the helper binaries and the
-/// shipped plugin the tests execute (as `cargo xtask test` builds them); `only` keeps those
-/// named.
-pub fn build(only: &[String]) -> anyhow::Result<Vec<TestBinary>> {
-    crate::build_ebpf()?;
+/// The binaries of `cargo test -p linkerd-cni-tests --no-run` for `arch`, with the helper
+/// binaries and the shipped binaries the tests execute (as `cargo xtask test` builds them on
+/// the host; for another architecture see [`build_foreign`]); `only` keeps those named.
+pub fn build(only: &[String], arch: Arch) -> anyhow::Result<Vec<TestBinary>> {
+    if !arch.is_host() {
+        return build_foreign(only, arch);
+    }
+    crate::build::ebpf::build_ebpf()?;
     run(cargo().args(["build", "--bins"]))?;
-    crate::dist::build_plugin(false)?;
+    crate::build::dist::build_plugin(false)?;
     let mut cmd = cargo();
-    cmd.args([
-        "test",
+    cmd.args(["test", "-p", "linkerd-cni-tests", "--tests", "--no-run"]);
+    test_binaries(&mut cmd, only)
+}
+
+/// [`build`] for an architecture other than the host's: glibc, static, every crate built with
+/// the cross toolchain of `cross.rs` into its target directory, where the tests look for the
+/// binaries they execute (beside themselves); the CNI runtime of the end-to-end tests built by
+/// Go for `arch` into the same place.
+fn build_foreign(only: &[String], arch: Arch) -> anyhow::Result<Vec<TestBinary>> {
+    let object = crate::build::ebpf::build_ebpf()?;
+    let target = Target::new(arch, Libc::Gnu);
+    run(cross::cargo_all_static(target, "build")?
+        .env("LINKERD_CNI_EBPF_OBJECT", &object)
+        .args(["--bins"])
+        .args(
+            [
+                "linkerd-cni-agent",
+                "linkerd-cni-plugin",
+                "linkerd-cli",
+                "linkerd-cni-fake-apiserver",
+            ]
+            .iter()
+            .flat_map(|p| ["-p", p]),
+        ))?;
+    let mut cmd = cross::cargo_all_static(target, "test")?;
+    cmd.env("LINKERD_CNI_EBPF_OBJECT", &object).args([
         "-p",
         "linkerd-cni-tests",
         "--tests",
         "--no-run",
-        "--message-format=json",
-    ])
-    .stderr(Stdio::inherit());
+    ]);
+    let only: Vec<String> = if only.is_empty() {
+        FOREIGN_DEFAULT.iter().map(|s| s.to_string()).collect()
+    } else {
+        only.to_vec()
+    };
+    let binaries = test_binaries(&mut cmd, &only)?;
+    let dir = foreign_bin_dir(arch);
+    cni_runtime(arch, &dir)?;
+    Ok(binaries)
+}
+
+/// Where [`build_foreign`] leaves the binaries for `arch`.
+fn foreign_bin_dir(arch: Arch) -> PathBuf {
+    let target = Target::new(arch, Libc::Gnu);
+    target.target_dir().join(target.triple()).join("debug")
+}
+
+/// The end-to-end tests' CNI runtime (`tests/cniruntime/main.go`, built against Debian's libcni
+/// sources in GOPATH mode as `tests/src/cniruntime.rs` does on the host) for `arch`, into
+/// `dir/cniruntime/linkerd-cni-runtime`.
+fn cni_runtime(arch: Arch, dir: &Path) -> anyhow::Result<PathBuf> {
+    const GOCODE: &str = "/usr/share/gocode";
+    let gopath = dir.join("cniruntime").join("gopath");
+    let pkg = gopath.join("src").join("linkerd-cni-runtime");
+    fs::create_dir_all(&pkg)?;
+    fs::copy(
+        workspace().join("tests/cniruntime/main.go"),
+        pkg.join("main.go"),
+    )?;
+    let out = dir.join("cniruntime").join("linkerd-cni-runtime");
+    run(Command::new("go")
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg("linkerd-cni-runtime")
+        .current_dir(&gopath)
+        .env("GO111MODULE", "off")
+        .env("GOPATH", format!("{}:{GOCODE}", gopath.display()))
+        .env("GOCACHE", dir.join("cniruntime").join("gocache"))
+        .env("GOFLAGS", "")
+        .env("CGO_ENABLED", "0")
+        .env("GOOS", "linux")
+        .env("GOARCH", arch.oci()))
+    .context("building the CNI runtime for the guest (Debian's golang-go and golang-github-appc-cni-dev)")?;
+    Ok(out)
+}
+
+/// Runs `cmd` (a `cargo test --no-run`) with JSON messages and returns the test binaries it
+/// built; `only` keeps those named.
+fn test_binaries(cmd: &mut Command, only: &[String]) -> anyhow::Result<Vec<TestBinary>> {
+    cmd.arg("--message-format=json").stderr(Stdio::inherit());
     eprintln!("+ {cmd:?}");
     let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
     let mut binaries = Vec::new();
@@ -158,8 +270,8 @@ const CI_BUDGET: Duration = Duration::from_secs(80 * 60);
 /// `cargo xtask test`'s guest runs: every kernel of [`CI_KERNELS`], each run whatever the
 /// previous one did, all ending by [`CI_BUDGET`] after `started`; fails when any test failed
 /// in any of them. Binaries the budget left no time for are named as not run, and do not fail
-/// the task (they ran on the host).
-pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
+/// the task (they ran on the host). Each kernel's wall time goes to `phases`.
+pub fn ci(args: &[String], started: Instant, phases: &mut Phases) -> anyhow::Result<()> {
     if std::env::var("LINKERD_CNI_VM_KERNELS").as_deref() == Ok("none") {
         eprintln!("vmtest: LINKERD_CNI_VM_KERNELS=none: no guest kernels");
         return Ok(());
@@ -169,7 +281,9 @@ pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
         .and_then(|s| s.parse().ok())
         .map_or(CI_BUDGET, Duration::from_secs);
     let until = started + budget;
-    let all = build(&[])?;
+    // Guests of the machine's own architecture (CI's is amd64).
+    let arch = Arch::host().context("this machine's architecture is not one the release ships")?;
+    let all = phases.run("vmtest: build", || build(&[], arch))?;
     let mut summary = Vec::new();
     let mut failed = Vec::new();
     for (kernel, only) in CI_KERNELS {
@@ -185,7 +299,11 @@ pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
             ));
             continue;
         }
-        match run_guest(kernel, &binaries, args, Some(until)) {
+        let start = Instant::now();
+        let result = run_guest(kernel, arch, &binaries, args, Some(until));
+        let passed = result.as_ref().is_ok_and(|o| o.failed.is_empty());
+        phases.record(format!("vmtest: {kernel}"), start.elapsed(), passed);
+        match result {
             Ok(outcome) => {
                 summary.push(format!(
                     "{} ({} binaries): {} passed, {} failed, {} s{}",
@@ -225,11 +343,20 @@ pub fn ci(args: &[String], started: Instant) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo xtask vmtest`: builds, then runs `binaries` on `kernel` and fails unless every test
-/// passed.
-pub fn vmtest(kernel: &str, only: &[String], args: &[String]) -> anyhow::Result<()> {
-    let binaries = build(only)?;
-    let outcome = run_guest(kernel, &binaries, args, None)?;
+/// `cargo xtask vmtest`: builds for `arch`, then runs `binaries` on `kernel` and fails unless
+/// every test passed. A whole pass of [`FOREIGN_DEFAULT`] on another architecture, with no
+/// test filter, on a commit with no uncommitted change, is recorded for `cargo xtask release`
+/// ([`record_pass`]).
+pub fn vmtest(kernel: &str, arch: Arch, only: &[String], args: &[String]) -> anyhow::Result<()> {
+    let binaries = build(only, arch)?;
+    let outcome = run_guest(kernel, arch, &binaries, args, None)?;
+    let whole = args.is_empty()
+        && FOREIGN_DEFAULT
+            .iter()
+            .all(|d| binaries.iter().any(|b| b.name == *d));
+    if !arch.is_host() && whole && outcome.failed.is_empty() && outcome.passed > 0 {
+        record_pass(arch, &outcome, &binaries)?;
+    }
     if !outcome.failed.is_empty() {
         bail!(
             "on {} ({} s): {} failed: {}",
@@ -242,15 +369,84 @@ pub fn vmtest(kernel: &str, only: &[String], args: &[String]) -> anyhow::Result<
     Ok(())
 }
 
-/// Boots `kernel` and runs `binaries` in it (`args` passed to each), reporting each test. With
-/// `until`, the guest is stopped then, and the binaries it had not finished are not run.
+/// Where passes of the data-plane binaries on another architecture are recorded, one file per
+/// commit and architecture: `target/vmtest/passes/<commit>-<arch>`.
+fn pass_record(commit: &str, arch: Arch) -> PathBuf {
+    workspace()
+        .join("target")
+        .join("vmtest")
+        .join("passes")
+        .join(format!("{commit}-{arch}"))
+}
+
+/// The checkout's commit, if its tracked files are as committed.
+fn clean_commit() -> anyhow::Result<Option<String>> {
+    let git = |args: &[&str]| -> anyhow::Result<String> {
+        Ok(
+            kernel::output(Command::new("git").args(args).current_dir(workspace()))?
+                .trim()
+                .to_string(),
+        )
+    };
+    let commit = git(&["rev-parse", "HEAD"])?;
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
+    Ok((!dirty).then_some(commit))
+}
+
+/// Records that every binary of [`FOREIGN_DEFAULT`] passed on `arch` for the checkout's
+/// commit (nothing when the work tree has uncommitted changes: the binaries were not the
+/// commit's).
+fn record_pass(arch: Arch, outcome: &Outcome, binaries: &[TestBinary]) -> anyhow::Result<()> {
+    let Some(commit) = clean_commit()? else {
+        eprintln!(
+            "vmtest: not recorded for `cargo xtask release`: the work tree has uncommitted changes"
+        );
+        return Ok(());
+    };
+    let path = pass_record(&commit, arch);
+    fs::create_dir_all(path.parent().context("record path")?)?;
+    let names: Vec<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
+    fs::write(
+        &path,
+        format!(
+            "commit {commit}\narch {arch}\nkernel {}\nbinaries {}\npassed {}\nwall {} s\n",
+            outcome.release,
+            names.join(" "),
+            outcome.passed,
+            outcome.wall.as_secs()
+        ),
+    )?;
+    eprintln!("vmtest: recorded in {}", path.display());
+    Ok(())
+}
+
+/// The recorded pass of the data-plane binaries on `arch` for the checkout's commit: fails,
+/// saying how to make one, when there is none or the work tree differs from the commit.
+pub fn recorded_pass(arch: Arch) -> anyhow::Result<String> {
+    let run_it = format!(
+        "run `cargo xtask vmtest --arch {arch} --kernel 6.12` on this commit first (about an \
+         hour under emulation), or give `--without-{arch}-run` to release without it"
+    );
+    let Some(commit) = clean_commit()? else {
+        bail!(
+            "the work tree has uncommitted changes, so no {arch} guest run can vouch for it: commit, then {run_it}"
+        );
+    };
+    fs::read_to_string(pass_record(&commit, arch))
+        .map_err(|_| anyhow::anyhow!("no recorded {arch} guest run for commit {commit}: {run_it}"))
+}
+
+/// Boots `kernel` for `arch` and runs `binaries` in it (`args` passed to each), reporting each
+/// test. With `until`, the guest is stopped then, and the binaries it had not finished are not
+/// run.
 pub fn run_guest(
     kernel: &str,
+    arch: Arch,
     binaries: &[TestBinary],
     args: &[String],
     until: Option<Instant>,
 ) -> anyhow::Result<Outcome> {
-    let kernel = kernel::resolve(kernel)?;
+    let kernel = kernel::resolve(kernel, arch)?;
     if let Some(package) = &kernel.package {
         eprintln!("vmtest: kernel {} from {package}", kernel.release);
     }
@@ -260,47 +456,90 @@ pub fn run_guest(
         .join(&kernel.release);
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // The guest's root: the host's own, or a userland of the guest's architecture.
+    let foreign = !arch.is_host();
+    let root = if foreign {
+        userland::root(arch)?
+    } else {
+        PathBuf::from("/")
+    };
     let initrd = dir.join("initramfs.cpio");
+    let layout = Layout {
+        modules: kernel.modules.as_deref(),
+        foreign,
+    };
     initramfs::build(
         &initrd,
-        &init_script(kernel.modules.as_deref()),
+        &init_script(&layout),
         kernel.modules.as_deref(),
+        &root.join("bin/busybox"),
     )?;
-    let accel = accel();
+    let accel = if foreign { Accel::Tcg } else { accel() };
     let limit = match accel {
         Accel::Kvm => crate::privileged::limit(),
+        Accel::Tcg if foreign => crate::privileged::limit() * FOREIGN_LIMIT_FACTOR,
         Accel::Tcg => crate::privileged::limit() * TCG_LIMIT_FACTOR,
     };
-    fs::write(dir.join("run.sh"), run_script(binaries, args, limit)?)?;
+    let env: Vec<(&str, String)> = if foreign {
+        let runtime = foreign_bin_dir(arch)
+            .join("cniruntime")
+            .join("linkerd-cni-runtime");
+        vec![(CNI_RUNTIME_ENV, runtime.display().to_string())]
+    } else {
+        Vec::new()
+    };
+    fs::write(dir.join("run.sh"), run_script(binaries, args, limit, &env)?)?;
 
-    let mut cmd = Command::new("qemu-system-x86_64");
+    let (qemu, machine): (&str, &[&str]) = match arch {
+        Arch::Amd64 => ("qemu-system-x86_64", &["-machine", "q35"]),
+        // `pauth-impdef`: QEMU's own pointer-authentication hash, much cheaper to emulate than
+        // the architected one (the guest cannot tell).
+        Arch::Arm64 => ("qemu-system-aarch64", &["-machine", "virt"]),
+    };
+    let console = match arch {
+        Arch::Amd64 => "ttyS0",
+        Arch::Arm64 => "ttyAMA0",
+    };
+    let mut cmd = Command::new(qemu);
     cmd.args(["-nodefaults", "-no-user-config", "-display", "none"])
-        .args(["-no-reboot", "-machine", "q35"])
-        .args(match accel {
-            Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
-            Accel::Tcg => ["-accel", "tcg", "-cpu", "max"],
+        .arg("-no-reboot")
+        .args(machine)
+        .args(match (accel, arch) {
+            (Accel::Kvm, _) => ["-accel", "kvm", "-cpu", "host"],
+            (Accel::Tcg, Arch::Amd64) => ["-accel", "tcg", "-cpu", "max"],
+            (Accel::Tcg, Arch::Arm64) => ["-accel", "tcg", "-cpu", "max,pauth-impdef=on"],
         })
         .args(["-smp", &CPUS.to_string(), "-m", MEMORY])
         .arg("-kernel")
         .arg(&kernel.image)
         .arg("-initrd")
         .arg(&initrd)
-        .args(["-append", "console=ttyS0 panic=-1 loglevel=4"])
+        .arg("-append")
+        .arg(format!("console={console} panic=-1 loglevel=4"))
         .arg("-serial")
-        .arg(format!("file:{}", dir.join("console.log").display()))
-        .args([
-            "-fsdev",
-            "local,id=host,path=/,security_model=none,readonly=on,multidevs=remap",
-            "-device",
-            "virtio-9p-pci,fsdev=host,mount_tag=host",
-            "-fsdev",
-        ])
-        .arg(format!(
-            "local,id=out,path={},security_model=none",
-            dir.display()
-        ))
-        .args(["-device", "virtio-9p-pci,fsdev=out,mount_tag=out"])
-        .stdin(Stdio::null())
+        .arg(format!("file:{}", dir.join("console.log").display()));
+    let mut shares = vec![("host", root.clone(), true), ("out", dir.clone(), false)];
+    if foreign {
+        shares.push(("work", workspace(), true));
+        if let Some(modules) = &kernel.modules {
+            shares.push(("modules", modules.clone(), true));
+        }
+    }
+    for (tag, path, readonly) in &shares {
+        cmd.arg("-fsdev")
+            .arg(format!(
+                "local,id={tag},path={},security_model=none{}",
+                path.display(),
+                if *readonly {
+                    ",readonly=on,multidevs=remap"
+                } else {
+                    ""
+                }
+            ))
+            .arg("-device")
+            .arg(format!("virtio-9p-pci,fsdev={tag},mount_tag={tag}"));
+    }
+    cmd.stdin(Stdio::null())
         .stdout(fs::File::create(dir.join("qemu.log"))?)
         .stderr(fs::File::create(dir.join("qemu.err"))?);
     eprintln!(
@@ -310,7 +549,7 @@ pub fn run_guest(
         dir.display()
     );
     let start = Instant::now();
-    let mut qemu = cmd.spawn().context("starting qemu-system-x86_64")?;
+    let mut qemu = cmd.spawn().with_context(|| format!("starting {qemu}"))?;
     let deadline = BOOT_LIMIT + (limit + Duration::from_secs(30)) * binaries.len() as u32;
     let mut shown = 0;
     let mut booted = false;
@@ -397,16 +636,44 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The initramfs's `/init` (busybox sh): modules, the host's root read-only under a tmpfs
+/// What the guest's `/init` mounts besides the root.
+struct Layout<'a> {
+    /// The kernel's `lib/modules/<release>` on the host, if it has modules.
+    modules: Option<&'a Path>,
+    /// The root is another architecture's userland, not the host's: the modules and the
+    /// workspace come over shares of their own (`modules`, `work`).
+    foreign: bool,
+}
+
+/// The initramfs's `/init` (busybox sh): modules, the shared root read-only under a tmpfs
 /// overlay, the node's mounts, then the run script in the new root.
-fn init_script(modules: Option<&Path>) -> String {
-    let modules_bind = modules.map_or(String::new(), |m| {
-        let m = quote(&m.display().to_string());
+fn init_script(layout: &Layout) -> String {
+    const NINEP: &str = "trans=virtio,version=9p2000.L,msize=262144";
+    let modules_dir = "\"$N/lib/modules/$(uname -r)\"";
+    let modules_mount = match (layout.modules, layout.foreign) {
+        (None, _) => String::new(),
+        (Some(m), false) => {
+            let m = quote(&m.display().to_string());
+            format!(
+                "mkdir -p {modules_dir}\n\
+                 mount --bind \"$N\"{m} {modules_dir} || fail \"binding the modules\"\n"
+            )
+        }
+        (Some(_), true) => format!(
+            "mkdir -p {modules_dir}\n\
+             mount -t 9p -o {NINEP},ro,cache=loose modules {modules_dir} || fail \"mounting the modules\"\n"
+        ),
+    };
+    let workspace_mount = if layout.foreign {
+        let ws = quote(&workspace().display().to_string());
         format!(
-            "mkdir -p \"$N/lib/modules/$(uname -r)\"\n\
-             mount --bind \"$N\"{m} \"$N/lib/modules/$(uname -r)\" || fail \"binding the modules\"\n"
+            "mkdir -p /work /rw/wupper /rw/wwork \"$N\"{ws}\n\
+             mount -t 9p -o {NINEP},ro,cache=loose work /work || fail \"mounting the workspace\"\n\
+             mount -t overlay -o lowerdir=/work,upperdir=/rw/wupper,workdir=/rw/wwork overlay \"$N\"{ws} || fail \"mounting the workspace's overlay\"\n"
         )
-    });
+    } else {
+        String::new()
+    };
     format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -417,7 +684,7 @@ mount -t devtmpfs devtmpfs /dev
 fail() {{ echo "vmtest: init: $*"; echo o > /proc/sysrq-trigger; sleep 60; }}
 echo "vmtest: init on $(uname -r)"
 for m in $(cat /modules/order); do insmod "/modules/$m" || echo "vmtest: insmod $m failed"; done
-mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose host /lower || fail "mounting the host's root"
+mount -t 9p -o {NINEP},ro,cache=loose host /lower || fail "mounting the shared root"
 mount -t tmpfs -o mode=0755 tmpfs /rw
 mkdir -p /rw/upper /rw/work
 mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay /newroot || fail "mounting the overlay"
@@ -433,17 +700,26 @@ mount -t bpf -o mode=700 bpf $N/sys/fs/bpf || fail "mounting bpffs"
 mount -t tmpfs -o mode=0755 tmpfs $N/run
 mount -t tmpfs -o mode=1777 tmpfs $N/tmp
 mkdir -p $N{GUEST_OUT}
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 out $N{GUEST_OUT} || fail "mounting the run's directory"
-{modules_bind}exec switch_root $N /bin/bash {GUEST_OUT}/run.sh
+mount -t 9p -o {NINEP} out $N{GUEST_OUT} || fail "mounting the run's directory"
+{modules_mount}{workspace_mount}exec switch_root $N /bin/bash {GUEST_OUT}/run.sh
 "#
     )
 }
 
 /// The guest's run script (bash, from the host's root): each binary under `limit`, its log,
 /// status and, when it failed, the kernel log; then power off.
-fn run_script(binaries: &[TestBinary], args: &[String], limit: Duration) -> anyhow::Result<String> {
+fn run_script(
+    binaries: &[TestBinary],
+    args: &[String],
+    limit: Duration,
+    env: &[(&str, String)],
+) -> anyhow::Result<String> {
     let cwd = workspace().join("tests");
     let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
+    let env: String = env
+        .iter()
+        .map(|(k, v)| format!("export {k}={}\n", quote(v)))
+        .collect();
     let mut script = format!(
         r#"#!/bin/bash
 # Written by `cargo xtask vmtest`; runs in the guest.
@@ -451,8 +727,8 @@ set -u
 exec </dev/null
 out={GUEST_OUT}
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
-ip link set lo up
-echo "vmtest: guest up: kernel $(uname -r), $(nproc) CPUs, cgroup $(stat -fc %T /sys/fs/cgroup)"
+{env}ip link set lo up
+echo "vmtest: guest up: kernel $(uname -r) ($(uname -m)), $(nproc) CPUs, cgroup $(stat -fc %T /sys/fs/cgroup)"
 uname -r > "$out/uname.tmp" && mv "$out/uname.tmp" "$out/uname"
 cd {cwd}
 one() {{

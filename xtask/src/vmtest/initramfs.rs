@@ -21,9 +21,6 @@ const BOOT_MODULES: &[&str] = &[
     "overlay",
 ];
 
-/// Debian's `busybox-static`.
-const BUSYBOX: &str = "/bin/busybox";
-
 /// A file in the archive.
 enum Entry {
     Dir,
@@ -33,8 +30,14 @@ enum Entry {
 
 /// Writes the initramfs to `out`: `/init` is `init_script`; `modules` (the kernel's
 /// `lib/modules/<release>`, if it has loadable modules) gives the boot modules, loaded in
-/// the order of `/modules/order`.
-pub fn build(out: &Path, init_script: &str, modules: Option<&Path>) -> anyhow::Result<()> {
+/// the order of `/modules/order`; `busybox` is Debian's `busybox-static` for the guest's
+/// architecture (the host's own, or the guest userland's).
+pub fn build(
+    out: &Path,
+    init_script: &str,
+    modules: Option<&Path>,
+    busybox: &Path,
+) -> anyhow::Result<()> {
     let mut entries: Vec<(String, Entry)> = Vec::new();
     for dir in [
         "bin", "dev", "proc", "sys", "modules", "lower", "rw", "newroot",
@@ -42,8 +45,8 @@ pub fn build(out: &Path, init_script: &str, modules: Option<&Path>) -> anyhow::R
         entries.push((dir.into(), Entry::Dir));
     }
     entries.push(("dev/console".into(), Entry::CharDev { major: 5, minor: 1 }));
-    let busybox = fs::read(BUSYBOX)
-        .with_context(|| format!("reading {BUSYBOX} (Debian's busybox-static)"))?;
+    let busybox = fs::read(busybox)
+        .with_context(|| format!("reading {} (Debian's busybox-static)", busybox.display()))?;
     entries.push((
         "bin/busybox".into(),
         Entry::File {

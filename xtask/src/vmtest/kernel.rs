@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::run;
+use crate::{build::target::Arch, exec::run};
 
 /// The kernel lines `--kernel` names, the Debian suites that carry them, and the package whose
 /// dependency is the current kernel of that line.
@@ -40,8 +40,11 @@ pub const LINES: &[Line] = &[
     },
 ];
 
-/// Debian's meta package that depends on the suite's current amd64 kernel.
-const META: &str = "linux-image-amd64";
+/// Debian's meta package that depends on the suite's current kernel for `arch`
+/// (`linux-image-amd64`, `linux-image-arm64`).
+fn meta(arch: Arch) -> String {
+    format!("linux-image-{}", arch.oci())
+}
 
 /// One kernel line.
 pub struct Line {
@@ -55,7 +58,7 @@ pub struct Line {
 
 /// An unpacked kernel: its image and, when it has modules, their tree.
 pub struct Kernel {
-    /// The bzImage.
+    /// The kernel image (a bzImage on amd64, a compressed `Image` on arm64).
     pub image: PathBuf,
     /// `lib/modules/<release>` with `modules.dep`, if the kernel has loadable modules.
     pub modules: Option<PathBuf>,
@@ -74,14 +77,15 @@ pub fn cache_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| crate::workspace().join("target"));
+        .unwrap_or_else(|| crate::exec::workspace().join("target"));
     base.join("linkerd-cni").join("vm")
 }
 
-/// The kernel `spec` names: a line in [`LINES`] (fetched), or the path of a kernel image.
-pub fn resolve(spec: &str) -> anyhow::Result<Kernel> {
+/// The kernel `spec` names for `arch`: a line in [`LINES`] (fetched), or the path of a kernel
+/// image.
+pub fn resolve(spec: &str, arch: Arch) -> anyhow::Result<Kernel> {
     if let Some(line) = LINES.iter().find(|l| l.name == spec) {
-        return fetch(line);
+        return fetch(line, arch);
     }
     let image = PathBuf::from(spec);
     if !image.is_file() {
@@ -121,8 +125,9 @@ fn modules_tree(root: &Path, release: &str) -> Option<PathBuf> {
         .find(|p| p.is_dir())
 }
 
-/// `apt-get`/`apt-cache` with a private configuration for `line` under `dir`.
-fn apt(tool: &str, dir: &Path) -> Command {
+/// `apt-get`/`apt-cache` with a private configuration under `dir`, for packages of `arch`
+/// (the host's own architecture is not assumed: an amd64 host fetches arm64 packages).
+pub fn apt(tool: &str, dir: &Path, arch: Arch) -> Command {
     let mut cmd = Command::new(tool);
     let opt = |k: &str, v: &Path| format!("{k}={}", v.display());
     cmd.args(["-q", "-o"])
@@ -139,12 +144,36 @@ fn apt(tool: &str, dir: &Path) -> Command {
         .args(["-o", "Debug::NoLocking=1"])
         // The cache is root's: apt's download user could not write it.
         .args(["-o", "APT::Sandbox::User=root"])
-        .args(["-o", "APT::Get::List-Cleanup=0"]);
+        .args(["-o", "APT::Get::List-Cleanup=0"])
+        .arg("-o")
+        .arg(format!("APT::Architecture={arch}"))
+        .arg("-o")
+        .arg(format!("APT::Architectures={arch}"));
     cmd
 }
 
+/// A private apt configuration under `dir` reading `sources` ((archive, suite) pairs,
+/// component `main`), with an empty package status (nothing counts as installed).
+pub fn apt_dir(dir: &Path, sources: &[(&str, &str)]) -> anyhow::Result<()> {
+    for d in ["lists/partial", "cache/archives/partial"] {
+        fs::create_dir_all(dir.join(d))
+            .with_context(|| format!("creating {}", dir.join(d).display()))?;
+    }
+    let list: String = sources
+        .iter()
+        .map(|(uri, suite)| {
+            format!(
+                "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {uri} {suite} main\n"
+            )
+        })
+        .collect();
+    fs::write(dir.join("sources.list"), list)?;
+    fs::write(dir.join("status"), "")?;
+    Ok(())
+}
+
 /// Output of a command, failing with its command line.
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
+pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
     if !out.status.success() {
         bail!(
@@ -156,32 +185,24 @@ fn output(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The suite's current kernel package, downloaded and unpacked once (offline runs reuse the
-/// last one unpacked).
-fn fetch(line: &Line) -> anyhow::Result<Kernel> {
+/// The suite's current kernel package for `arch`, downloaded and unpacked once (offline runs
+/// reuse the last one unpacked).
+fn fetch(line: &Line, arch: Arch) -> anyhow::Result<Kernel> {
     let cache = cache_dir();
-    let apt_dir = cache.join("apt").join(line.name);
-    for d in ["lists/partial", "cache/archives/partial"] {
-        fs::create_dir_all(apt_dir.join(d))
-            .with_context(|| format!("creating {}", apt_dir.join(d).display()))?;
-    }
-    let sources: String = line
-        .sources
-        .iter()
-        .map(|(uri, suite)| {
-            format!(
-                "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {uri} {suite} main\n"
-            )
-        })
-        .collect();
-    fs::write(apt_dir.join("sources.list"), sources)?;
-    fs::write(apt_dir.join("status"), "")?;
-    let last = cache.join(format!("{}.current", line.name));
+    // amd64 keeps the names it had before other architectures were fetched (existing caches).
+    let key = match arch {
+        Arch::Amd64 => line.name.to_string(),
+        _ => format!("{}-{arch}", line.name),
+    };
+    let apt_dir = cache.join("apt").join(&key);
+    self::apt_dir(&apt_dir, line.sources)?;
+    let last = cache.join(format!("{key}.current"));
+    let meta = meta(arch);
     eprintln!(
-        "vmtest: looking up the current {} kernel ({})",
+        "vmtest: looking up the current {} {arch} kernel ({})",
         line.name, line.what
     );
-    if let Err(e) = run(apt("apt-get", &apt_dir).arg("update")) {
+    if let Err(e) = run(apt("apt-get", &apt_dir, arch).arg("update")) {
         // Offline: the kernel unpacked last time, if any.
         let name = fs::read_to_string(&last).ok();
         if let Some(kernel) = name.and_then(|n| unpacked(&cache.join("kernels").join(n.trim()))) {
@@ -193,15 +214,15 @@ fn fetch(line: &Line) -> anyhow::Result<Kernel> {
         }
         return Err(e);
     }
-    let deps = output(apt("apt-cache", &apt_dir).args(["depends", META]))?;
+    let deps = output(apt("apt-cache", &apt_dir, arch).args(["depends", &meta]))?;
     let package = deps
         .lines()
         .filter_map(|l| l.trim().strip_prefix("Depends: "))
         .map(|p| p.split_whitespace().next().unwrap_or(p))
-        .find(|p| p.starts_with("linux-image-") && *p != META)
-        .with_context(|| format!("{META} in {} depends on no kernel image", line.what))?
+        .find(|p| p.starts_with("linux-image-") && *p != meta)
+        .with_context(|| format!("{meta} in {} depends on no kernel image", line.what))?
         .to_string();
-    let policy = output(apt("apt-cache", &apt_dir).args(["policy", &package]))?;
+    let policy = output(apt("apt-cache", &apt_dir, arch).args(["policy", &package]))?;
     let version = policy
         .lines()
         .find_map(|l| l.trim().strip_prefix("Candidate: "))
@@ -216,7 +237,7 @@ fn fetch(line: &Line) -> anyhow::Result<Kernel> {
     let download = cache.join("downloads");
     fs::create_dir_all(&download)?;
     eprintln!("vmtest: downloading {package} {version}");
-    run(apt("apt-get", &apt_dir)
+    run(apt("apt-get", &apt_dir, arch)
         .args(["download", &format!("{package}={version}")])
         .current_dir(&download))?;
     let deb = fs::read_dir(&download)?

@@ -44,7 +44,10 @@ use oci_spec::image::{
 use serde_json::Value as Json;
 use sha2::{Digest as _, Sha256};
 
-use crate::{cross::Arch, dist, workspace};
+use crate::{
+    build::{dist, target::Arch},
+    exec::workspace,
+};
 
 /// The chart, whose files name the image.
 pub const CHART_DIR: &str = "deploy/charts/linkerd2-cni";

@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::workspace;
+use crate::exec::workspace;
 
 /// Every target, with the longest input libFuzzer makes for it (`-max_len`): the annotations
 /// target needs inputs over the 16 KiB list limit to reach the refusal.

@@ -12,7 +12,10 @@ use std::path::Path;
 
 use anyhow::bail;
 
-use crate::{build_ebpf, cargo, nix_is_root, run, workspace};
+use crate::{
+    build::{dist, ebpf::build_ebpf, image, target::Arch},
+    exec::{cargo, nix_is_root, run, workspace},
+};
 
 /// Builds and runs the benchmark; with `baseline_bins`, against that earlier build's agent and
 /// plugin too (`linkerd-cni-bench run --baseline-bins`).
@@ -33,17 +36,17 @@ pub fn bench(quick: bool, baseline_bins: Option<&Path>) -> anyhow::Result<()> {
         "linkerd-cni-fake-apiserver",
         "--bins",
     ]))?;
-    // The plugin exactly as shipped (see dist.rs).
-    crate::dist::build_plugin(true)?;
+    // The plugin exactly as shipped (see build/dist.rs).
+    dist::build_plugin(true)?;
     // The image's archives, whose sizes the report gives (the bench reads them): every
     // architecture, or with --quick this machine's only (a cross build of the agent takes
     // minutes whenever its sources changed).
     let image_dir = workspace().join("target/image");
-    let archs = match (quick, crate::cross::Arch::host()) {
+    let archs = match (quick, Arch::host()) {
         (true, Some(host)) => vec![host],
-        _ => crate::cross::Arch::ALL.to_vec(),
+        _ => Arch::ALL.to_vec(),
     };
-    if let Err(e) = crate::image::image(&image_dir, &archs) {
+    if let Err(e) = image::image(&image_dir, &archs) {
         eprintln!("xtask bench: the image was not built, its sizes will be missing: {e:#}");
     }
     let mut command = String::from("cargo xtask bench");

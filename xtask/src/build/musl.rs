@@ -29,8 +29,8 @@ use std::{
 use anyhow::{Context, bail};
 
 use crate::{
-    cross::{Arch, Libc, Target},
-    run, workspace,
+    build::target::Arch,
+    exec::{run, workspace},
 };
 
 /// Where `rust-web-src` puts std's sources for `/usr/bin/rustc` (sysroot `/usr`).
@@ -73,26 +73,6 @@ pub fn check_toolchain() -> anyhow::Result<()> {
         bail!("{MUSL_GCC} is missing: install Debian's musl-tools (`cargo xtask setup` does)");
     }
     Ok(())
-}
-
-/// Builds the plugin for `arch` (musl) in the release or the debug profile with `rustc_flags`
-/// (its own target directory, `target/musl`, so the host builds' artifacts of the other
-/// compiler are never invalidated); returns the binary.
-pub fn build_plugin(
-    arch: Arch,
-    package: &str,
-    bin: &str,
-    release: bool,
-    rustc_flags: &[&str],
-) -> anyhow::Result<PathBuf> {
-    crate::cross::build(&crate::cross::Build {
-        target: Target::new(arch, Libc::Musl),
-        package,
-        bin,
-        release,
-        rustc_flags,
-        envs: Vec::new(),
-    })
 }
 
 /// The `musl-gcc` wrapper for `arch`: Debian's for the host's architecture, else one built

@@ -22,145 +22,16 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
-use crate::{cargo, run, workspace};
-
-/// A CPU architecture of the release, named as OCI and Kubernetes name it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-pub enum Arch {
-    Amd64,
-    Arm64,
-}
-
-impl Arch {
-    /// Every architecture the release ships, in the image index's order.
-    pub const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
-
-    /// The architecture this program runs on, if the release ships it.
-    pub fn host() -> Option<Arch> {
-        match std::env::consts::ARCH {
-            "x86_64" => Some(Arch::Amd64),
-            "aarch64" => Some(Arch::Arm64),
-            _ => None,
-        }
-    }
-
-    /// The OCI (GOARCH) name: `amd64`, `arm64`.
-    pub fn oci(self) -> &'static str {
-        match self {
-            Arch::Amd64 => "amd64",
-            Arch::Arm64 => "arm64",
-        }
-    }
-
-    /// The CPU name of target triples and GNU tools: `x86_64`, `aarch64`.
-    pub fn cpu(self) -> &'static str {
-        match self {
-            Arch::Amd64 => "x86_64",
-            Arch::Arm64 => "aarch64",
-        }
-    }
-
-    /// Whether this is the machine's own architecture (no cross compiler, no emulator).
-    pub fn is_host(self) -> bool {
-        Arch::host() == Some(self)
-    }
-
-    /// Debian's GNU tool for this architecture: the native one (`gcc`, `ar`) on the host's
-    /// architecture, else the cross one (`aarch64-linux-gnu-gcc`, from `gcc-aarch64-linux-gnu`).
-    pub fn gnu_tool(self, tool: &str) -> String {
-        if self.is_host() {
-            tool.to_string()
-        } else {
-            format!("{}-linux-gnu-{tool}", self.cpu())
-        }
-    }
-}
-
-impl std::fmt::Display for Arch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.oci())
-    }
-}
-
-/// The C library a binary is linked against (statically).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Libc {
-    Gnu,
-    Musl,
-}
-
-/// A Rust target: an architecture and a C library.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Target {
-    pub arch: Arch,
-    pub libc: Libc,
-}
-
-impl Target {
-    pub fn new(arch: Arch, libc: Libc) -> Self {
-        Self { arch, libc }
-    }
-
-    /// `aarch64-unknown-linux-musl`, ...
-    pub fn triple(self) -> String {
-        let libc = match self.libc {
-            Libc::Gnu => "gnu",
-            Libc::Musl => "musl",
-        };
-        format!("{}-unknown-linux-{libc}", self.arch.cpu())
-    }
-
-    /// The triple as cargo's and the `cc` crate's environment variables spell it
-    /// (`CC_aarch64_unknown_linux_gnu`, `CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER`).
-    pub fn env_name(self) -> String {
-        self.triple().replace('-', "_")
-    }
-
-    /// The target directory of static builds for this C library (one per compiler inside, by
-    /// cargo's fingerprints): `target/musl` (the plugin's, shared with `dist`, `test`, `bench`)
-    /// or `target/gnu-static`.
-    pub fn target_dir(self) -> PathBuf {
-        workspace().join("target").join(match self.libc {
-            Libc::Musl => "musl",
-            Libc::Gnu => "gnu-static",
-        })
-    }
-
-    /// Where std for this target comes from on this machine.
-    pub fn std_source(self) -> StdSource {
-        if rustup_has_std(&self.triple()) {
-            StdSource::Rustup
-        } else {
-            StdSource::DebianBuildStd
-        }
-    }
-}
-
-/// Where a target's std comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StdSource {
-    /// The rustup toolchain has it (`rustup target add`).
-    Rustup,
-    /// Debian's `rustc-web` builds it from `rust-web-src` (`-Zbuild-std`).
-    DebianBuildStd,
-}
-
-/// Whether the rustup toolchain running this task has a prebuilt std for `triple`.
-fn rustup_has_std(triple: &str) -> bool {
-    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let Ok(out) = Command::new(rustc).args(["--print", "sysroot"]).output() else {
-        return false;
-    };
-    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    let lib = sysroot.join("lib/rustlib").join(triple).join("lib");
-    std::fs::read_dir(lib).is_ok_and(|entries| {
-        entries
-            .filter_map(Result::ok)
-            .any(|e| e.file_name().to_string_lossy().starts_with("libstd-"))
-    })
-}
+use crate::{
+    build::{
+        ebpf::build_ebpf,
+        musl,
+        target::{Arch, Libc, StdSource, Target},
+    },
+    exec::{cargo, run, workspace},
+};
 
 /// One static binary to build.
 pub struct Build<'a> {
@@ -254,6 +125,26 @@ pub fn test(
     run(&mut cmd)
 }
 
+/// Cargo for `target` with the static link flags on every crate it builds (not only a final
+/// one, as [`build`] does): the test binaries and helper binaries that `cargo xtask vmtest
+/// --arch` runs on another architecture's kernel. `subcommand` (`build`, `test`) is given with
+/// `--target` and, where std comes from Debian, `-Zbuild-std`.
+pub fn cargo_all_static(target: Target, subcommand: &str) -> anyhow::Result<Command> {
+    let mut cmd = cargo_for(target)?;
+    cmd.args([subcommand, "--target", &target.triple()]);
+    if target.std_source() == StdSource::DebianBuildStd {
+        cmd.arg("-Zbuild-std=std,panic_unwind");
+    }
+    let mut flags = remap_flags();
+    flags.extend(
+        link_flags(target)?
+            .into_iter()
+            .map(|f| f.to_string_lossy().into_owned()),
+    );
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"));
+    Ok(cmd)
+}
+
 /// The node-side crates whose unit tests `cargo xtask cross-test` runs for another
 /// architecture, each with the C library of the binary it ships in: the plugin's (musl) and
 /// the agent's (glibc, with the installer it runs); proto is in both.
@@ -273,7 +164,7 @@ pub const CROSS_TESTED: &[(Libc, &[&str])] = &[
 /// `cargo xtask cross-test --arch ARCH`: the unit tests of [`CROSS_TESTED`] built for `arch`
 /// and run there (under qemu-user from another architecture).
 pub fn test_node_crates(arch: Arch) -> anyhow::Result<()> {
-    let object = crate::build_ebpf()?;
+    let object = build_ebpf()?;
     let mut args = Vec::new();
     if !arch.is_host() {
         for (test, why) in NOT_UNDER_QEMU {
@@ -349,11 +240,11 @@ pub fn qemu(arch: Arch) -> String {
 /// Cargo for `target`, with its C compiler for dependencies' C code (`ring`) and its target
 /// directory set: rustup's cargo when rustup has the target's std, else Debian's with std's
 /// sources (a clean environment, `RUSTC_BOOTSTRAP` for `-Zbuild-std`).
-fn cargo_for(target: Target) -> anyhow::Result<Command> {
+pub fn cargo_for(target: Target) -> anyhow::Result<Command> {
     let mut cmd = match target.std_source() {
         StdSource::Rustup => cargo(),
         StdSource::DebianBuildStd => {
-            crate::musl::check_std_sources()?;
+            musl::check_std_sources()?;
             linkerd_cni_ebpf_build::debian_cargo(&workspace(), linkerd_cni_ebpf_build::BPF_CARGO)
         }
     };
@@ -370,9 +261,7 @@ fn cargo_for(target: Target) -> anyhow::Result<Command> {
 fn c_compiler(target: Target) -> anyhow::Result<OsString> {
     Ok(match (target.libc, target.std_source()) {
         // Debian's musl-gcc, or the one built for another architecture (see musl.rs).
-        (Libc::Musl, StdSource::DebianBuildStd) => {
-            crate::musl::musl_gcc(target.arch)?.into_os_string()
-        }
+        (Libc::Musl, StdSource::DebianBuildStd) => musl::musl_gcc(target.arch)?.into_os_string(),
         // rustup's musl targets link with their own (self-contained) musl start files and
         // libc: a plain GNU compiler for the architecture drives the link.
         (Libc::Musl, StdSource::Rustup) | (Libc::Gnu, _) => target.arch.gnu_tool("gcc").into(),
@@ -380,7 +269,7 @@ fn c_compiler(target: Target) -> anyhow::Result<OsString> {
 }
 
 /// The flags that make the final link static for `target`, with its linker.
-fn link_flags(target: Target) -> anyhow::Result<Vec<OsString>> {
+pub fn link_flags(target: Target) -> anyhow::Result<Vec<OsString>> {
     let mut flags: Vec<OsString> = vec![
         "-C".into(),
         "target-feature=+crt-static".into(),
@@ -394,7 +283,7 @@ fn link_flags(target: Target) -> anyhow::Result<Vec<OsString>> {
         // built for this architecture (see musl.rs).
         flags.extend(["-C".into(), "link-self-contained=no".into(), "-L".into()]);
         let mut native = OsString::from("native=");
-        native.push(crate::musl::libunwind(target.arch)?);
+        native.push(musl::libunwind(target.arch)?);
         flags.push(native);
     }
     Ok(flags)
@@ -416,75 +305,4 @@ fn check_tool(tool: &OsString) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// Fails unless `path` is an ELF file for `arch` that asks for no dynamic loader (no
-/// `PT_INTERP`): a static executable, position-independent or not.
-pub fn check_static_for(path: &Path, arch: Arch) -> anyhow::Result<()> {
-    let elf = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let machine = elf.get(18..20).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    const EM_X86_64: u16 = 62;
-    const EM_AARCH64: u16 = 183;
-    let want = match arch {
-        Arch::Amd64 => EM_X86_64,
-        Arch::Arm64 => EM_AARCH64,
-    };
-    if elf.get(..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) || machine != Some(want) {
-        bail!("{} is not a 64-bit ELF file for {arch}", path.display());
-    }
-    if crate::dist::has_interp(&elf) {
-        bail!("{} is dynamically linked", path.display());
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn triples_and_names() {
-        let t = Target::new(Arch::Arm64, Libc::Musl);
-        assert_eq!(t.triple(), "aarch64-unknown-linux-musl");
-        assert_eq!(t.env_name(), "aarch64_unknown_linux_musl");
-        assert_eq!(
-            Target::new(Arch::Amd64, Libc::Gnu).triple(),
-            "x86_64-unknown-linux-gnu"
-        );
-        assert_eq!(Arch::Arm64.oci(), "arm64");
-        assert_eq!(Arch::Amd64.oci(), "amd64");
-    }
-
-    #[test]
-    fn cross_tools_are_named_for_their_architecture() {
-        let other = if Arch::host() == Some(Arch::Amd64) {
-            Arch::Arm64
-        } else {
-            Arch::Amd64
-        };
-        assert_eq!(
-            other.gnu_tool("gcc"),
-            format!("{}-linux-gnu-gcc", other.cpu())
-        );
-        if let Some(host) = Arch::host() {
-            assert_eq!(host.gnu_tool("ar"), "ar");
-        }
-    }
-
-    #[test]
-    fn this_test_binary_is_not_static() {
-        // Test binaries are dynamically linked: the check must say so.
-        let me = std::env::current_exe().unwrap();
-        let host = Arch::host().unwrap();
-        let err = check_static_for(&me, host).unwrap_err();
-        assert!(err.to_string().contains("dynamically linked"), "{err}");
-        // And the architecture is checked.
-        let other = if host == Arch::Amd64 {
-            Arch::Arm64
-        } else {
-            Arch::Amd64
-        };
-        let err = check_static_for(&me, other).unwrap_err();
-        assert!(err.to_string().contains("not a 64-bit ELF"), "{err}");
-    }
 }

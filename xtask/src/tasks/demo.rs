@@ -4,7 +4,11 @@
 
 use anyhow::bail;
 
-use crate::{build_ebpf, cargo, nix_is_root, run, setup};
+use crate::{
+    build::{dist, ebpf::build_ebpf},
+    exec::{cargo, nix_is_root, run},
+    setup,
+};
 
 /// The packages whose binaries the demo runs: the plugin, the agent, and the test-support
 /// binaries (fake API server, forwarding proxy, client, the demo itself).
@@ -30,7 +34,7 @@ pub fn demo() -> anyhow::Result<()> {
     }
     run(&mut build)?;
     // The plugin as shipped (replaces the one just built).
-    crate::dist::build_plugin(false)?;
+    dist::build_plugin(false)?;
     run(cargo().args([
         "run",
         "--quiet",
