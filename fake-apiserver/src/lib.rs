@@ -49,6 +49,7 @@ mod kubeconfig;
 mod manifests;
 pub mod rbac;
 mod resources;
+mod response;
 mod select;
 mod server;
 mod state;

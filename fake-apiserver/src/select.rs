@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use crate::{
     ObjectKey, RecordedRequest,
-    http::metadata_only,
+    response::metadata_only,
     state::{Change, EventType},
 };
 

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::{
     RecordedRequest,
-    http::{Body, error, status_object},
+    response::{Body, error, status_object},
     select::Filter,
     state::Shared,
 };
