@@ -2759,4 +2759,36 @@ mod tests {
             g[0].observed
         );
     }
+
+    /// The rendered text of `name` against its golden copy in `bench/testdata/report/`
+    /// (`BENCH_BLESS=1` rewrites the golden copy instead).
+    fn same_as_golden(name: &str, rendered: &str) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/report")
+            .join(name);
+        if std::env::var_os("BENCH_BLESS").is_some() {
+            std::fs::write(&path, rendered).expect("writing the golden copy");
+        }
+        let golden = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        if let Some((i, (a, b))) = rendered
+            .lines()
+            .zip(golden.lines())
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+        {
+            panic!("{name} line {}: rendered\n{a}\ngolden\n{b}", i + 1);
+        }
+        assert_eq!(rendered, golden, "{name}");
+    }
+
+    #[test]
+    fn a_fixed_result_set_renders_byte_for_byte_as_before() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/report/results.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let r: Results = serde_json::from_str(&text).expect("the fixture parses");
+        same_as_golden("BENCHMARKS.md.golden", &markdown(&r));
+        same_as_golden("chart.svg.golden", &svg(&r));
+    }
 }
