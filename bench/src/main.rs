@@ -21,7 +21,6 @@ mod imagesize;
 mod load;
 mod node;
 mod podsetup;
-mod pool;
 mod probe;
 mod proxy;
 mod report;
@@ -41,13 +40,6 @@ use std::{
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use linkerd_cni_tests::CgroupGuard;
-
-/// linkerd2-proxy's UID.
-pub const PROXY_UID: u32 = 2102;
-/// The proxy's outbound port.
-pub const OUTBOUND_PORT: u16 = 4140;
-/// The proxy's inbound port.
-pub const INBOUND_PORT: u16 = 4143;
 
 #[derive(Parser)]
 #[command(about = "linkerd-cni benchmarks: ebpf vs iptables vs direct on a simulated node")]

@@ -15,7 +15,10 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use linkerd_cni_proto::wire::{self, Envelope, Request, Response};
+use linkerd_cni_proto::{
+    config,
+    wire::{self, Envelope, Request, Response},
+};
 use linkerd_cni_tests::{
     CgroupGuard, ChildGuard, NetnsGuard, Placement,
     fake_apiserver::FakeApiServer,
@@ -577,10 +580,10 @@ impl Cni {
             "type": "linkerd-cni",
             "log_level": "warn",
             "linkerd": {
-                "incoming-proxy-port": 4143,
-                "outgoing-proxy-port": 4140,
-                "proxy-uid": 2102,
-                "inbound-ports-to-ignore": ["4191", "4190"],
+                "incoming-proxy-port": config::DEFAULT_INBOUND_PORT,
+                "outgoing-proxy-port": config::DEFAULT_OUTBOUND_PORT,
+                "proxy-uid": config::DEFAULT_PROXY_UID,
+                "inbound-ports-to-ignore": config::DEFAULT_INBOUND_PORTS_TO_IGNORE,
                 "agent-socket": self.socket,
             },
             "prevResult": {

@@ -22,6 +22,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use linkerd_cni_proto::config;
 use linkerd_cni_tests::{
     Bridge, CgroupGuard, IfAddr, NetnsGuard, Placement, Pod, iptables::Rules, link::PodPort,
 };
@@ -430,7 +431,7 @@ impl Topology {
             let proxy = if mode.meshed() {
                 Some(Daemon::start(
                     me,
-                    &pod.container(crate::PROXY_UID),
+                    &pod.container(config::DEFAULT_PROXY_UID),
                     &proxy_args,
                 )?)
             } else {
@@ -514,7 +515,7 @@ impl Topology {
         let p = self.pod(mode)?;
         Ok(if scenario.inbound() {
             let port = if mode == Mode::Direct {
-                crate::INBOUND_PORT
+                config::DEFAULT_INBOUND_PORT
             } else {
                 APP_PORT
             };
@@ -524,7 +525,7 @@ impl Topology {
             )
         } else {
             let target = if mode == Mode::Direct {
-                v4(Ipv4Addr::LOCALHOST, crate::OUTBOUND_PORT)
+                v4(Ipv4Addr::LOCALHOST, config::DEFAULT_OUTBOUND_PORT)
             } else {
                 self.upstream()
             };

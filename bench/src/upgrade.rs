@@ -41,6 +41,7 @@ use std::{
 use anyhow::{Context, bail};
 use linkerd_cni_agent::dataplane::bpf_sys;
 use linkerd_cni_common::{LAYOUT_VERSION, paths};
+use linkerd_cni_proto::config;
 use linkerd_cni_tests::{Bridge, IfAddr, NetnsGuard, Placement, Pod, layout, link::PodPort};
 use serde::{Deserialize, Serialize};
 
@@ -252,7 +253,7 @@ impl Node {
         for p in &mut self.pods {
             p.proxy = Some(Daemon::start(
                 me,
-                &p.pod.container(crate::PROXY_UID),
+                &p.pod.container(config::DEFAULT_PROXY_UID),
                 &["proxy".to_string()],
             )?);
             p._server = Some(Daemon::start(
