@@ -25,8 +25,8 @@ use linkerd_cni_tests::{ChildGuard, Placement};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    load::{LoadArgs, LoadResult, MARK},
     node,
+    workload::load::{LoadArgs, LoadResult, MARK},
 };
 
 /// The aggregate `cpu` line of `/proc/stat`, in clock ticks.

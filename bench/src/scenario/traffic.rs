@@ -29,10 +29,10 @@ use linkerd_cni_tests::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    bpfstats,
-    cpu::{self, CpuWindow},
-    load::{Kind, LoadArgs},
+    measure::bpfstats,
+    measure::cpu::{self, CpuWindow},
     node::{APP_UID, Api, BASELINE_NODE_NAME, Cni, CniPod, Daemon, NODE_NAME, run_load, tune, v4},
+    workload::load::{Kind, LoadArgs},
 };
 
 /// The app port every server listens on.
@@ -189,7 +189,7 @@ pub struct Sample {
     /// the window: what netfilter's hooks see there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packets: Option<u64>,
-    /// CPU spent over the measured window (see [`crate::cpu`]).
+    /// CPU spent over the measured window (see [`crate::measure::cpu`]).
     #[serde(default)]
     pub cpu: Option<CpuWindow>,
     /// The agent's programs over the same window, per program name (the baseline agent's
@@ -795,7 +795,10 @@ impl Topology {
     }
 
     /// The proxy counters of `mode`'s pod.
-    pub fn proxy_counters(&self, mode: Mode) -> anyhow::Result<crate::proxy::ProxyCounters> {
+    pub fn proxy_counters(
+        &self,
+        mode: Mode,
+    ) -> anyhow::Result<crate::workload::proxy::ProxyCounters> {
         self.pod(mode)?
             .proxy
             .as_ref()

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::{
-    fastns::LightPod,
+    node::fastns::LightPod,
     node::{AgentProc, Api, Bins, Cni, CniPod, K8S_NAMESPACE},
 };
 

@@ -22,10 +22,10 @@ use linkerd_cni_tests::tenant::{How, SocketLb};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    bpfstats::Snapshot,
+    measure::bpfstats::Snapshot,
+    measure::stats::Summary,
     report::Goal,
-    stats::Summary,
-    traffic::{Mode, Sample, Scenario, Topology, TrafficConfig},
+    scenario::traffic::{Mode, Sample, Scenario, Topology, TrafficConfig},
 };
 
 /// The Service address the tenant translates (routed nowhere; the measured traffic is not to
@@ -127,7 +127,7 @@ pub fn run(
     Ok(out)
 }
 
-fn per_conn(s: &Sample, ns: impl Fn(&crate::cpu::CpuWindow) -> f64) -> Option<f64> {
+fn per_conn(s: &Sample, ns: impl Fn(&crate::measure::cpu::CpuWindow) -> f64) -> Option<f64> {
     let c = s.cpu.as_ref()?;
     (s.exchanges > 0).then(|| ns(c) / s.exchanges as f64 / 1000.0)
 }
@@ -163,7 +163,7 @@ pub fn goals(c: &ChainResults) -> Vec<Goal> {
     } else {
         quiet
     };
-    let ratios = |f: &dyn Fn(&crate::cpu::CpuWindow) -> f64| -> Vec<f64> {
+    let ratios = |f: &dyn Fn(&crate::measure::cpu::CpuWindow) -> f64| -> Vec<f64> {
         judged
             .iter()
             .filter_map(|r| Some(per_conn(&r.with, f)? / per_conn(&r.without, f)?))

@@ -46,9 +46,9 @@ use linkerd_cni_tests::{Bridge, IfAddr, NetnsGuard, Placement, Pod, layout, link
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    load::{Kind, LoadArgs, LoadResult},
     node::{APP_UID, AgentProc, Daemon, run_load, tune, v4},
-    proxy::ProxyCounters,
+    workload::load::{Kind, LoadArgs, LoadResult},
+    workload::proxy::ProxyCounters,
 };
 
 /// The app port of the upstream and of the pods' app servers.

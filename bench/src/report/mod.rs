@@ -7,14 +7,14 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    apiload::ApiLoadResults,
-    bpfstats::ProgStats,
-    cpu::CpuWindow,
-    podsetup::{Checkpoint, PodSetupResults},
-    restart::RestartRound,
-    stats::Summary,
-    traffic::{Mode, Sample, Scenario, TrafficConfig, TrafficResults},
-    upgrade::{Change, PodRound, UpgradeRound},
+    measure::bpfstats::ProgStats,
+    measure::cpu::CpuWindow,
+    measure::stats::Summary,
+    scenario::apiload::ApiLoadResults,
+    scenario::podsetup::{Checkpoint, PodSetupResults},
+    scenario::restart::RestartRound,
+    scenario::traffic::{Mode, Sample, Scenario, TrafficConfig, TrafficResults},
+    scenario::upgrade::{Change, PodRound, UpgradeRound},
 };
 
 /// The machine the run happened on.
@@ -134,11 +134,11 @@ pub struct Results {
     pub api_load: Option<ApiLoadResults>,
     /// Scenario 8 (absent from results written before it existed).
     #[serde(default)]
-    pub cri_sandbox: Option<crate::crisandbox::CriSandboxResults>,
+    pub cri_sandbox: Option<crate::scenario::crisandbox::CriSandboxResults>,
     pub upgrade: Vec<UpgradeRound>,
     /// The image's size per architecture (issue 24), from `cargo xtask image`'s archives.
     #[serde(default)]
-    pub image: Vec<crate::imagesize::ImageSize>,
+    pub image: Vec<crate::scenario::imagesize::ImageSize>,
     /// The agent's first start on the node (no pins, no registered pod) to `/ready`.
     #[serde(default)]
     pub start_empty: Option<crate::node::StartToReady>,
@@ -157,10 +157,10 @@ pub struct Results {
     /// The ebpf pod with and without another tenant's socket LB chained above it (issue 35;
     /// absent from results written before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chain: Option<crate::chain::ChainResults>,
+    pub chain: Option<crate::scenario::chain::ChainResults>,
     /// The kernel feature probes' cost (issue 38; absent from results written before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe_cost: Option<crate::chain::ProbeCost>,
+    pub probe_cost: Option<crate::scenario::chain::ProbeCost>,
     /// Profiling notes and explanations, written by hand after a run is analysed; kept
     /// verbatim in BENCHMARKS.md.
     pub notes: Vec<String>,
@@ -299,7 +299,7 @@ pub fn paired_ratios(a: &TrafficRow, b: &TrafficRow) -> (Vec<f64>, Vec<f64>) {
 /// through the proxy (ms).
 fn per_unit_text(scenario: Scenario, us_per_unit: f64) -> String {
     match scenario.kind() {
-        crate::load::Kind::Rr => format!("{us_per_unit:.1} µs/conn"),
+        crate::workload::load::Kind::Rr => format!("{us_per_unit:.1} µs/conn"),
         _ => format!("{:.1} ms/GiB", us_per_unit * 1024.0 / 1000.0),
     }
 }
@@ -312,7 +312,7 @@ fn judged_cpu_us(r: &TrafficRow, quiet: bool, own: bool) -> f64 {
         .filter_map(|x| cpu_per_unit(x, r.scenario, f))
         .map(|ns| ns / 1000.0)
         .collect();
-    crate::stats::percentile(&v, 0.5)
+    crate::measure::stats::percentile(&v, 0.5)
 }
 
 /// A goal row judged on the median of the per-round pairs of `a` against `b`
@@ -379,7 +379,7 @@ fn counted_goal(goal: String, a: &TrafficRow, b: &TrafficRow, limit: f64, more: 
         g.met = None;
         return g;
     }
-    let program_ns = crate::stats::percentile(&counted, 0.5);
+    let program_ns = crate::measure::stats::percentile(&counted, 0.5);
     let floor_ns = judged_cpu_us(b, statistics_off(a, b), true) * 1000.0;
     let ratio = 1.0 + program_ns / floor_ns.max(1.0);
     let (_, interval) = median_with_interval(&own);
@@ -393,11 +393,11 @@ fn counted_goal(goal: String, a: &TrafficRow, b: &TrafficRow, limit: f64, more: 
          ({} rounds with the kernel's statistics); the paired CPU ratio {} the limit beyond \
          its interval: {}",
         match a.scenario.kind() {
-            crate::load::Kind::Rr => format!("{program_ns:.0} ns"),
+            crate::workload::load::Kind::Rr => format!("{program_ns:.0} ns"),
             _ => format!("{:.1} µs", program_ns * 1024.0 / 1000.0),
         },
         match a.scenario.kind() {
-            crate::load::Kind::Rr => "connection",
+            crate::workload::load::Kind::Rr => "connection",
             _ => "GiB",
         },
         per_unit_text(b.scenario, floor_ns / 1000.0),
@@ -459,8 +459,8 @@ impl OverheadShare {
     pub fn share(&self) -> (Option<f64>, Option<f64>) {
         let ratio = |o: &[f64], t: &[f64]| {
             let (mo, mt) = (
-                crate::stats::percentile(o, 0.5),
-                crate::stats::percentile(t, 0.5),
+                crate::measure::stats::percentile(o, 0.5),
+                crate::measure::stats::percentile(t, 0.5),
             );
             (!o.is_empty() && mt > 0.0).then_some(mo / mt)
         };
@@ -493,7 +493,7 @@ fn overhead_share_goal(
             met: None,
         };
     }
-    let pct = |v: &[f64]| 100.0 * crate::stats::percentile(v, 0.5);
+    let pct = |v: &[f64]| 100.0 * crate::measure::stats::percentile(v, 0.5);
     let (share, share_busy) = s.share();
     let per_round: Vec<f64> = s
         .ours
@@ -538,7 +538,7 @@ fn overhead_share_goal(
 pub fn median_with_interval(values: &[f64]) -> (f64, Option<(f64, f64)>) {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
-    let median = crate::stats::percentile(&v, 0.5);
+    let median = crate::measure::stats::percentile(&v, 0.5);
     let n = v.len();
     // P(X <= i) for X ~ Binomial(n, 1/2).
     let mut below = 0.0;
@@ -717,7 +717,7 @@ pub fn long_lived_goals(rows: &[TrafficRow]) -> Vec<Goal> {
             "outbound"
         };
         let what = match scenario.kind() {
-            crate::load::Kind::Bulk => "bulk download",
+            crate::workload::load::Kind::Bulk => "bulk download",
             _ => "1 KiB request/response",
         };
         let goal = format!(
@@ -771,8 +771,8 @@ pub fn long_lived_goals(rows: &[TrafficRow]) -> Vec<Goal> {
                     false => format!(
                         ", {:.0} ns of CPU per packet over the floor ({:.0} packets per MiB \
                          received in its pod's netns)",
-                        crate::stats::percentile(&per_packet, 0.5),
-                        crate::stats::percentile(&packets_per_mib, 0.5)
+                        crate::measure::stats::percentile(&per_packet, 0.5),
+                        crate::measure::stats::percentile(&packets_per_mib, 0.5)
                     ),
                 }
             );
@@ -944,9 +944,9 @@ pub fn goals(rows: &[TrafficRow], pods: &PodSetupResults, restart: &[RestartRoun
 }
 
 /// Issue 24's rows: the image's size per architecture, and the agent's start to `/ready` with
-/// 0 and with [`crate::podsetup::RESTART_READY_PODS`] registered pods (information).
+/// 0 and with [`crate::scenario::podsetup::RESTART_READY_PODS`] registered pods (information).
 pub fn image_rows(
-    image: &[crate::imagesize::ImageSize],
+    image: &[crate::scenario::imagesize::ImageSize],
     start_empty: &crate::node::StartToReady,
     restart: Option<&crate::node::StartToReady>,
 ) -> Vec<Goal> {
@@ -990,7 +990,7 @@ pub fn image_rows(
     let goal = format!(
         "time from the agent's start to readiness, {} registered pods, restarted \
          (information)",
-        crate::podsetup::RESTART_READY_PODS
+        crate::scenario::podsetup::RESTART_READY_PODS
     );
     out.push(match restart {
         Some(r) => Goal {
@@ -1013,7 +1013,7 @@ pub fn image_rows(
 
 /// Scenario 8's row: RunPodSandbox with linkerd-cni against without (information: the
 /// sandbox's own setup dominates and swings with the machine).
-pub fn cri_sandbox_row(r: &crate::crisandbox::CriSandboxResults) -> Goal {
+pub fn cri_sandbox_row(r: &crate::scenario::crisandbox::CriSandboxResults) -> Goal {
     Goal {
         goal: "RunPodSandbox through containerd with linkerd-cni / without (information)".into(),
         observed: format!(
@@ -1047,7 +1047,7 @@ pub fn api_goals(r: &ApiLoadResults) -> Vec<Goal> {
     out.push(Goal {
         goal: format!(
             "API requests per node ≤ Linkerd's plugin ({} GETs per meshed ADD) at the same churn",
-            crate::apiload::LINKERD_REQUESTS_PER_ADD
+            crate::scenario::apiload::LINKERD_REQUESTS_PER_ADD
         ),
         observed: format!(
             "{:.0} vs {:.0} for {:.0} ADDs per node ({:.1} % of it); {:.1} watch connections per node",
@@ -1117,7 +1117,7 @@ pub fn cpu_markdown(r: &Results) -> String {
         let total: f64 = x.bpf.values().map(|b| b.ns_per_unit.median).sum();
         // Per MiB, a few runs per long connection say nothing: connection scenarios only.
         if x.status != "measured"
-            || x.scenario.kind() != crate::load::Kind::Rr
+            || x.scenario.kind() != crate::workload::load::Kind::Rr
             || (!matches!(x.mode, Mode::Ebpf | Mode::EbpfBaseline) && total == 0.0)
         {
             continue;
@@ -1526,7 +1526,7 @@ fn packets_per_mib(x: &TrafficRow) -> String {
         .collect();
     match v.is_empty() {
         true => "–".into(),
-        false => format!("{:.0}", crate::stats::percentile(&v, 0.5)),
+        false => format!("{:.0}", crate::measure::stats::percentile(&v, 0.5)),
     }
 }
 
@@ -1590,13 +1590,13 @@ pub fn markdown(r: &Results) -> String {
          interfaces of the meshed pod's netns (lo and its veth), what netfilter's hooks see there. \
          The ratio column is the median against `direct`.\n",
         c.concurrency,
-        crate::server::REQ_LEN,
+        crate::workload::server::REQ_LEN,
         c.rr_ms,
         c.warmup_ms,
         c.streams,
         c.bulk_ms,
         c.persistent_conns,
-        crate::server::MSG_LEN,
+        crate::workload::server::MSG_LEN,
         c.persistent_ms
     );
     for scenario in Scenario::ALL {
@@ -1610,7 +1610,7 @@ pub fn markdown(r: &Results) -> String {
             .copied()
             .find(|x| x.mode == Mode::Direct && x.status == "measured");
         let _ = writeln!(md, "### {}\n", scenario.label());
-        if scenario.kind() == crate::load::Kind::Rr {
+        if scenario.kind() == crate::workload::load::Kind::Rr {
             let _ = writeln!(
                 md,
                 "| mode | CPU µs/conn | CPU × direct | own CPU µs/conn | conn/s | × direct | p50 µs | p99 µs | failed |\n|---|---|---|---|---|---|---|---|---|"
@@ -1639,7 +1639,7 @@ pub fn markdown(r: &Results) -> String {
                     x.failed
                 );
             }
-        } else if scenario.kind() == crate::load::Kind::Persistent {
+        } else if scenario.kind() == crate::workload::load::Kind::Persistent {
             let _ = writeln!(
                 md,
                 "| mode | own CPU ms/GiB | × direct | CPU ms/GiB | exchanges/s | p50 µs | p99 µs | packets/MiB | failed |\n|---|---|---|---|---|---|---|---|---|"
@@ -1860,10 +1860,10 @@ pub fn markdown(r: &Results) -> String {
     }
 
     if let Some(api) = &r.api_load {
-        md.push_str(&crate::apiload::markdown(api));
+        md.push_str(&crate::scenario::apiload::markdown(api));
     }
     if let Some(cri) = &r.cri_sandbox {
-        md.push_str(&crate::crisandbox::markdown(cri));
+        md.push_str(&crate::scenario::crisandbox::markdown(cri));
     }
     upgrade_section(&mut md, r);
 
@@ -2469,7 +2469,7 @@ mod tests {
     /// Extra paired rounds are numbered after the run's own, so every pair stays a pair.
     #[test]
     fn extra_rounds_add_pairs_to_the_baseline_rows() {
-        use crate::traffic::{TrafficResults, with_extra_rounds};
+        use crate::scenario::traffic::{TrafficResults, with_extra_rounds};
         let results = |ebpf: &[f64], base: &[f64]| -> TrafficResults {
             let mut modes = std::collections::BTreeMap::new();
             for (mode, busy) in [(Mode::Ebpf, ebpf), (Mode::EbpfBaseline, base)] {
@@ -2509,7 +2509,7 @@ mod tests {
     /// attachment's run count, the paired rounds decide the ratios.
     #[test]
     fn cpu_rows_are_judged_on_the_rounds_without_statistics() {
-        use crate::{bpfstats::ProgStats, traffic::TrafficResults};
+        use crate::{measure::bpfstats::ProgStats, scenario::traffic::TrafficResults};
         let sc = Scenario::OutboundConnections;
         let sample = |round: usize, busy: f64, quiet: bool, runs: u64| {
             let mut x = cpu_sample(round, busy);
@@ -2614,7 +2614,7 @@ mod tests {
     /// limit beyond its interval (a cost the counters do not see) or when no round counted.
     #[test]
     fn rows_without_a_redirect_are_judged_on_the_counted_program_time() {
-        use crate::{bpfstats::ProgStats, traffic::TrafficResults};
+        use crate::{measure::bpfstats::ProgStats, scenario::traffic::TrafficResults};
         let sc = Scenario::InboundConnections;
         // `shared`: per round, the own CPU per connection; `ns`: program time per connection
         // in the rounds with statistics (the first two), none without.

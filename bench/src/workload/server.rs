@@ -15,7 +15,7 @@ use std::{
 
 use linkerd_cni_tests::pool::Pool;
 
-use crate::proxy::listen;
+use crate::workload::proxy::listen;
 
 /// Size of a request and of a response.
 pub const REQ_LEN: usize = 64;

@@ -4,6 +4,8 @@
 //! Everything here is torn down on drop: processes killed by PID, pins and scratch
 //! directories removed.
 
+pub mod fastns;
+
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{Ipv4Addr, SocketAddr},
@@ -28,8 +30,8 @@ use linkerd_cni_tests::{
 use serde_json::json;
 
 use crate::{
-    load::{LoadArgs, LoadResult},
-    proxy::ProxyCounters,
+    workload::load::{LoadArgs, LoadResult},
+    workload::proxy::ProxyCounters,
 };
 
 /// The Kubernetes namespace of every benchmark pod.
@@ -733,9 +735,9 @@ pub fn load_command(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow
         .args([
             "--kind",
             match args.kind {
-                crate::load::Kind::Rr => "rr",
-                crate::load::Kind::Bulk => "bulk",
-                crate::load::Kind::Persistent => "persistent",
+                crate::workload::load::Kind::Rr => "rr",
+                crate::workload::load::Kind::Bulk => "bulk",
+                crate::workload::load::Kind::Persistent => "persistent",
             },
         ])
         .args(["--target", &args.target.to_string()])
