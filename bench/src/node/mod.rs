@@ -29,9 +29,9 @@ use linkerd_cni_tests::{
 };
 use serde_json::json;
 
-use crate::{
-    workload::load::{LoadArgs, LoadResult},
-    workload::proxy::ProxyCounters,
+use crate::workload::{
+    load::{LoadArgs, LoadResult, MARK},
+    proxy::ProxyCounters,
 };
 
 /// The Kubernetes namespace of every benchmark pod.
@@ -726,6 +726,48 @@ pub fn run_load(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow::Re
         .stderr(Stdio::piped());
     let out = ChildGuard::spawn(&mut cmd)?.wait_output(load_timeout(args))?;
     parse_load(&out)
+}
+
+/// Runs `me load ... --mark` placed as `placement` says; calls `take(load pid)` at both edges
+/// of its measured window. Returns the load's result and the two readings (`None` if the load
+/// generator did not mark both edges).
+pub fn run_load_window<T>(
+    me: &Path,
+    placement: &Placement,
+    args: &LoadArgs,
+    mut take: impl FnMut(u32) -> T,
+) -> anyhow::Result<(LoadResult, Option<(T, T)>)> {
+    let mut cmd = load_command(me, placement, args)?;
+    cmd.arg("--mark")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = ChildGuard::spawn(&mut cmd)?;
+    let pid = child.pid();
+    let stderr = child.child_mut().stderr.take().context("no stderr pipe")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line == MARK {
+                let _ = tx.send(());
+            } else {
+                rest.push_str(&line);
+                rest.push('\n');
+            }
+        }
+        rest
+    });
+    let timeout = load_timeout(args);
+    let mut readings = Vec::new();
+    while readings.len() < 2 && rx.recv_timeout(timeout).is_ok() {
+        readings.push(take(pid));
+    }
+    let mut out = child.wait_output(timeout)?;
+    out.stderr = reader.join().unwrap_or_default().into_bytes();
+    let r = parse_load(&out)?;
+    let mut it = readings.into_iter();
+    Ok((r, it.next().zip(it.next())))
 }
 
 /// The command line of `me load ...` placed as `placement` says (no stdio set).

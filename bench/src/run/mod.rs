@@ -369,8 +369,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             "bench: agent start to /ready on a fresh node: {:.0} ms",
             start_empty.ready_ms
         );
-        let mut rows = chain::goals(&chain);
-        rows.push(chain::probe_goal(&probe_cost, Some(start_empty.ready_ms)));
+        let mut rows = report::chain_goals(&chain);
+        rows.push(report::probe_goal(&probe_cost, Some(start_empty.ready_ms)));
         for g in rows {
             println!("| {} | {} |", g.goal, g.observed);
         }
@@ -408,8 +408,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         &start_empty,
         pods.restart_to_ready.as_ref(),
     ));
-    goals.extend(chain::goals(&chain));
-    goals.push(chain::probe_goal(&probe_cost, Some(start_empty.ready_ms)));
+    goals.extend(report::chain_goals(&chain));
+    goals.push(report::probe_goal(&probe_cost, Some(start_empty.ready_ms)));
     let notes = read_notes(&args.out_dir);
     let results = report::Results {
         command: args

@@ -31,7 +31,10 @@ use serde::{Deserialize, Serialize};
 use crate::{
     measure::bpfstats,
     measure::cpu::{self, CpuWindow},
-    node::{APP_UID, Api, BASELINE_NODE_NAME, Cni, CniPod, Daemon, NODE_NAME, run_load, tune, v4},
+    node::{
+        APP_UID, Api, BASELINE_NODE_NAME, Cni, CniPod, Daemon, NODE_NAME, run_load,
+        run_load_window, tune, v4,
+    },
     workload::load::{Kind, LoadArgs},
 };
 
@@ -626,7 +629,7 @@ impl Topology {
                 other_ids.filter(|_| stats).map(bpfstats::snapshot),
             )
         };
-        let (r, window) = cpu::run_load_window(&self.me, &placement, &args, take)?;
+        let (r, window) = run_load_window(&self.me, &placement, &args, take)?;
         let after = proxy.map(Daemon::counters).unwrap_or_default();
         let through_proxy = if scenario.inbound() {
             after.inbound - before.inbound
