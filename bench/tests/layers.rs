@@ -122,3 +122,26 @@ fn every_layer_folder_exists() {
         assert!(src.join(layer).join("mod.rs").is_file(), "{layer}/mod.rs");
     }
 }
+
+#[test]
+fn every_module_sits_in_a_layer_folder() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for entry in fs::read_dir(&src).unwrap_or_else(|e| panic!("listing {}: {e}", src.display())) {
+        let path = entry.expect("directory entry").path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if path.is_dir() {
+            assert!(
+                rank(name).is_some(),
+                "{name}/ is not one of the layers {LAYERS:?}"
+            );
+        } else {
+            assert_eq!(
+                name, "main.rs",
+                "only the dispatcher sits outside the layers"
+            );
+        }
+    }
+}
