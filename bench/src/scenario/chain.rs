@@ -1,5 +1,6 @@
-//! Two rows added for issues 35 and 38: the cost of another tenant's socket load balancer
-//! chained after ours, and the cost of the kernel feature probes the agent runs at start.
+//! Two rows added for issues 35 and 38 (their goal rows: `report::goals`): the cost of another
+//! tenant's socket load balancer chained after ours, and the cost of the kernel feature probes
+//! the agent runs at start.
 //!
 //! **The chain** (issue 35): the stand-in socket load balancer (`linkerd_cni_tests::tenant`,
 //! `connect4/6` and `getpeername4/6` translating one Service address) attached as a bpf_link
@@ -22,8 +23,7 @@ use linkerd_cni_tests::tenant::{How, SocketLb};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    measure::bpfstats::Snapshot,
-    measure::stats::Summary,
+    measure::{bpfstats::Snapshot, stats::Summary},
     scenario::traffic::{Mode, Sample, Scenario, Topology, TrafficConfig},
 };
 

@@ -21,8 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     measure::stats,
-    node::fastns::LightPod,
-    node::{AgentProc, Api, Cni, CniPod},
+    node::{AgentProc, Api, Cni, CniPod, fastns::LightPod},
 };
 
 /// The long-lived probe process.

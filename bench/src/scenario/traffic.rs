@@ -29,8 +29,10 @@ use linkerd_cni_tests::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    measure::bpfstats,
-    measure::cpu::{self, CpuWindow},
+    measure::{
+        bpfstats,
+        cpu::{self, CpuWindow},
+    },
     node::{
         APP_UID, Api, BASELINE_NODE_NAME, Cni, CniPod, Daemon, NODE_NAME, run_load,
         run_load_window, tune, v4,

@@ -47,8 +47,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     node::{APP_UID, AgentProc, Daemon, run_load, tune, v4},
-    workload::load::{Kind, LoadArgs, LoadResult},
-    workload::proxy::ProxyCounters,
+    workload::{
+        load::{Kind, LoadArgs, LoadResult},
+        proxy::ProxyCounters,
+    },
 };
 
 /// The app port of the upstream and of the pods' app servers.
