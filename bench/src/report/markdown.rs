@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use linkerd_cni_proto::config;
+
 use super::{
     results::{Results, TrafficRow},
     traffic_goals::BASELINE_MAX_RATIO,
@@ -571,10 +573,10 @@ pub fn markdown(r: &Results) -> String {
          v2 attached to it, an upstream pod running the server, a peer pod for inbound clients. No \
          traffic leaves the netns made for the run.\n\
          - Each mode has its own meshed pod running the same proxy (`linkerd-cni-bench proxy`, UID \
-         2102: `getsockopt(SO_ORIGINAL_DST)` on every accepted connection, connect there, relay with \
+         {uid}: `getsockopt(SO_ORIGINAL_DST)` on every accepted connection, connect there, relay with \
          `splice(2)`) and the same server. A mode has a pod of its own because a netns keeps the \
          legacy `nat` table and its conntrack hooks once iptables-legacy touched it.\n\
-         - `direct`: clients dial the proxy (outbound `127.0.0.1:4140`, inbound `<pod>:4143`); the \
+         - `direct`: clients dial the proxy (outbound `127.0.0.1:{outbound}`, inbound `<pod>:{inbound}`); the \
          proxy still calls `SO_ORIGINAL_DST`, which has nothing to answer, and forwards to the \
          configured upstream. `iptables-nft` / `iptables-legacy`: Linkerd proxy-init's chains \
          `PROXY_INIT_REDIRECT` (PREROUTING) and `PROXY_INIT_OUTPUT` (OUTPUT: proxy UID, `lo`, then \
@@ -583,7 +585,10 @@ pub fn markdown(r: &Results) -> String {
          - Every measurement checks the proxy's accept counter: a connection that bypassed the \
          proxy fails the run.\n\
          - Clients are a separate process in the client pod (netns, cgroup, UID 1000), threads \
-         with blocking sockets; every netns gets `tcp_tw_reuse=1` and a wide ephemeral port range."
+         with blocking sockets; every netns gets `tcp_tw_reuse=1` and a wide ephemeral port range.",
+        uid = config::DEFAULT_PROXY_UID,
+        outbound = config::DEFAULT_OUTBOUND_PORT,
+        inbound = config::DEFAULT_INBOUND_PORT,
     );
     if let Some(b) = &r.baseline {
         let _ = writeln!(
