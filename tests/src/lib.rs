@@ -40,7 +40,7 @@ pub mod names;
 pub mod netns;
 pub mod node;
 pub mod pod;
-mod pool;
+pub mod pool;
 pub mod proxy;
 pub mod tenant;
 

@@ -3,6 +3,9 @@
 //! for a thread per connection (which costs about a millisecond on small VMs and would swamp
 //! connection-setup measurements). Jobs may block for as long as they like: a job never waits
 //! behind another.
+//!
+//! The workspace's one thread pool: the test proxy and echo servers here, and the benchmark's
+//! proxy and application server, run their connections on it.
 
 use std::sync::{
     Arc, Mutex,
@@ -13,7 +16,7 @@ use std::sync::{
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// The pool. Its workers end once the pool is dropped and they finish their job.
-pub(crate) struct Pool {
+pub struct Pool {
     tx: Sender<Job>,
     shared: Arc<Shared>,
 }
@@ -24,8 +27,15 @@ struct Shared {
     idle: AtomicUsize,
 }
 
+impl Default for Pool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Pool {
-    pub(crate) fn new() -> Self {
+    /// A pool with no worker yet: the first job starts one.
+    pub fn new() -> Self {
         let (tx, rx) = channel();
         Pool {
             tx,
@@ -37,7 +47,7 @@ impl Pool {
     }
 
     /// Runs `job` on a worker that is free now (reserving it), or on a new one.
-    pub(crate) fn execute(&self, job: impl FnOnce() + Send + 'static) {
+    pub fn execute(&self, job: impl FnOnce() + Send + 'static) {
         let idle = &self.shared.idle;
         if idle
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))

@@ -22,16 +22,22 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use linkerd_cni_proto::config;
 use linkerd_cni_tests::{
     Bridge, CgroupGuard, IfAddr, NetnsGuard, Placement, Pod, iptables::Rules, link::PodPort,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    bpfstats,
-    cpu::{self, CpuWindow},
-    load::{Kind, LoadArgs},
-    node::{APP_UID, Api, BASELINE_NODE_NAME, Cni, CniPod, Daemon, NODE_NAME, run_load, tune, v4},
+    measure::{
+        bpfstats,
+        cpu::{self, CpuWindow},
+    },
+    node::{
+        APP_UID, Api, BASELINE_NODE_NAME, Cni, CniPod, Daemon, NODE_NAME, run_load,
+        run_load_window, tune, v4,
+    },
+    workload::load::{Kind, LoadArgs},
 };
 
 /// The app port every server listens on.
@@ -188,7 +194,7 @@ pub struct Sample {
     /// the window: what netfilter's hooks see there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packets: Option<u64>,
-    /// CPU spent over the measured window (see [`crate::cpu`]).
+    /// CPU spent over the measured window (see [`crate::measure::cpu`]).
     #[serde(default)]
     pub cpu: Option<CpuWindow>,
     /// The agent's programs over the same window, per program name (the baseline agent's
@@ -430,7 +436,7 @@ impl Topology {
             let proxy = if mode.meshed() {
                 Some(Daemon::start(
                     me,
-                    &pod.container(crate::PROXY_UID),
+                    &pod.container(config::DEFAULT_PROXY_UID),
                     &proxy_args,
                 )?)
             } else {
@@ -514,7 +520,7 @@ impl Topology {
         let p = self.pod(mode)?;
         Ok(if scenario.inbound() {
             let port = if mode == Mode::Direct {
-                crate::INBOUND_PORT
+                config::DEFAULT_INBOUND_PORT
             } else {
                 APP_PORT
             };
@@ -524,7 +530,7 @@ impl Topology {
             )
         } else {
             let target = if mode == Mode::Direct {
-                v4(Ipv4Addr::LOCALHOST, crate::OUTBOUND_PORT)
+                v4(Ipv4Addr::LOCALHOST, config::DEFAULT_OUTBOUND_PORT)
             } else {
                 self.upstream()
             };
@@ -625,7 +631,7 @@ impl Topology {
                 other_ids.filter(|_| stats).map(bpfstats::snapshot),
             )
         };
-        let (r, window) = cpu::run_load_window(&self.me, &placement, &args, take)?;
+        let (r, window) = run_load_window(&self.me, &placement, &args, take)?;
         let after = proxy.map(Daemon::counters).unwrap_or_default();
         let through_proxy = if scenario.inbound() {
             after.inbound - before.inbound
@@ -794,7 +800,10 @@ impl Topology {
     }
 
     /// The proxy counters of `mode`'s pod.
-    pub fn proxy_counters(&self, mode: Mode) -> anyhow::Result<crate::proxy::ProxyCounters> {
+    pub fn proxy_counters(
+        &self,
+        mode: Mode,
+    ) -> anyhow::Result<crate::workload::proxy::ProxyCounters> {
         self.pod(mode)?
             .proxy
             .as_ref()

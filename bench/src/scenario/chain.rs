@@ -1,5 +1,6 @@
-//! Two rows added for issues 35 and 38: the cost of another tenant's socket load balancer
-//! chained after ours, and the cost of the kernel feature probes the agent runs at start.
+//! Two rows added for issues 35 and 38 (their goal rows: `report::goals`): the cost of another
+//! tenant's socket load balancer chained after ours, and the cost of the kernel feature probes
+//! the agent runs at start.
 //!
 //! **The chain** (issue 35): the stand-in socket load balancer (`linkerd_cni_tests::tenant`,
 //! `connect4/6` and `getpeername4/6` translating one Service address) attached as a bpf_link
@@ -22,10 +23,8 @@ use linkerd_cni_tests::tenant::{How, SocketLb};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    bpfstats::Snapshot,
-    report::Goal,
-    stats::Summary,
-    traffic::{Mode, Sample, Scenario, Topology, TrafficConfig},
+    measure::{bpfstats::Snapshot, stats::Summary},
+    scenario::traffic::{Mode, Sample, Scenario, Topology, TrafficConfig},
 };
 
 /// The Service address the tenant translates (routed nowhere; the measured traffic is not to
@@ -127,108 +126,6 @@ pub fn run(
     Ok(out)
 }
 
-fn per_conn(s: &Sample, ns: impl Fn(&crate::cpu::CpuWindow) -> f64) -> Option<f64> {
-    let c = s.cpu.as_ref()?;
-    (s.exchanges > 0).then(|| ns(c) / s.exchanges as f64 / 1000.0)
-}
-
-fn bpf_ns_per_conn(snap: &Snapshot, exchanges: u64) -> f64 {
-    snap.values().map(|p| p.ns).sum::<u64>() as f64 / exchanges.max(1) as f64
-}
-
-fn runs_per_conn(snap: &Snapshot, exchanges: u64) -> f64 {
-    snap.values().map(|p| p.runs).sum::<u64>() as f64 / exchanges.max(1) as f64
-}
-
-/// The report's rows (information: no limit is set for the chain's cost).
-pub fn goals(c: &ChainResults) -> Vec<Goal> {
-    let goal = "outbound: CPU per redirected connection with another tenant's socket load \
-                balancer (a bpf_link, multi) on the cgroup above the pod, against the same \
-                without it, traffic not to its Service (information)"
-        .to_string();
-    if c.rounds.is_empty() {
-        return vec![Goal {
-            goal,
-            observed: "not measured".into(),
-            met: None,
-        }];
-    }
-    let quiet: Vec<&ChainRound> = c
-        .rounds
-        .iter()
-        .filter(|r| r.without.without_bpf_stats)
-        .collect();
-    let judged: Vec<&ChainRound> = if quiet.is_empty() {
-        c.rounds.iter().collect()
-    } else {
-        quiet
-    };
-    let ratios = |f: &dyn Fn(&crate::cpu::CpuWindow) -> f64| -> Vec<f64> {
-        judged
-            .iter()
-            .filter_map(|r| Some(per_conn(&r.with, f)? / per_conn(&r.without, f)?))
-            .filter(|x| x.is_finite())
-            .collect()
-    };
-    let own = ratios(&|c| c.own_ns);
-    let busy = ratios(&|c| c.busy_ns);
-    let (own_median, interval) = crate::report::median_with_interval(&own);
-    let (busy_median, _) = crate::report::median_with_interval(&busy);
-    let med = |f: &dyn Fn(&ChainRound) -> Option<f64>| {
-        Summary::of(&judged.iter().filter_map(|r| f(r)).collect::<Vec<_>>()).median
-    };
-    let own_without = med(&|r| per_conn(&r.without, |c| c.own_ns));
-    let own_with = med(&|r| per_conn(&r.with, |c| c.own_ns));
-    let translated: u64 = c.rounds.iter().map(|r| r.translated).sum();
-    let mut out = vec![Goal {
-        goal,
-        observed: format!(
-            "paired median {own_median:.3} × ({}; {} rounds{}; the processes' own CPU, no \
-             steal); machine-wide busy {busy_median:.3} ×; medians {own_without:.1} µs vs \
-             {own_with:.1} µs per connection without and with it; {translated} connections \
-             translated by it (none expected)",
-            match interval {
-                Some((lo, hi)) => format!("95 % interval {lo:.3}–{hi:.3}"),
-                None => "too few rounds for an interval".into(),
-            },
-            own.len(),
-            if judged[0].without.without_bpf_stats {
-                ", BPF statistics off"
-            } else {
-                ""
-            },
-        ),
-        met: None,
-    }];
-    let stats: Vec<&ChainRound> = c
-        .rounds
-        .iter()
-        .filter(|r| !r.without.without_bpf_stats)
-        .collect();
-    if !stats.is_empty() {
-        let m = |f: &dyn Fn(&ChainRound) -> f64| {
-            Summary::of(&stats.iter().map(|r| f(r)).collect::<Vec<_>>()).median
-        };
-        let ours_without = m(&|r| bpf_ns_per_conn(&r.without.bpf, r.without.exchanges));
-        let ours_with = m(&|r| bpf_ns_per_conn(&r.with.bpf, r.with.exchanges));
-        let tenant = m(&|r| bpf_ns_per_conn(&r.tenant, r.with.exchanges));
-        let tenant_runs = m(&|r| runs_per_conn(&r.tenant, r.with.exchanges));
-        out.push(Goal {
-            goal: "outbound: program run time per redirected connection, ours and the chained \
-                   tenant's (kernel BPF statistics; information)"
-                .into(),
-            observed: format!(
-                "ours {ours_without:.0} ns without the tenant, {ours_with:.0} ns with it; the \
-                 tenant's {tenant:.0} ns ({tenant_runs:.2} runs per connection); medians of {} \
-                 statistics' rounds",
-                stats.len()
-            ),
-            met: None,
-        });
-    }
-    out
-}
-
 /// The feature probes' cost: `Findings::probe()` timed over `runs` runs.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ProbeCost {
@@ -274,29 +171,5 @@ pub fn probe_cost(runs: usize) -> ProbeCost {
             Ok(s) => s,
             Err(s) => format!("refused: {s}"),
         },
-    }
-}
-
-/// The report's row, beside the agent's start to `/ready`.
-pub fn probe_goal(p: &ProbeCost, start_ready_ms: Option<f64>) -> Goal {
-    Goal {
-        goal: "the kernel feature probes the agent runs at start (`Findings::probe()`; \
-               information)"
-            .into(),
-        observed: format!(
-            "{:.2} ms wall, {:.2} ms CPU per run (medians of {} runs; max {:.2} ms wall) for {} \
-             features{}; kernel: {}",
-            p.wall_ms.median,
-            p.cpu_ms.median,
-            p.runs,
-            p.wall_ms.max,
-            p.features,
-            match start_ready_ms {
-                Some(ms) => format!(", against {ms:.0} ms from the agent's start to /ready"),
-                None => String::new(),
-            },
-            p.verdict
-        ),
-        met: None,
     }
 }

@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    load::{Kind, LoadArgs},
     node::{APP_UID, AgentProc, run_load},
-    traffic::{Mode, Topology},
+    scenario::traffic::{Mode, Topology},
+    workload::load::{Kind, LoadArgs},
 };
 
 /// Width of the load's time buckets.

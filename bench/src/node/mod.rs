@@ -4,6 +4,8 @@
 //! Everything here is torn down on drop: processes killed by PID, pins and scratch
 //! directories removed.
 
+pub mod fastns;
+
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{Ipv4Addr, SocketAddr},
@@ -15,7 +17,10 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use linkerd_cni_proto::wire::{self, Envelope, Request, Response};
+use linkerd_cni_proto::{
+    config,
+    wire::{self, Envelope, Request, Response},
+};
 use linkerd_cni_tests::{
     CgroupGuard, ChildGuard, NetnsGuard, Placement,
     fake_apiserver::FakeApiServer,
@@ -24,8 +29,8 @@ use linkerd_cni_tests::{
 };
 use serde_json::json;
 
-use crate::{
-    load::{LoadArgs, LoadResult},
+use crate::workload::{
+    load::{LoadArgs, LoadResult, MARK},
     proxy::ProxyCounters,
 };
 
@@ -577,10 +582,10 @@ impl Cni {
             "type": "linkerd-cni",
             "log_level": "warn",
             "linkerd": {
-                "incoming-proxy-port": 4143,
-                "outgoing-proxy-port": 4140,
-                "proxy-uid": 2102,
-                "inbound-ports-to-ignore": ["4191", "4190"],
+                "incoming-proxy-port": config::DEFAULT_INBOUND_PORT,
+                "outgoing-proxy-port": config::DEFAULT_OUTBOUND_PORT,
+                "proxy-uid": config::DEFAULT_PROXY_UID,
+                "inbound-ports-to-ignore": config::DEFAULT_INBOUND_PORTS_TO_IGNORE,
                 "agent-socket": self.socket,
             },
             "prevResult": {
@@ -723,6 +728,48 @@ pub fn run_load(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow::Re
     parse_load(&out)
 }
 
+/// Runs `me load ... --mark` placed as `placement` says; calls `take(load pid)` at both edges
+/// of its measured window. Returns the load's result and the two readings (`None` if the load
+/// generator did not mark both edges).
+pub fn run_load_window<T>(
+    me: &Path,
+    placement: &Placement,
+    args: &LoadArgs,
+    mut take: impl FnMut(u32) -> T,
+) -> anyhow::Result<(LoadResult, Option<(T, T)>)> {
+    let mut cmd = load_command(me, placement, args)?;
+    cmd.arg("--mark")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = ChildGuard::spawn(&mut cmd)?;
+    let pid = child.pid();
+    let stderr = child.child_mut().stderr.take().context("no stderr pipe")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line == MARK {
+                let _ = tx.send(());
+            } else {
+                rest.push_str(&line);
+                rest.push('\n');
+            }
+        }
+        rest
+    });
+    let timeout = load_timeout(args);
+    let mut readings = Vec::new();
+    while readings.len() < 2 && rx.recv_timeout(timeout).is_ok() {
+        readings.push(take(pid));
+    }
+    let mut out = child.wait_output(timeout)?;
+    out.stderr = reader.join().unwrap_or_default().into_bytes();
+    let r = parse_load(&out)?;
+    let mut it = readings.into_iter();
+    Ok((r, it.next().zip(it.next())))
+}
+
 /// The command line of `me load ...` placed as `placement` says (no stdio set).
 pub fn load_command(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow::Result<Command> {
     let mut cmd = placement.command(me)?;
@@ -730,9 +777,9 @@ pub fn load_command(me: &Path, placement: &Placement, args: &LoadArgs) -> anyhow
         .args([
             "--kind",
             match args.kind {
-                crate::load::Kind::Rr => "rr",
-                crate::load::Kind::Bulk => "bulk",
-                crate::load::Kind::Persistent => "persistent",
+                crate::workload::load::Kind::Rr => "rr",
+                crate::workload::load::Kind::Bulk => "bulk",
+                crate::workload::load::Kind::Persistent => "persistent",
             },
         ])
         .args(["--target", &args.target.to_string()])

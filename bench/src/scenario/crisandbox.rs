@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use linkerd_cni_tests::node::{CriNode, PodSpec, namespace_manifest};
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{Summary, percentile};
+use crate::measure::stats::{Summary, percentile};
 
 /// One chain's RunPodSandbox times, in milliseconds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

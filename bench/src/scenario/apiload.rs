@@ -19,10 +19,7 @@ use linkerd_cni_tests::{CgroupGuard, fake_apiserver::RecordedRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::{
-    fastns::LightPod,
-    node::{AgentProc, Api, Bins, Cni, CniPod, K8S_NAMESPACE},
-};
+use crate::node::{AgentProc, Api, Bins, Cni, CniPod, K8S_NAMESPACE, fastns::LightPod};
 
 /// Requests Linkerd's plugin makes per ADD of a meshed pod carrying no override annotation.
 pub const LINKERD_REQUESTS_PER_ADD: f64 = 6.0;

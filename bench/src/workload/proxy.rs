@@ -23,18 +23,18 @@ use std::{
     time::Duration,
 };
 
+use linkerd_cni_proto::config;
+use linkerd_cni_tests::pool::Pool;
 use serde::{Deserialize, Serialize};
-
-use crate::pool::Pool;
 
 /// Command line of `linkerd-cni-bench proxy`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {
     /// Outbound listener.
-    #[arg(long, default_value = "127.0.0.1:4140")]
+    #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], config::DEFAULT_OUTBOUND_PORT)))]
     pub outbound: SocketAddr,
     /// Inbound listener.
-    #[arg(long, default_value = "0.0.0.0:4143")]
+    #[arg(long, default_value_t = SocketAddr::from(([0, 0, 0, 0], config::DEFAULT_INBOUND_PORT)))]
     pub inbound: SocketAddr,
     /// Upstream of outbound connections whose original destination is unknown (direct mode).
     #[arg(long)]

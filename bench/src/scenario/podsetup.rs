@@ -1,7 +1,7 @@
 //! Scenarios 4 and 5: CNI ADD and DEL latency through the real plugin against the real agent
 //! with 1, 100 and 1,000 pods registered, and the agent's footprint at 1,000 pods.
 //!
-//! A pod here is a netns (lo up) and a cgroup, made in-process ([`crate::fastns`]). Each
+//! A pod here is a netns (lo up) and a cgroup, made in-process ([`crate::node::fastns`]). Each
 //! measured ADD runs the plugin binary as a runtime does (spawn to exit: the agent answers
 //! once the programs are attached and the maps written, so exit means "in force"), then a
 //! probe inside the pod checks that its connects are redirected; DEL is timed the same way and
@@ -20,9 +20,8 @@ use linkerd_cni_tests::{CgroupGuard, ChildGuard, Placement};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    fastns::LightPod,
-    node::{AgentProc, Api, Cni, CniPod},
-    stats,
+    measure::stats,
+    node::{AgentProc, Api, Cni, CniPod, fastns::LightPod},
 };
 
 /// The long-lived probe process.
@@ -78,7 +77,7 @@ pub struct Checkpoint {
     /// Agent VmRSS at this point, KiB.
     pub agent_rss_kib: u64,
     /// The map walks every ADD and DEL makes, timed here with the agent library.
-    pub scans: Vec<crate::diag::Scan>,
+    pub scans: Vec<crate::measure::diag::Scan>,
     /// One `remove_pod` of an unknown pod (all those walks plus the deletes), ms.
     pub remove_pod_ms: f64,
     /// Opening the registry and reading every record from disk (what an agent start does;
@@ -92,7 +91,7 @@ pub struct Checkpoint {
     pub exec_floor_p50_ms: f64,
     /// Where the agent's resident memory is at this point.
     #[serde(default)]
-    pub agent_mem: crate::scale::MemBreakdown,
+    pub agent_mem: crate::measure::scale::MemBreakdown,
     /// The agent's own handling of the measured ADDs and DELs (its phase log: from taking the
     /// request's netns to the registry write), p50 in µs; 0: not found in the log.
     #[serde(default)]
@@ -300,7 +299,7 @@ pub fn run(
     let parent = CgroupGuard::new()?;
     let home = CgroupGuard::new()?;
     let mut prober = Prober::start(me, &home)?;
-    let exec_floor = crate::scale::ExecFloor::new()?;
+    let exec_floor = crate::measure::scale::ExecFloor::new()?;
     let mut filler: Vec<Registered> = Vec::new();
     let mut out = Vec::new();
     let mut fill_secs = 0.0;
@@ -372,10 +371,10 @@ pub fn run(
             drop(measured);
             let rss = agent.rss()?.rss;
             let agent_mem =
-                crate::scale::MemBreakdown::of(agent.pid().context("agent not running")?)?;
+                crate::measure::scale::MemBreakdown::of(agent.pid().context("agent not running")?)?;
             let (scans, remove_pod_ms) =
-                crate::diag::scan_costs(&agent.pin_root().join(paths::PIN_MAPS))?;
-            let registry_all_ms = crate::diag::registry_cost(agent.state_dir())?;
+                crate::measure::diag::scan_costs(&agent.pin_root().join(paths::PIN_MAPS))?;
+            let registry_all_ms = crate::measure::diag::registry_cost(agent.state_dir())?;
             let mut floor = Vec::new();
             for _ in 0..samples.min(50) {
                 floor.push(cni.version()?.as_secs_f64() * 1e3);

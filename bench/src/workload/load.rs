@@ -20,7 +20,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::server::{BULK, MSG_LEN, PERSISTENT, REQ_LEN, RR};
+use crate::workload::server::{BULK, MSG_LEN, PERSISTENT, REQ_LEN, RR};
 
 /// What to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]

@@ -13,7 +13,9 @@ use std::{
     time::Duration,
 };
 
-use crate::{pool::Pool, proxy::listen};
+use linkerd_cni_tests::pool::Pool;
+
+use crate::workload::proxy::listen;
 
 /// Size of a request and of a response.
 pub const REQ_LEN: usize = 64;

@@ -13,21 +13,9 @@
 //! processes when they drive it (the usual case on loopback and veth), to a tenant's otherwise.
 //! Both figures have the resolution of a clock tick (`CLK_TCK`, 10 ms) per CPU.
 
-use std::{
-    io::{BufRead, BufReader},
-    path::Path,
-    process::Stdio,
-    time::Instant,
-};
+use std::time::Instant;
 
-use anyhow::Context;
-use linkerd_cni_tests::{ChildGuard, Placement};
 use serde::{Deserialize, Serialize};
-
-use crate::{
-    load::{LoadArgs, LoadResult, MARK},
-    node,
-};
 
 /// The aggregate `cpu` line of `/proc/stat`, in clock ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -149,48 +137,6 @@ impl CpuWindow {
             own_ns: d(a.own, b.own),
         }
     }
-}
-
-/// Runs `me load ... --mark` placed as `placement` says; calls `take(load pid)` at both edges
-/// of its measured window. Returns the load's result and the two readings (`None` if the load
-/// generator did not mark both edges).
-pub fn run_load_window<T>(
-    me: &Path,
-    placement: &Placement,
-    args: &LoadArgs,
-    mut take: impl FnMut(u32) -> T,
-) -> anyhow::Result<(LoadResult, Option<(T, T)>)> {
-    let mut cmd = node::load_command(me, placement, args)?;
-    cmd.arg("--mark")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = ChildGuard::spawn(&mut cmd)?;
-    let pid = child.pid();
-    let stderr = child.child_mut().stderr.take().context("no stderr pipe")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut rest = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line == MARK {
-                let _ = tx.send(());
-            } else {
-                rest.push_str(&line);
-                rest.push('\n');
-            }
-        }
-        rest
-    });
-    let timeout = node::load_timeout(args);
-    let mut readings = Vec::new();
-    while readings.len() < 2 && rx.recv_timeout(timeout).is_ok() {
-        readings.push(take(pid));
-    }
-    let mut out = child.wait_output(timeout)?;
-    out.stderr = reader.join().unwrap_or_default().into_bytes();
-    let r = node::parse_load(&out)?;
-    let mut it = readings.into_iter();
-    Ok((r, it.next().zip(it.next())))
 }
 
 #[cfg(test)]
