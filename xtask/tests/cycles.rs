@@ -23,12 +23,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
          dead runs' cgroups and netns through cgroup::remove_tree and netns::NETNS_RUN_DIR; \
          the fix moves those below names (the guards stay above it)",
     ),
-    (
-        "bench/src/main.rs",
-        "chain, report",
-        "chain uses report::median_with_interval and report holds chain's results; bench/src \
-         is being put in layers (issue 39 item 1), which splits report.rs",
-    ),
 ];
 
 /// The workspace root (xtask lives one level below it).
