@@ -22,11 +22,13 @@ use crate::{build::target::Arch, exec::run};
 /// util-linux's `dmesg`), the initramfs (busybox-static), the tests' own commands (`ip`,
 /// `bpftool`, `nsenter`, `unshare`, `setpriv`, `prlimit`, `iptables` for the init-container
 /// pods, `python3` for the app that reads its socket's storage, `modprobe`, the `bridge` and
-/// `host-local` CNI plugins of the end-to-end chain).
+/// `host-local` CNI plugins of the end-to-end chain) and the CA certificates the agent's
+/// Kubernetes client loads when its kubeconfig names no CA of its own (the simulated node's).
 pub const PACKAGES: &[&str] = &[
     "bash",
     "busybox-static",
     "bpftool",
+    "ca-certificates",
     "containernetworking-plugins",
     "coreutils",
     "dash",
@@ -54,7 +56,7 @@ const SOURCES: &[(&str, &str)] = &[
 const MOUNT_POINTS: &[&str] = &["proc", "sys", "dev", "run", "tmp", "root"];
 
 /// Bumped whenever [`finish`] changes what it does to the unpacked tree.
-const FINISH_VERSION: u32 = 2;
+const FINISH_VERSION: u32 = 3;
 
 /// The unpacked userland for `arch`, built on first use and again when [`PACKAGES`] or
 /// [`finish`] changed (what it was made from is kept in its `.complete`).
@@ -148,6 +150,20 @@ fn finish(root: &Path) -> anyhow::Result<()> {
             symlink(target, &path).with_context(|| format!("linking {}", path.display()))?;
         }
     }
+    // ca-certificates' postinst (update-ca-certificates) writes the bundle TLS clients read.
+    let mut bundle = Vec::new();
+    let mozilla = root.join("usr/share/ca-certificates/mozilla");
+    let mut certs: Vec<PathBuf> = fs::read_dir(&mozilla)
+        .with_context(|| format!("listing {}", mozilla.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    certs.sort();
+    for cert in certs {
+        bundle.extend(fs::read(&cert)?);
+    }
+    fs::create_dir_all(root.join("etc/ssl/certs"))?;
+    fs::write(root.join("etc/ssl/certs/ca-certificates.crt"), bundle)?;
     for needed in [
         "bin/bash",
         "bin/busybox",
