@@ -1,7 +1,8 @@
 //! The linkerd-cni node agent: loads and pins the eBPF programs, meshes the pods the CNI
 //! plugin registers, and keeps their redirection in force.
 //!
-//! Four layers, each a folder, each calling only the ones below it:
+//! Four layers, each a folder, each calling only the ones below it (kept by
+//! `xtask/tests/layers.rs`):
 //!
 //! - [`service`]: the running agent: the registration socket ([`service::server`]), the
 //!   health and metrics endpoint ([`service::health`]), the background passes and the stop

@@ -83,7 +83,7 @@ enum Command {
     Load,
     /// Mount bpffs (if not mounted yet) and exit: the DaemonSet's privileged init step.
     MountBpffs,
-    /// Take linkerd-cni off this node (docs/uninstalling.md): the plugin's conflist entry,
+    /// Take linkerd-cni off this node (docs/operating/uninstalling.md): the plugin's conflist entry,
     /// kubeconfig and binary (configured by Linkerd's installer environment variables), then,
     /// once no pod redirected by it runs, every pin (links, maps, programs), the registry and
     /// the socket. Nothing is touched while an agent answers on the socket. Exits 0 once the

@@ -1,7 +1,7 @@
 //! The agent's log records as a pod's log carries them (issue 37): the binary run with its
 //! standard error a pipe, as the container runtime gives it: `plain` lines carry no ANSI escape
 //! sequences, `json` lines are JSON objects with the plain line's fields, and both go to
-//! standard error (docs/logs.md), standard output keeping only the command's own result.
+//! standard error (docs/operating/logs.md), standard output keeping only the command's own result.
 //! `linkerd-cni-agent uninstall` on a scratch CNI directory is the command: it logs a record
 //! and needs no privilege beyond writing there.
 

@@ -6,7 +6,7 @@
 //! `server`, `load` and `probe`.
 //!
 //! Layers, top first (each folder imports only from the folders below it, kept by
-//! `bench/tests/layers.rs`): [`run`] (the `run` subcommand), [`report`] (results, goals,
+//! `xtask/tests/layers.rs`): [`run`] (the `run` subcommand), [`report`] (results, goals,
 //! markdown, chart), [`scenario`] (what is measured: [`scenario::traffic`] (scenarios 1-3),
 //! [`scenario::podsetup`] (4-5), [`scenario::restart`] (6), [`scenario::apiload`] (7),
 //! [`scenario::crisandbox`] (8), [`scenario::upgrade`] (9), [`scenario::chain`],

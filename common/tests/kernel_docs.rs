@@ -1,4 +1,4 @@
-//! The docs' kernel requirements are the code's: docs/kernel-requirements.md holds the feature
+//! The docs' kernel requirements are the code's: docs/operating/kernel-requirements.md holds the feature
 //! table of `linkerd_cni_common::kernel` row for row, and every place that states the kernel
 //! floor (README.md, deploy/README.md) states the table's.
 
@@ -13,7 +13,7 @@ fn doc(path: &str) -> String {
     fs::read_to_string(&at).unwrap_or_else(|e| panic!("reading {}: {e}", at.display()))
 }
 
-/// The table as docs/kernel-requirements.md shows it.
+/// The table as docs/operating/kernel-requirements.md shows it.
 fn table() -> String {
     let mut out = String::from("| feature | mainline | used by | the probe |\n|---|---|---|---|\n");
     for f in FEATURES {
@@ -31,11 +31,11 @@ fn table() -> String {
 
 #[test]
 fn kernel_requirements_holds_the_feature_table() {
-    let text = doc("docs/kernel-requirements.md");
+    let text = doc("docs/operating/kernel-requirements.md");
     let want = table();
     assert!(
         text.contains(&want),
-        "docs/kernel-requirements.md does not hold the table of common/src/kernel.rs; it \
+        "docs/operating/kernel-requirements.md does not hold the table of common/src/kernel.rs; it \
          should read:\n{want}"
     );
     // No other table row names a feature: one table.
@@ -56,7 +56,7 @@ fn every_stated_floor_is_the_tables() {
     for (path, phrase) in [
         ("README.md", format!("Linux **{floor} or later**")),
         (
-            "docs/kernel-requirements.md",
+            "docs/operating/kernel-requirements.md",
             format!("mainline **{floor} or later**"),
         ),
         ("deploy/README.md", format!("mainline {floor} or later")),

@@ -1,5 +1,6 @@
-//! The linkerd-cni eBPF programs, attached to each meshed pod's cgroup (or to one shared
-//! ancestor, filtered by netns cookie):
+//! The linkerd-cni eBPF programs. The cgroup ones attach to each meshed pod's cgroup (or to
+//! one shared ancestor, filtered by netns cookie); `sk_lookup` runs in each pod's network
+//! namespace, tail-called by a per-pod stub; the iterator is attached to nothing:
 //!
 //! - [`connect`]: `cgroup/connect4`, `cgroup/connect6` send the pod's outbound TCP to the proxy.
 //! - [`sockops`]: records each redirected connection by its 4-tuple, then moves its original
@@ -11,7 +12,13 @@
 //! - [`iter`]: `iter/tcp`, attached to nothing: the agent runs it inside a pod's network
 //!   namespace to adopt a pod whose proxy listened before the programs were attached.
 //!
-//! Every attached program returns 1 (allow): redirection never refuses a connection.
+//! What they return: every cgroup program returns 1 (allow), always: outbound redirection
+//! rewrites the destination and never refuses a connection, and `getsockopt` and
+//! `getpeername` only rewrite answers. `sk_lookup` refuses: it returns `SK_DROP` when a
+//! connection the proxy should take finds no inbound listener (fail closed), and `SK_PASS`
+//! otherwise (with the listener assigned, or for what it lets through); the agent's per-pod
+//! stub returns `SK_DROP` when its tail call fails. `iter/tcp` returns 0 (its output is the
+//! records it writes).
 #![no_std]
 #![no_main]
 // Map keys and values are passed by reference (`&key`) although aya-ebpf's maps take

@@ -3,7 +3,7 @@
 //! CRI-O) runs the plugin through libcni, which copies this stderr into the runtime's own log
 //! (`journalctl -u containerd | grep linkerd-cni:`) when the call succeeds and drops it when the
 //! call fails: a failing call's `msg; details` reach the pod's `FailedCreatePodSandBox` event
-//! instead (docs/logs.md). The kubelet runs no CNI plugin since the dockershim's removal.
+//! instead (docs/operating/logs.md). The kubelet runs no CNI plugin since the dockershim's removal.
 
 use std::{fmt, io::Write};
 

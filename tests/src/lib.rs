@@ -33,6 +33,7 @@ pub mod cniruntime;
 pub mod diag;
 pub mod echo;
 pub mod error;
+pub mod hostfs;
 pub mod iptables;
 pub mod layout;
 pub mod link;

@@ -15,7 +15,10 @@ use std::{
     },
 };
 
-use crate::error::{Error, IoContext, Result};
+use crate::{
+    error::{Error, IoContext, Result},
+    hostfs::{NETNS_RUN_DIR, cgroup2_root, remove_tree},
+};
 
 /// Prefix of every object name this library creates.
 pub const PREFIX: &str = "l5dt-";
@@ -64,7 +67,7 @@ pub fn run(cmd: &mut Command) -> Result<String> {
 pub fn reap_stale() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        if let Ok(entries) = fs::read_dir(crate::netns::NETNS_RUN_DIR) {
+        if let Ok(entries) = fs::read_dir(NETNS_RUN_DIR) {
             for name in entries
                 .flatten()
                 .filter_map(|e| e.file_name().into_string().ok())
@@ -74,12 +77,12 @@ pub fn reap_stale() {
                 }
             }
         }
-        if let Ok(root) = crate::cgroup::cgroup2_root()
+        if let Ok(root) = cgroup2_root()
             && let Ok(entries) = fs::read_dir(&root)
         {
             for e in entries.flatten() {
                 if e.file_name().to_str().is_some_and(is_stale) {
-                    crate::cgroup::remove_tree(&e.path());
+                    remove_tree(&e.path());
                 }
             }
         }

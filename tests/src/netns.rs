@@ -23,8 +23,7 @@ use crate::{
     names::{self, run},
 };
 
-/// Where `ip netns` keeps its bind mounts.
-pub const NETNS_RUN_DIR: &str = "/run/netns";
+pub use crate::hostfs::NETNS_RUN_DIR;
 
 /// `SO_NETNS_COOKIE` (Linux 5.14+): the socket's netns cookie, the value
 /// `bpf_get_netns_cookie` returns for it.

@@ -304,10 +304,10 @@ fn served_metrics(text: &str) -> MetricShapes {
     out
 }
 
-/// What docs/metrics.md lists: its table's rows `| `name` | type | labels | meaning |`.
+/// What docs/operating/metrics.md lists: its table's rows `| `name` | type | labels | meaning |`.
 fn documented_metrics() -> MetricShapes {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
-    let doc = std::fs::read_to_string(&path).expect("docs/metrics.md");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operating/metrics.md");
+    let doc = std::fs::read_to_string(&path).expect("docs/operating/metrics.md");
     doc.lines()
         .filter(|l| l.starts_with("| `"))
         .map(|l| {
@@ -326,19 +326,19 @@ fn documented_metrics() -> MetricShapes {
         .collect()
 }
 
-/// docs/metrics.md lists exactly the metrics the agent serves, with their types and labels
+/// docs/operating/metrics.md lists exactly the metrics the agent serves, with their types and labels
 /// (issue 37).
 fn assert_metrics_documented(text: &str) {
     let (served, documented) = (served_metrics(text), documented_metrics());
     assert_eq!(
         served.keys().collect::<Vec<_>>(),
         documented.keys().collect::<Vec<_>>(),
-        "docs/metrics.md and /metrics list different metrics\n{text}"
+        "docs/operating/metrics.md and /metrics list different metrics\n{text}"
     );
     for (name, shape) in &served {
         assert_eq!(
             shape, &documented[name],
-            "{name}: (type, labels) served vs documented in docs/metrics.md"
+            "{name}: (type, labels) served vs documented in docs/operating/metrics.md"
         );
     }
 }

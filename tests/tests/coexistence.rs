@@ -8,7 +8,7 @@
 //! `getpeername` says the Service address, the proxy's own dial is translated by the tenant to
 //! the backend, and a process of the same network namespace outside the meshed cgroup (an
 //! unmeshed pod) is translated as usual; or the agent refuses the pod (ADD) or reports it
-//! (reconcile pass, CNI CHECK) naming the other program, as docs/failure-modes.md says.
+//! (reconcile pass, CNI CHECK) naming the other program, as docs/operating/failure-modes.md says.
 //!
 //! Run: `cargo test -p linkerd-cni-tests --test coexistence -- --test-threads=1`
 

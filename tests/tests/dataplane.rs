@@ -129,7 +129,7 @@ fn outbound_goes_through_the_proxy_with_the_original_destination() {
         Some(world.server.addr()),
         "getpeername on the app socket"
     );
-    // Not yet its local address (issue 35 item 8, docs/architecture.md "Transparency"): the
+    // Not yet its local address (issue 35 item 8, docs/design/architecture.md "Transparency"): the
     // socket was bound for the proxy's loopback listener, so getsockname says 127.0.0.1 where
     // Linkerd's iptables REDIRECT leaves the pod's own address. A getsockname4/6 pair would
     // turn this into the pod's address.

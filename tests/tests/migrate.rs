@@ -10,7 +10,7 @@
 //! - then the agent starts as our DaemonSet runs it, installer included (`--install`):
 //!   Linkerd's conflist entry is replaced by ours, not duplicated;
 //! - the pods carrying Linkerd's rules are left to those rules (not adopted: adopting them
-//!   broke their inbound `SO_ORIGINAL_DST`, see `docs/migrating.md`), the refusal counted
+//!   broke their inbound `SO_ORIGINAL_DST`, see `docs/operating/migrating.md`), the refusal counted
 //!   once per pod; outbound, inbound and `SO_ORIGINAL_DST` keep working for them, and the
 //!   proxy UID stays exempt;
 //! - a meshed pod that started with no plugin at all (between Linkerd's clean-up and our

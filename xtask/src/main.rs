@@ -22,7 +22,7 @@
 //!   on that kernel (arm64: the data-plane binaries built for aarch64, see `vmtest.rs`).
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied, host crates and the eBPF crate.
 //! - `fuzz [--secs N] [--target NAME]`: every cargo-fuzz target of `fuzz/` for N seconds (60),
-//!   one after another (see `tasks/fuzz.rs` and docs/fuzzing.md).
+//!   one after another (see `tasks/fuzz.rs` and docs/developing/fuzzing.md).
 //! - `test` (alias `ci`): setup, build, lint, then every test (unit in parallel, privileged one at a
 //!   time, each binary under a time limit: see `privileged.rs`), then the privileged binaries
 //!   again on Debian's 6.1 and 6.12 kernels in QEMU guests (`vmtest.rs`), then a table of each

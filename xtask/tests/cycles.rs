@@ -13,18 +13,6 @@ use std::{
 
 use modgraph::{Graph, display, package_graphs};
 
-/// Cycles known and left for now: (crate root, the cycle's modules sorted and joined by `, `,
-/// why it stays).
-const ALLOWED: &[(&str, &str, &str)] = &[
-    (
-        "tests/src/lib.rs",
-        "cgroup, names, netns",
-        "names::reap_stale, which the cgroup and netns guards call when they are made, removes \
-         dead runs' cgroups and netns through cgroup::remove_tree and netns::NETNS_RUN_DIR; \
-         the fix moves those below names (the guards stay above it)",
-    ),
-];
-
 /// The workspace root (xtask lives one level below it).
 fn workspace() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -148,21 +136,10 @@ fn findings(graph: &Graph) -> Vec<(String, String)> {
 fn no_two_modules_of_the_workspace_depend_on_each_other() {
     let workspace = workspace();
     let mut violations = Vec::new();
-    let mut allowed_seen = BTreeSet::new();
     for member in members(&workspace) {
         for graph in package_graphs(&workspace, &member) {
             for (members, path) in findings(&graph) {
-                match ALLOWED
-                    .iter()
-                    .find(|(root, m, _)| *root == graph.root && *m == members)
-                {
-                    Some(allowed) => {
-                        allowed_seen.insert(allowed.1);
-                    }
-                    None => {
-                        violations.push(format!("{}: {path} (the cycle: {members})", graph.root))
-                    }
-                }
+                violations.push(format!("{}: {path} (the cycle: {members})", graph.root));
             }
         }
     }
@@ -171,12 +148,6 @@ fn no_two_modules_of_the_workspace_depend_on_each_other() {
         "modules that depend on each other (move what both use below them both):\n{}",
         violations.join("\n")
     );
-    for (root, members, _) in ALLOWED {
-        assert!(
-            allowed_seen.contains(members),
-            "{root}: the allowed cycle {members} is gone: remove it from ALLOWED"
-        );
-    }
 }
 
 #[test]

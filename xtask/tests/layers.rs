@@ -1,18 +1,42 @@
-//! xtask's layers call only downwards: `main.rs` (the command line) → the tasks (`tasks/`,
-//! `setup.rs`, `release.rs`) → the test runners (`vmtest.rs`, `privileged.rs`) → `build/`
-//! (image → dist → cross → musl → target, elf, ebpf) → `exec.rs` and `phases.rs`.
+//! The workspace's layered crates call only downwards, each by its own table of layers: the
+//! agent ([`AGENT_LAYERS`]), the benchmark ([`BENCH_LAYERS`]) and xtask ([`XTASK_LAYERS`]).
 //!
-//! Reads xtask's module graph (`modgraph/mod.rs`: every `crate::` and `super::` path) and fails
-//! on any module that names one in a layer above its own, or that is in no layer.
+//! Reads each crate's module graph (`modgraph/mod.rs`: every `crate::` and `super::` path,
+//! `crate::{...}` groups included) and fails on any module that names one in a layer above its
+//! own, or that is in no layer; in the crates kept as folders (the agent, the benchmark), on any
+//! source file outside a layer folder but the crate roots.
 
 mod modgraph;
 
-use std::path::Path;
+use std::{fs, path::Path};
 
-/// The layers, top first, each with its modules (a module and everything inside it). A module
-/// may name modules of its own layer and of the layers below it. The crate root (`main.rs`)
-/// is above them all and named by none.
-const LAYERS: &[(&str, &[&str])] = &[
+/// A crate's layers, top first, each with its modules (a module and everything inside it). A
+/// module may name modules of its own layer and of the layers below it. The crate root is above
+/// them all and named by none.
+type Layers = &'static [(&'static str, &'static [&'static str])];
+
+/// The agent's layers: `service` → `agent` → `dataplane` → `host`.
+const AGENT_LAYERS: Layers = &[
+    ("service", &["service"]),
+    ("agent", &["agent"]),
+    ("dataplane", &["dataplane"]),
+    ("host", &["host"]),
+];
+
+/// The benchmark's layers: `run` → `report` → `scenario` → `node` → `workload` → `measure`.
+const BENCH_LAYERS: Layers = &[
+    ("run", &["run"]),
+    ("report", &["report"]),
+    ("scenario", &["scenario"]),
+    ("node", &["node"]),
+    ("workload", &["workload"]),
+    ("measure", &["measure"]),
+];
+
+/// xtask's layers: `main.rs` (the command line) → the tasks (`tasks/`, `setup.rs`,
+/// `release.rs`) → the test runners (`vmtest.rs`, `privileged.rs`) → `build/` (image → dist →
+/// cross → musl → target, elf, ebpf) → `exec.rs` and `phases.rs`.
+const XTASK_LAYERS: Layers = &[
     ("tasks", &["tasks", "setup", "release"]),
     ("test runners", &["vmtest", "privileged"]),
     ("image", &["build::image"]),
@@ -23,12 +47,47 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("exec", &["exec", "phases"]),
 ];
 
-/// Modules that only declare others (`mod` lines and their documentation): in no layer.
-const DECLARATIONS_ONLY: &[&str] = &["build"];
+/// One layered crate.
+struct Layered {
+    /// The package's directory, relative to the workspace.
+    package: &'static str,
+    /// Its crate roots, relative to the workspace (its library first, then its binaries).
+    roots: &'static [&'static str],
+    layers: Layers,
+    /// Modules that only declare others (`mod` lines and their documentation): in no layer.
+    declarations_only: &'static [&'static str],
+    /// Every layer is a folder (`src/<layer>/mod.rs`) and `src/` holds nothing but the crate
+    /// roots and the layer folders.
+    folders: bool,
+}
+
+const CRATES: &[Layered] = &[
+    Layered {
+        package: "agent",
+        roots: &["agent/src/lib.rs", "agent/src/main.rs"],
+        layers: AGENT_LAYERS,
+        declarations_only: &[],
+        folders: true,
+    },
+    Layered {
+        package: "bench",
+        roots: &["bench/src/main.rs"],
+        layers: BENCH_LAYERS,
+        declarations_only: &[],
+        folders: true,
+    },
+    Layered {
+        package: "xtask",
+        roots: &["xtask/src/main.rs"],
+        layers: XTASK_LAYERS,
+        declarations_only: &["build"],
+        folders: false,
+    },
+];
 
 /// The rank of `module`'s layer (0 is the top) by the longest entry it is or is inside of.
-fn rank(module: &str) -> Option<usize> {
-    LAYERS
+fn rank(layers: Layers, module: &str) -> Option<usize> {
+    layers
         .iter()
         .enumerate()
         .flat_map(|(r, (_, entries))| entries.iter().map(move |e| (r, *e)))
@@ -37,39 +96,45 @@ fn rank(module: &str) -> Option<usize> {
         .map(|(r, _)| r)
 }
 
-fn graph() -> modgraph::Graph {
-    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let workspace = xtask.parent().expect("xtask is in the workspace");
-    let mut graphs = modgraph::package_graphs(workspace, xtask);
-    assert_eq!(graphs.len(), 1, "xtask is one crate");
-    let graph = graphs.remove(0);
-    assert_eq!(graph.root, "xtask/src/main.rs");
-    graph
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is in the workspace")
 }
 
-#[test]
-fn no_module_names_one_in_a_layer_above_it() {
-    let graph = graph();
+/// The graphs of the crate's roots, in the order of `roots`.
+fn graphs(layered: &Layered) -> Vec<modgraph::Graph> {
+    let workspace = workspace();
+    let graphs = modgraph::package_graphs(workspace, &workspace.join(layered.package));
+    let roots: Vec<&str> = graphs.iter().map(|g| g.root.as_str()).collect();
+    assert_eq!(roots, layered.roots, "{}'s crate roots", layered.package);
+    graphs
+}
+
+/// Every module of `graph` that names one in a layer above its own, or that is in no layer.
+fn violations(layered: &Layered, graph: &modgraph::Graph) -> Vec<String> {
+    let layers = layered.layers;
     let mut violations = Vec::new();
     for (module, file) in &graph.modules {
-        if module.is_empty() || DECLARATIONS_ONLY.contains(&module.as_str()) {
+        if module.is_empty() || layered.declarations_only.contains(&module.as_str()) {
             continue;
         }
-        let Some(own) = rank(module) else {
+        let Some(own) = rank(layers, module) else {
             violations.push(format!(
-                "{} ({module}) is in no layer: add it to LAYERS",
-                file.display()
+                "{} ({module}) is in no layer: add it to {}'s layers",
+                file.display(),
+                layered.package
             ));
             continue;
         };
         for to in graph.edges.get(module).into_iter().flatten() {
-            match rank(to) {
+            match rank(layers, to) {
                 Some(r) if r >= own => {}
                 Some(r) => violations.push(format!(
                     "{} ({module}, layer {}) uses crate::{to}, in the layer above it: {}",
                     file.display(),
-                    LAYERS[own].0,
-                    LAYERS[r].0
+                    layers[own].0,
+                    layers[r].0
                 )),
                 None => violations.push(format!(
                     "{} ({module}) uses {}, which is in no layer",
@@ -79,32 +144,119 @@ fn no_module_names_one_in_a_layer_above_it() {
             }
         }
     }
+    violations
+}
+
+#[test]
+fn no_module_names_one_in_a_layer_above_it() {
+    let mut violations = Vec::new();
+    for layered in CRATES {
+        for graph in graphs(layered) {
+            violations.extend(self::violations(layered, &graph));
+        }
+    }
     assert!(violations.is_empty(), "{}", violations.join("\n"));
 }
 
 #[test]
 fn the_declaration_only_modules_declare_only() {
-    let graph = graph();
-    for module in DECLARATIONS_ONLY {
-        assert!(
-            graph.modules.contains_key(*module),
-            "{module} is no module of xtask"
-        );
-        assert!(
-            !graph.edges.contains_key(*module),
-            "{module} names other modules: put it in a layer"
-        );
+    for layered in CRATES {
+        let graphs = graphs(layered);
+        for module in layered.declarations_only {
+            let graph = graphs
+                .iter()
+                .find(|g| g.modules.contains_key(*module))
+                .unwrap_or_else(|| panic!("{module} is no module of {}", layered.package));
+            assert!(
+                !graph.edges.contains_key(*module),
+                "{}: {module} names other modules: put it in a layer",
+                layered.package
+            );
+        }
     }
 }
 
 #[test]
 fn every_layer_module_exists() {
-    let graph = graph();
-    for (layer, entries) in LAYERS {
-        for entry in *entries {
+    for layered in CRATES {
+        let graphs = graphs(layered);
+        for (layer, entries) in layered.layers {
+            for entry in *entries {
+                assert!(
+                    graphs.iter().any(|g| g.modules.contains_key(*entry)),
+                    "{}: layer {layer}: {entry} is no module of it",
+                    layered.package
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_layer_folder_exists() {
+    let workspace = workspace();
+    for layered in CRATES.iter().filter(|l| l.folders) {
+        let src = workspace.join(layered.package).join("src");
+        for (_, entries) in layered.layers {
+            for entry in *entries {
+                assert!(
+                    src.join(entry).join("mod.rs").is_file(),
+                    "{}: {entry}/mod.rs",
+                    layered.package
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_module_sits_in_a_layer_folder() {
+    let workspace = workspace();
+    for layered in CRATES.iter().filter(|l| l.folders) {
+        let src = workspace.join(layered.package).join("src");
+        let folders: Vec<&str> = layered
+            .layers
+            .iter()
+            .flat_map(|(_, entries)| entries.iter().copied())
+            .collect();
+        for entry in fs::read_dir(&src).unwrap_or_else(|e| panic!("listing {}: {e}", src.display()))
+        {
+            let path = entry.expect("directory entry").path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if path.is_dir() {
+                assert!(
+                    folders.contains(&name),
+                    "{}: {name}/ is not one of the layers {folders:?}",
+                    layered.package
+                );
+            } else {
+                let file = format!("{}/src/{name}", layered.package);
+                assert!(
+                    layered.roots.contains(&file.as_str()),
+                    "{file}: only the crate roots {:?} sit outside the layers",
+                    layered.roots
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_crate_lists_distinct_layers() {
+    for layered in CRATES {
+        let entries: Vec<&str> = layered
+            .layers
+            .iter()
+            .flat_map(|(_, entries)| entries.iter().copied())
+            .collect();
+        for (i, entry) in entries.iter().enumerate() {
             assert!(
-                graph.modules.contains_key(*entry),
-                "layer {layer}: {entry} is no module of xtask"
+                !entries[..i].contains(entry),
+                "{}: {entry} is in two layers",
+                layered.package
             );
         }
     }
@@ -112,9 +264,11 @@ fn every_layer_module_exists() {
 
 #[test]
 fn layers_rank_a_module_by_its_longest_entry() {
-    assert_eq!(rank("tasks::test"), Some(0));
-    assert_eq!(rank("build::image::tests"), Some(2));
-    assert_eq!(rank("build::target"), Some(6));
-    assert_eq!(rank("build"), None);
-    assert_eq!(rank("builder"), None);
+    assert_eq!(rank(XTASK_LAYERS, "tasks::test"), Some(0));
+    assert_eq!(rank(XTASK_LAYERS, "build::image::tests"), Some(2));
+    assert_eq!(rank(XTASK_LAYERS, "build::target"), Some(6));
+    assert_eq!(rank(XTASK_LAYERS, "build"), None);
+    assert_eq!(rank(XTASK_LAYERS, "builder"), None);
+    assert_eq!(rank(AGENT_LAYERS, "dataplane::maps"), Some(2));
+    assert_eq!(rank(BENCH_LAYERS, "measure"), Some(5));
 }

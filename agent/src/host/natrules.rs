@@ -3,7 +3,7 @@
 //! plugin), `PROXY_INIT_REDIRECT` and `PROXY_INIT_OUTPUT`. A pod that carries them is meshed
 //! by them already, and attaching our programs on top breaks its inbound connections (they
 //! reach the proxy REDIRECTed to its inbound port, which `sockops` then records as their
-//! original destination; see `docs/migrating.md`), so adoption leaves such a pod alone.
+//! original destination; see `docs/operating/migrating.md`), so adoption leaves such a pod alone.
 //!
 //! Read from the calling thread's namespace, without running `iptables` and without creating
 //! anything in it:

@@ -1,4 +1,4 @@
-//! The agent's log records, on standard error (docs/logs.md), in one of two formats
+//! The agent's log records, on standard error (docs/operating/logs.md), in one of two formats
 //! ([`LogFormat`], `--log-format`, `LINKERD_CNI_AGENT_LOG_FORMAT`, the chart's
 //! `agent.logFormat`), as Linkerd's proxy and controllers take `plain` or `json`:
 //!

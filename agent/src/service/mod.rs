@@ -14,10 +14,7 @@ use anyhow::Context;
 use linkerd_cni_installer::Installer;
 use linkerd_cni_k8s::termination::{Termination, termination};
 
-use crate::{
-    Agent, AgentConfig,
-    agent::{adopt::Adopter, reconcile::Reconciler},
-};
+use crate::agent::{Agent, AgentConfig, adopt::Adopter, reconcile::Reconciler};
 
 pub mod health;
 pub mod inspect;

@@ -5,7 +5,7 @@
 //! cargo-fuzz drives libFuzzer, whose instrumentation needs `-Z` compiler flags: on the stable
 //! toolchain they are allowed with `RUSTC_BOOTSTRAP=1`, set here for cargo-fuzz only (the rest
 //! of the build never sees it). A crash leaves its input in `fuzz/artifacts/<target>/`; keep it
-//! as a regression test in the crate it concerns (docs/fuzzing.md).
+//! as a regression test in the crate it concerns (docs/developing/fuzzing.md).
 
 use std::{
     fs,

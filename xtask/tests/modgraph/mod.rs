@@ -14,6 +14,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
+#[cfg(test)]
+mod tests;
+
 /// One crate's modules and what each depends on.
 pub struct Graph {
     /// The crate root, relative to the workspace (`agent/src/lib.rs`).
