@@ -19,7 +19,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use linkerd_cni_agent::{
@@ -563,4 +563,97 @@ fn a_socket_map_whose_sockets_cannot_be_carried_over_is_refused() {
     fs::remove_file(&pin).expect("unpin");
     bpf_sys::obj_pin(&original, &pin).expect("pin the original map back");
     h.start_again();
+}
+
+/// A hash map walked key by key goes back to its first key when the key in hand was deleted
+/// meanwhile (the kernel's `BPF_MAP_GET_NEXT_KEY`, asked here): under load such a walk need not
+/// end. The layout migration's copy walks hash maps by bucket (`BPF_MAP_LOOKUP_BATCH`) instead:
+/// with one thread adding and deleting entries as fast as it can, the copy ends and carries
+/// every entry that was there throughout.
+#[test]
+fn copying_a_hash_map_whose_entries_come_and_go_ends_and_keeps_the_steady_ones() {
+    use linkerd_cni_agent::dataplane::layout::{MapSpec, copy_entries};
+    const STEADY: u32 = 20_000;
+    let create = |name: &str| {
+        bpf_sys::map_create(bpf_sys::MAP_TYPE_HASH, 4, 8, 65536, 0, name, None)
+            .expect("create a hash map")
+    };
+    let (from, to) = (create("l5dt_from"), create("l5dt_to"));
+
+    // The kernel's key-by-key walk: a deleted key in hand restarts it.
+    for k in [1u32, 2, 3] {
+        bpf_sys::map_update(&from, &k.to_ne_bytes(), &u64::from(k).to_ne_bytes()).expect("insert");
+    }
+    let mut first = [0u8; 4];
+    assert!(bpf_sys::map_next_key(&from, None, &mut first).expect("first key"));
+    let mut second = [0u8; 4];
+    assert!(bpf_sys::map_next_key(&from, Some(&first), &mut second).expect("second key"));
+    assert_ne!(first, second);
+    bpf_sys::map_delete(&from, &second).expect("delete the key in hand");
+    let mut after = [0u8; 4];
+    assert!(
+        bpf_sys::map_next_key(&from, Some(&second), &mut after).expect("next of a deleted key")
+    );
+    assert_eq!(after, first, "the walk went back to the first key");
+    for k in [1u32, 2, 3] {
+        let _ = bpf_sys::map_delete(&from, &k.to_ne_bytes());
+    }
+
+    for k in 0..STEADY {
+        bpf_sys::map_update(&from, &k.to_ne_bytes(), &u64::from(k).to_ne_bytes()).expect("insert");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (churning, churn_started) = std::sync::mpsc::channel();
+    let churn = {
+        let stop = stop.clone();
+        let from = from.try_clone().expect("dup the map fd");
+        // Connections opening in bursts and closing: a thousand entries added, then deleted.
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for k in STEADY..STEADY + 1000 {
+                    bpf_sys::map_update(&from, &k.to_ne_bytes(), &0u64.to_ne_bytes())
+                        .expect("churn insert");
+                }
+                for k in STEADY..STEADY + 1000 {
+                    bpf_sys::map_delete(&from, &k.to_ne_bytes()).expect("churn delete");
+                }
+                let _ = churning.send(());
+            }
+        })
+    };
+    churn_started.recv().expect("the churn thread runs");
+    let spec = MapSpec {
+        name: "l5dt_from".into(),
+        map_type: bpf_sys::MAP_TYPE_HASH,
+        key_size: 4,
+        value_size: 8,
+        max_entries: 65536,
+        map_flags: 0,
+        typed: false,
+    };
+    let started = Instant::now();
+    let (done, copy) = std::sync::mpsc::channel();
+    {
+        let (from, to) = (from.try_clone().expect("dup"), to.try_clone().expect("dup"));
+        // A walk that never ends is left running: the process ends with the test binary.
+        thread::spawn(move || {
+            let _ = done.send(copy_entries(&from, &to, &spec));
+        });
+    }
+    let copied = copy.recv_timeout(TIMEOUT);
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    churn.join().expect("churn thread");
+    let copied = copied
+        .unwrap_or_else(|_| panic!("the copy had not ended after {took:?}"))
+        .expect("copy");
+    assert!(copied >= u64::from(STEADY), "copied {copied}");
+    for k in 0..STEADY {
+        let mut value = [0u8; 8];
+        assert!(
+            bpf_sys::map_lookup(&to, &k.to_ne_bytes(), &mut value).expect("lookup"),
+            "steady key {k} was not copied"
+        );
+        assert_eq!(u64::from_ne_bytes(value), u64::from(k));
+    }
 }

@@ -81,6 +81,10 @@ pub const FOREIGN_DEFAULT: &[&str] = &[
 /// Where the end-to-end tests find a CNI runtime built for the guest (the tests build their
 /// own with the host's Go otherwise): `tests/src/cniruntime.rs` reads it.
 const CNI_RUNTIME_ENV: &str = "LINKERD_CNI_TEST_CNI_RUNTIME";
+/// How many times slower than the host the tests' start-up limits allow
+/// (`tests/src/node/mod.rs` reads it); [`FOREIGN_LIMIT_FACTOR`] in a guest of another
+/// architecture.
+const SLOWDOWN_ENV: &str = "LINKERD_CNI_TEST_SLOWDOWN";
 
 /// A privileged test binary, built on the host.
 #[derive(Clone, Debug)]
@@ -484,7 +488,10 @@ pub fn run_guest(
         let runtime = foreign_bin_dir(arch)
             .join("cniruntime")
             .join("linkerd-cni-runtime");
-        vec![(CNI_RUNTIME_ENV, runtime.display().to_string())]
+        vec![
+            (CNI_RUNTIME_ENV, runtime.display().to_string()),
+            (SLOWDOWN_ENV, FOREIGN_LIMIT_FACTOR.to_string()),
+        ]
     } else {
         Vec::new()
     };

@@ -26,6 +26,7 @@ use linkerd_cni_common::names::Hook;
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
@@ -34,6 +35,7 @@ const BPF_PROG_ATTACH: libc::c_long = 8;
 const BPF_PROG_DETACH: libc::c_long = 9;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_BTF_LOAD: libc::c_long = 18;
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_ITER_CREATE: libc::c_long = 33;
@@ -452,12 +454,16 @@ pub fn link_update(link: impl AsFd, new_prog: impl AsFd) -> io::Result<()> {
     bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
 }
 
+/// `BPF_MAP_TYPE_HASH`.
+pub const MAP_TYPE_HASH: u32 = 1;
 /// `BPF_MAP_TYPE_ARRAY`.
 pub const MAP_TYPE_ARRAY: u32 = 2;
 /// `BPF_MAP_TYPE_PERCPU_HASH`.
 pub const MAP_TYPE_PERCPU_HASH: u32 = 5;
 /// `BPF_MAP_TYPE_PERCPU_ARRAY`.
 pub const MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+/// `BPF_MAP_TYPE_LRU_HASH`.
+pub const MAP_TYPE_LRU_HASH: u32 = 9;
 /// `BPF_MAP_TYPE_LRU_PERCPU_HASH`.
 pub const MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
 /// `BPF_MAP_TYPE_SOCKMAP`.
@@ -575,6 +581,12 @@ pub fn map_update(map: impl AsFd, key: &[u8], value: &[u8]) -> io::Result<()> {
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
 }
 
+/// `BPF_MAP_DELETE_ELEM` with raw bytes.
+pub fn map_delete(map: impl AsFd, key: &[u8]) -> io::Result<()> {
+    let mut attr = elem_attr(map.as_fd(), key.as_ptr(), 0, 0);
+    bpf(BPF_MAP_DELETE_ELEM, &mut attr).map(drop)
+}
+
 /// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first one with `None`) into `next`.
 /// `Ok(false)` at the end.
 pub fn map_next_key(map: impl AsFd, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
@@ -583,6 +595,57 @@ pub fn map_next_key(map: impl AsFd, key: Option<&[u8]>, next: &mut [u8]) -> io::
     match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
         Ok(_) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// What one [`map_lookup_batch`] call gave.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Batch {
+    /// `n` entries, and more may follow from the returned cursor.
+    More { n: usize, next: u32 },
+    /// The last `n` entries: the map has been walked to its end.
+    Done { n: usize },
+    /// One bucket holds more entries than `keys` has room for: retry with more room.
+    NoRoom,
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` on a hash map (plain, LRU, per-CPU): up to `keys.len() / key_size`
+/// entries from the bucket `cursor` on (the start with `None`) into `keys` and `values`
+/// (`value_len` bytes each, all CPUs' copies for per-CPU maps). Its cursor is a bucket index, so
+/// entries deleted meanwhile do not send the walk back to the start as `BPF_MAP_GET_NEXT_KEY`
+/// does when the key it is given has gone (which, on a map whose entries come and go faster
+/// than the walk moves, never ends).
+pub fn map_lookup_batch(
+    map: impl AsFd,
+    cursor: Option<u32>,
+    key_size: usize,
+    keys: &mut [u8],
+    values: &mut [u8],
+) -> io::Result<Batch> {
+    let room = (keys.len() / key_size.max(1)) as u32;
+    let in_batch = cursor.unwrap_or(0);
+    let mut out_batch: u32 = 0;
+    let mut attr = Attr::new();
+    attr.put_u64(
+        0,
+        if cursor.is_some() {
+            &in_batch as *const u32 as u64
+        } else {
+            0
+        },
+    )
+    .put_u64(8, &mut out_batch as *mut u32 as u64)
+    .put_u64(16, keys.as_mut_ptr() as u64)
+    .put_u64(24, values.as_mut_ptr() as u64)
+    .put_u32(32, room)
+    .put_u32(36, map.as_fd().as_raw_fd() as u32);
+    let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+    let n = u32::from_ne_bytes(attr.0[32..36].try_into().expect("4 bytes")) as usize;
+    match result {
+        Ok(_) => Ok(Batch::More { n, next: out_batch }),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Batch::Done { n }),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => Ok(Batch::NoRoom),
         Err(e) => Err(e),
     }
 }

@@ -24,7 +24,7 @@
 
 use std::{
     fs, io,
-    os::fd::{AsFd, OwnedFd},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -455,6 +455,12 @@ fn count_entries(map: impl AsFd, key_size: u32) -> io::Result<u64> {
 
 /// Copies every entry of `from` into `to` (same key and value sizes), overwriting. Entries
 /// that vanish while copying (closed connections) are skipped. Returns how many were copied.
+///
+/// Hash maps are walked with `BPF_MAP_LOOKUP_BATCH`, whose cursor is a bucket: walked key by
+/// key, a map whose entries come and go while it is copied (connections opening and closing
+/// under load) sends the walk back to its first key each time the key in hand is deleted, and
+/// on a slow machine under load the copy never ended (the agent's start hung in an arm64
+/// guest). Arrays, whose keys are never deleted, are walked key by key.
 pub fn copy_entries(from: impl AsFd, to: impl AsFd, spec: &MapSpec) -> io::Result<u64> {
     let per_cpu = matches!(
         spec.map_type,
@@ -468,16 +474,77 @@ pub fn copy_entries(from: impl AsFd, to: impl AsFd, spec: &MapSpec) -> io::Resul
     } else {
         spec.value_size as usize
     };
-    let mut key = vec![0u8; spec.key_size as usize];
-    let mut next = vec![0u8; spec.key_size as usize];
+    let hash = matches!(
+        spec.map_type,
+        bpf_sys::MAP_TYPE_HASH
+            | bpf_sys::MAP_TYPE_LRU_HASH
+            | bpf_sys::MAP_TYPE_PERCPU_HASH
+            | bpf_sys::MAP_TYPE_LRU_PERCPU_HASH
+    );
+    if hash {
+        copy_hash_entries(from.as_fd(), to.as_fd(), spec.key_size as usize, value_len)
+    } else {
+        copy_keyed_entries(from.as_fd(), to.as_fd(), spec.key_size as usize, value_len)
+    }
+}
+
+/// Entries per `BPF_MAP_LOOKUP_BATCH` call to begin with (doubled when one bucket holds more).
+const BATCH: usize = 256;
+
+fn copy_hash_entries(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    key_size: usize,
+    value_len: usize,
+) -> io::Result<u64> {
+    let mut room = BATCH;
+    let mut keys = vec![0u8; room * key_size];
+    let mut values = vec![0u8; room * value_len];
+    let mut cursor = None;
+    let mut copied = 0;
+    loop {
+        let (n, next) =
+            match bpf_sys::map_lookup_batch(from, cursor, key_size, &mut keys, &mut values)? {
+                bpf_sys::Batch::More { n, next } => (n, Some(next)),
+                bpf_sys::Batch::Done { n } => (n, None),
+                bpf_sys::Batch::NoRoom => {
+                    room *= 2;
+                    keys.resize(room * key_size, 0);
+                    values.resize(room * value_len, 0);
+                    continue;
+                }
+            };
+        for i in 0..n {
+            bpf_sys::map_update(
+                to,
+                &keys[i * key_size..(i + 1) * key_size],
+                &values[i * value_len..(i + 1) * value_len],
+            )?;
+            copied += 1;
+        }
+        match next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(copied),
+        }
+    }
+}
+
+fn copy_keyed_entries(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    key_size: usize,
+    value_len: usize,
+) -> io::Result<u64> {
+    let mut key = vec![0u8; key_size];
+    let mut next = vec![0u8; key_size];
     let mut value = vec![0u8; value_len];
     let mut copied = 0;
     let mut first = true;
-    while bpf_sys::map_next_key(from.as_fd(), (!first).then_some(&key[..]), &mut next)? {
+    while bpf_sys::map_next_key(from, (!first).then_some(&key[..]), &mut next)? {
         first = false;
         std::mem::swap(&mut key, &mut next);
-        if bpf_sys::map_lookup(from.as_fd(), &key, &mut value)? {
-            bpf_sys::map_update(to.as_fd(), &key, &value)?;
+        if bpf_sys::map_lookup(from, &key, &mut value)? {
+            bpf_sys::map_update(to, &key, &value)?;
             copied += 1;
         }
     }

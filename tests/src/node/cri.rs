@@ -38,8 +38,8 @@ use linkerd_cni_fake_apiserver::FakeApiServer;
 
 use super::{
     AGENT_BIN, ApiServerProcess, BRIDGE, NETWORK_NAME, NODE_NAME, PLUGIN_BIN, POD_SUBNET, PodSpec,
-    START_TIMEOUT, apifront::ApiFront, free_port, http_get, noderoot::NodeRoot, read_state,
-    sim::PinRoot, sim::write_manifest, wait_until, workspace_bin,
+    apifront::ApiFront, free_port, http_get, noderoot::NodeRoot, read_state, sim::PinRoot,
+    sim::write_manifest, start_timeout, wait_until, workspace_bin,
 };
 use crate::{
     bins,
@@ -537,7 +537,7 @@ impl CriNode {
             .stdout(Stdio::null())
             .stderr(log);
         let mut agent = ChildGuard::spawn(&mut cmd)?;
-        let deadline = Instant::now() + START_TIMEOUT;
+        let deadline = Instant::now() + start_timeout();
         loop {
             if let Some(status) = agent.try_wait()? {
                 return Err(Error::Missing(format!(
@@ -554,7 +554,7 @@ impl CriNode {
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     what: "the agent's readiness (plugin in the conflist)".into(),
-                    timeout: START_TIMEOUT,
+                    timeout: start_timeout(),
                     detail: self.diagnostics(),
                 });
             }
@@ -642,7 +642,7 @@ state = "{state}"
         })?;
         self.containerd = Some(child);
         let sock = self.containerd_socket();
-        let deadline = Instant::now() + START_TIMEOUT;
+        let deadline = Instant::now() + start_timeout();
         let channel = loop {
             if let Some(c) = self.containerd.as_mut()
                 && let Some(status) = c.try_wait()?
@@ -661,7 +661,7 @@ state = "{state}"
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     what: "containerd's start".into(),
-                    timeout: START_TIMEOUT,
+                    timeout: start_timeout(),
                     detail: self.diagnostics(),
                 });
             }
@@ -671,7 +671,7 @@ state = "{state}"
         // CRI answers once its plugin is up; its network is ready once it loaded our conflist.
         wait_until(
             "containerd's CRI to report its network ready",
-            START_TIMEOUT,
+            start_timeout(),
             || {
                 let status = self
                     .rt
@@ -993,7 +993,7 @@ state = "{state}"
             },
         )?;
         let ready = self.log_dir(sandbox).join("proxy.ready");
-        wait_until("the proxy container to listen", START_TIMEOUT, || {
+        wait_until("the proxy container to listen", start_timeout(), || {
             ready.exists().then_some(())
         })
         .map_err(|e| Error::Missing(format!("{e}\n{}", self.diagnostics())))?;

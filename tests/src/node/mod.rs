@@ -75,8 +75,26 @@ pub const BPFFS: &str = paths::BPFFS;
 
 /// How long one CNI operation may take.
 pub const CNI_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long the agent and the API server may take to come up.
+/// How long the agent and the API server may take to come up, on the host (see
+/// [`start_timeout`]).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many times slower than the host the tests run here: `$LINKERD_CNI_TEST_SLOWDOWN` (a
+/// whole factor, 1 when unset). `cargo xtask vmtest` sets it for a guest of another
+/// architecture, whose every instruction is emulated: an agent that loads and verifies its
+/// programs in 1 s on the host took 9 to over 30 s in the arm64 guest.
+pub const SLOWDOWN_ENV: &str = "LINKERD_CNI_TEST_SLOWDOWN";
+
+/// How long the agent and the API server may take to come up here: [`START_TIMEOUT`] times
+/// the slowdown ([`SLOWDOWN_ENV`]).
+fn start_timeout() -> Duration {
+    let slowdown = std::env::var(SLOWDOWN_ENV)
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    START_TIMEOUT * slowdown
+}
 
 /// The chart's `cni_network_config` with its default values (`__KUBECONFIG_FILEPATH__` left
 /// for the installer to replace), talking to the agent at `agent_socket`.

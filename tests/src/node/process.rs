@@ -12,7 +12,7 @@ use std::{
 use linkerd_cni_fake_apiserver::RecordedRequest;
 use nix::sys::signal::Signal;
 
-use super::{APISERVER_BIN, START_TIMEOUT, http_get, signal, workspace_bin};
+use super::{APISERVER_BIN, http_get, signal, start_timeout, workspace_bin};
 use crate::{
     child::ChildGuard,
     error::{Error, IoContext, Result},
@@ -53,11 +53,13 @@ impl ApiServerProcess {
             let _ = BufReader::new(stdout).read_line(&mut line);
             let _ = tx.send(line);
         });
-        let line = rx.recv_timeout(START_TIMEOUT).map_err(|_| Error::Timeout {
-            what: "the fake API server's start".into(),
-            timeout: START_TIMEOUT,
-            detail: fs::read_to_string(log).unwrap_or_default(),
-        })?;
+        let line = rx
+            .recv_timeout(start_timeout())
+            .map_err(|_| Error::Timeout {
+                what: "the fake API server's start".into(),
+                timeout: start_timeout(),
+                detail: fs::read_to_string(log).unwrap_or_default(),
+            })?;
         let addr = line
             .trim()
             .strip_prefix("listening on http://")

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::{
     AGENT_BIN, AgentCommand, AgentProcess, AgentState, ApiForward, ApiServerProcess, BPFFS, BRIDGE,
     CNI_TIMEOUT, CNI_VERSION, IFNAME, NETWORK_NAME, NODE_NAME, NodeOptions, PLUGIN_BIN, POD_SUBNET,
-    PluginOutcome, PodSpec, START_TIMEOUT, SimPod, free_port, http_get, read_state, run_plugin,
+    PluginOutcome, PodSpec, SimPod, free_port, http_get, read_state, run_plugin, start_timeout,
     wait_until, workspace_bin,
 };
 use crate::{
@@ -417,7 +417,7 @@ impl SimNode {
         };
         let mut agent = AgentProcess::spawn(&command)?;
         // /live answers once the registration socket is bound.
-        agent.wait_ready(START_TIMEOUT, Duration::from_millis(20), |a| {
+        agent.wait_ready(start_timeout(), Duration::from_millis(20), |a| {
             matches!(
                 http_get(a.health_addr(), "/live", Duration::from_secs(1)),
                 Ok((200, _))
