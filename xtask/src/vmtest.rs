@@ -352,6 +352,9 @@ pub fn ci(args: &[String], started: Instant, phases: &mut Phases) -> anyhow::Res
 /// test filter, on a commit with no uncommitted change, is recorded for `cargo xtask release`
 /// ([`record_pass`]).
 pub fn vmtest(kernel: &str, arch: Arch, only: &[String], args: &[String]) -> anyhow::Result<()> {
+    // The commit the binaries are built from, if the work tree is as committed: a pass is
+    // recorded for it only if it is still the checkout's when the run ends.
+    let built_from = clean_commit()?;
     let binaries = build(only, arch)?;
     let outcome = run_guest(kernel, arch, &binaries, args, None)?;
     let whole = args.is_empty()
@@ -359,7 +362,7 @@ pub fn vmtest(kernel: &str, arch: Arch, only: &[String], args: &[String]) -> any
             .iter()
             .all(|d| binaries.iter().any(|b| b.name == *d));
     if !arch.is_host() && whole && outcome.failed.is_empty() && outcome.passed > 0 {
-        record_pass(arch, &outcome, &binaries)?;
+        record_pass(arch, &outcome, &binaries, built_from.as_deref())?;
     }
     if !outcome.failed.is_empty() {
         bail!(
@@ -397,13 +400,20 @@ fn clean_commit() -> anyhow::Result<Option<String>> {
     Ok((!dirty).then_some(commit))
 }
 
-/// Records that every binary of [`FOREIGN_DEFAULT`] passed on `arch` for the checkout's
-/// commit (nothing when the work tree has uncommitted changes: the binaries were not the
-/// commit's).
-fn record_pass(arch: Arch, outcome: &Outcome, binaries: &[TestBinary]) -> anyhow::Result<()> {
-    let Some(commit) = clean_commit()? else {
+/// Records that every binary of [`FOREIGN_DEFAULT`] passed on `arch` for `built_from`, the
+/// commit the binaries were built from (nothing when the work tree had uncommitted changes, or
+/// the checkout is at another commit now: the binaries were not the commit's).
+fn record_pass(
+    arch: Arch,
+    outcome: &Outcome,
+    binaries: &[TestBinary],
+    built_from: Option<&str>,
+) -> anyhow::Result<()> {
+    let now = clean_commit()?;
+    let (Some(commit), true) = (built_from, now.as_deref() == built_from) else {
         eprintln!(
-            "vmtest: not recorded for `cargo xtask release`: the work tree has uncommitted changes"
+            "vmtest: not recorded for `cargo xtask release`: the work tree had uncommitted \
+             changes, or the checkout moved to another commit during the run"
         );
         return Ok(());
     };

@@ -84,25 +84,14 @@ pub fn test(
     ebpf_object: &Path,
     test_args: &[&str],
 ) -> anyhow::Result<()> {
-    let triple = target.triple();
-    let mut cmd = cargo_for(target)?;
-    cmd.arg("test").env("LINKERD_CNI_EBPF_OBJECT", ebpf_object);
+    // Every crate of the test binaries is linked here, not only a final one: the flags go to
+    // all of them (`-C linker=` and `-L` change no code).
+    let mut cmd = cargo_all_static(target, "test")?;
+    cmd.env("LINKERD_CNI_EBPF_OBJECT", ebpf_object);
     for p in packages {
         cmd.args(["-p", p]);
     }
-    cmd.args(["--no-fail-fast", "--lib", "--target", &triple]);
-    if target.std_source() == StdSource::DebianBuildStd {
-        cmd.arg("-Zbuild-std=std,panic_unwind");
-    }
-    let mut flags = remap_flags();
-    flags.extend(
-        link_flags(target)?
-            .into_iter()
-            .map(|f| f.to_string_lossy().into_owned()),
-    );
-    // Every crate of the test binaries is linked here, not only a final one: the flags go to
-    // all of them (`-C linker=` and `-L` change no code).
-    cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"));
+    cmd.args(["--no-fail-fast", "--lib"]);
     if !target.arch.is_host() {
         let qemu = qemu(target.arch);
         if !Path::new(&qemu).exists() {
