@@ -752,8 +752,21 @@ one() {{
     name=$1; exe=$2; shift 2
     echo "vmtest: $name"
     start=$(date +%s)
-    timeout -s KILL {limit} "$exe" "$@" --test-threads=1 >"$out/$name.log" 2>&1
+    "$exe" "$@" --test-threads=1 >"$out/$name.log" 2>&1 &
+    pid=$!
+    # Past the limit: every thread's state and kernel stack, and where gdb is, the binary's
+    # backtraces, into $name.stuck; then KILL.
+    ( sleep {limit}; kill -0 $pid 2>/dev/null || exit 0
+      for t in /proc/[0-9]*/task/[0-9]*; do
+          echo "== $t $(cat $t/comm 2>/dev/null) $(cut -d' ' -f3 $t/stat 2>/dev/null) wchan=$(cat $t/wchan 2>/dev/null) syscall=$(cat $t/syscall 2>/dev/null)"
+          cat $t/stack 2>/dev/null
+      done >"$out/$name.stuck"
+      command -v gdb >/dev/null && timeout 300 gdb -p $pid -batch -ex 'thread apply all bt' >>"$out/$name.stuck" 2>&1
+      kill -KILL $pid ) &
+    watchdog=$!
+    wait $pid
     rc=$?
+    kill $watchdog 2>/dev/null
     if [ $rc -ne 0 ]; then dmesg >"$out/$name.dmesg"; fi
     echo "$name $rc $(( $(date +%s) - start ))" >>"$out/status"
 }}

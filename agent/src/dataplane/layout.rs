@@ -458,9 +458,9 @@ fn count_entries(map: impl AsFd, key_size: u32) -> io::Result<u64> {
 ///
 /// Hash maps are walked with `BPF_MAP_LOOKUP_BATCH`, whose cursor is a bucket: walked key by
 /// key, a map whose entries come and go while it is copied (connections opening and closing
-/// under load) sends the walk back to its first key each time the key in hand is deleted, and
-/// on a slow machine under load the copy never ended (the agent's start hung in an arm64
-/// guest). Arrays, whose keys are never deleted, are walked key by key.
+/// under load) sends the walk back to its first key each time the key in hand is deleted (the
+/// kernel's `BPF_MAP_GET_NEXT_KEY`, asserted in `tests/tests/layout.rs`), so the copy is not
+/// bounded by the map's size. Arrays, whose keys are never deleted, are walked key by key.
 pub fn copy_entries(from: impl AsFd, to: impl AsFd, spec: &MapSpec) -> io::Result<u64> {
     let per_cpu = matches!(
         spec.map_type,

@@ -23,7 +23,8 @@ use crate::{build::target::Arch, exec::run};
 /// `bpftool`, `nsenter`, `unshare`, `setpriv`, `prlimit`, `iptables` for the init-container
 /// pods, `python3` for the app that reads its socket's storage, `modprobe`, the `bridge` and
 /// `host-local` CNI plugins of the end-to-end chain) and the CA certificates the agent's
-/// Kubernetes client loads when its kubeconfig names no CA of its own (the simulated node's).
+/// Kubernetes client loads when its kubeconfig names no CA of its own (the simulated node's);
+/// `gdb` for the backtraces of a binary that runs past its limit.
 pub const PACKAGES: &[&str] = &[
     "bash",
     "busybox-static",
@@ -33,6 +34,7 @@ pub const PACKAGES: &[&str] = &[
     "coreutils",
     "dash",
     "findutils",
+    "gdb-minimal",
     "grep",
     "iproute2",
     "iptables",
