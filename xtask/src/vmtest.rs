@@ -417,7 +417,7 @@ fn record_pass(
         );
         return Ok(());
     };
-    let path = pass_record(&commit, arch);
+    let path = pass_record(commit, arch);
     fs::create_dir_all(path.parent().context("record path")?)?;
     let names: Vec<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
     fs::write(

@@ -88,12 +88,16 @@ pub const SLOWDOWN_ENV: &str = "LINKERD_CNI_TEST_SLOWDOWN";
 /// How long the agent and the API server may take to come up here: [`START_TIMEOUT`] times
 /// the slowdown ([`SLOWDOWN_ENV`]).
 fn start_timeout() -> Duration {
-    let slowdown = std::env::var(SLOWDOWN_ENV)
+    START_TIMEOUT * slowdown()
+}
+
+/// The slowdown factor of [`SLOWDOWN_ENV`] (at least 1).
+pub fn slowdown() -> u32 {
+    std::env::var(SLOWDOWN_ENV)
         .ok()
         .and_then(|s| s.parse::<u32>().ok())
         .unwrap_or(1)
-        .max(1);
-    START_TIMEOUT * slowdown
+        .max(1)
 }
 
 /// The chart's `cni_network_config` with its default values (`__KUBECONFIG_FILEPATH__` left
@@ -162,7 +166,8 @@ impl Default for NodeOptions {
     fn default() -> Self {
         Self {
             reap_interval: Duration::from_secs(10),
-            agent_timeout_ms: 10_000,
+            // The plugin's wait for the agent, longer where everything runs slower.
+            agent_timeout_ms: 10_000 * u64::from(slowdown()),
             plugin_log_level: "debug".into(),
             agent_log_level: "info,linkerd_cni_agent=debug".into(),
             reconcile_interval: None,
