@@ -1,5 +1,5 @@
-//! Running commands from the workspace: its root, cargo, a command that fails with its command
-//! line, and whether this task runs as root. Every other module builds on these.
+//! Running commands from the workspace: its root, cargo, git, a command that fails with its
+//! command line (or gives its output), and whether this task runs as root. Every other module builds on these.
 
 use std::{path::PathBuf, process::Command};
 
@@ -20,6 +20,28 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
         bail!("{line} failed: {status}");
     }
     Ok(())
+}
+
+/// The standard output of a command, failing with its command line and standard error.
+pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `git <args>` in the workspace: its output, trimmed.
+pub fn git(args: &[&str]) -> anyhow::Result<String> {
+    Ok(
+        output(Command::new("git").args(args).current_dir(workspace()))?
+            .trim()
+            .to_string(),
+    )
 }
 
 /// The cargo running this task (`CARGO`), started in the workspace root.

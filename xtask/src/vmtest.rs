@@ -43,7 +43,7 @@ use crate::{
         cross,
         target::{Arch, Libc, Target},
     },
-    exec::{cargo, run, workspace},
+    exec::{cargo, git, run, workspace},
     phases::Phases,
 };
 
@@ -388,13 +388,6 @@ fn pass_record(commit: &str, arch: Arch) -> PathBuf {
 
 /// The checkout's commit, if its tracked files are as committed.
 fn clean_commit() -> anyhow::Result<Option<String>> {
-    let git = |args: &[&str]| -> anyhow::Result<String> {
-        Ok(
-            kernel::output(Command::new("git").args(args).current_dir(workspace()))?
-                .trim()
-                .to_string(),
-        )
-    };
     let commit = git(&["rev-parse", "HEAD"])?;
     let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
     Ok((!dirty).then_some(commit))

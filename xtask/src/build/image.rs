@@ -32,7 +32,6 @@ use std::{
     collections::BTreeMap,
     io::Write,
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use anyhow::{Context, bail};
@@ -46,7 +45,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::{
     build::{dist, target::Arch},
-    exec::workspace,
+    exec::{git, workspace},
 };
 
 /// The chart, whose files name the image.
@@ -156,21 +155,6 @@ impl Provenance {
     /// holds what the commit does not).
     pub fn of_checkout() -> anyhow::Result<Self> {
         let root = workspace();
-        let git = |args: &[&str]| -> anyhow::Result<String> {
-            let out = Command::new("git")
-                .args(args)
-                .current_dir(&root)
-                .output()
-                .context("running git")?;
-            if !out.status.success() {
-                bail!(
-                    "git {} failed: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        };
         let revision = git(&["rev-parse", "HEAD"])?;
         let epoch = match std::env::var("SOURCE_DATE_EPOCH") {
             Ok(s) => s

@@ -11,7 +11,10 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{build::target::Arch, exec::run};
+use crate::{
+    build::target::Arch,
+    exec::{output, run},
+};
 
 /// The kernel lines `--kernel` names, the Debian suites that carry them, and the package whose
 /// dependency is the current kernel of that line.
@@ -170,19 +173,6 @@ pub fn apt_dir(dir: &Path, sources: &[(&str, &str)]) -> anyhow::Result<()> {
     fs::write(dir.join("sources.list"), list)?;
     fs::write(dir.join("status"), "")?;
     Ok(())
-}
-
-/// Output of a command, failing with its command line.
-pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The suite's current kernel package for `arch`, downloaded and unpacked once (offline runs
