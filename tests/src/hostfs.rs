@@ -39,24 +39,29 @@ fn parse_cgroup2_root(mountinfo: &str) -> Option<PathBuf> {
     })
 }
 
-/// Undoes mountinfo's `\040`-style escaping of spaces and friends.
-fn unescape_octal(s: &str) -> String {
+/// Undoes mountinfo's `\040`-style escaping of spaces and friends (three octal digits of a
+/// byte; anything else is kept as it is).
+pub(crate) fn unescape_octal(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
+        let escaped = (bytes[i] == b'\\' && i + 3 < bytes.len())
+            .then(|| &bytes[i + 1..i + 4])
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)))
+            .and_then(|d| {
+                let v = d.iter().fold(0u16, |v, b| v * 8 + u16::from(b - b'0'));
+                u8::try_from(v).ok()
+            });
+        match escaped {
+            Some(v) => {
+                out.push(v);
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
         }
     }
     String::from_utf8_lossy(&out).into_owned()
@@ -118,6 +123,16 @@ pub(crate) fn remove_tree(cgroup: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone_and_nothing_else() {
+        assert_eq!(unescape_octal(r"/a\040b\011c\134d"), "/a b\tc\\d");
+        // Not an escape: too short, not octal, over a byte; bytes around non-ASCII kept.
+        assert_eq!(unescape_octal(r"/x\04"), r"/x\04");
+        assert_eq!(unescape_octal(r"/x\089y"), r"/x\089y");
+        assert_eq!(unescape_octal(r"/x\777y"), r"/x\777y");
+        assert_eq!(unescape_octal(r"/é\040é"), "/é é");
+    }
 
     #[test]
     fn finds_cgroup2_in_mountinfo() {

@@ -45,6 +45,7 @@ use crate::{
     bins,
     child::ChildGuard,
     error::{Error, IoContext, Result},
+    hostfs,
     names::{self, TempDir},
     netns::NetnsGuard,
     proxy::{self, PROXY_UID},
@@ -1393,7 +1394,7 @@ fn mounts_in(text: &str, dir: &Path) -> Vec<(PathBuf, String)> {
     text.lines()
         .filter_map(|l| {
             let fields: Vec<&str> = l.split(' ').collect();
-            let mount_point = PathBuf::from(unescape(fields.get(4)?));
+            let mount_point = PathBuf::from(hostfs::unescape_octal(fields.get(4)?));
             let sep = fields.iter().position(|f| *f == "-")?;
             let fstype = fields.get(sep + 1)?.to_string();
             mount_point
@@ -1401,26 +1402,6 @@ fn mounts_in(text: &str, dir: &Path) -> Vec<(PathBuf, String)> {
                 .then_some((mount_point, fstype))
         })
         .collect()
-}
-
-/// mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
-        {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// PIDs of processes with `arg` as one of their command-line arguments.
