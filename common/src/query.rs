@@ -147,6 +147,9 @@ pub struct ProgInfo {
     /// `enum bpf_prog_type`.
     pub prog_type: u32,
     pub id: u32,
+    /// Bytes of machine code the JIT made (`jited_prog_len`): 0 when the program runs in the
+    /// interpreter (`net.core.bpf_jit_enable` = 0) or the info is withheld from the caller.
+    pub jited_len: u32,
     /// The name it was loaded with (at most 15 bytes).
     pub name: String,
 }
@@ -168,6 +171,7 @@ pub fn prog_info(prog: impl AsFd) -> io::Result<ProgInfo> {
     Ok(ProgInfo {
         prog_type: u32_at(0),
         id: u32_at(4),
+        jited_len: u32_at(16),
         name: String::from_utf8_lossy(&name[..len]).into_owned(),
     })
 }

@@ -28,6 +28,7 @@ use linkerd_cni_common::{
     names::{self, Program},
     paths,
     probe::{Answer, Findings},
+    query,
 };
 use linkerd_cni_tests::{
     bins,
@@ -258,6 +259,12 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
         .unwrap_or_else(|e| panic!("creating the object's maps on {release}: {e}"));
     let mut report = Vec::new();
     let mut disagree = Vec::new();
+    // With the JIT on (every kernel this suite boots: the default of Debian's amd64 and arm64
+    // configurations), each loaded program must have machine code.
+    let jit = fs::read_to_string("/proc/sys/net/core/bpf_jit_enable")
+        .map(|v| v.trim() != "0")
+        .unwrap_or(false);
+    let mut not_jited = Vec::new();
     for Program { name, hook, .. } in names::PROGRAMS {
         let program = ebpf
             .program_mut(name)
@@ -270,7 +277,18 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
                 .find(|l| l.contains("unknown func") || l.contains("invalid bpf_context"))
                 .map_or_else(|| e.to_string(), str::to_string)
         });
-        report.push(format!("{name}: {loaded:?}"));
+        if loaded.is_ok() {
+            // Which code the kernel runs: the JIT's (the arm64 guest's claim "through the
+            // arm64 JIT" rests on this) or the interpreter's.
+            let fd = program.fd().expect("a loaded program has an fd");
+            let info = query::prog_info(fd.as_fd()).expect("the loaded program's info");
+            report.push(format!("{name}: loaded, {} bytes JITed", info.jited_len));
+            if jit && info.jited_len == 0 {
+                not_jited.push(name);
+            }
+        } else {
+            report.push(format!("{name}: {loaded:?}"));
+        }
         if loaded.is_ok() != expected(name) {
             disagree.push(format!(
                 "{name}: loaded {loaded:?}, the probes expected {}",
@@ -325,4 +343,9 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
         disagree.is_empty(),
         "on kernel {release} the probes and the real programs disagree: {disagree:#?}"
     );
+    assert!(
+        not_jited.is_empty(),
+        "on kernel {release} (bpf_jit_enable on) these programs have no JITed code: {not_jited:?}"
+    );
+    eprintln!("kernel {release}: bpf_jit_enable {}", if jit { "on" } else { "off" });
 }
