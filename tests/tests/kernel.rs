@@ -347,5 +347,8 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
         not_jited.is_empty(),
         "on kernel {release} (bpf_jit_enable on) these programs have no JITed code: {not_jited:?}"
     );
-    eprintln!("kernel {release}: bpf_jit_enable {}", if jit { "on" } else { "off" });
+    eprintln!(
+        "kernel {release}: bpf_jit_enable {}",
+        if jit { "on" } else { "off" }
+    );
 }
