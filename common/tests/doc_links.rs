@@ -1,6 +1,7 @@
 //! The documentation's relative links resolve: every link of README.md, deploy/README.md and
 //! docs/**/*.md to a file of this repository names a file that exists and, with `#anchor`, a
-//! heading of that page; and README.md links every page of docs/.
+//! heading of that page; README.md links every page of docs/; and no page keeps a `@@NAME@@`
+//! placeholder.
 
 use std::{
     fs,
@@ -172,4 +173,40 @@ fn a_broken_link_is_found() {
     let text = "See [a](docs/x.md#y) and `[not](code)`.\n```\n[nor](this)\n```\n## A `b`: c\n";
     assert_eq!(links(&prose(text)), ["docs/x.md#y"]);
     assert_eq!(anchors(text), ["a-b-c"]);
+}
+
+/// The `@@NAME@@` markers of a text: a name of capitals, digits and underscores between two
+/// `@@`, the shape of a placeholder meant to be filled in before the page was committed.
+fn placeholders(text: &str) -> Vec<String> {
+    text.split("@@")
+        .skip(1)
+        .step_by(2)
+        .filter(|name| {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        })
+        .map(|name| format!("@@{name}@@"))
+        .collect()
+}
+
+#[test]
+fn no_page_keeps_an_unfilled_placeholder() {
+    let mut found = Vec::new();
+    for page in pages() {
+        let text = fs::read_to_string(&page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+        for marker in placeholders(&text) {
+            found.push(format!("{}: {marker}", page.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "placeholders left in the docs: {found:#?}"
+    );
+    assert_eq!(
+        placeholders("a @@RESULTS@@ b @@ c @@x@@"),
+        ["@@RESULTS@@"],
+        "the marker shape"
+    );
 }
