@@ -14,6 +14,8 @@ pub mod paths;
 pub mod probe;
 #[cfg(feature = "query")]
 pub mod query;
+#[cfg(any(feature = "probe", feature = "query"))]
+pub mod sys;
 pub mod types;
 
 pub use types::*;

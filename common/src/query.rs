@@ -17,8 +17,9 @@ use std::{
     vec::Vec,
 };
 
+use crate::sys::{Attr, bpf, obj_info};
+
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 
 /// `BPF_F_ALLOW_OVERRIDE`: a descendant may attach its own program, which replaces this one
@@ -32,44 +33,6 @@ pub const F_PREORDER: u32 = 1 << 6;
 const F_QUERY_EFFECTIVE: u32 = 1;
 /// `BPF_SK_LOOKUP`: netns queries take no per-program flags.
 const ATTACH_SK_LOOKUP: u32 = 36;
-
-/// `union bpf_attr`, large enough for every command used here (the kernel zero-checks the tail).
-#[repr(C, align(8))]
-struct Attr([u8; 128]);
-
-impl Attr {
-    fn new() -> Self {
-        Self([0; 128])
-    }
-    fn put_u32(&mut self, off: usize, v: u32) -> &mut Self {
-        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn put_u64(&mut self, off: usize, v: u64) -> &mut Self {
-        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn u32_at(&self, o: usize) -> u32 {
-        u32::from_ne_bytes([self.0[o], self.0[o + 1], self.0[o + 2], self.0[o + 3]])
-    }
-}
-
-fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a valid, zero-initialised `bpf_attr` of the size we pass.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.0.as_mut_ptr(),
-            core::mem::size_of::<Attr>(),
-        )
-    };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
 
 /// What `BPF_PROG_QUERY` says about one hook of a cgroup or netns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -156,22 +119,15 @@ pub struct ProgInfo {
 
 /// `BPF_OBJ_GET_INFO_BY_FD` on a program.
 pub fn prog_info(prog: impl AsFd) -> io::Result<ProgInfo> {
-    #[repr(C, align(8))]
-    struct Raw([u8; 80]);
-    let mut raw = Raw([0; 80]);
-    let mut attr = Attr::new();
-    attr.put_u32(0, prog.as_fd().as_raw_fd() as u32)
-        .put_u32(4, 80)
-        .put_u64(8, raw.0.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    let u32_at =
-        |o: usize| u32::from_ne_bytes([raw.0[o], raw.0[o + 1], raw.0[o + 2], raw.0[o + 3]]);
-    let name = &raw.0[64..80];
+    // type, id, tag[8], jited_prog_len (16), xlated_prog_len, jited_prog_insns,
+    // xlated_prog_insns, load_time, created_by_uid, nr_map_ids, map_ids, name[16] (64).
+    let info = obj_info::<80>(prog)?;
+    let name = &info.0[64..80];
     let len = name.iter().position(|b| *b == 0).unwrap_or(name.len());
     Ok(ProgInfo {
-        prog_type: u32_at(0),
-        id: u32_at(4),
-        jited_len: u32_at(16),
+        prog_type: info.u32_at(0),
+        id: info.u32_at(4),
+        jited_len: info.u32_at(16),
         name: String::from_utf8_lossy(&name[..len]).into_owned(),
     })
 }

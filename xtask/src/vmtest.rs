@@ -799,19 +799,33 @@ fn statuses(dir: &Path) -> Vec<(String, i32, u64)> {
         .collect()
 }
 
-/// Each test's result line in a binary's log: (test, passed).
+/// Each test's result in a binary's log: (test, passed). A result is on the test's own line
+/// (`test a ... ok`) or, when the test printed something of its own in between (a run with
+/// `--nocapture`), alone on a later line.
 fn results(log: &str) -> Vec<(String, bool)> {
-    log.lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix("test ")?;
-            let (name, result) = rest.rsplit_once(" ... ")?;
-            match result.trim() {
-                "ok" => Some((name.to_string(), true)),
-                "FAILED" => Some((name.to_string(), false)),
-                _ => None,
+    let verdict = |s: &str| match s.trim() {
+        "ok" => Some(true),
+        "FAILED" => Some(false),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    let mut pending: Option<String> = None;
+    for line in log.lines() {
+        if let Some((name, result)) = line
+            .strip_prefix("test ")
+            .and_then(|rest| rest.split_once(" ... "))
+        {
+            match verdict(result) {
+                Some(ok) => out.push((name.to_string(), ok)),
+                // `ignored` has no verdict; anything else is the test's own output.
+                None if result.trim() == "ignored" => {}
+                None => pending = Some(name.to_string()),
             }
-        })
-        .collect()
+        } else if let (Some(ok), Some(_)) = (verdict(line), pending.as_ref()) {
+            out.push((pending.take().expect("pending"), ok));
+        }
+    }
+    out
 }
 
 /// Prints the binaries finished since the `shown` first ones; returns how many are shown now.
@@ -895,6 +909,23 @@ mod tests {
         assert_eq!(
             results(log),
             vec![("a::b".to_string(), true), ("c".to_string(), false)]
+        );
+    }
+
+    #[test]
+    fn results_are_read_when_tests_print_their_own_lines() {
+        // The arm64 guest's `kernel` binary with `--nocapture`.
+        let log = "running 3 tests\ntest a ... ok\ntest b ... kernel x: probes [..]\n\
+                   real: l5d_connect4: loaded\nkernel x: jit on\nok\n\
+                   test c ... one round took 3ms\nFAILED\n\
+                   test result: FAILED. 2 passed; 1 failed";
+        assert_eq!(
+            results(log),
+            vec![
+                ("a".to_string(), true),
+                ("b".to_string(), true),
+                ("c".to_string(), false)
+            ]
         );
     }
 

@@ -21,7 +21,10 @@ use std::{
     path::Path,
 };
 
-use linkerd_cni_common::names::Hook;
+use linkerd_cni_common::{
+    names::Hook,
+    sys::{Attr, bpf, obj_info},
+};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
@@ -33,7 +36,6 @@ const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_ATTACH: libc::c_long = 8;
 const BPF_PROG_DETACH: libc::c_long = 9;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -70,41 +72,6 @@ impl AttachType {
             Hook::SkLookup => Self::SkLookup,
             Hook::IterTcp => Self::TraceIter,
         }
-    }
-}
-
-/// `union bpf_attr`, large enough for every command used here (the kernel zero-checks the tail).
-#[repr(C, align(8))]
-struct Attr([u8; 128]);
-
-impl Attr {
-    fn new() -> Self {
-        Self([0; 128])
-    }
-    fn put_u32(&mut self, off: usize, v: u32) -> &mut Self {
-        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn put_u64(&mut self, off: usize, v: u64) -> &mut Self {
-        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-}
-
-fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a valid, zero-initialised `bpf_attr` of the size we pass.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.0.as_mut_ptr(),
-            std::mem::size_of::<Attr>(),
-        )
-    };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
     }
 }
 
@@ -350,7 +317,7 @@ pub fn load_sk_lookup(name: &str, insns: &[Insn]) -> io::Result<OwnedFd> {
                 .put_u64(32, log.as_mut_ptr() as u64);
         }
         let n = name.len().min(15);
-        attr.0[48..48 + n].copy_from_slice(&name.as_bytes()[..n]);
+        attr.put_bytes(48, &name.as_bytes()[..n]);
         bpf(BPF_PROG_LOAD, &mut attr).map(owned)
     };
     load(&mut []).or_else(|first| {
@@ -412,30 +379,20 @@ pub struct LinkInfo {
 
 /// `BPF_OBJ_GET_INFO_BY_FD` on a link.
 pub fn link_info(link: impl AsFd) -> io::Result<LinkInfo> {
-    #[repr(C, align(8))]
-    struct Raw([u8; 64]);
-    let mut raw = Raw([0; 64]);
-    let mut attr = Attr::new();
-    attr.put_u32(0, link.as_fd().as_raw_fd() as u32)
-        .put_u32(4, 64)
-        .put_u64(8, raw.0.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    let u32_at =
-        |o: usize| u32::from_ne_bytes([raw.0[o], raw.0[o + 1], raw.0[o + 2], raw.0[o + 3]]);
-    let link_type = u32_at(0);
+    let info = obj_info::<64>(link)?;
+    let link_type = info.u32_at(0);
+    // type, id, prog_id, then the type's own part at 16:
     // BPF_LINK_TYPE_CGROUP = 3: { u64 cgroup_id; u32 attach_type }
     // BPF_LINK_TYPE_NETNS = 5: { u32 netns_ino; u32 attach_type }
     let (target, attach_type) = if link_type == 5 {
-        (u64::from(u32_at(16)), u32_at(20))
+        (u64::from(info.u32_at(16)), info.u32_at(20))
     } else {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&raw.0[16..24]);
-        (u64::from_ne_bytes(b), u32_at(24))
+        (info.u64_at(16), info.u32_at(24))
     };
     Ok(LinkInfo {
         link_type,
-        id: u32_at(4),
-        prog_id: u32_at(8),
+        id: info.u32_at(4),
+        prog_id: info.u32_at(8),
         target,
         attach_type,
     })
@@ -488,26 +445,17 @@ pub struct MapInfo {
 
 /// `BPF_OBJ_GET_INFO_BY_FD` on a map.
 pub fn map_info(map: impl AsFd) -> io::Result<MapInfo> {
-    #[repr(C, align(8))]
-    struct Raw([u8; 96]);
-    let mut raw = Raw([0; 96]);
-    let mut attr = Attr::new();
-    attr.put_u32(0, map.as_fd().as_raw_fd() as u32)
-        .put_u32(4, 96)
-        .put_u64(8, raw.0.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    let u32_at =
-        |o: usize| u32::from_ne_bytes([raw.0[o], raw.0[o + 1], raw.0[o + 2], raw.0[o + 3]]);
+    let info = obj_info::<96>(map)?;
     // type, id, key_size, value_size, max_entries, map_flags, name[16], ifindex,
     // btf_vmlinux_value_type_id, netns_dev, netns_ino, btf_id (offset 64).
     Ok(MapInfo {
-        map_type: u32_at(0),
-        id: u32_at(4),
-        key_size: u32_at(8),
-        value_size: u32_at(12),
-        max_entries: u32_at(16),
-        map_flags: u32_at(20),
-        btf_id: u32_at(64),
+        map_type: info.u32_at(0),
+        id: info.u32_at(4),
+        key_size: info.u32_at(8),
+        value_size: info.u32_at(12),
+        max_entries: info.u32_at(16),
+        map_flags: info.u32_at(20),
+        btf_id: info.u32_at(64),
     })
 }
 
@@ -537,7 +485,7 @@ pub fn map_create(
         .put_u32(16, map_flags);
     let name = name.as_bytes();
     let len = name.len().min(15);
-    attr.0[28..28 + len].copy_from_slice(&name[..len]);
+    attr.put_bytes(28, &name[..len]);
     if let Some(b) = btf {
         // btf_fd, btf_key_type_id, btf_value_type_id.
         attr.put_u32(48, b.btf.as_raw_fd() as u32)
@@ -641,7 +589,7 @@ pub fn map_lookup_batch(
     .put_u32(32, room)
     .put_u32(36, map.as_fd().as_raw_fd() as u32);
     let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
-    let n = u32::from_ne_bytes(attr.0[32..36].try_into().expect("4 bytes")) as usize;
+    let n = attr.u32_at(32) as usize;
     match result {
         Ok(_) => Ok(Batch::More { n, next: out_batch }),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(Batch::Done { n }),
@@ -692,15 +640,7 @@ fn crosses_a_pause(before: u32, n: u32) -> bool {
 /// The kernel id of any bpf object (program, map or link): `BPF_OBJ_GET_INFO_BY_FD` reading
 /// only the common head of the info structs (type, id).
 pub fn obj_id(fd: impl AsFd) -> io::Result<u32> {
-    #[repr(C, align(8))]
-    struct Raw([u8; 8]);
-    let mut raw = Raw([0; 8]);
-    let mut attr = Attr::new();
-    attr.put_u32(0, fd.as_fd().as_raw_fd() as u32)
-        .put_u32(4, 8)
-        .put_u64(8, raw.0.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    Ok(u32::from_ne_bytes([raw.0[4], raw.0[5], raw.0[6], raw.0[7]]))
+    Ok(obj_info::<8>(fd)?.u32_at(4))
 }
 
 #[cfg(test)]
