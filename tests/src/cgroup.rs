@@ -5,9 +5,11 @@
 //! moved back to the parent first.
 
 use std::{
+    collections::BTreeMap,
     fs,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
+    sync::{Mutex, MutexGuard, PoisonError},
 };
 
 use crate::{
@@ -22,7 +24,7 @@ pub use crate::hostfs::{cgroup2_root, move_process, processes_of};
 #[derive(Debug)]
 pub struct CgroupGuard {
     path: PathBuf,
-    /// Ancestors [`CgroupGuard::at`] created, removed on drop when left empty (innermost first).
+    /// Ancestors [`CgroupGuard::at`] created or shares (see [`scaffold`]), innermost first.
     created_parents: Vec<PathBuf>,
 }
 
@@ -44,30 +46,45 @@ impl CgroupGuard {
     }
 
     /// Creates the cgroup `relative` (a new directory, with any missing ancestors) under the
-    /// cgroup2 root, such as kubelet's `kubepods/besteffort/pod<uid>`. The ancestors it created
-    /// are removed on drop if nothing else is in them.
+    /// cgroup2 root, such as kubelet's `kubepods/besteffort/pod<uid>`. The ancestors this
+    /// process's guards created are shared by them (a count per directory in [`scaffold`]) and
+    /// removed when the last guard below them drops; ancestors that were there before are
+    /// never removed.
     pub fn at(relative: &Path) -> Result<Self> {
         let root = cgroup2_root()?;
         let path = root.join(relative);
-        let mut created_parents = Vec::new();
-        let mut missing = Vec::new();
-        let mut up = path.parent();
-        while let Some(dir) = up.filter(|d| *d != root && !d.exists()) {
-            missing.push(dir.to_path_buf());
-            up = dir.parent();
-        }
-        for dir in missing.iter().rev() {
-            match fs::create_dir(dir) {
-                Ok(()) => created_parents.insert(0, dir.clone()),
-                // Another test made it meanwhile: not ours to remove.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(Error::io(format!("creating cgroup {}", dir.display()), e)),
-            }
-        }
-        let guard = CgroupGuard {
+        let mut ancestors: Vec<PathBuf> = path
+            .ancestors()
+            .skip(1)
+            .take_while(|d| *d != root)
+            .map(Path::to_path_buf)
+            .collect();
+        ancestors.reverse();
+        let mut guard = CgroupGuard {
             path: path.clone(),
-            created_parents,
+            created_parents: Vec::new(),
         };
+        let mut shared = scaffold();
+        for dir in ancestors {
+            if let Some(users) = shared.get_mut(&dir) {
+                *users += 1;
+            } else if dir.exists() {
+                continue;
+            } else {
+                match fs::create_dir(&dir) {
+                    Ok(()) => {
+                        shared.insert(dir.clone(), 1);
+                    }
+                    // Another process made it meanwhile: not ours to remove.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => {
+                        return Err(Error::io(format!("creating cgroup {}", dir.display()), e));
+                    }
+                }
+            }
+            guard.created_parents.insert(0, dir);
+        }
+        drop(shared);
         fs::create_dir(&path).ctx(|| format!("creating cgroup {}", path.display()))?;
         Ok(guard)
     }
@@ -113,11 +130,28 @@ impl CgroupGuard {
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
         remove_tree(&self.path);
+        let mut shared = scaffold();
         for dir in &self.created_parents {
-            // Busy (another test's cgroup inside): left for it.
-            let _ = fs::remove_dir(dir);
+            let users = shared.get_mut(dir).map(|users| {
+                *users -= 1;
+                *users
+            });
+            if users == Some(0) {
+                shared.remove(dir);
+                // The last guard below it: nothing of this process is inside any more.
+                let _ = fs::remove_dir(dir);
+            }
         }
     }
+}
+
+/// The ancestor cgroups [`CgroupGuard::at`] created in this process, with how many live
+/// guards are below each: two tests making pods under `kubepods/besteffort` at once share it,
+/// and whichever drops last removes it (with one owner, a pod of the other test kept it busy
+/// when the owner dropped, and it was left behind).
+fn scaffold() -> MutexGuard<'static, BTreeMap<PathBuf, usize>> {
+    static SCAFFOLD: Mutex<BTreeMap<PathBuf, usize>> = Mutex::new(BTreeMap::new());
+    SCAFFOLD.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The cgroup v2 path (relative to the root) of process `pid`, from `/proc/<pid>/cgroup`.
