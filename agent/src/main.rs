@@ -14,7 +14,7 @@ use linkerd_cni_agent::{
         uninstall,
     },
 };
-use linkerd_cni_common::{names, paths};
+use linkerd_cni_common::{kernel::SkLookupVariant, names, paths};
 
 #[derive(Parser)]
 #[command(
@@ -69,6 +69,12 @@ struct Cli {
     /// Live redirected connections on the node (`l5d_sock_dst`, `l5d_conn_dst`, LRU).
     #[arg(long, env = "LINKERD_CNI_AGENT_MAX_CONNECTIONS", default_value_t = names::MAX_CONNS, global = true)]
     max_connections: u32,
+    /// Which `sk_lookup` program to run: `auto` asks the kernel (`ifindex` where the
+    /// `sk_lookup` context has `ingress_ifindex`, 5.17+; `address` otherwise, e.g. 5.15), or
+    /// force one. Both decide alike; `address` knows the pod's own traffic by its source
+    /// address instead of the loopback interface.
+    #[arg(long, env = "LINKERD_CNI_AGENT_SK_LOOKUP", default_value = "auto", value_parser = parse_sk_lookup, global = true)]
+    sk_lookup: SkLookupChoice,
     #[command(subcommand)]
     command: Command,
 }
@@ -235,6 +241,21 @@ impl RunArgs {
     }
 }
 
+/// `--sk-lookup`: `None` is `auto`.
+#[derive(Clone, Copy)]
+struct SkLookupChoice(Option<SkLookupVariant>);
+
+fn parse_sk_lookup(s: &str) -> Result<SkLookupChoice, String> {
+    match s {
+        "auto" => Ok(SkLookupChoice(None)),
+        _ => [SkLookupVariant::Ifindex, SkLookupVariant::Address]
+            .into_iter()
+            .find(|v| v.flag() == s)
+            .map(|v| SkLookupChoice(Some(v)))
+            .ok_or_else(|| format!("{s:?}: one of auto, ifindex, address")),
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
@@ -267,6 +288,7 @@ fn main() -> anyhow::Result<()> {
         state_dir: cli.state_dir.clone(),
         map_sizes,
         bpffs_from_host: cli.bpffs_from_host,
+        sk_lookup: cli.sk_lookup.0,
         ..AgentConfig::default()
     };
     // The two commands that pin: neither mounts a bpffs of its own when told the host's is

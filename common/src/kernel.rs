@@ -6,8 +6,11 @@
 //! Each row names the probe that asks the running kernel whether it has the feature
 //! ([`Probe`], run by `crate::probe` with the `probe` feature): the release number is
 //! information only, since distributions backport eBPF features far past their version (RHEL 9
-//! reports 5.14). The floor is the newest release in the table: 5.17 today (`ingress_ifindex` in
-//! `sk_lookup`'s context), the oldest mainline kernel with everything. `tests/tests/kernel.rs`
+//! reports 5.14). A feature with a stand-in ([`Feature::without`]) is not required: without it
+//! the agent loads a variant program that keeps the same guarantee another way (today only
+//! `ingress_ifindex` in `sk_lookup`'s context, 5.17: [`SkLookupVariant`]). The floor is the
+//! newest release among the required features: 5.15 (`bpf_get_netns_cookie` in sock_ops and
+//! sockopt programs), the oldest mainline kernel the eBPF mode serves. `tests/tests/kernel.rs`
 //! checks in every kernel the suite runs on (the host and the `cargo xtask vmtest` guests) that
 //! each program loads exactly when the probes of its features all say yes.
 
@@ -73,6 +76,81 @@ pub struct Feature {
     pub probe: Probe,
     /// The programs (names in [`names`]) that do not load without it.
     pub programs: &'static [&'static str],
+    /// What the agent does without it, when the guarantee it serves is kept another way: the
+    /// feature is then not required (a kernel lacking it passes the check, running the
+    /// stand-in). `None`: required.
+    pub without: Option<&'static str>,
+}
+
+impl Feature {
+    /// Whether a kernel without it is refused.
+    pub const fn required(&self) -> bool {
+        self.without.is_none()
+    }
+}
+
+/// Which `sk_lookup` program the agent loads (and pins under [`names::PROG_SK_LOOKUP`]): both
+/// pass the pod's own traffic and hand everything else to the proxy; they differ in how they
+/// recognise the pod's own traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkLookupVariant {
+    /// [`names::PROG_SK_LOOKUP`]: a connection that arrived on the loopback interface
+    /// (`ingress_ifindex`, 5.17) is the pod's own.
+    Ifindex,
+    /// [`names::PROG_SK_LOOKUP_BY_ADDR`]: a connection whose source is loopback, its own
+    /// destination, or one of the pod's known addresses is the pod's own (any kernel with
+    /// `sk_lookup`).
+    Address,
+}
+
+impl SkLookupVariant {
+    /// The variant for a kernel that has (`true`) or lacks `ingress_ifindex` in the
+    /// `sk_lookup` context.
+    pub const fn for_kernel(has_ingress_ifindex: bool) -> Self {
+        match has_ingress_ifindex {
+            true => Self::Ifindex,
+            false => Self::Address,
+        }
+    }
+
+    /// The program's name in the object (and as `bpftool prog show` lists it).
+    pub const fn program(self) -> &'static str {
+        match self {
+            Self::Ifindex => names::PROG_SK_LOOKUP,
+            Self::Address => names::PROG_SK_LOOKUP_BY_ADDR,
+        }
+    }
+
+    /// The variant whose program is named `name`.
+    pub fn of_program(name: &str) -> Option<Self> {
+        [Self::Ifindex, Self::Address]
+            .into_iter()
+            .find(|v| v.program() == name)
+    }
+
+    /// The value of the agent's `--sk-lookup` flag that forces it.
+    pub const fn flag(self) -> &'static str {
+        match self {
+            Self::Ifindex => "ifindex",
+            Self::Address => "address",
+        }
+    }
+
+    /// How it recognises the pod's own traffic, in a few words.
+    pub const fn rule(self) -> &'static str {
+        match self {
+            Self::Ifindex => "the pod's own traffic arrives on loopback",
+            Self::Address => {
+                "the pod's own traffic comes from loopback, its destination or a pod address"
+            }
+        }
+    }
+}
+
+impl fmt::Display for SkLookupVariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.program(), self.rule())
+    }
 }
 
 /// Every feature, oldest first.
@@ -83,6 +161,7 @@ pub const FEATURES: &[Feature] = &[
         used_by: "l5d_connect4, l5d_connect6: outbound redirection to the proxy",
         probe: Probe::CgroupConnect,
         programs: &[names::PROG_CONNECT4, names::PROG_CONNECT6],
+        without: None,
     },
     Feature {
         name: "cgroup getsockopt hook",
@@ -90,6 +169,7 @@ pub const FEATURES: &[Feature] = &[
         used_by: "l5d_getsockopt: SO_ORIGINAL_DST for the proxy",
         probe: Probe::CgroupGetsockopt,
         programs: &[names::PROG_GETSOCKOPT],
+        without: None,
     },
     Feature {
         name: "bpf_link for cgroup programs",
@@ -97,6 +177,7 @@ pub const FEATURES: &[Feature] = &[
         used_by: "the agent's attachments (pinned links, replaced atomically on upgrade)",
         probe: Probe::CgroupLink,
         programs: &[],
+        without: None,
     },
     Feature {
         name: "cgroup getpeername hooks",
@@ -104,13 +185,19 @@ pub const FEATURES: &[Feature] = &[
         used_by: "l5d_getpeername4, l5d_getpeername6: the app sees its original peer",
         probe: Probe::CgroupGetpeername,
         programs: &[names::PROG_GETPEERNAME4, names::PROG_GETPEERNAME6],
+        without: None,
     },
     Feature {
         name: "sk_lookup programs",
         since: (5, 9),
         used_by: "l5d_sk_lookup and the per-pod stubs: inbound redirection",
         probe: Probe::SkLookup,
-        programs: &[names::PROG_SK_LOOKUP, names::PROG_SK_LOOKUP_STUB],
+        programs: &[
+            names::PROG_SK_LOOKUP,
+            names::PROG_SK_LOOKUP_BY_ADDR,
+            names::PROG_SK_LOOKUP_STUB,
+        ],
+        without: None,
     },
     Feature {
         name: "SO_NETNS_COOKIE",
@@ -118,6 +205,7 @@ pub const FEATURES: &[Feature] = &[
         used_by: "the agent: the network namespace cookie that keys each pod's maps",
         probe: Probe::SoNetnsCookie,
         programs: &[],
+        without: None,
     },
     Feature {
         name: "bpf_get_netns_cookie in sock_ops and cgroup sockopt programs",
@@ -125,6 +213,7 @@ pub const FEATURES: &[Feature] = &[
         used_by: "l5d_sockops, l5d_getsockopt: the pod of a connection",
         probe: Probe::NetnsCookieHelper,
         programs: &[names::PROG_SOCKOPS, names::PROG_GETSOCKOPT],
+        without: None,
     },
     Feature {
         name: "ingress_ifindex in the sk_lookup context",
@@ -132,10 +221,14 @@ pub const FEATURES: &[Feature] = &[
         used_by: "l5d_sk_lookup: connections arriving on loopback (the pod's own) pass",
         probe: Probe::SkLookupIngressIfindex,
         programs: &[names::PROG_SK_LOOKUP],
+        without: Some(
+            "l5d_sk_lookaddr: the pod's own traffic is known by its source address (loopback, \
+             the destination itself, or one of the pod's addresses)",
+        ),
     },
 ];
 
-/// The oldest release with every feature.
+/// The oldest release with every required feature.
 pub const FLOOR: (u32, u32) = floor();
 
 const fn floor() -> (u32, u32) {
@@ -143,7 +236,8 @@ const fn floor() -> (u32, u32) {
     let mut i = 0;
     while i < FEATURES.len() {
         let since = FEATURES[i].since;
-        if since.0 > max.0 || (since.0 == max.0 && since.1 > max.1) {
+        let newer = since.0 > max.0 || (since.0 == max.0 && since.1 > max.1);
+        if FEATURES[i].required() && newer {
             max = since;
         }
         i += 1;
@@ -159,12 +253,14 @@ pub fn parse_release(release: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-/// The features `version` lacks, oldest first.
+/// The required features `version` lacks, oldest first.
 pub fn missing(version: (u32, u32)) -> impl Iterator<Item = &'static Feature> {
-    FEATURES.iter().filter(move |f| version < f.since)
+    FEATURES
+        .iter()
+        .filter(move |f| f.required() && version < f.since)
 }
 
-/// The features `version` lacks as one line: `name (5.15+), name (5.17+)`.
+/// The required features `version` lacks as one line: `name (5.14+), name (5.15+)`.
 #[derive(Clone, Copy, Debug)]
 pub struct MissingList(pub (u32, u32));
 
@@ -205,24 +301,53 @@ mod tests {
     }
 
     #[test]
-    fn the_floor_is_the_newest_feature_and_lacks_nothing() {
-        assert_eq!(FLOOR, (5, 17));
+    fn the_floor_is_the_newest_required_feature_and_lacks_nothing() {
+        assert_eq!(FLOOR, (5, 15));
         assert_eq!(missing(FLOOR).count(), 0);
         assert_eq!(MissingList(FLOOR).to_string(), "");
         assert!(FEATURES.windows(2).all(|w| w[0].since <= w[1].since));
+        // Ubuntu 22.04's GA kernel: served, with the address variant of sk_lookup.
+        assert_eq!(MissingList((5, 15)).to_string(), "");
+        let ifindex = FEATURES
+            .iter()
+            .find(|f| f.probe == Probe::SkLookupIngressIfindex)
+            .expect("the ingress_ifindex row");
+        assert!(!ifindex.required());
+        assert_eq!(SkLookupVariant::for_kernel(false), SkLookupVariant::Address);
     }
 
     #[test]
-    fn each_release_below_a_feature_lacks_it() {
+    fn each_release_below_a_required_feature_lacks_it() {
         assert_eq!(
-            MissingList((5, 16)).to_string(),
-            "ingress_ifindex in the sk_lookup context (5.17+)"
+            MissingList((5, 14)).to_string(),
+            "bpf_get_netns_cookie in sock_ops and cgroup sockopt programs (5.15+)"
         );
         assert_eq!(
             MissingList((5, 10)).to_string(),
             "SO_NETNS_COOKIE (5.14+), bpf_get_netns_cookie in sock_ops and cgroup sockopt \
-             programs (5.15+), ingress_ifindex in the sk_lookup context (5.17+)"
+             programs (5.15+)"
         );
-        assert_eq!(missing((4, 19)).count(), 7);
+        assert_eq!(missing((4, 19)).count(), 6);
+    }
+
+    #[test]
+    fn each_variant_names_its_program_and_only_the_stand_in_has_one() {
+        for v in [SkLookupVariant::Ifindex, SkLookupVariant::Address] {
+            assert_eq!(SkLookupVariant::of_program(v.program()), Some(v));
+        }
+        assert_eq!(
+            SkLookupVariant::Address.program(),
+            names::VARIANT_PROGRAMS[0].0
+        );
+        // Every feature with a stand-in is one whose programs have a variant.
+        for f in FEATURES.iter().filter(|f| !f.required()) {
+            assert!(
+                f.programs
+                    .iter()
+                    .all(|p| names::VARIANT_PROGRAMS.iter().any(|(_, of)| of == p)),
+                "{}",
+                f.name
+            );
+        }
     }
 }

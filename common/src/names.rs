@@ -19,6 +19,12 @@ pub const PROG_GETPEERNAME6: &str = "l5d_getpeer6";
 /// `sk_lookup`: hands the pod's inbound connections to the proxy's inbound listener. Attached
 /// to the pod's network namespace.
 pub const PROG_SK_LOOKUP: &str = "l5d_sk_lookup";
+/// The variant of [`PROG_SK_LOOKUP`] for kernels without `ingress_ifindex` in the `sk_lookup`
+/// context (before 5.17, e.g. Ubuntu 22.04's 5.15): the pod's own traffic is known by its
+/// source address (loopback, the destination itself, or one of the pod's addresses) instead
+/// of by the loopback interface. The agent loads one of the two (see
+/// [`crate::kernel::SkLookupVariant`]) and pins it under [`PROG_SK_LOOKUP`]'s name.
+pub const PROG_SK_LOOKUP_BY_ADDR: &str = "l5d_sk_lookaddr";
 
 /// `iter/tcp`: run by the agent from inside a pod's network namespace when it adopts a pod
 /// that started before linkerd-cni: reports the namespace's listening TCP sockets and puts the
@@ -137,16 +143,25 @@ pub const ITER_PROGRAMS: [Program; 1] = [Program {
     writes_first: false,
 }];
 
-/// Every program of the object: the attached ones ([`ALL_PROGRAMS`]), then the iterators.
-pub const OBJECT_PROGRAMS: [&str; PROGRAMS.len() + ITER_PROGRAMS.len()] = {
-    let mut out = [""; PROGRAMS.len() + ITER_PROGRAMS.len()];
+/// Programs of the object that stand in for one of [`PROGRAMS`] on kernels lacking a feature
+/// it uses: loaded instead of it, pinned and attached under its name. `(variant, stands for)`.
+pub const VARIANT_PROGRAMS: [(&str, &str); 1] = [(PROG_SK_LOOKUP_BY_ADDR, PROG_SK_LOOKUP)];
+
+/// Every program of the object: the attached ones ([`ALL_PROGRAMS`]), the iterators, then the
+/// variants ([`VARIANT_PROGRAMS`]).
+pub const OBJECT_PROGRAMS: [&str; PROGRAMS.len() + ITER_PROGRAMS.len() + VARIANT_PROGRAMS.len()] = {
+    let mut out = [""; PROGRAMS.len() + ITER_PROGRAMS.len() + VARIANT_PROGRAMS.len()];
     let mut i = 0;
     while i < PROGRAMS.len() {
         out[i] = PROGRAMS[i].name;
         i += 1;
     }
-    while i < out.len() {
+    while i < PROGRAMS.len() + ITER_PROGRAMS.len() {
         out[i] = ITER_PROGRAMS[i - PROGRAMS.len()].name;
+        i += 1;
+    }
+    while i < out.len() {
+        out[i] = VARIANT_PROGRAMS[i - PROGRAMS.len() - ITER_PROGRAMS.len()].0;
         i += 1;
     }
     out

@@ -20,7 +20,7 @@ use std::{
     vec::Vec,
 };
 
-use crate::kernel::{FEATURES, Feature, MissingList, Probe, parse_release};
+use crate::kernel::{FEATURES, Feature, MissingList, Probe, SkLookupVariant, parse_release};
 
 /// What the kernel said about one feature.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,13 +51,33 @@ impl Findings {
         }
     }
 
-    /// The features the kernel refused, in table order.
+    /// The required features the kernel refused, in table order.
     pub fn missing(&self) -> Vec<&'static Feature> {
+        self.absent().filter(|f| f.required()).collect()
+    }
+
+    /// The features with a stand-in ([`Feature::without`]) the kernel refused: the agent runs
+    /// the stand-in.
+    pub fn stood_in(&self) -> Vec<&'static Feature> {
+        self.absent().filter(|f| !f.required()).collect()
+    }
+
+    fn absent(&self) -> impl Iterator<Item = &'static Feature> + '_ {
         self.answers
             .iter()
             .filter(|(_, a)| matches!(a, Answer::Absent(_)))
             .map(|(f, _)| *f)
-            .collect()
+    }
+
+    /// The `sk_lookup` program this kernel gets: [`SkLookupVariant::Ifindex`] when its probe
+    /// said yes, [`SkLookupVariant::Address`] otherwise (refused, or not asked: a kernel that
+    /// could not be asked is refused by [`Self::verdict`] anyway).
+    pub fn sk_lookup_variant(&self) -> SkLookupVariant {
+        SkLookupVariant::for_kernel(
+            self.answers
+                .iter()
+                .any(|(f, a)| f.probe == Probe::SkLookupIngressIfindex && *a == Answer::Present),
+        )
     }
 
     /// The features that could not be asked for, with why.
@@ -99,7 +119,19 @@ impl Findings {
                 self.answers.len()
             ));
         }
-        Ok(format!("{}: every feature present", self.release))
+        let stood_in = self.stood_in();
+        if stood_in.is_empty() {
+            return Ok(format!("{}: every feature present", self.release));
+        }
+        let stand_ins: Vec<String> = stood_in
+            .iter()
+            .map(|f| format!("without {}, {}", f.name, f.without.unwrap_or_default()))
+            .collect();
+        Ok(format!(
+            "{}: every required feature present ({})",
+            self.release,
+            stand_ins.join("; ")
+        ))
     }
 }
 
@@ -404,8 +436,7 @@ mod tests {
             findings(&two).verdict(),
             Err(
                 "kernel 5.14.0-503.el9.x86_64 lacks features linkerd-cni's eBPF mode needs; \
-                 missing: bpf_get_netns_cookie in sock_ops and cgroup sockopt programs (5.15+), \
-                 ingress_ifindex in the sk_lookup context (5.17+)"
+                 missing: bpf_get_netns_cookie in sock_ops and cgroup sockopt programs (5.15+)"
                     .into()
             )
         );
@@ -424,10 +455,55 @@ mod tests {
         assert!(
             err.ends_with(
                 "run as root; by its version number it would lack: \
-             bpf_get_netns_cookie in sock_ops and cgroup sockopt programs (5.15+), \
-             ingress_ifindex in the sk_lookup context (5.17+)"
+             bpf_get_netns_cookie in sock_ops and cgroup sockopt programs (5.15+)"
             ),
             "{err}"
+        );
+    }
+
+    /// A 5.15 kernel (Ubuntu 22.04's GA): everything but `ingress_ifindex` in the `sk_lookup`
+    /// context. Accepted, running the address variant; with the row on, the ifindex one.
+    #[test]
+    fn a_kernel_without_ingress_ifindex_is_served_by_the_address_variant() {
+        let all = vec![Answer::Present; FEATURES.len()];
+        assert_eq!(findings(&all).sk_lookup_variant(), SkLookupVariant::Ifindex);
+        let row = FEATURES
+            .iter()
+            .position(|f| f.probe == Probe::SkLookupIngressIfindex)
+            .expect("the ingress_ifindex row");
+        let mut like_5_15 = all.clone();
+        like_5_15[row] = Answer::Absent("Permission denied (os error 13)".into());
+        let f = Findings {
+            release: "5.15.0-1049-azure".into(),
+            ..findings(&like_5_15)
+        };
+        assert!(f.missing().is_empty());
+        assert_eq!(f.sk_lookup_variant(), SkLookupVariant::Address);
+        assert_eq!(
+            f.verdict(),
+            Ok(
+                "5.15.0-1049-azure: every required feature present (without ingress_ifindex in \
+                the sk_lookup context, l5d_sk_lookaddr: the pod's own traffic is known by its \
+                source address (loopback, the destination itself, or one of the pod's \
+                addresses))"
+                    .into()
+            )
+        );
+        // 5.10 (Amazon Linux 2, Debian 11): still refused, for the required rows only.
+        let mut like_5_10 = like_5_15.clone();
+        for (i, f) in FEATURES.iter().enumerate() {
+            if matches!(f.probe, Probe::SoNetnsCookie | Probe::NetnsCookieHelper) {
+                like_5_10[i] = Answer::Absent("Invalid argument (os error 22)".into());
+            }
+        }
+        assert_eq!(
+            findings(&like_5_10).verdict(),
+            Err(
+                "kernel 5.14.0-503.el9.x86_64 lacks features linkerd-cni's eBPF mode needs; \
+                 missing: SO_NETNS_COOKIE (5.14+), bpf_get_netns_cookie in sock_ops and cgroup \
+                 sockopt programs (5.15+)"
+                    .into()
+            )
         );
     }
 

@@ -17,8 +17,20 @@
 //! connection). Every local address of the pod counts, whether it was known at ADD or not:
 //! the destination address plays no part in finding the pod.
 //!
+//! Two programs, one decision: [`l5d_sk_lookup`] knows the pod's own traffic by the interface
+//! it arrived on (loopback, `ingress_ifindex`, 5.17); [`l5d_sk_lookaddr`], for kernels without
+//! that field (5.15's context has none), by its source address: loopback (`127.0.0.0/8`,
+//! `::1`), the destination itself, or one of the pod's addresses ([`POD_BY_IP`] says which
+//! pod an address is). The pod's own traffic always has one of those sources (the kernel picks
+//! a local address as the source of a connection to a local address), and a packet from
+//! outside cannot carry one and complete a handshake: the kernel drops an IPv4 packet whose
+//! source is local or loopback arriving on another interface (`fib_validate_source`, martian
+//! source), and an IPv6 one from `::1`; to a spoofed pod address, the SYN-ACK goes to the pod
+//! itself, never to the sender. The agent loads one of them (`SkLookupVariant`, chosen by the
+//! probes) and pins it under `l5d_sk_lookup`'s name; the other is never loaded.
+//!
 //! # Minimum kernel version
-//! 5.9, 5.17 for `ingress_ifindex` in the context.
+//! 5.9; [`l5d_sk_lookup`] 5.17 (`ingress_ifindex` in the context).
 
 use core::ptr::read_volatile;
 
@@ -35,17 +47,37 @@ use linkerd_cni_common::{
 
 use crate::{
     addr::{addr_in_set, port_in_set, read_ip6},
-    maps::{LISTENERS, LOOKUP_NS, POD_CONFIG, count},
+    maps::{LISTENERS, LOOKUP_NS, POD_BY_IP, POD_CONFIG, count},
 };
 const LOOPBACK_IFINDEX: u32 = 1;
 
+/// The pod's own traffic is what arrived on loopback.
 #[sk_lookup]
 pub fn l5d_sk_lookup(ctx: SkLookupContext) -> u32 {
     // SAFETY: the kernel hands a valid `bpf_sk_lookup`.
-    unsafe { lookup(&ctx) }
+    unsafe { lookup::<true>(&ctx) }
 }
 
-unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
+/// The pod's own traffic is what comes from loopback, from its destination, or from one of the
+/// pod's addresses (no `ingress_ifindex` read: loads on 5.9 to 5.16).
+#[sk_lookup]
+pub fn l5d_sk_lookaddr(ctx: SkLookupContext) -> u32 {
+    // SAFETY: as above.
+    unsafe { lookup::<false>(&ctx) }
+}
+
+/// Whether `remote` (network order words, IPv4 v4-mapped) is a loopback address: `127/8` or
+/// `::1`.
+#[inline(always)]
+fn loopback(v4: bool, rip4: u32, remote: &[u32; 4]) -> bool {
+    match v4 {
+        true => u32::from_be(rip4) >> 24 == 127,
+        false => *remote == [0, 0, 0, 1u32.to_be()],
+    }
+}
+
+#[inline(always)]
+unsafe fn lookup<const BY_IFINDEX: bool>(ctx: &SkLookupContext) -> u32 {
     let l = ctx.lookup;
     // The stub wrote the pod's cookie just before the tail call, on this CPU (sk_lookup runs
     // with bottom halves off: nothing runs in between). Cleared after reading, so a run that
@@ -61,7 +93,13 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
         (
             v(&raw const (*l).family),
             v(&raw const (*l).protocol),
-            v(&raw const (*l).ingress_ifindex),
+            // Not read at all by the address variant: the verifier of a kernel without the
+            // field refuses any access to it.
+            if BY_IFINDEX {
+                v(&raw const (*l).ingress_ifindex)
+            } else {
+                0
+            },
             v(&raw const (*l).remote_ip4),
             v(&raw const (*l).local_ip4),
             v(&raw const (*l).local_port),
@@ -73,7 +111,7 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
             read_ip6(&raw const (*l).local_ip6),
         )
     };
-    if protocol != IPPROTO_TCP || ifindex == LOOPBACK_IFINDEX {
+    if protocol != IPPROTO_TCP || (BY_IFINDEX && ifindex == LOOPBACK_IFINDEX) {
         return SK_PASS;
     }
     let v4 = family == AF_INET;
@@ -82,9 +120,18 @@ unsafe fn lookup(ctx: &SkLookupContext) -> u32 {
     } else {
         (lip6, rip6)
     };
+    // The address variant's stand-in for the loopback interface, passed uncounted as the
+    // ifindex variant passes what arrived on loopback.
+    if !BY_IFINDEX && (loopback(v4, rip4, &remote) || remote == local) {
+        return SK_PASS;
+    }
     let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }).copied() else {
         return SK_PASS;
     };
+    // SAFETY: read-only lookup.
+    if !BY_IFINDEX && unsafe { POD_BY_IP.get(&remote) }.is_some_and(|c| *c == netns_cookie) {
+        return SK_PASS;
+    }
     let port = local_port as u16;
     let passed = !v4 && cfg.flags & FLAG_IPV6 == 0
         || remote == local

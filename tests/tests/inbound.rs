@@ -11,10 +11,11 @@ use std::{
     time::Duration,
 };
 
-use linkerd_cni_common::names;
+use linkerd_cni_agent::dataplane::bpf_sys;
+use linkerd_cni_common::{kernel::SkLookupVariant, names, paths};
 use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
 use linkerd_cni_tests::{
-    AgentHarness, Bridge, EchoServer, NetnsGuard, Pod, PodAndPeer, TestProxy,
+    AgentHarness, Bridge, EchoServer, IfAddr, NetnsGuard, Placement, Pod, PodAndPeer, TestProxy,
     client::{Options as ClientOptions, Report, run_client},
     proxy::{self, Event, PROXY_UID},
 };
@@ -625,4 +626,163 @@ fn a_segment_without_syn_leaves_no_connection_entry() {
         (0, 0),
         "4-tuple entries made by segments that opened no connection"
     );
+}
+
+/// Who accepted a connection to the pod's app port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taker {
+    /// The proxy's inbound listener (`sk_lookup` handed it over).
+    Proxy,
+    /// The app itself (`sk_lookup` let it pass).
+    App,
+}
+
+/// Runs every case of the pod's own traffic and of traffic from elsewhere against a pod whose
+/// agent runs the `sk_lookup` program `variant` (forced, whatever the kernel has), and says
+/// who accepted each connection. The node's netns (the bridge's) stands for the host's.
+fn sk_lookup_decisions(variant: SkLookupVariant) -> Vec<(&'static str, Taker)> {
+    let mut config = AgentHarness::fresh_config();
+    config.sk_lookup = Some(variant);
+    let mut h = AgentHarness::stopped_on(config);
+    h.start_again();
+    // The program every stub tail-calls is pinned under l5d_sk_lookup: the one forced.
+    let pinned = h
+        .config()
+        .pin_root
+        .join(paths::PIN_PROGS)
+        .join(names::PROG_SK_LOOKUP);
+    let name = bpf_sys::obj_get(&pinned)
+        .and_then(bpf_sys::prog_name)
+        .expect("the pinned sk_lookup program's name");
+    assert_eq!(name, variant.program());
+
+    let node = NetnsGuard::new().expect("node netns");
+    let mut bridge = Bridge::create(
+        &node,
+        "10.245.0.1/24".parse().expect("literal"),
+        "fd00:245::1/64".parse().expect("literal"),
+    )
+    .expect("bridge");
+    let pod = Pod::new().expect("pod");
+    let other = Pod::new().expect("another pod");
+    let port = bridge.attach(&pod.netns).expect("attach the pod");
+    let other_port = bridge.attach(&other.netns).expect("attach the other pod");
+    let dual = LinkerdConfig {
+        ipv6: true,
+        ..Default::default()
+    };
+    h.register(&pod, dual.clone(), true);
+    h.register(&other, dual, true);
+    // A second local address, added after ADD: not among the pod's known addresses.
+    let extra = Ipv4Addr::new(10, 245, 0, 250);
+    linkerd_cni_tests::link::add_address(
+        pod.netns.name(),
+        port.pod_ifname(),
+        IfAddr::new(extra, 32),
+    )
+    .expect("a second address in the pod");
+    let app = EchoServer::bind_in(&pod.netns, sock(Ipv6Addr::UNSPECIFIED, 8080), "app")
+        .expect("the app, dual-stack");
+    let proxy = proxy_in(&pod, true);
+    let (me4, me6) = (port.v4(), port.v6());
+    let from_node = || Placement::new().netns(&node).uid(APP_UID);
+    let cases: Vec<(&'static str, Placement, SocketAddr)> = vec![
+        (
+            "the pod to itself on its pod IP",
+            pod.container(PROXY_UID),
+            sock(me4, 8080),
+        ),
+        (
+            "the pod to itself on 127.0.0.1",
+            pod.container(PROXY_UID),
+            sock(Ipv4Addr::LOCALHOST, 8080),
+        ),
+        (
+            "the pod to itself on a second local address",
+            pod.container(PROXY_UID),
+            sock(extra, 8080),
+        ),
+        (
+            "the pod to itself on its IPv6 pod IP",
+            pod.container(PROXY_UID),
+            sock(me6, 8080),
+        ),
+        (
+            "the pod to itself on ::1",
+            pod.container(PROXY_UID),
+            sock(Ipv6Addr::LOCALHOST, 8080),
+        ),
+        (
+            "the app to its own pod IP",
+            pod.container(APP_UID),
+            sock(me4, 8080),
+        ),
+        (
+            "the app to 127.0.0.1",
+            pod.container(APP_UID),
+            sock(Ipv4Addr::LOCALHOST, 8080),
+        ),
+        ("another pod", other.container(PROXY_UID), sock(me4, 8080)),
+        (
+            "another pod over IPv6",
+            other.container(PROXY_UID),
+            sock(me6, 8080),
+        ),
+        ("the host", from_node(), sock(me4, 8080)),
+        (
+            "the host to the second address",
+            from_node(),
+            sock(extra, 8080),
+        ),
+        ("the host over IPv6", from_node(), sock(me6, 8080)),
+    ];
+    let _ = other_port;
+    let mut decided = Vec::new();
+    for (n, (case, placement, target)) in cases.into_iter().enumerate() {
+        let before = accepted(&proxy).len();
+        let r = run_client(
+            &placement,
+            &ClientOptions::new(target).send("hi\n"),
+            TIMEOUT,
+        )
+        .expect("run the client");
+        assert_eq!(r.succeeded, 1, "{variant:?}, {case}: {r:?}");
+        // Through the proxy or not, the app gets it: once it has, the proxy has logged its
+        // accept if it took it.
+        app.wait_for(n + 1, TIMEOUT)
+            .unwrap_or_else(|e| panic!("{variant:?}, {case}: the app was not reached: {e}"));
+        let taker = match accepted(&proxy).len() - before {
+            0 => Taker::App,
+            1 => Taker::Proxy,
+            k => panic!("{variant:?}, {case}: the proxy accepted {k}"),
+        };
+        decided.push((case, taker));
+    }
+    decided
+}
+
+/// Both `sk_lookup` programs decide every case alike, on whatever kernel this runs on: the
+/// address variant (the only one a kernel without `ingress_ifindex` in the `sk_lookup` context,
+/// such as Ubuntu 22.04's 5.15, loads) passes exactly what the loopback-interface one passes.
+#[test]
+fn both_sk_lookup_variants_decide_every_case_alike() {
+    use Taker::{App, Proxy};
+    let want = vec![
+        ("the pod to itself on its pod IP", App),
+        ("the pod to itself on 127.0.0.1", App),
+        ("the pod to itself on a second local address", App),
+        ("the pod to itself on its IPv6 pod IP", App),
+        ("the pod to itself on ::1", App),
+        ("the app to its own pod IP", App),
+        ("the app to 127.0.0.1", App),
+        ("another pod", Proxy),
+        ("another pod over IPv6", Proxy),
+        ("the host", Proxy),
+        ("the host to the second address", Proxy),
+        ("the host over IPv6", Proxy),
+    ];
+    let ifindex = sk_lookup_decisions(SkLookupVariant::Ifindex);
+    assert_eq!(ifindex, want, "the ifindex variant");
+    let address = sk_lookup_decisions(SkLookupVariant::Address);
+    assert_eq!(address, want, "the address variant");
 }

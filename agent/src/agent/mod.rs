@@ -10,7 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use linkerd_cni_common::{names, paths};
+use linkerd_cni_common::{kernel::SkLookupVariant, names, paths};
 use linkerd_cni_proto::{config::LinkerdConfig, escape::Escaped, wire::PodRef};
 
 use crate::{
@@ -59,6 +59,8 @@ pub struct AgentConfig {
     /// Where the netns and cgroup paths a peer of the socket sends may lead (the runtime's
     /// netns directories, which adoption also searches, and kubelet's pod cgroup trees).
     pub peer: PeerPlaces,
+    /// The `sk_lookup` program forced (`--sk-lookup`); `None`: chosen by the kernel probes.
+    pub sk_lookup: Option<SkLookupVariant>,
 }
 
 impl Default for AgentConfig {
@@ -71,6 +73,7 @@ impl Default for AgentConfig {
             map_sizes: MapSizes::default(),
             bpffs_from_host: false,
             peer: PeerPlaces::default(),
+            sk_lookup: None,
         }
     }
 }
@@ -184,7 +187,8 @@ impl Agent {
             let dir = pod_link_dir(&config.pin_root, &r.id);
             pods.push((dir, r.netns_cookie, entries));
         }
-        let dataplane = Dataplane::load_sized(&config.pin_root, &config.map_sizes)?;
+        let dataplane =
+            Dataplane::load_with(&config.pin_root, &config.map_sizes, config.sk_lookup)?;
         dataplane.finish_load(&pods)?;
         drop(pods);
         let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;

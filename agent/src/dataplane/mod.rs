@@ -38,6 +38,7 @@ use aya::{
     programs::{CgroupSockAddr, CgroupSockopt, Iter, SkLookup, SockOps},
 };
 use linkerd_cni_common::{
+    kernel::SkLookupVariant,
     names::{self, Hook, Program},
     paths,
 };
@@ -128,6 +129,8 @@ pub struct Dataplane {
     listener_iter: Result<ListenerIter, String>,
     /// The iterator programs that loaded (pinned with the others).
     iter_loaded: Vec<&'static str>,
+    /// The `sk_lookup` program loaded (and pinned under [`names::PROG_SK_LOOKUP`]).
+    sk_lookup: SkLookupVariant,
     /// What [`Self::load`] decided about the pinned maps; carried out by
     /// [`Self::finish_load`].
     plan: Plan,
@@ -146,8 +149,24 @@ impl Dataplane {
     /// [`Self::load`] with the node-wide maps created at `sizes` (a pinned map of another
     /// size is replaced as any layout change is).
     pub fn load_sized(pin_root: &Path, sizes: &MapSizes) -> Result<Self, DataplaneError> {
-        let kernel = kernel::check_kernel()?;
-        tracing::info!("kernel {kernel}");
+        Self::load_with(pin_root, sizes, None)
+    }
+
+    /// [`Self::load_sized`] with the `sk_lookup` variant forced (`Some`, the agent's
+    /// `--sk-lookup`), or chosen by the probes (`None`: the ifindex one where the kernel has
+    /// `ingress_ifindex` in the `sk_lookup` context). The choice is the kernel's answer, asked
+    /// at every load: an agent restarted or upgraded on the same kernel makes the same one,
+    /// and whichever it makes, every pod's stub tail-calls it (through
+    /// [`names::MAP_LOOKUP_PROG`], set in [`Self::finish_load`]).
+    pub fn load_with(
+        pin_root: &Path,
+        sizes: &MapSizes,
+        sk_lookup: Option<SkLookupVariant>,
+    ) -> Result<Self, DataplaneError> {
+        let findings = kernel::Findings::probe();
+        let kernel = kernel::check(&findings)?;
+        let sk_lookup = sk_lookup.unwrap_or_else(|| findings.sk_lookup_variant());
+        tracing::info!("kernel {kernel}; sk_lookup program: {sk_lookup}");
         let pin_dir = |path: PathBuf| move |source| DataplaneError::PinDir { path, source };
         kernel::ensure_bpffs(pin_root).map_err(pin_dir(pin_root.into()))?;
         let mut specs = MapSpec::of_object(OBJECT)?;
@@ -174,6 +193,11 @@ impl Dataplane {
         }
         let mut ebpf = loader.load(OBJECT)?;
         for Program { name, hook, .. } in names::PROGRAMS {
+            // The variant chosen stands for the sk_lookup program: only it is loaded.
+            let name = match name {
+                names::PROG_SK_LOOKUP => sk_lookup.program(),
+                name => name,
+            };
             let program = ebpf
                 .program_mut(name)
                 .ok_or(DataplaneError::MissingProgram(name))?;
@@ -264,6 +288,7 @@ impl Dataplane {
             lookup_prog: open_map(names::MAP_LOOKUP_PROG)?,
             listener_iter,
             iter_loaded,
+            sk_lookup,
             plan,
         };
         for name in names::ALL_PROGRAMS
@@ -401,7 +426,18 @@ impl Dataplane {
         self.listener_iter.as_ref().map_err(String::as_str)
     }
 
+    /// The `sk_lookup` program this data plane loaded.
+    pub fn sk_lookup_variant(&self) -> SkLookupVariant {
+        self.sk_lookup
+    }
+
+    /// The loaded program that serves as `name` (one of [`names::PROGRAMS`] or
+    /// [`names::ITER_PROGRAMS`]): for [`names::PROG_SK_LOOKUP`], the variant loaded.
     fn prog_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, DataplaneError> {
+        let name = match name {
+            names::PROG_SK_LOOKUP => self.sk_lookup.program(),
+            name => name,
+        };
         let program = self
             .ebpf
             .program(name)
@@ -796,7 +832,7 @@ mod tests {
             names::OBJECT_PROGRAMS.into_iter().collect(),
         );
         assert_eq!(
-            names::PROGRAMS.len() + names::ITER_PROGRAMS.len(),
+            names::PROGRAMS.len() + names::ITER_PROGRAMS.len() + names::VARIANT_PROGRAMS.len(),
             object.programs.len(),
             "no program name is listed twice"
         );
@@ -805,7 +841,20 @@ mod tests {
     #[test]
     fn object_programs_have_their_common_hooks() {
         let object = object();
-        for Program { name, hook, .. } in names::PROGRAMS.into_iter().chain(names::ITER_PROGRAMS) {
+        let variants = names::VARIANT_PROGRAMS
+            .into_iter()
+            .map(|(name, of)| Program {
+                name,
+                ..names::PROGRAMS
+                    .into_iter()
+                    .find(|p| p.name == of)
+                    .expect("a variant stands for a program of PROGRAMS")
+            });
+        for Program { name, hook, .. } in names::PROGRAMS
+            .into_iter()
+            .chain(names::ITER_PROGRAMS)
+            .chain(variants)
+        {
             let Some(program) = object.programs.get(name) else {
                 continue; // `object_programs_are_common_programs` reports it.
             };

@@ -3,7 +3,9 @@
 
 use std::{fmt::Write, path::Path};
 
-use linkerd_cni_common::{FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6, paths};
+use linkerd_cni_common::{
+    FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IPV6, kernel::SkLookupVariant, names, paths,
+};
 
 use crate::{
     agent,
@@ -31,6 +33,20 @@ pub fn nothing_installed(pin_root: &Path, state_dir: &Path, registered: usize) -
             maps.display(),
             state_dir.display()
         )
+    }
+}
+
+/// Which `sk_lookup` program is pinned under `progs/l5d_sk_lookup` (the one every pod's stub
+/// tail-calls), from the kernel's name of it, with its rule; or why that cannot be said.
+fn sk_lookup_program(pin_root: &Path) -> String {
+    let path = pin_root.join(paths::PIN_PROGS).join(names::PROG_SK_LOOKUP);
+    let name = dataplane::bpf_sys::obj_get(&path).and_then(dataplane::bpf_sys::prog_name);
+    match name {
+        Ok(name) => match SkLookupVariant::of_program(&name) {
+            Some(v) => v.to_string(),
+            None => format!("{name} (not a program of this release)"),
+        },
+        Err(e) => format!("unknown ({}: {e})", path.display()),
     }
 }
 
@@ -72,6 +88,7 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
         .map(|f| format!("{} {}/{}", f.name, f.entries, f.max_entries))
         .collect();
     let _ = writeln!(out, "map fill (entries/max): {}", fill.join("  "));
+    let _ = writeln!(out, "sk_lookup program: {}", sk_lookup_program(pin_root));
     for r in &records {
         let pod = r
             .pod

@@ -300,9 +300,18 @@ pub fn filesystem_supported(filesystems: &str, fstype: &str) -> bool {
 /// Runs the node checks on `facts`.
 pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
     let mut results = Vec::new();
-    results.push(match facts.kernel.as_ref().map(Findings::verdict) {
-        Some(Ok(present)) => CheckResult::ok(CATEGORY, KERNEL_CHECK, present),
-        Some(Err(why)) => CheckResult::fail(CATEGORY, KERNEL_CHECK, why),
+    let verdict = facts
+        .kernel
+        .as_ref()
+        .map(|f| (f.verdict(), f.sk_lookup_variant()));
+    results.push(match verdict {
+        // Which sk_lookup program the agent runs here (it asks the same probes).
+        Some((Ok(present), sk_lookup)) => CheckResult::ok(
+            CATEGORY,
+            KERNEL_CHECK,
+            format!("{present}; sk_lookup program: {sk_lookup}"),
+        ),
+        Some((Err(why), _)) => CheckResult::fail(CATEGORY, KERNEL_CHECK, why),
         None => CheckResult::fail(CATEGORY, KERNEL_CHECK, "the kernel was not probed"),
     });
 
@@ -397,12 +406,13 @@ mod tests {
         let cases: &[(&str, &[usize], Option<&str>)] = &[
             ("5.14.0-503.el9.x86_64", &[], None),
             ("2.6.78", &[], None),
+            ("5.15.0-1049-azure", &[7], None),
             (
                 "6.1.0",
                 &[5, 7],
                 Some(
                     "kernel 6.1.0 lacks features linkerd-cni's eBPF mode needs; missing: \
-                     SO_NETNS_COOKIE (5.14+), ingress_ifindex in the sk_lookup context (5.17+)",
+                     SO_NETNS_COOKIE (5.14+)",
                 ),
             ),
         ];
@@ -418,10 +428,22 @@ mod tests {
             match want {
                 None => {
                     assert!(failed.is_empty(), "kernel {release}: {failed:?}");
-                    assert_eq!(
-                        results[0].detail,
-                        format!("{release}: every feature present")
-                    );
+                    let want = match absent.is_empty() {
+                        true => format!(
+                            "{release}: every feature present; sk_lookup program: l5d_sk_lookup \
+                             (the pod's own traffic arrives on loopback)"
+                        ),
+                        // Ubuntu 22.04's 5.15: served, by the address variant.
+                        false => format!(
+                            "{release}: every required feature present (without ingress_ifindex \
+                             in the sk_lookup context, l5d_sk_lookaddr: the pod's own traffic is \
+                             known by its source address (loopback, the destination itself, or \
+                             one of the pod's addresses)); sk_lookup program: l5d_sk_lookaddr \
+                             (the pod's own traffic comes from loopback, its destination or a pod \
+                             address)"
+                        ),
+                    };
+                    assert_eq!(results[0].detail, want);
                 }
                 Some(line) => {
                     assert_eq!(failed.len(), 1, "kernel {release}: {failed:?}");
