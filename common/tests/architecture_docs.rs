@@ -5,7 +5,20 @@
 
 use std::{fs, path::PathBuf};
 
-use linkerd_cni_common::names::{Hook, ITER_PROGRAMS, PROG_SK_LOOKUP_STUB, PROGRAMS};
+use linkerd_cni_common::names::{
+    Hook, ITER_PROGRAMS, PROG_SK_LOOKUP_STUB, PROGRAMS, Program, VARIANT_PROGRAMS,
+};
+
+/// The variants ([`VARIANT_PROGRAMS`]) as programs, with the hook of the one each stands for.
+fn variants() -> impl Iterator<Item = Program> {
+    VARIANT_PROGRAMS.into_iter().map(|(name, of)| Program {
+        name,
+        ..PROGRAMS
+            .into_iter()
+            .find(|p| p.name == of)
+            .expect("a variant stands for a program of PROGRAMS")
+    })
+}
 
 const ARCHITECTURE: &str = "docs/design/architecture.md";
 
@@ -60,10 +73,11 @@ fn code(s: &str) -> String {
 #[test]
 fn the_program_table_is_the_program_list() {
     let rows = table(&read(ARCHITECTURE), "## The programs");
-    // The object's programs in their order, then the agent's per-pod stub.
+    // The object's programs in their order, the variants, then the agent's per-pod stub.
     let mut want: Vec<(String, String, bool)> = PROGRAMS
-        .iter()
-        .chain(ITER_PROGRAMS.iter())
+        .into_iter()
+        .chain(ITER_PROGRAMS)
+        .chain(variants())
         .map(|p| (code(p.name), code(section(p.hook)), p.hook.on_cgroup()))
         .collect();
     want.push((
@@ -121,8 +135,9 @@ fn the_ebpf_crate_defines_the_program_list() {
     }
     defined.sort();
     let mut want: Vec<String> = PROGRAMS
-        .iter()
-        .chain(ITER_PROGRAMS.iter())
+        .into_iter()
+        .chain(ITER_PROGRAMS)
+        .chain(variants())
         .map(|p| p.name.to_string())
         .collect();
     want.sort();

@@ -15,15 +15,18 @@ fn doc(path: &str) -> String {
 
 /// The table as docs/operating/kernel-requirements.md shows it.
 fn table() -> String {
-    let mut out = String::from("| feature | mainline | used by | the probe |\n|---|---|---|---|\n");
+    let mut out = String::from(
+        "| feature | mainline | used by | the probe | without it |\n|---|---|---|---|---|\n",
+    );
     for f in FEATURES {
         out.push_str(&format!(
-            "| {} | {}.{} | {} | {} |\n",
+            "| {} | {}.{} | {} | {} | {} |\n",
             f.name,
             f.since.0,
             f.since.1,
             f.used_by,
-            f.probe.asks()
+            f.probe.asks(),
+            f.without.unwrap_or("the kernel is refused")
         ));
     }
     out

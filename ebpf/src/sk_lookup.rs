@@ -17,17 +17,19 @@
 //! connection). Every local address of the pod counts, whether it was known at ADD or not:
 //! the destination address plays no part in finding the pod.
 //!
-//! Two programs, one decision: [`l5d_sk_lookup`] knows the pod's own traffic by the interface
-//! it arrived on (loopback, `ingress_ifindex`, 5.17); [`l5d_sk_lookaddr`], for kernels without
-//! that field (5.15's context has none), by its source address: loopback (`127.0.0.0/8`,
-//! `::1`), the destination itself, or one of the pod's addresses ([`POD_BY_IP`] says which
-//! pod an address is). The pod's own traffic always has one of those sources (the kernel picks
-//! a local address as the source of a connection to a local address), and a packet from
-//! outside cannot carry one and complete a handshake: the kernel drops an IPv4 packet whose
-//! source is local or loopback arriving on another interface (`fib_validate_source`, martian
-//! source), and an IPv6 one from `::1`; to a spoofed pod address, the SYN-ACK goes to the pod
-//! itself, never to the sender. The agent loads one of them (`SkLookupVariant`, chosen by the
-//! probes) and pins it under `l5d_sk_lookup`'s name; the other is never loaded.
+//! Two programs, one decision. Both know the pod's own traffic by its source address: loopback
+//! (`127.0.0.0/8`, `::1`), the destination itself, or one of the pod's addresses
+//! ([`POD_BY_IP`] says which pod an address is). The pod's own traffic has one of those
+//! sources (the kernel picks the destination itself as the source of a connection to a local
+//! address, unless the socket was bound), and a packet from outside cannot carry one and
+//! complete a handshake: the kernel drops an IPv4 packet whose source is local or loopback
+//! arriving on another interface (`fib_validate_source`, martian source), and an IPv6 one
+//! from `::1`; to a spoofed pod address, the SYN-ACK goes to the pod itself, never to the
+//! sender. [`l5d_sk_lookup`] also passes what arrived on the loopback device
+//! (`ingress_ifindex`, 5.17: connections to an address held by `lo`); [`l5d_sk_lookaddr`],
+//! for kernels without that field (5.15's context has none), does not read it. The agent
+//! loads one of them (`SkLookupVariant`, chosen by the probes) and pins it under
+//! `l5d_sk_lookup`'s name; the other is never loaded.
 //!
 //! # Minimum kernel version
 //! 5.9; [`l5d_sk_lookup`] 5.17 (`ingress_ifindex` in the context).
@@ -51,7 +53,8 @@ use crate::{
 };
 const LOOPBACK_IFINDEX: u32 = 1;
 
-/// The pod's own traffic is what arrived on loopback.
+/// The pod's own traffic is what arrived on the loopback device or comes from the pod's own
+/// addresses.
 #[sk_lookup]
 pub fn l5d_sk_lookup(ctx: SkLookupContext) -> u32 {
     // SAFETY: the kernel hands a valid `bpf_sk_lookup`.
@@ -59,7 +62,7 @@ pub fn l5d_sk_lookup(ctx: SkLookupContext) -> u32 {
 }
 
 /// The pod's own traffic is what comes from loopback, from its destination, or from one of the
-/// pod's addresses (no `ingress_ifindex` read: loads on 5.9 to 5.16).
+/// pod's addresses (no `ingress_ifindex` read: loads on 5.9 to 5.16 too).
 #[sk_lookup]
 pub fn l5d_sk_lookaddr(ctx: SkLookupContext) -> u32 {
     // SAFETY: as above.
@@ -120,21 +123,23 @@ unsafe fn lookup<const BY_IFINDEX: bool>(ctx: &SkLookupContext) -> u32 {
     } else {
         (lip6, rip6)
     };
-    // The address variant's stand-in for the loopback interface, passed uncounted as the
-    // ifindex variant passes what arrived on loopback.
-    if !BY_IFINDEX && (loopback(v4, rip4, &remote) || remote == local) {
+    // The pod's own traffic by its source, in both programs: `ingress_ifindex` is loopback
+    // only for connections to an address on the loopback device; one to the pod's own
+    // address reports the device that holds the address (the kernel's local route,
+    // `orig_oif` in `ip_route_output_key_hash_rcu`), so `127.0.0.1` to the pod IP would
+    // otherwise be handed to the proxy. Passed uncounted, as what arrived on loopback is.
+    if loopback(v4, rip4, &remote) || remote == local {
         return SK_PASS;
     }
     let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }).copied() else {
         return SK_PASS;
     };
     // SAFETY: read-only lookup.
-    if !BY_IFINDEX && unsafe { POD_BY_IP.get(&remote) }.is_some_and(|c| *c == netns_cookie) {
+    if unsafe { POD_BY_IP.get(&remote) }.is_some_and(|c| *c == netns_cookie) {
         return SK_PASS;
     }
     let port = local_port as u16;
     let passed = !v4 && cfg.flags & FLAG_IPV6 == 0
-        || remote == local
         || port == cfg.inbound_port
         || (cfg.flags & FLAG_IN_PORTS != 0
             && port_in_set(netns_cookie, PORT_SET_INBOUND_SKIP, port))

@@ -686,66 +686,101 @@ fn sk_lookup_decisions(variant: SkLookupVariant) -> Vec<(&'static str, Taker)> {
     let proxy = proxy_in(&pod, true);
     let (me4, me6) = (port.v4(), port.v6());
     let from_node = || Placement::new().netns(&node).uid(APP_UID);
-    let cases: Vec<(&'static str, Placement, SocketAddr)> = vec![
+    // (case, from, bound to, to)
+    let cases: Vec<(&'static str, Placement, Option<SocketAddr>, SocketAddr)> = vec![
         (
             "the pod to itself on its pod IP",
             pod.container(PROXY_UID),
+            None,
             sock(me4, 8080),
         ),
         (
             "the pod to itself on 127.0.0.1",
             pod.container(PROXY_UID),
+            None,
             sock(Ipv4Addr::LOCALHOST, 8080),
         ),
         (
             "the pod to itself on a second local address",
             pod.container(PROXY_UID),
+            None,
             sock(extra, 8080),
+        ),
+        (
+            "the pod from its pod IP to its second address",
+            pod.container(PROXY_UID),
+            Some(sock(me4, 0)),
+            sock(extra, 8080),
+        ),
+        (
+            "the pod from 127.0.0.1 to its pod IP",
+            pod.container(PROXY_UID),
+            Some(sock(Ipv4Addr::LOCALHOST, 0)),
+            sock(me4, 8080),
         ),
         (
             "the pod to itself on its IPv6 pod IP",
             pod.container(PROXY_UID),
+            None,
             sock(me6, 8080),
         ),
         (
             "the pod to itself on ::1",
             pod.container(PROXY_UID),
+            None,
             sock(Ipv6Addr::LOCALHOST, 8080),
         ),
         (
             "the app to its own pod IP",
             pod.container(APP_UID),
+            None,
             sock(me4, 8080),
         ),
         (
             "the app to 127.0.0.1",
             pod.container(APP_UID),
+            None,
             sock(Ipv4Addr::LOCALHOST, 8080),
         ),
-        ("another pod", other.container(PROXY_UID), sock(me4, 8080)),
+        (
+            "another pod",
+            other.container(PROXY_UID),
+            None,
+            sock(me4, 8080),
+        ),
         (
             "another pod over IPv6",
             other.container(PROXY_UID),
+            None,
             sock(me6, 8080),
         ),
-        ("the host", from_node(), sock(me4, 8080)),
+        ("the host", from_node(), None, sock(me4, 8080)),
         (
             "the host to the second address",
             from_node(),
+            None,
             sock(extra, 8080),
         ),
-        ("the host over IPv6", from_node(), sock(me6, 8080)),
+        ("the host over IPv6", from_node(), None, sock(me6, 8080)),
+        // From an address the agent does not know (added after ADD) to another of the pod's:
+        // neither program knows it for the pod's own (it arrives on the device holding the
+        // pod IP, not on loopback), so both mesh it, as a connection from outside.
+        (
+            "the pod from its second address to its pod IP",
+            pod.container(PROXY_UID),
+            Some(sock(extra, 0)),
+            sock(me4, 8080),
+        ),
     ];
     let _ = other_port;
     let mut decided = Vec::new();
-    for (n, (case, placement, target)) in cases.into_iter().enumerate() {
+    for (n, (case, placement, bind, target)) in cases.into_iter().enumerate() {
         let before = accepted(&proxy).len();
-        let r = run_client(
-            &placement,
-            &ClientOptions::new(target).send("hi\n"),
-            TIMEOUT,
-        )
-        .expect("run the client");
+        let options = ClientOptions {
+            bind,
+            ..ClientOptions::new(target).send("hi\n")
+        };
+        let r = run_client(&placement, &options, TIMEOUT).expect("run the client");
         assert_eq!(r.succeeded, 1, "{variant:?}, {case}: {r:?}");
         // Through the proxy or not, the app gets it: once it has, the proxy has logged its
         // accept if it took it.
@@ -764,6 +799,9 @@ fn sk_lookup_decisions(variant: SkLookupVariant) -> Vec<(&'static str, Taker)> {
 /// Both `sk_lookup` programs decide every case alike, on whatever kernel this runs on: the
 /// address variant (the only one a kernel without `ingress_ifindex` in the `sk_lookup` context,
 /// such as Ubuntu 22.04's 5.15, loads) passes exactly what the loopback-interface one passes.
+/// The pod's own traffic from `127.0.0.1` or its pod IP to another of its addresses passes
+/// (a connection to the pod IP arrives with the ingress device of the pod IP, not loopback:
+/// before the source rule, the ifindex program handed `127.0.0.1` to pod IP to the proxy).
 #[test]
 fn both_sk_lookup_variants_decide_every_case_alike() {
     use Taker::{App, Proxy};
@@ -771,6 +809,8 @@ fn both_sk_lookup_variants_decide_every_case_alike() {
         ("the pod to itself on its pod IP", App),
         ("the pod to itself on 127.0.0.1", App),
         ("the pod to itself on a second local address", App),
+        ("the pod from its pod IP to its second address", App),
+        ("the pod from 127.0.0.1 to its pod IP", App),
         ("the pod to itself on its IPv6 pod IP", App),
         ("the pod to itself on ::1", App),
         ("the app to its own pod IP", App),
@@ -780,6 +820,7 @@ fn both_sk_lookup_variants_decide_every_case_alike() {
         ("the host", Proxy),
         ("the host to the second address", Proxy),
         ("the host over IPv6", Proxy),
+        ("the pod from its second address to its pod IP", Proxy),
     ];
     let ifindex = sk_lookup_decisions(SkLookupVariant::Ifindex);
     assert_eq!(ifindex, want, "the ifindex variant");
