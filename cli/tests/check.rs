@@ -598,7 +598,9 @@ fn node_checks_on_this_machine() {
         .to_string_lossy()
         .into_owned();
     assert!(
-        stdout.contains(&format!("({release}: every feature present)")),
+        stdout.contains(&format!(
+            "({release}: every feature present; sk_lookup program: l5d_sk_lookup ("
+        )),
         "kernel {release} not reported with every feature:\n{stdout}"
     );
 

@@ -94,8 +94,9 @@ impl Feature {
 /// recognise the pod's own traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkLookupVariant {
-    /// [`names::PROG_SK_LOOKUP`]: a connection that arrived on the loopback interface
-    /// (`ingress_ifindex`, 5.17) is the pod's own.
+    /// [`names::PROG_SK_LOOKUP`]: a connection whose source is loopback, its own destination
+    /// or one of the pod's known addresses, or that arrived on the loopback device
+    /// (`ingress_ifindex`, 5.17), is the pod's own.
     Ifindex,
     /// [`names::PROG_SK_LOOKUP_BY_ADDR`]: a connection whose source is loopback, its own
     /// destination, or one of the pod's known addresses is the pod's own (any kernel with
@@ -139,9 +140,12 @@ impl SkLookupVariant {
     /// How it recognises the pod's own traffic, in a few words.
     pub const fn rule(self) -> &'static str {
         match self {
-            Self::Ifindex => "the pod's own traffic arrives on loopback",
+            Self::Ifindex => {
+                "the pod's own traffic: from loopback, its destination or a pod address, or \
+                 arriving on lo"
+            }
             Self::Address => {
-                "the pod's own traffic comes from loopback, its destination or a pod address"
+                "the pod's own traffic: from loopback, its destination or a pod address"
             }
         }
     }

@@ -91,7 +91,8 @@ impl Findings {
             .collect()
     }
 
-    /// The verdict in one line: `Ok("<release>: every feature present")`, or the error naming
+    /// The verdict in one line: `Ok("<release>: every feature present")` (or `every required
+    /// feature present (without <feature>, <its stand-in>)`), or the error naming
     /// each missing feature (`kernel <release> lacks features ...; missing: name (5.15+), ...`)
     /// or each feature that could not be asked for.
     pub fn verdict(&self) -> Result<String, String> {

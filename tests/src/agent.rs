@@ -206,6 +206,11 @@ impl AgentHarness {
         assert_eq!(self.maps().stats(cookie).orig_dst_answered, n);
     }
 
+    /// Its configuration, to change before [`Self::start_again`] (the next start uses it).
+    pub fn config_mut(&mut self) -> &mut AgentConfig {
+        &mut self.config
+    }
+
     /// Simulates a crash: every fd the agent held is closed, nothing is cleaned up.
     pub fn kill(&mut self) {
         self.agent = None;

@@ -827,3 +827,81 @@ fn both_sk_lookup_variants_decide_every_case_alike() {
     let address = sk_lookup_decisions(SkLookupVariant::Address);
     assert_eq!(address, want, "the address variant");
 }
+
+/// The `sk_lookup` program pinned as `progs/l5d_sk_lookup`, by the kernel's name of it.
+fn pinned_sk_lookup(h: &AgentHarness) -> String {
+    let pinned = h
+        .config()
+        .pin_root
+        .join(paths::PIN_PROGS)
+        .join(names::PROG_SK_LOOKUP);
+    bpf_sys::obj_get(&pinned)
+        .and_then(bpf_sys::prog_name)
+        .expect("the pinned sk_lookup program's name")
+}
+
+/// The choice of `sk_lookup` program is kept by a restart on the same terms, and follows the
+/// kernel's answer when the agent is left to ask (a kernel upgraded past 5.17 gets the ifindex
+/// program at the next start): each time every pod keeps its stub, which reaches the program
+/// just loaded, and `inspect` names it.
+#[test]
+fn the_sk_lookup_choice_survives_restarts_and_follows_the_probes() {
+    let mut config = AgentHarness::fresh_config();
+    config.sk_lookup = Some(SkLookupVariant::Address);
+    let mut h = AgentHarness::stopped_on(config);
+    h.start_again();
+    let w = World::new(&[8080]);
+    let record = h.register(&w.net.pod, LinkerdConfig::default(), true);
+    let proxy = proxy_in(&w.net.pod, false);
+    let stub = stub_of(&h, &record);
+    let (pin_root, state_dir) = (h.config().pin_root.clone(), h.config().state_dir.clone());
+    let inspect =
+        || linkerd_cni_agent::service::inspect::render(&pin_root, &state_dir).expect("inspect");
+    let through_proxy = |n: usize| {
+        w.call(8080);
+        assert_eq!(wait_accepted(&proxy, n).len(), n, "through the proxy");
+    };
+    let own_traffic_passes = |n: usize| {
+        let r = run_client(
+            &w.net.pod.container(PROXY_UID),
+            &ClientOptions {
+                bind: Some(sock(Ipv4Addr::LOCALHOST, 0)),
+                ..ClientOptions::new(sock(w.net.pod_v4(), 8080)).send("hi\n")
+            },
+            TIMEOUT,
+        )
+        .expect("client");
+        assert_eq!(r.succeeded, 1, "{r:?}");
+        assert_eq!(
+            accepted(&proxy).len(),
+            n,
+            "127.0.0.1 to the pod IP is the pod's own"
+        );
+    };
+    assert_eq!(pinned_sk_lookup(&h), names::PROG_SK_LOOKUP_BY_ADDR);
+    let line = format!("sk_lookup program: {}", SkLookupVariant::Address);
+    assert!(inspect().contains(&line), "{}", inspect());
+    through_proxy(1);
+    own_traffic_passes(1);
+
+    h.kill();
+    h.start_again();
+    assert_eq!(
+        pinned_sk_lookup(&h),
+        names::PROG_SK_LOOKUP_BY_ADDR,
+        "same terms, same choice"
+    );
+    assert_eq!(stub_of(&h, &record), stub, "the pod kept its stub");
+    through_proxy(2);
+
+    h.kill();
+    h.config_mut().sk_lookup = None;
+    h.start_again();
+    let probed = linkerd_cni_common::probe::Findings::probe().sk_lookup_variant();
+    assert_eq!(pinned_sk_lookup(&h), probed.program(), "the probes' choice");
+    let line = format!("sk_lookup program: {probed}");
+    assert!(inspect().contains(&line), "{}", inspect());
+    assert_eq!(stub_of(&h, &record), stub, "the pod kept its stub");
+    through_proxy(3);
+    own_traffic_passes(3);
+}

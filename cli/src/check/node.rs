@@ -431,7 +431,8 @@ mod tests {
                     let want = match absent.is_empty() {
                         true => format!(
                             "{release}: every feature present; sk_lookup program: l5d_sk_lookup \
-                             (the pod's own traffic arrives on loopback)"
+                             (the pod's own traffic: from loopback, its destination or a pod \
+                             address, or arriving on lo)"
                         ),
                         // Ubuntu 22.04's 5.15: served, by the address variant.
                         false => format!(
@@ -439,7 +440,7 @@ mod tests {
                              in the sk_lookup context, l5d_sk_lookaddr: the pod's own traffic is \
                              known by its source address (loopback, the destination itself, or \
                              one of the pod's addresses)); sk_lookup program: l5d_sk_lookaddr \
-                             (the pod's own traffic comes from loopback, its destination or a pod \
+                             (the pod's own traffic: from loopback, its destination or a pod \
                              address)"
                         ),
                     };
