@@ -147,6 +147,16 @@ pub const ITER_PROGRAMS: [Program; 1] = [Program {
 /// it uses: loaded instead of it, pinned and attached under its name. `(variant, stands for)`.
 pub const VARIANT_PROGRAMS: [(&str, &str); 1] = [(PROG_SK_LOOKUP_BY_ADDR, PROG_SK_LOOKUP)];
 
+/// [`VARIANT_PROGRAMS`] as programs, each with the hook of the program it stands for.
+pub fn variant_programs() -> impl Iterator<Item = Program> {
+    VARIANT_PROGRAMS.into_iter().filter_map(|(name, of)| {
+        PROGRAMS
+            .into_iter()
+            .find(|p| p.name == of)
+            .map(|p| Program { name, ..p })
+    })
+}
+
 /// Every program of the object: the attached ones ([`ALL_PROGRAMS`]), the iterators, then the
 /// variants ([`VARIANT_PROGRAMS`]).
 pub const OBJECT_PROGRAMS: [&str; PROGRAMS.len() + ITER_PROGRAMS.len() + VARIANT_PROGRAMS.len()] = {

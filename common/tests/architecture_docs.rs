@@ -6,19 +6,8 @@
 use std::{fs, path::PathBuf};
 
 use linkerd_cni_common::names::{
-    Hook, ITER_PROGRAMS, PROG_SK_LOOKUP_STUB, PROGRAMS, Program, VARIANT_PROGRAMS,
+    Hook, ITER_PROGRAMS, PROG_SK_LOOKUP_STUB, PROGRAMS, variant_programs,
 };
-
-/// The variants ([`VARIANT_PROGRAMS`]) as programs, with the hook of the one each stands for.
-fn variants() -> impl Iterator<Item = Program> {
-    VARIANT_PROGRAMS.into_iter().map(|(name, of)| Program {
-        name,
-        ..PROGRAMS
-            .into_iter()
-            .find(|p| p.name == of)
-            .expect("a variant stands for a program of PROGRAMS")
-    })
-}
 
 const ARCHITECTURE: &str = "docs/design/architecture.md";
 
@@ -77,7 +66,7 @@ fn the_program_table_is_the_program_list() {
     let mut want: Vec<(String, String, bool)> = PROGRAMS
         .into_iter()
         .chain(ITER_PROGRAMS)
-        .chain(variants())
+        .chain(variant_programs())
         .map(|p| (code(p.name), code(section(p.hook)), p.hook.on_cgroup()))
         .collect();
     want.push((
@@ -137,7 +126,7 @@ fn the_ebpf_crate_defines_the_program_list() {
     let mut want: Vec<String> = PROGRAMS
         .into_iter()
         .chain(ITER_PROGRAMS)
-        .chain(variants())
+        .chain(variant_programs())
         .map(|p| p.name.to_string())
         .collect();
     want.sort();

@@ -266,16 +266,7 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
         .unwrap_or(false);
     let mut not_jited = Vec::new();
     // The variants too (the address variant of sk_lookup loads wherever sk_lookup does).
-    let variants = names::VARIANT_PROGRAMS
-        .into_iter()
-        .map(|(name, of)| Program {
-            name,
-            ..names::PROGRAMS
-                .into_iter()
-                .find(|p| p.name == of)
-                .expect("a variant stands for a program of PROGRAMS")
-        });
-    for Program { name, hook, .. } in names::PROGRAMS.into_iter().chain(variants) {
+    for Program { name, hook, .. } in names::PROGRAMS.into_iter().chain(names::variant_programs()) {
         let program = ebpf
             .program_mut(name)
             .unwrap_or_else(|| panic!("no program {name} in the object"));

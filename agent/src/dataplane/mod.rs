@@ -426,11 +426,6 @@ impl Dataplane {
         self.listener_iter.as_ref().map_err(String::as_str)
     }
 
-    /// The `sk_lookup` program this data plane loaded.
-    pub fn sk_lookup_variant(&self) -> SkLookupVariant {
-        self.sk_lookup
-    }
-
     /// The loaded program that serves as `name` (one of [`names::PROGRAMS`] or
     /// [`names::ITER_PROGRAMS`]): for [`names::PROG_SK_LOOKUP`], the variant loaded.
     fn prog_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, DataplaneError> {
@@ -841,19 +836,15 @@ mod tests {
     #[test]
     fn object_programs_have_their_common_hooks() {
         let object = object();
-        let variants = names::VARIANT_PROGRAMS
-            .into_iter()
-            .map(|(name, of)| Program {
-                name,
-                ..names::PROGRAMS
-                    .into_iter()
-                    .find(|p| p.name == of)
-                    .expect("a variant stands for a program of PROGRAMS")
-            });
+        assert_eq!(
+            names::variant_programs().count(),
+            names::VARIANT_PROGRAMS.len(),
+            "each variant stands for a program of PROGRAMS"
+        );
         for Program { name, hook, .. } in names::PROGRAMS
             .into_iter()
             .chain(names::ITER_PROGRAMS)
-            .chain(variants)
+            .chain(names::variant_programs())
         {
             let Some(program) = object.programs.get(name) else {
                 continue; // `object_programs_are_common_programs` reports it.
