@@ -307,7 +307,8 @@ fn main() -> anyhow::Result<()> {
                 // Ours to unmount at the uninstall, once it holds nothing else.
                 std::fs::create_dir(cli.bpffs.join(uninstall::MOUNTED_MARKER))?;
             }
-            println!("bpffs mounted at {}", cli.bpffs.display());
+            // A log record, in the format asked for (agent.logFormat), as every other line.
+            tracing::info!(bpffs = %cli.bpffs.display(), "bpffs mounted");
             Ok(())
         }
         Command::Uninstall(args) => {

@@ -145,7 +145,7 @@ mod check {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             write!(
                 f,
-                "{} {} lies inside {} ({}'s): linkerd-cni writes and, at the uninstall, removes \
+                "{} {} lies inside {} (owned by {}): linkerd-cni writes and, at the uninstall, removes \
                  there, so it only uses directories of its own (defaults: socket {}, pin root {})",
                 self.what,
                 self.path.display(),
@@ -223,7 +223,7 @@ mod check {
             .ok()
             .and_then(|r| r.components().next())
         {
-            None => Err(conflict(bpffs, "the bpffs and every tenant")),
+            None => Err(conflict(bpffs, "every eBPF tenant: the bpffs itself")),
             Some(top) if FOREIGN_BPFFS_DIRS.iter().any(|d| top.as_os_str() == *d) => {
                 Err(conflict(bpffs.join(top), "another eBPF tenant"))
             }

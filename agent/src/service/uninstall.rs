@@ -486,7 +486,7 @@ mod tests {
         let err = pass(&opts).expect_err("refused");
         assert!(
             err.to_string()
-                .contains("inside /var/lib/kubelet (kubelet's)"),
+                .contains("inside /var/lib/kubelet (owned by kubelet)"),
             "{err}"
         );
         assert!(opts.state_dir.join("x.json").exists(), "nothing touched");
