@@ -70,7 +70,9 @@ impl Ours {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tenant {
     pub id: u32,
-    /// The name it was loaded with ("?" when it is gone by the time it is described).
+    /// Its name as bpftool prints it: the BTF function's, in full, else the kernel's short
+    /// one (said when cut); what can be said without it when the program cannot be opened
+    /// by id (gone, or no `CAP_SYS_ADMIN`).
     pub name: String,
     /// `enum bpf_prog_type`.
     pub prog_type: u32,
@@ -86,10 +88,13 @@ pub struct Tenant {
 
 impl Tenant {
     fn describe(id: u32, hook: Hook, at: Option<(PathBuf, u32, u32)>) -> Self {
-        let info = bpf_sys::prog_by_id(id).and_then(bpf_sys::prog_info);
+        let info = bpf_sys::prog_by_id(id).and_then(|fd| {
+            let info = bpf_sys::prog_info(&fd)?;
+            Ok((bpf_sys::prog_full_name(&fd)?, info.prog_type))
+        });
         let (name, prog_type) = match info {
-            Ok(i) => (i.name, i.prog_type),
-            Err(_) => ("?".into(), 0),
+            Ok(found) => found,
+            Err(e) => (unnamed(&e), 0),
         };
         let (cgroup, flags, prog_flags) = match at {
             Some((c, f, p)) => (Some(c), f, p),
@@ -108,6 +113,18 @@ impl Tenant {
 
     fn preorder(&self) -> bool {
         self.prog_flags & bpf_sys::F_PREORDER != 0
+    }
+}
+
+/// What is said of a program that cannot be opened by id: its id and hook are known (from
+/// the query), its name and type are not.
+pub fn unnamed(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => "? (name and type unknown: opening a program by id needs \
+                              CAP_SYS_ADMIN, which the agent lacks)"
+            .into(),
+        Some(libc::ENOENT) => "? (gone: unloaded while it was being described)".into(),
+        _ => format!("? (name and type unknown: opening it by id: {e})"),
     }
 }
 
