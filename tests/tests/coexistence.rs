@@ -242,7 +242,7 @@ fn shared_attachment_after_the_tenant_on_its_cgroup_goes_first_or_is_refused_nam
         &message,
         &[
             &format!("program id {id}"),
-            "tenant_connect4",
+            "tenant_sock4_connect",
             "BPF_CGROUP_INET4_CONNECT",
             &format!("attached to cgroup {}", root.path().display()),
             "BPF_F_ALLOW_MULTI (or a bpf_link)",
@@ -310,7 +310,7 @@ fn exclusive_tenant_above_the_pod_refuses_the_add_naming_it() {
         &message,
         &[
             &format!("program id {}", lb.connect4_id()),
-            "tenant_connect4",
+            "tenant_sock4_connect",
             "BPF_CGROUP_INET4_CONNECT",
             &format!("attached to cgroup {}", root.path().display()),
             "flags 0 (exclusive)",

@@ -155,9 +155,12 @@ impl fmt::Display for Tenant {
 #[derive(Debug, thiserror::Error)]
 pub enum Conflict {
     /// Another program runs before ours for the pod's sockets.
-    #[error("{tenant} runs before ours (program id {ours}) for this pod's sockets: it can rewrite or answer what ours reads, so the proxy could lose the original destination; {}", ahead_fix(.tenant, .attached_to))]
+    #[error("{tenant} runs before ours (program id {ours}) for this pod's sockets{}: it can rewrite or answer what ours reads, so the proxy could lose the original destination; {}", also_ahead(.also), ahead_fix(.tenant, .attached_to))]
     Ahead {
         tenant: Tenant,
+        /// Every other program that runs before ours, in run order (each named: fixing the
+        /// first alone would leave the pod refused for the next).
+        also: Vec<Tenant>,
         ours: u32,
         /// The cgroup our links are attached to.
         attached_to: PathBuf,
@@ -181,6 +184,10 @@ pub enum Conflict {
         target: PathBuf,
         source: io::Error,
     },
+}
+
+fn also_ahead(also: &[Tenant]) -> String {
+    also.iter().map(|t| format!(", and so does {t}")).collect()
 }
 
 fn detach_command(tenant: &Tenant) -> String {
@@ -266,8 +273,13 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours) -> Result<(), Conflict> {
             {
                 *prog_flags |= bpf_sys::F_PREORDER;
             }
+            let also = effective[1..first_ours]
+                .iter()
+                .map(|&id| Tenant::describe(id, hook, locate(id, attach, cgroup)))
+                .collect();
             return Err(Conflict::Ahead {
                 tenant: Tenant::describe(id, hook, at),
+                also,
                 ours: effective[first_ours],
                 attached_to: cgroup.into(),
             });
@@ -319,6 +331,10 @@ pub fn check_netns(
         Some(0) => Ok(()),
         Some(i) => Err(Conflict::Ahead {
             tenant: Tenant::describe(ids[0], hook, None),
+            also: ids[1..i]
+                .iter()
+                .map(|&id| Tenant::describe(id, hook, None))
+                .collect(),
             ours: ids[i],
             attached_to: netns_path.into(),
         }),
@@ -461,13 +477,22 @@ mod tests {
             tenant: Tenant {
                 flags: bpf_sys::F_ALLOW_MULTI,
                 prog_flags: bpf_sys::F_PREORDER,
-                ..tenant
+                ..tenant.clone()
             },
+            also: vec![Tenant {
+                id: 43,
+                name: "calico_connect_v4".into(),
+                ..tenant
+            }],
             ours: 7,
             attached_to: "/sys/fs/cgroup/kubepods/pod1".into(),
         }
         .to_string();
         assert!(text.contains("runs before ours (program id 7)"), "{text}");
+        assert!(
+            text.contains(", and so does program id 43 \"calico_connect_v4\""),
+            "every program ahead is named: {text}"
+        );
         assert!(text.contains("without BPF_F_PREORDER"), "{text}");
     }
 }
