@@ -294,7 +294,10 @@ fn a_tenant_link_made_first_after_ours_is_put_behind_ours_by_the_next_reconcile_
         &conflict,
         &[
             "runs before ours",
-            &format!("program id {} \"tenant_sock4_connect\"", second.connect4_id()),
+            &format!(
+                "program id {} \"tenant_sock4_connect\"",
+                second.connect4_id()
+            ),
             &format!(
                 ", and so does program id {} \"tenant_sock4_connect\"",
                 lb.connect4_id()
