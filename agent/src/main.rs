@@ -100,9 +100,14 @@ enum Command {
 
 #[derive(clap::Args)]
 struct UninstallArgs {
-    /// The agent's registration socket (its directory holds the registry too).
+    /// The agent's registration socket, as `run` was given it (`--state-dir`, `--pin-root`
+    /// and `--bpffs` too: where `run` kept its registry and pins).
     #[arg(long, env = "LINKERD_CNI_AGENT_SOCKET", default_value = paths::AGENT_SOCKET)]
     socket: PathBuf,
+    /// Where this process sees the host's root (the clean-up DaemonSet's `/host`): the paths
+    /// above are checked against other components' trees as the host paths they name.
+    #[arg(long, env = "LINKERD_CNI_AGENT_HOST_ROOT")]
+    host_root: Option<PathBuf>,
     /// Wait (checking every 2 s) until no agent runs and no redirected pod is left, then
     /// finish.
     #[arg(long, env = "LINKERD_CNI_UNINSTALL_WAIT")]
@@ -291,6 +296,23 @@ fn main() -> anyhow::Result<()> {
         sk_lookup: cli.sk_lookup.0,
         ..AgentConfig::default()
     };
+    // Every command that writes or removes node paths refuses ones inside another
+    // component's tree (its files would be at the mercy of our clean-up).
+    let socket = match &cli.command {
+        Command::Run(args) => Some((args.socket.as_path(), args.host_root.as_deref())),
+        Command::Load => Some((std::path::Path::new(paths::AGENT_SOCKET), None)),
+        _ => None,
+    };
+    if let Some((socket, host_root)) = socket {
+        paths::check_node_paths(&paths::NodePaths {
+            socket,
+            state_dir: &cli.state_dir,
+            pin_root: &cli.pin_root,
+            bpffs: &cli.bpffs,
+            host_root,
+        })
+        .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
+    }
     // The two commands that pin: neither mounts a bpffs of its own when told the host's is
     // the one (`mount-bpffs` is the command that mounts it).
     if cli.bpffs_from_host && matches!(cli.command, Command::Load | Command::Run(_)) {
@@ -307,7 +329,8 @@ fn main() -> anyhow::Result<()> {
                 // Ours to unmount at the uninstall, once it holds nothing else.
                 std::fs::create_dir(cli.bpffs.join(uninstall::MOUNTED_MARKER))?;
             }
-            println!("bpffs mounted at {}", cli.bpffs.display());
+            // A log record, in the format asked for (agent.logFormat), as every other line.
+            tracing::info!(bpffs = %cli.bpffs.display(), "bpffs mounted");
             Ok(())
         }
         Command::Uninstall(args) => {
@@ -320,14 +343,18 @@ fn main() -> anyhow::Result<()> {
                 state_dir: cli.state_dir,
                 socket: args.socket,
                 bpffs: cli.bpffs,
+                host_root: args.host_root,
                 installer,
             };
             match uninstall::run(&opts, args.wait, args.stay, Duration::from_secs(2))? {
-                uninstall::Outcome::Clean => {
+                (uninstall::Outcome::Clean, removal) => {
                     println!("linkerd-cni removed from this node");
+                    for line in removal.lines() {
+                        println!("  {line}");
+                    }
                     Ok(())
                 }
-                other => {
+                (other, _) => {
                     println!("linkerd-cni not removed yet: {other:?}");
                     std::process::exit(3)
                 }

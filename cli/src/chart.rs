@@ -6,7 +6,7 @@
 //! Only the functions the chart uses are implemented, with sprig's semantics: `toYaml`,
 //! `toJson`, `toString`, `quote`, `default`, `splitList`, `compact`, `trim`, `int64`, `dir`,
 //! `hasPrefix`, `trimSuffix`, `indent`,
-//! `nindent`, `fail` (plus Go's builtins: `printf`, `index`, `not`, `or`, `eq`, ...). A chart
+//! `nindent`, `list`, `fail` (plus Go's builtins: `printf`, `index`, `not`, `or`, `eq`, ...). A chart
 //! change that needs another function fails the CLI's tests, which render the chart with both
 //! this engine and Go's text/template + sprig and compare the objects.
 
@@ -389,6 +389,7 @@ fn with_funcs(t: Template) -> Template {
             indent(n, &strval(arg("nindent", a, 1, 2)?))
         )))
     })
+    .func("list", |a| Ok(Value::List(a.into())))
     .func("fail", |a| {
         Err(TemplateError::Exec(strval(arg("fail", a, 0, 1)?)))
     })

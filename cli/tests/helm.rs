@@ -278,6 +278,18 @@ fn helm_refuses_unsafe_path_values() {
             "put the socket in a directory of its own",
         ),
         ("agent.pinRoot=/run/l5d", "must be inside agent.bpffsPath"),
+        (
+            "agent.socketPath=/var/lib/kubelet/agent.sock",
+            "lies inside /var/lib/kubelet (owned by kubelet)",
+        ),
+        (
+            "agent.pinRoot=/sys/fs/bpf/tc",
+            "lies inside /sys/fs/bpf/tc (owned by another eBPF tenant)",
+        ),
+        (
+            "agent.pinRoot=/sys/fs/bpf/",
+            "lies inside /sys/fs/bpf (owned by every eBPF tenant",
+        ),
     ] {
         let out = helm(&[
             "template",
@@ -339,4 +351,56 @@ fn helm_notes_warn_about_privileged() {
     };
     assert!(notes("privileged=true").contains(linkerd_cli::install_cni::PRIVILEGED_WARNING));
     assert!(!notes("privileged=false").contains("privileged has no effect"));
+}
+
+/// Every tree of `paths::FOREIGN_TREES` and every bpffs directory of `FOREIGN_BPFFS_DIRS` is
+/// refused by the chart, in the agent's DaemonSet and in the clean-up's, as by the CLI (one
+/// list in `common/src/paths.rs`; the templates carry a copy, this keeps them equal).
+#[test]
+fn helm_refuses_paths_inside_other_components_trees() {
+    let chart = chart_dir().display().to_string();
+    let mut sets: Vec<(String, String)> = linkerd_cni_common::paths::FOREIGN_TREES
+        .iter()
+        .map(|(tree, owner)| {
+            (
+                format!("agent.socketPath={tree}/l5d/agent.sock"),
+                format!("lies inside {tree} (owned by {owner})"),
+            )
+        })
+        .collect();
+    sets.extend(
+        linkerd_cni_common::paths::FOREIGN_BPFFS_DIRS
+            .iter()
+            .map(|d| {
+                (
+                    format!("agent.pinRoot=/sys/fs/bpf/{d}/l5d"),
+                    format!("lies inside /sys/fs/bpf/{d} (owned by another eBPF tenant)"),
+                )
+            }),
+    );
+    for (set, want) in &sets {
+        for uninstall in ["false", "true"] {
+            let out = helm(&[
+                "template",
+                "linkerd2-cni",
+                &chart,
+                "-n",
+                OTHER_NS,
+                "--set",
+                set,
+                "--set",
+                &format!("uninstall.enabled={uninstall}"),
+            ]);
+            assert!(
+                !out.status.success(),
+                "helm rendered {set} (uninstall {uninstall})"
+            );
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains(want.as_str()), "{set}: {stderr}");
+        }
+        let cli = linkerd(&["install-cni", "--set", set], &[]);
+        let stderr = String::from_utf8_lossy(&cli.stderr);
+        assert!(!cli.status.success(), "the CLI rendered {set}");
+        assert!(stderr.contains(want.as_str()), "{set}: {stderr}");
+    }
 }

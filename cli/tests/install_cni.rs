@@ -598,10 +598,17 @@ fn flags_change_what_they_should() {
         (
             vec!["--agent-log-format=json"],
             vec![],
-            vec![(
-                format!("{ds}/spec/containers/0/env/16/value"),
-                json!("json"),
-            )],
+            vec![
+                (
+                    format!("{ds}/spec/containers/0/env/16/value"),
+                    json!("json"),
+                ),
+                // mount-bpffs logs in the same format.
+                (
+                    format!("{ds}/spec/initContainers/0/env/1/value"),
+                    json!("json"),
+                ),
+            ],
         ),
         // Linkerd's CLI: -v, LINKERD_DOCKER_REGISTRY, every log level it accepts.
         (vec!["-v", "stable-2.14.10"], vec![], vec![]),
@@ -978,6 +985,20 @@ fn errors() {
         (
             &["--set", "agent.socketPath=/host/l5d/agent.sock"],
             "directory of its own",
+        ),
+        (
+            &["--set", "agent.socketPath=/var/lib/kubelet/l5d/agent.sock"],
+            "agent.socketPath (from --set \"agent.socketPath=/var/lib/kubelet/l5d/agent.sock\"): \
+             the socket's directory /var/lib/kubelet/l5d lies inside /var/lib/kubelet (owned by \
+             kubelet)",
+        ),
+        (
+            &["--set", "agent.pinRoot=/sys/fs/bpf/tc"],
+            "the pin root /sys/fs/bpf/tc lies inside /sys/fs/bpf/tc (owned by another eBPF tenant)",
+        ),
+        (
+            &["--set", "agent.pinRoot=/sys/fs/bpf/tc/"],
+            "lies inside /sys/fs/bpf/tc (owned by another eBPF tenant)",
         ),
         (&["--dest-cni-net-dir=relative"], "absolute"),
         (

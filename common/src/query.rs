@@ -17,9 +17,10 @@ use std::{
     vec::Vec,
 };
 
-use crate::sys::{Attr, bpf, obj_info};
+use crate::sys::{Attr, Info, bpf, obj_info, obj_info_into};
 
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
 const BPF_PROG_QUERY: libc::c_long = 16;
 
 /// `BPF_F_ALLOW_OVERRIDE`: a descendant may attach its own program, which replaces this one
@@ -132,6 +133,107 @@ pub fn prog_info(prog: impl AsFd) -> io::Result<ProgInfo> {
     })
 }
 
+/// The bytes of `struct bpf_prog_info` read for [`prog_full_name`], up to `nr_func_info`.
+const PROG_INFO_FUNC: usize = 152;
+/// The kernel keeps at most this many bytes of a program's name (`BPF_OBJ_NAME_LEN` - 1).
+pub const SHORT_NAME_MAX: usize = 15;
+
+/// A program's name as `bpftool prog show` prints it: the name of its BTF function (the
+/// function the program was compiled from, in full: `cil_sock4_connect`), or, for a program
+/// loaded without BTF, the kernel's name, which it cuts to [`SHORT_NAME_MAX`] bytes (said,
+/// when it may have been cut).
+pub fn prog_full_name(prog: impl AsFd) -> io::Result<String> {
+    let prog = prog.as_fd();
+    let short = prog_info(prog)?.name;
+    match btf_func_name(prog) {
+        Ok(Some(full)) => Ok(full),
+        _ if short.len() >= SHORT_NAME_MAX => Ok(std::format!(
+            "{short} (the kernel's name, cut to {SHORT_NAME_MAX} characters: the program has \
+             no BTF to read the full one from)"
+        )),
+        _ => Ok(short),
+    }
+}
+
+/// The name of the program's BTF function: its first `func_info` record's type
+/// (`BPF_OBJ_GET_INFO_BY_FD`: `btf_id`, `func_info`), looked up in the program's BTF object
+/// (`BPF_BTF_GET_FD_BY_ID`, then its raw data). `None` when the program has no BTF.
+fn btf_func_name(prog: std::os::fd::BorrowedFd<'_>) -> io::Result<Option<String>> {
+    // btf_id (128), func_info_rec_size (132), func_info (136), nr_func_info (144).
+    let counts = obj_info::<PROG_INFO_FUNC>(prog)?;
+    let (btf_id, rec_size, nr) = (counts.u32_at(128), counts.u32_at(132), counts.u32_at(144));
+    if btf_id == 0 || nr == 0 || rec_size < 8 {
+        return Ok(None);
+    }
+    let mut records = vec![0u8; rec_size as usize * nr as usize];
+    let mut info = Info([0u8; PROG_INFO_FUNC]);
+    info.put_u32(132, rec_size)
+        .put_u64(136, records.as_mut_ptr() as u64)
+        .put_u32(144, nr);
+    obj_info_into(prog, &mut info)?;
+    // struct bpf_func_info { insn_off, type_id }: the first is the program's entry.
+    let type_id = u32::from_ne_bytes([records[4], records[5], records[6], records[7]]);
+    let mut attr = Attr::new();
+    attr.put_u32(0, btf_id);
+    let fd = bpf(BPF_BTF_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: the kernel just returned this new fd to us.
+    let btf = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // struct bpf_btf_info { btf (0), btf_size (8), id (12), ... }: the size first, then the data.
+    let size = obj_info::<32>(&btf)?.u32_at(8);
+    let mut data = vec![0u8; size as usize];
+    let mut info = Info([0u8; 32]);
+    info.put_u64(0, data.as_mut_ptr() as u64).put_u32(8, size);
+    obj_info_into(&btf, &mut info)?;
+    Ok(btf_type_name(&data, type_id))
+}
+
+/// The name of type `type_id` in raw BTF `data` (`struct btf_header`, then the type and string
+/// sections); `None` when the data is not BTF, the type is not there or has no name.
+pub fn btf_type_name(data: &[u8], type_id: u32) -> Option<String> {
+    let u32_at = |off: usize| -> Option<u32> {
+        data.get(off..off + 4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let magic = data.get(0..2).map(|b| u16::from_ne_bytes([b[0], b[1]]))?;
+    if magic != 0xeb9f {
+        return None;
+    }
+    let hdr_len = u32_at(4)? as usize;
+    let (type_off, type_len) = (u32_at(8)? as usize, u32_at(12)? as usize);
+    let (str_off, str_len) = (u32_at(16)? as usize, u32_at(20)? as usize);
+    let (types, strings) = (hdr_len + type_off, hdr_len + str_off);
+    let end = types.checked_add(type_len)?;
+    let mut off = types;
+    let mut id = 1;
+    while off + 12 <= end {
+        let (name_off, info) = (u32_at(off)?, u32_at(off + 4)?);
+        if id == type_id {
+            if name_off == 0 || name_off as usize >= str_len {
+                return None;
+            }
+            let from = strings + name_off as usize;
+            let bytes = data.get(from..strings + str_len)?;
+            let len = bytes.iter().position(|b| *b == 0)?;
+            return Some(String::from_utf8_lossy(&bytes[..len]).into_owned());
+        }
+        let vlen = (info & 0xffff) as usize;
+        // The bytes that follow `struct btf_type` for each kind (include/uapi/linux/btf.h).
+        let extra = match (info >> 24) & 0x1f {
+            1 | 14 | 17 => 4,   // INT, VAR, DECL_TAG
+            3 => 12,            // ARRAY
+            4 | 5 => 12 * vlen, // STRUCT, UNION
+            6 => 8 * vlen,      // ENUM
+            13 => 8 * vlen,     // FUNC_PROTO
+            15 => 12 * vlen,    // DATASEC
+            19 => 12 * vlen,    // ENUM64
+            _ => 0,             // PTR, FWD, TYPEDEF, qualifiers, FUNC, FLOAT, TYPE_TAG
+        };
+        off += 12 + extra;
+        id += 1;
+    }
+    None
+}
+
 /// kubelet's cgroup of every pod under `root` (the cgroup2 mount): `kubepods.slice` (systemd
 /// driver) or `kubepods` (cgroupfs driver), whichever exists; `None` when neither or both do.
 pub fn kubepods(root: &Path) -> Option<PathBuf> {
@@ -159,5 +261,57 @@ pub const fn attach_type(hook: crate::names::Hook) -> u32 {
         Hook::Getpeername6 => 30,
         Hook::IterTcp => 28,
         Hook::SkLookup => ATTACH_SK_LOOKUP,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Raw BTF: an INT `int`, a FUNC_PROTO with one parameter, a FUNC named longer than the
+    /// kernel's 15 bytes, as a compiler emits them.
+    fn btf() -> Vec<u8> {
+        let strings = b"\0int\0ctx\0tenant_sock4_connect\0";
+        let mut types = Vec::new();
+        let mut ty = |name_off: u32, kind: u32, vlen: u32, size_or_type: u32, extra: &[u32]| {
+            for v in [name_off, (kind << 24) | vlen, size_or_type]
+                .iter()
+                .chain(extra)
+            {
+                types.extend_from_slice(&v.to_ne_bytes());
+            }
+        };
+        ty(1, 1, 0, 4, &[32]); // [1] INT int
+        ty(0, 13, 1, 1, &[5, 1]); // [2] FUNC_PROTO (ctx: int) -> int
+        ty(9, 12, 1, 2, &[]); // [3] FUNC tenant_sock4_connect
+        let mut data = Vec::new();
+        data.extend_from_slice(&0xeb9fu16.to_ne_bytes());
+        data.extend_from_slice(&[1, 0]);
+        for v in [
+            24u32,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
+            data.extend_from_slice(&v.to_ne_bytes());
+        }
+        data.extend_from_slice(&types);
+        data.extend_from_slice(strings);
+        data
+    }
+
+    #[test]
+    fn a_btf_function_is_named_in_full() {
+        let data = btf();
+        assert_eq!(
+            btf_type_name(&data, 3).as_deref(),
+            Some("tenant_sock4_connect")
+        );
+        assert_eq!(btf_type_name(&data, 1).as_deref(), Some("int"));
+        assert_eq!(btf_type_name(&data, 2), None, "a FUNC_PROTO has no name");
+        assert_eq!(btf_type_name(&data, 4), None, "no such type");
+        assert_eq!(btf_type_name(&data[..30], 3), None, "cut short");
+        assert_eq!(btf_type_name(&[0; 24], 1), None, "not BTF");
     }
 }

@@ -82,6 +82,16 @@ impl<const N: usize> Info<N> {
         u32_at(&self.0, off)
     }
 
+    pub fn put_u32(&mut self, off: usize, v: u32) -> &mut Self {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+
+    pub fn put_u64(&mut self, off: usize, v: u64) -> &mut Self {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+
     pub fn u64_at(&self, off: usize) -> u64 {
         let mut b = [0u8; 8];
         b.copy_from_slice(&self.0[off..off + 8]);
@@ -93,12 +103,21 @@ impl<const N: usize> Info<N> {
 /// `N` bytes (the kernel fills what it has of them and zeroes nothing past its own struct).
 pub fn obj_info<const N: usize>(fd: impl AsFd) -> io::Result<Info<N>> {
     let mut info = Info([0u8; N]);
+    obj_info_into(fd, &mut info)?;
+    Ok(info)
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` into `info` as the caller filled it: the fields that ask for more
+/// (a buffer's address and size, such as `bpf_prog_info`'s `func_info`, or `bpf_btf_info`'s
+/// `btf`) are read by the kernel, which fills the buffers they point at (they must outlive the
+/// call) and writes the struct back.
+pub fn obj_info_into<const N: usize>(fd: impl AsFd, info: &mut Info<N>) -> io::Result<()> {
     let mut attr = Attr::new();
     attr.put_u32(0, fd.as_fd().as_raw_fd() as u32)
         .put_u32(4, N as u32)
         .put_u64(8, info.0.as_mut_ptr() as u64);
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    Ok(info)
+    Ok(())
 }
 
 fn u32_at(bytes: &[u8], off: usize) -> u32 {

@@ -26,7 +26,7 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LINKERD_CNI_TENANT_OBJE
 
 /// Its programs and hooks (`getpeername` shows the Service again for a translated socket).
 pub const PROGRAMS: [(&str, AttachType); 4] = [
-    ("tenant_connect4", AttachType::CgroupInet4Connect),
+    ("tenant_sock4_connect", AttachType::CgroupInet4Connect),
     ("tenant_connect6", AttachType::CgroupInet6Connect),
     ("tenant_peer4", AttachType::CgroupInet4Getpeername),
     ("tenant_peer6", AttachType::CgroupInet6Getpeername),
@@ -213,7 +213,7 @@ impl SocketLb {
 
     /// The id of its `connect4` program.
     pub fn connect4_id(&self) -> u32 {
-        self.prog("tenant_connect4")
+        self.prog("tenant_sock4_connect")
             .ok()
             .and_then(|fd| bpf_sys::obj_id(&fd).ok())
             .unwrap_or(0)

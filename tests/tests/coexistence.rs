@@ -242,7 +242,7 @@ fn shared_attachment_after_the_tenant_on_its_cgroup_goes_first_or_is_refused_nam
         &message,
         &[
             &format!("program id {id}"),
-            "tenant_connect4",
+            "tenant_sock4_connect",
             "BPF_CGROUP_INET4_CONNECT",
             &format!("attached to cgroup {}", root.path().display()),
             "BPF_F_ALLOW_MULTI (or a bpf_link)",
@@ -280,14 +280,32 @@ fn a_tenant_link_made_first_after_ours_is_put_behind_ours_by_the_next_reconcile_
         Err(e) => panic!("attaching with BPF_F_BEFORE: {e}"),
         Ok(()) => {}
     }
+    // A second tenant, made first too: both run before ours, and both are named, in full.
+    let mut second = world.tenant();
+    second
+        .attach(root.path(), How::LinkFirst)
+        .expect("a second tenant, first");
     let conflict = h
         .agent()
         .check_order(&record)
-        .expect_err("the tenant runs first");
-    assert!(
-        conflict.to_string().contains("runs before ours"),
-        "{conflict}"
+        .expect_err("the tenants run first")
+        .to_string();
+    assert_names(
+        &conflict,
+        &[
+            "runs before ours",
+            &format!(
+                "program id {} \"tenant_sock4_connect\"",
+                second.connect4_id()
+            ),
+            &format!(
+                ", and so does program id {} \"tenant_sock4_connect\"",
+                lb.connect4_id()
+            ),
+        ],
     );
+    second.detach_all();
+    drop(second);
     let reconciler = h.reconciler();
     reconciler.run_once();
     assert_eq!(reconciler.order_conflicts(), 0, "repaired in one pass");
@@ -310,7 +328,7 @@ fn exclusive_tenant_above_the_pod_refuses_the_add_naming_it() {
         &message,
         &[
             &format!("program id {}", lb.connect4_id()),
-            "tenant_connect4",
+            "tenant_sock4_connect",
             "BPF_CGROUP_INET4_CONNECT",
             &format!("attached to cgroup {}", root.path().display()),
             "flags 0 (exclusive)",

@@ -99,9 +99,13 @@ fn the_shared_attachment_stays_while_its_pod_runs_and_nothing_is_left_once_it_en
         pin_root: config.pin_root.clone(),
         state_dir: config.state_dir.clone(),
         socket: scratch.path().join("agent.sock"),
-        bpffs: scratch.path().to_path_buf(),
+        bpffs: config.pin_root.parent().expect("the bpffs").to_path_buf(),
+        host_root: None,
         installer: None,
     };
+    // Another tenant's directory in our pin root: it stays, and the pin root with it.
+    let theirs = config.pin_root.join("theirs");
+    std::fs::create_dir(&theirs).expect("a foreign directory in the pin root");
     assert_eq!(
         uninstall::pass(&opts).expect("a pass"),
         Outcome::PodsRunning(vec![record.id.clone()]),
@@ -119,18 +123,37 @@ fn the_shared_attachment_stays_while_its_pod_runs_and_nothing_is_left_once_it_en
     } = pod;
     drop((veth, peer, netns));
     let deadline = Instant::now() + TIMEOUT;
-    loop {
-        match uninstall::pass(&opts).expect("a pass") {
-            Outcome::Clean => break,
+    let removal = loop {
+        match uninstall::pass_report(&opts).expect("a pass") {
+            (Outcome::Clean, removal) => break removal,
             other => assert!(
                 Instant::now() < deadline,
                 "the pod's netns is gone, yet: {other:?}"
             ),
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
+    };
     assert_eq!(attached(&cgroup), Vec::<serde_json::Value>::new());
-    assert!(!config.pin_root.exists() && !config.state_dir.exists());
+    assert!(!config.state_dir.exists());
+    let mut left: Vec<String> = std::fs::read_dir(&config.pin_root)
+        .expect("the pin root stays")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["linkerd-cni-owned", "theirs"],
+        "only the foreign entry and our marker"
+    );
+    let said = removal.left_lines().join("\n");
+    assert!(
+        said.contains(&format!(
+            "{}: holds what linkerd-cni did not put there: theirs",
+            config.pin_root.display()
+        )),
+        "{said}"
+    );
+    std::fs::remove_dir(&theirs).expect("remove the foreign directory");
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let left = layout::still_loaded(&ours).expect("bpftool");

@@ -303,7 +303,7 @@ impl Registry {
     /// [`MAX_RECORD_BYTES`] (not read), are reported, not fatal. What a record holds is
     /// checked against the per-pod limits by the agent at start (`Agent::start`).
     pub fn open(dir: &Path) -> io::Result<Self> {
-        fs::create_dir_all(dir)?;
+        crate::host::owned::create_dir_all(dir)?;
         let mut records = Records::default();
         for entry in fs::read_dir(dir)? {
             let path = entry?.path();

@@ -598,7 +598,7 @@ pub fn map_lookup_batch(
     }
 }
 
-pub use linkerd_cni_common::query::{prog_by_id, prog_info};
+pub use linkerd_cni_common::query::{prog_by_id, prog_full_name, prog_info};
 
 /// The name a program was loaded with (`struct bpf_prog_info`'s `name`, at most 15 bytes).
 pub fn prog_name(prog: impl AsFd) -> io::Result<String> {

@@ -70,7 +70,9 @@ impl Ours {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tenant {
     pub id: u32,
-    /// The name it was loaded with ("?" when it is gone by the time it is described).
+    /// Its name as bpftool prints it: the BTF function's, in full, else the kernel's short
+    /// one (said when cut); what can be said without it when the program cannot be opened
+    /// by id (gone, or no `CAP_SYS_ADMIN`).
     pub name: String,
     /// `enum bpf_prog_type`.
     pub prog_type: u32,
@@ -86,10 +88,13 @@ pub struct Tenant {
 
 impl Tenant {
     fn describe(id: u32, hook: Hook, at: Option<(PathBuf, u32, u32)>) -> Self {
-        let info = bpf_sys::prog_by_id(id).and_then(bpf_sys::prog_info);
+        let info = bpf_sys::prog_by_id(id).and_then(|fd| {
+            let info = bpf_sys::prog_info(&fd)?;
+            Ok((bpf_sys::prog_full_name(&fd)?, info.prog_type))
+        });
         let (name, prog_type) = match info {
-            Ok(i) => (i.name, i.prog_type),
-            Err(_) => ("?".into(), 0),
+            Ok(found) => found,
+            Err(e) => (unnamed(&e), 0),
         };
         let (cgroup, flags, prog_flags) = match at {
             Some((c, f, p)) => (Some(c), f, p),
@@ -108,6 +113,18 @@ impl Tenant {
 
     fn preorder(&self) -> bool {
         self.prog_flags & bpf_sys::F_PREORDER != 0
+    }
+}
+
+/// What is said of a program that cannot be opened by id: its id and hook are known (from
+/// the query), its name and type are not.
+pub fn unnamed(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => "? (name and type unknown: opening a program by id needs \
+                              CAP_SYS_ADMIN, which the agent lacks)"
+            .into(),
+        Some(libc::ENOENT) => "? (gone: unloaded while it was being described)".into(),
+        _ => format!("? (name and type unknown: opening it by id: {e})"),
     }
 }
 
@@ -138,9 +155,12 @@ impl fmt::Display for Tenant {
 #[derive(Debug, thiserror::Error)]
 pub enum Conflict {
     /// Another program runs before ours for the pod's sockets.
-    #[error("{tenant} runs before ours (program id {ours}) for this pod's sockets: it can rewrite or answer what ours reads, so the proxy could lose the original destination; {}", ahead_fix(.tenant, .attached_to))]
+    #[error("{tenant} runs before ours (program id {ours}) for this pod's sockets{}: it can rewrite or answer what ours reads, so the proxy could lose the original destination; {}", also_ahead(.also), ahead_fix(.tenant, .attached_to))]
     Ahead {
         tenant: Tenant,
+        /// Every other program that runs before ours, in run order (each named: fixing the
+        /// first alone would leave the pod refused for the next).
+        also: Vec<Tenant>,
         ours: u32,
         /// The cgroup our links are attached to.
         attached_to: PathBuf,
@@ -164,6 +184,10 @@ pub enum Conflict {
         target: PathBuf,
         source: io::Error,
     },
+}
+
+fn also_ahead(also: &[Tenant]) -> String {
+    also.iter().map(|t| format!(", and so does {t}")).collect()
 }
 
 fn detach_command(tenant: &Tenant) -> String {
@@ -249,8 +273,13 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours) -> Result<(), Conflict> {
             {
                 *prog_flags |= bpf_sys::F_PREORDER;
             }
+            let also = effective[1..first_ours]
+                .iter()
+                .map(|&id| Tenant::describe(id, hook, locate(id, attach, cgroup)))
+                .collect();
             return Err(Conflict::Ahead {
                 tenant: Tenant::describe(id, hook, at),
+                also,
                 ours: effective[first_ours],
                 attached_to: cgroup.into(),
             });
@@ -302,6 +331,10 @@ pub fn check_netns(
         Some(0) => Ok(()),
         Some(i) => Err(Conflict::Ahead {
             tenant: Tenant::describe(ids[0], hook, None),
+            also: ids[1..i]
+                .iter()
+                .map(|&id| Tenant::describe(id, hook, None))
+                .collect(),
             ours: ids[i],
             attached_to: netns_path.into(),
         }),
@@ -444,13 +477,22 @@ mod tests {
             tenant: Tenant {
                 flags: bpf_sys::F_ALLOW_MULTI,
                 prog_flags: bpf_sys::F_PREORDER,
-                ..tenant
+                ..tenant.clone()
             },
+            also: vec![Tenant {
+                id: 43,
+                name: "calico_connect_v4".into(),
+                ..tenant
+            }],
             ours: 7,
             attached_to: "/sys/fs/cgroup/kubepods/pod1".into(),
         }
         .to_string();
         assert!(text.contains("runs before ours (program id 7)"), "{text}");
+        assert!(
+            text.contains(", and so does program id 43 \"calico_connect_v4\""),
+            "every program ahead is named: {text}"
+        );
         assert!(text.contains("without BPF_F_PREORDER"), "{text}");
     }
 }

@@ -126,7 +126,7 @@ pub fn require_bpffs(pin_root: &Path) -> io::Result<()> {
 }
 
 /// Makes sure a bpffs is mounted at or above `pin_root` (mounting one at `/sys/fs/bpf` if
-/// none is), then creates `pin_root`.
+/// none is), then creates `pin_root` (marked as ours: [`super::owned`]).
 pub fn ensure_bpffs(pin_root: &Path) -> io::Result<()> {
     if !on_bpffs(pin_root)? {
         let bpffs = Path::new(paths::BPFFS);
@@ -139,7 +139,7 @@ pub fn ensure_bpffs(pin_root: &Path) -> io::Result<()> {
             )));
         }
     }
-    fs::create_dir_all(pin_root)
+    super::owned::create_dir_all(pin_root)
 }
 
 #[cfg(test)]

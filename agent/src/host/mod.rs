@@ -3,7 +3,7 @@
 //! proxy's IDs ([`userns`]), a running pod as the host sees it ([`podscan`]), the runtime's
 //! network namespaces by address ([`podnetns`]), what the kernel offers ([`kernel`]), how it
 //! lays out the structures the iterator reads ([`btf`]), which capabilities this process
-//! holds ([`capabilities`]) and whether a pod's namespace carries Linkerd's iptables rules
+//! holds ([`capabilities`]), which directories are ours ([`owned`]) and whether a pod's namespace carries Linkerd's iptables rules
 //! ([`natrules`]).
 //!
 //! Nothing here knows about pods' redirection state: the layers above ([`crate::agent`],
@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod kernel;
 pub mod natrules;
 pub mod netns;
+pub mod owned;
 pub mod peer;
 pub mod podnetns;
 pub mod podscan;

@@ -86,7 +86,7 @@ pub struct Server {
 /// Binds the socket: parent directory created 0700, stale socket replaced, socket 0600.
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        crate::host::owned::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     match std::fs::remove_file(path) {

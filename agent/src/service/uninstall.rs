@@ -16,24 +16,34 @@
 //! 4. while any pod's link still acts on a running pod, everything else stays: that pod keeps
 //!    its redirection (and the maps and programs it runs) until it ends, so its traffic never
 //!    goes past its proxy. The pass reports those pods;
-//! 5. once none is left: the shared attachment's links are detached, and the whole pin root
-//!    (maps, programs, a migration's staged maps) is unpinned, which frees every program and
-//!    map of ours; then the registry, the socket and their directory, when empty. A bpffs that
-//!    `mount-bpffs` mounted (its marker present) and that holds nothing else is unmounted.
+//! 5. once none is left: the shared attachment's links are detached, and what the agent made
+//!    in the pin root (maps, programs, links, a migration's staged maps) is unpinned, which
+//!    frees every program and map of ours; then the registry's records, the socket, and each
+//!    of their directories that linkerd-cni made ([`owned`]) once nothing else is in it. A
+//!    bpffs that `mount-bpffs` mounted (its marker present) and that holds nothing else is
+//!    unmounted.
+//!
+//! Only what linkerd-cni made goes: a directory without our marker is never removed nor
+//! emptied, another component's file in one of ours stays (with the directory), and a pass
+//! refuses to start when a configured path lies inside another component's tree
+//! ([`paths::check_node_paths`]). The [`Removal`] says what went and what stayed, and why.
 //!
 //! Every step is idempotent: a pass on a clean node changes nothing.
 
 use std::{
     fs, io,
+    os::unix::fs::FileTypeExt,
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use linkerd_cni_common::{names, paths};
 
+pub use crate::host::owned::Removal;
 use crate::{
     agent::{pod_link_dir, registry::Registry},
     dataplane::{self, bpf_sys},
+    host::owned,
 };
 
 /// Where the node's state is, as this process sees it.
@@ -44,6 +54,9 @@ pub struct Options {
     pub socket: PathBuf,
     /// The bpffs mount point (`mount-bpffs`'s).
     pub bpffs: PathBuf,
+    /// Where this process sees the host's root (`/host` in the clean-up DaemonSet), for the
+    /// check of the paths above against other components' trees.
+    pub host_root: Option<PathBuf>,
     /// The installer's configuration (conflists, kubeconfig, binary); `None` leaves the plugin
     /// in place (`--keep-plugin`: the way back to Linkerd's own plugin, which has the same
     /// type and file names).
@@ -69,6 +82,9 @@ pub enum UninstallError {
     Installer(#[from] linkerd_cni_installer::InstallError),
     #[error("the installer's configuration: {0}")]
     Config(#[from] linkerd_cni_installer::ConfigError),
+    /// A configured path lies inside another component's tree: nothing is touched.
+    #[error("refusing to uninstall: {0}")]
+    Path(#[from] paths::PathConflict),
     #[error("{what} {}: {source}", path.display())]
     Io {
         what: &'static str,
@@ -93,33 +109,90 @@ const KERNEL_ENTRIES: [&str; 2] = ["maps.debug", "progs.debug"];
 
 /// One pass (see the module's documentation).
 pub fn pass(opts: &Options) -> Result<Outcome, UninstallError> {
+    pass_report(opts).map(|(outcome, _)| outcome)
+}
+
+/// One pass, with what it removed and what it left (empty unless [`Outcome::Clean`]).
+pub fn pass_report(opts: &Options) -> Result<(Outcome, Removal), UninstallError> {
+    paths::check_node_paths(&paths::NodePaths {
+        socket: &opts.socket,
+        state_dir: &opts.state_dir,
+        pin_root: &opts.pin_root,
+        bpffs: &opts.bpffs,
+        host_root: opts.host_root.as_deref(),
+    })?;
+    let mut removal = Removal::default();
     if std::os::unix::net::UnixStream::connect(&opts.socket).is_ok() {
-        return Ok(Outcome::AgentRunning);
+        return Ok((Outcome::AgentRunning, removal));
     }
     if let Some(cfg) = &opts.installer {
         linkerd_cni_installer::Installer::new(cfg.clone())?.cleanup()?;
     }
-    let running = remove_ended_pods(opts)?;
-    if !running.is_empty() {
-        return Ok(Outcome::PodsRunning(running));
-    }
-    remove_pins(&opts.pin_root)?;
-    remove_dir_all_if_exists(&opts.state_dir).map_err(io_err("removing", &opts.state_dir))?;
-    match fs::remove_file(&opts.socket) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            return Err(io_err("removing", &opts.socket)(e));
+    // A pin root without our marker is not ours: nothing under it is detached or unpinned.
+    let pins_ours = owned::is_owned(&opts.pin_root);
+    if pins_ours {
+        let running = remove_ended_pods(opts)?;
+        if !running.is_empty() {
+            return Ok((Outcome::PodsRunning(running), removal));
         }
-        _ => {}
+        remove_pins(&opts.pin_root, &mut removal)?;
     }
-    for dir in [opts.state_dir.parent(), opts.socket.parent()]
+    removal
+        .dir_if_ours_and_empty(&opts.pin_root)
+        .map_err(io_err("removing", &opts.pin_root))?;
+    remove_registry(&opts.state_dir, &mut removal)?;
+    removal
+        .file(&opts.socket, |t| t.is_socket(), "a socket")
+        .map_err(io_err("removing", &opts.socket))?;
+    let mut dirs: Vec<&Path> = [opts.state_dir.as_path()]
         .into_iter()
-        .flatten()
-    {
-        // Only an empty directory goes (another tool's files stay), and a mount point stays.
-        let _ = fs::remove_dir(dir);
+        .chain(opts.state_dir.parent())
+        .chain(opts.socket.parent())
+        .collect();
+    dirs.dedup();
+    for dir in dirs {
+        // Ours and empty: it goes; anything else stays, with the reason (a mount point is
+        // never empty of our marker... and `remove_dir` refuses one anyway).
+        removal
+            .dir_if_ours_and_empty(dir)
+            .map_err(io_err("removing", dir))?;
     }
     unmount_own_bpffs(&opts.bpffs)?;
-    Ok(Outcome::Clean)
+    Ok((Outcome::Clean, removal))
+}
+
+/// Removes the registry's records (`<id>.json`, and `<id>.json.tmp` a write cut short left)
+/// from `dir` when linkerd-cni made it; says so when there is none, or leaves it when it is
+/// not ours.
+fn remove_registry(dir: &Path, removal: &mut Removal) -> Result<(), UninstallError> {
+    if !dir.is_dir() {
+        removal.absent.push(format!(
+            "no registry at {} (an agent run with another --state-dir keeps its registry there: \
+             pass the same --state-dir)",
+            dir.display()
+        ));
+        return Ok(());
+    }
+    if !owned::is_owned(dir) {
+        return Ok(()); // Reported by `dir_if_ours_and_empty` with the reason.
+    }
+    let mut records = 0;
+    for entry in fs::read_dir(dir).map_err(io_err("reading", dir))? {
+        let entry = entry.map_err(io_err("reading", dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if is_file && (name.ends_with(".json") || name.ends_with(".json.tmp")) {
+            fs::remove_file(entry.path()).map_err(io_err("removing", &entry.path()))?;
+            records += 1;
+        }
+    }
+    if records > 0 {
+        removal
+            .removed
+            .push(format!("{records} pod record(s) in {}", dir.display()));
+    }
+    Ok(())
 }
 
 /// Removes the link directories of ended pods; returns the pods still redirected.
@@ -196,8 +269,10 @@ fn acts_on_a_running_pod(dir: &Path) -> io::Result<bool> {
     Ok(false)
 }
 
-/// Detaches the shared attachment's links and unpins everything under `pin_root`.
-fn remove_pins(pin_root: &Path) -> Result<(), UninstallError> {
+/// Detaches the shared attachment's links and unpins what the agent made under `pin_root`
+/// (ours: [`owned`]): its subdirectories ([`paths::PIN_DIRS`], [`paths::PIN_NEXT`]), never
+/// another entry.
+fn remove_pins(pin_root: &Path, removal: &mut Removal) -> Result<(), UninstallError> {
     let shared = pin_root.join(paths::PIN_SHARED);
     dataplane::detach(&shared).map_err(io_err("detaching the shared links in", &shared))?;
     let pods = pin_root.join(paths::PIN_PODS);
@@ -206,14 +281,15 @@ fn remove_pins(pin_root: &Path) -> Result<(), UninstallError> {
             dataplane::detach(&dir.path()).map_err(io_err("unpinning the links in", &pods))?;
         }
     }
-    remove_dir_all_if_exists(pin_root).map_err(io_err("unpinning", pin_root))
-}
-
-fn remove_dir_all_if_exists(dir: &Path) -> io::Result<()> {
-    match fs::remove_dir_all(dir) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        r => r,
+    for sub in paths::PIN_DIRS.iter().chain([&paths::PIN_NEXT]) {
+        let dir = pin_root.join(sub);
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => removal.removed.push(dir.display().to_string()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("unpinning", &dir)(e)),
+        }
     }
+    Ok(())
 }
 
 /// Unmounts the bpffs at `bpffs` when `mount-bpffs` mounted it (its marker is there) and it
@@ -243,22 +319,26 @@ fn unmount_own_bpffs(bpffs: &Path) -> Result<(), UninstallError> {
 
 /// Runs passes until the node is clean (with `wait`, every `interval`, logging what it waits
 /// for when that changes; without, once), then, with `stay`, until SIGTERM or SIGINT. Returns
-/// the last outcome; a SIGTERM or SIGINT while waiting ends it early.
+/// the last outcome and what its pass removed and left; a SIGTERM or SIGINT while waiting ends
+/// it early.
 pub fn run(
     opts: &Options,
     wait: bool,
     stay: bool,
     interval: Duration,
-) -> Result<Outcome, UninstallError> {
+) -> Result<(Outcome, Removal), UninstallError> {
     let signals = Signals::block();
     let mut said = None;
-    let outcome = loop {
-        let outcome = pass(opts)?;
+    let (outcome, removal) = loop {
+        let (outcome, removal) = pass_report(opts)?;
         if said.as_ref() != Some(&outcome) {
             match &outcome {
                 Outcome::Clean => tracing::info!(
-                    "linkerd-cni removed from this node: no conflist entry, plugin, kubeconfig, \
-                     pins or registry left"
+                    removed = %removal.removed.join(", "),
+                    left = %removal.left_lines().join("; "),
+                    absent = %removal.absent.join("; "),
+                    "linkerd-cni removed from this node: what it made is gone (removed), what \
+                     it did not make stays (left)"
                 ),
                 Outcome::AgentRunning => tracing::warn!(
                     socket = %opts.socket.display(),
@@ -275,16 +355,16 @@ pub fn run(
             said = Some(outcome.clone());
         }
         if outcome == Outcome::Clean || !wait {
-            break outcome;
+            break (outcome, removal);
         }
         if signals.wait(interval) {
-            return Ok(outcome);
+            return Ok((outcome, removal));
         }
     };
     if stay && outcome == Outcome::Clean {
         while !signals.wait(Duration::from_secs(3600)) {}
     }
-    Ok(outcome)
+    Ok((outcome, removal))
 }
 
 /// SIGTERM and SIGINT, blocked and waited for: the process may be PID 1 of a container, where
@@ -322,13 +402,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("l5d-uninstall-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let run = dir.join("run/linkerd-cni");
-        fs::create_dir_all(run.join("pods")).unwrap();
+        fs::create_dir_all(&dir).unwrap();
+        // As the agent makes them (marked as ours).
+        owned::create_dir_all(&run.join("pods")).unwrap();
         fs::write(run.join("pods/x.json"), "{}").unwrap();
         let opts = Options {
             pin_root: dir.join("bpf/linkerd-cni"),
             state_dir: run.join("pods"),
             socket: run.join("agent.sock"),
             bpffs: dir.join("bpf"),
+            host_root: None,
             installer: None,
         };
         fs::create_dir_all(opts.bpffs.join(MOUNTED_MARKER)).unwrap();
@@ -359,10 +442,54 @@ mod tests {
     #[test]
     fn a_directory_holding_other_files_stays() {
         let (dir, opts) = scratch("other");
-        fs::write(dir.join("run/linkerd-cni/not-ours"), "").unwrap();
-        assert_eq!(pass(&opts).unwrap(), Outcome::Clean);
+        fs::write(dir.join("run/linkerd-cni/not-ours"), "theirs").unwrap();
+        let (outcome, removal) = pass_report(&opts).unwrap();
+        assert_eq!(outcome, Outcome::Clean);
         assert!(!opts.state_dir.exists());
-        assert!(dir.join("run/linkerd-cni/not-ours").exists());
+        assert_eq!(
+            fs::read_to_string(dir.join("run/linkerd-cni/not-ours")).unwrap(),
+            "theirs"
+        );
+        let left = removal.left_lines().join("\n");
+        assert!(
+            left.contains(&format!("{}", dir.join("run/linkerd-cni").display()))
+                && left.contains("holds what linkerd-cni did not put there: not-ours"),
+            "{left}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A registry in a directory linkerd-cni did not make (no marker): neither its records
+    /// nor the directory go, and the pass says so.
+    #[test]
+    fn a_directory_it_did_not_make_is_never_emptied() {
+        let (dir, opts) = scratch("foreign");
+        fs::remove_dir(opts.state_dir.join(paths::OWNED_MARKER)).unwrap();
+        fs::write(opts.state_dir.join("secret.json"), "theirs").unwrap();
+        let (outcome, removal) = pass_report(&opts).unwrap();
+        assert_eq!(outcome, Outcome::Clean);
+        assert_eq!(
+            fs::read_to_string(opts.state_dir.join("secret.json")).unwrap(),
+            "theirs"
+        );
+        let left = removal.left_lines().join("\n");
+        assert!(left.contains("not made by linkerd-cni"), "{left}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A socket path in kubelet's tree: the pass refuses before touching anything.
+    #[test]
+    fn paths_inside_another_components_tree_are_refused() {
+        let (dir, mut opts) = scratch("kubelet");
+        opts.host_root = Some(dir.clone());
+        opts.socket = dir.join("var/lib/kubelet/agent.sock");
+        let err = pass(&opts).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("inside /var/lib/kubelet (owned by kubelet)"),
+            "{err}"
+        );
+        assert!(opts.state_dir.join("x.json").exists(), "nothing touched");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

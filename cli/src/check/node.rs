@@ -102,9 +102,15 @@ impl Tenants {
                     .ids
                     .iter()
                     .map(|&id| {
+                        // In full (the BTF function's name), as bpftool prints it.
                         let name = query::prog_by_id(id)
-                            .and_then(query::prog_info)
-                            .map_or_else(|_| "?".into(), |i| i.name);
+                            .and_then(query::prog_full_name)
+                            .unwrap_or_else(|e| match e.raw_os_error() {
+                                Some(libc::EPERM) => "? (opening a program by id needs \
+                                                      CAP_SYS_ADMIN)"
+                                    .into(),
+                                _ => format!("? ({e})"),
+                            });
                         (id, name)
                     })
                     .collect();

@@ -2,8 +2,9 @@
 //! integer), then what the templates cannot check (ports, paths, names), every error naming
 //! the key path and where the value came from.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::Path};
 
+use linkerd_cni_common::paths;
 use linkerd_cni_proto::config::{PortRange, parse_port_list};
 use serde_json::{Map, Value as Json};
 
@@ -431,6 +432,23 @@ pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError>
             "agent.pinRoot",
             format!("must be inside agent.bpffsPath ({bpffs})"),
         ));
+    }
+    // The agent refuses the same paths at start (and the clean-up before touching anything):
+    // one list and one check, `paths::check_node_paths`; the chart's `_paths.tpl` for Helm.
+    let socket = Path::new(&v.agent.socket_path);
+    let state_dir = socket.parent().unwrap_or(socket).join("pods");
+    if let Err(conflict) = paths::check_node_paths(&paths::NodePaths {
+        socket,
+        state_dir: &state_dir,
+        pin_root: Path::new(&v.agent.pin_root),
+        bpffs: Path::new(&v.agent.bpffs_path),
+        host_root: None,
+    }) {
+        let key = match conflict.what {
+            "the pin root" => "agent.pinRoot",
+            _ => "agent.socketPath",
+        };
+        return Err(r.err(key, conflict.to_string()));
     }
     if v.agent.metrics.enabled && v.agent.metrics.port == v.agent.health_port {
         return Err(r.err(

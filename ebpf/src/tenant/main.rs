@@ -89,7 +89,7 @@ unsafe fn write6(sa: *mut bpf_sock_addr, ip: [u32; 4], port: u32) {
 }
 
 #[cgroup_sock_addr(connect4)]
-pub fn tenant_connect4(ctx: SockAddrContext) -> i32 {
+pub fn tenant_sock4_connect(ctx: SockAddrContext) -> i32 {
     let Some(svc) = TENANT_SVC.get(0) else {
         return ALLOW;
     };
