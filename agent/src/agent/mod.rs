@@ -138,6 +138,16 @@ pub enum AgentError {
     /// CHECK: nothing is registered under this id.
     #[error("no registration for container {0}")]
     UnknownContainer(String),
+    /// No slot of blocking work came free in time (the service bounds the work peers'
+    /// requests hold at once): retry later.
+    #[error(
+        "the agent is busy: no slot of blocking work came free within {}s (at most {max} at once)",
+        waited.as_secs()
+    )]
+    Busy {
+        waited: std::time::Duration,
+        max: usize,
+    },
 }
 
 /// The node agent.
@@ -673,7 +683,7 @@ impl Agent {
         let dirs = self.links_of(record);
         let ours = Ours::in_dirs(dirs.iter().map(|(d, _)| d.as_path()));
         order::check_cgroup(cgroup, &ours)?;
-        let ns = std::fs::File::open(&record.netns).map_err(|source| Conflict::Query {
+        let ns = netns::open_nonblocking(&record.netns).map_err(|source| Conflict::Query {
             hook: names::Hook::SkLookup,
             target: record.netns.clone(),
             source,

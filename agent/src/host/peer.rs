@@ -36,7 +36,7 @@ use nix::{
     sys::stat::Mode,
 };
 
-use crate::host::netns::{Netns, NetnsError};
+use crate::host::netns::{self, Netns, NetnsError};
 
 /// Where a peer's paths may lead.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,7 +179,9 @@ pub fn open_netns(
 ) -> Result<Netns, PeerError> {
     let seen = host(path);
     let file = match netns_place(path, &places.netns_dirs)? {
-        NetnsPlace::Process => File::open(&seen).map_err(|e| NetnsError::from_io(&seen, e))?,
+        NetnsPlace::Process => {
+            netns::open_nonblocking(&seen).map_err(|e| NetnsError::from_io(&seen, e))?
+        }
         NetnsPlace::Pinned { dir, rest } => {
             let dir_seen = host(dir);
             let dirfd = open(
@@ -189,7 +191,9 @@ pub fn open_netns(
             )
             .map_err(|e| NetnsError::from_io(&seen, e.into()))?;
             let how = OpenHow::new()
-                .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+                // Non-blocking: a FIFO at the path must not hold the thread (see
+                // `netns::open_nonblocking`); the type is checked before any use.
+                .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY)
                 .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
             match openat2(&dirfd, &rest, how) {
                 Ok(fd) => File::from(fd),
