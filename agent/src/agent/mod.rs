@@ -331,7 +331,10 @@ impl Agent {
         inside: Option<&PeerNetns>,
     ) -> Result<(u64, Vec<IpAddr>), AgentError> {
         match (inside, origin) {
-            (Some(p), _) => Ok((p.cookie_of(ns)?, p.addrs.clone())),
+            (Some(p), _) => {
+                let cookie = p.cookie_of(ns)?;
+                Ok((cookie, self.verified_addresses(ns, cookie, &p.addrs)))
+            }
             (None, Origin::Agent) => Ok(ns.cookie_and_addresses()?),
             (None, Origin::Peer) => ns.cookie_and_addresses().map_err(|e| match e {
                 NetnsError::Io { source, .. } if source.raw_os_error() == Some(libc::EPERM) => {
@@ -343,6 +346,50 @@ impl Agent {
                 e => e.into(),
             }),
         }
+    }
+
+    /// The addresses a peer sent as the netns's own (`netns_addrs`), less those it cannot
+    /// hold, each of which is ignored and logged: when the agent can read the netns's
+    /// addresses itself (it holds `CAP_SYS_ADMIN`), any not among them; and, always, any that
+    /// another registration of a live network namespace holds (a peer's claim must not
+    /// displace another pod's `l5d_pod_by_ip` entry).
+    fn verified_addresses(&self, ns: &Netns, cookie: u64, sent: &[IpAddr]) -> Vec<IpAddr> {
+        if sent.is_empty() {
+            return Vec::new();
+        }
+        const CAP_SYS_ADMIN: u32 = 21;
+        let own = capabilities::effective()
+            .is_ok_and(|set| set & (1 << CAP_SYS_ADMIN) != 0)
+            .then(|| ns.cookie_and_addresses().ok())
+            .flatten()
+            .filter(|(c, _)| *c == cookie)
+            .map(|(_, addrs)| addrs);
+        let held_elsewhere = |ip: &IpAddr| {
+            let others = self.registry.map_each(|r| {
+                (r.netns_cookie != cookie && r.redirected() && r.pod_ips.contains(ip))
+                    .then(|| (r.id.clone(), r.netns.clone(), r.netns_ino))
+            });
+            others
+                .into_iter()
+                .flatten()
+                .find(|(_, path, ino)| netns::still_exists(path, *ino))
+                .map(|(id, _, _)| id)
+        };
+        let mut kept = Vec::with_capacity(sent.len());
+        for ip in sent {
+            if let Some(own) = &own
+                && !own.contains(ip)
+            {
+                tracing::warn!(%ip, netns = %ns.path.display(), "an address the peer sent as the netns's own is not among its addresses: ignored");
+                continue;
+            }
+            if let Some(other) = held_elsewhere(ip) {
+                tracing::warn!(%ip, netns = %ns.path.display(), holder = %Escaped(&other), "an address the peer sent as the netns's own belongs to another registered pod: ignored");
+                continue;
+            }
+            kept.push(*ip);
+        }
+        kept
     }
 
     /// Opens the netns `reg` names (a host path), checked as [`peer`] says when a peer sent

@@ -99,6 +99,7 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         reconciler: reconciler.clone(),
         adopter: adopter.clone(),
         work: Default::default(),
+        refusals: Default::default(),
     });
     #[cfg(feature = "heap-profile")]
     {

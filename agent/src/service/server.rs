@@ -159,6 +159,61 @@ impl BlockingWork {
     }
 }
 
+/// A refusal of the same reason to the same peer is logged at most once in this interval
+/// (the next line says how many were not logged meanwhile).
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Peers and reasons [`RefusalLog`] remembers; when full, it is cleared (so a flood from
+/// ever new pids costs bounded memory and at most this many lines per interval).
+const REFUSAL_LOG_KEYS: usize = 256;
+
+/// Who asked, from `SO_PEERCRED`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerCred {
+    pub pid: Option<i32>,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Logs refused requests: once per reason and peer, then at most once per
+/// [`REFUSAL_LOG_INTERVAL`], each line with the reason and the peer's credentials, so a
+/// hostile peer is seen in the log without flooding it.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    seen: std::sync::Mutex<std::collections::HashMap<(PeerCred, String), (Instant, u64)>>,
+}
+
+impl RefusalLog {
+    /// Records a refusal of `peer` for `reason` (`kind` classes it); returns whether a line
+    /// was logged.
+    pub fn refused(&self, peer: PeerCred, kind: &str, reason: &str) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= REFUSAL_LOG_KEYS {
+            seen.clear();
+        }
+        let now = Instant::now();
+        let entry = seen
+            .entry((peer, kind.to_string()))
+            .or_insert((now - REFUSAL_LOG_INTERVAL, 0));
+        if now.duration_since(entry.0) < REFUSAL_LOG_INTERVAL {
+            entry.1 += 1;
+            return false;
+        }
+        let suppressed = std::mem::take(&mut entry.1);
+        entry.0 = now;
+        tracing::warn!(
+            peer_pid = ?peer.pid,
+            peer_uid = peer.uid,
+            peer_gid = peer.gid,
+            kind,
+            reason = %Escaped(reason),
+            suppressed,
+            "registration socket: request refused"
+        );
+        true
+    }
+}
+
 /// Counters the metrics endpoint exposes.
 #[derive(Debug, Default)]
 pub struct ServerStats {
@@ -182,6 +237,8 @@ pub struct Server {
     pub adopter: Arc<Adopter>,
     /// The bound on the blocking work peers' requests hold.
     pub work: BlockingWork,
+    /// Refused requests, logged rate-limited.
+    pub refusals: RefusalLog,
 }
 
 /// Binds the socket: parent directory created 0700, stale socket replaced, socket 0600.
@@ -228,22 +285,25 @@ impl Server {
     }
 
     async fn connection(&self, mut conn: UnixStream) {
-        match conn.peer_cred() {
-            Ok(cred) if cred.uid() == 0 => {}
+        let peer = match conn.peer_cred() {
+            Ok(cred) if cred.uid() == 0 => PeerCred {
+                pid: cred.pid(),
+                uid: cred.uid(),
+                gid: cred.gid(),
+            },
             Ok(cred) => {
-                tracing::warn!(
-                    uid = cred.uid(),
-                    pid = ?cred.pid(),
-                    "registration socket: refused a peer that is not root"
+                let message = format!(
+                    "permission denied: only root may use the registration socket (peer uid {})",
+                    cred.uid()
                 );
+                let peer = PeerCred {
+                    pid: cred.pid(),
+                    uid: cred.uid(),
+                    gid: cred.gid(),
+                };
+                self.refusals.refused(peer, "not root", &message);
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                let refusal = error(
-                    ErrorKind::BadRequest,
-                    format!(
-                        "permission denied: only root may use the registration socket (peer uid {})",
-                        cred.uid()
-                    ),
-                );
+                let refusal = error(ErrorKind::BadRequest, message);
                 if let Ok(bytes) = wire::encode(&refusal) {
                     let _ = conn.write_all(&bytes).await;
                 }
@@ -254,7 +314,7 @@ impl Server {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-        }
+        };
         let request = tokio::time::timeout(READ_TIMEOUT, read_request(&mut conn))
             .await
             .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut).into()));
@@ -272,8 +332,14 @@ impl Server {
             }
             Err(e) => error(ErrorKind::BadRequest, e.to_string()),
         };
-        if matches!(response, Response::Error { .. }) {
+        if let Response::Error { kind, message } = &response {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            // What the peer sent is at fault: the peer is named (anything else is the
+            // agent's or the node's trouble, logged where it happens).
+            if matches!(kind, ErrorKind::BadRequest | ErrorKind::VersionMismatch) {
+                self.refusals
+                    .refused(peer, &refusal_class(message), message);
+            }
         }
         match wire::encode(&response) {
             Ok(bytes) => {
@@ -622,6 +688,19 @@ fn abandoned(when: &str) -> Response {
     )
 }
 
+/// The class of a refusal's reason, for [`RefusalLog`]: its message up to the first path,
+/// number or quote, so that one reason with ever other paths is still one reason.
+fn refusal_class(message: &str) -> String {
+    message
+        .split(['/', '"', ':', '('])
+        .next()
+        .unwrap_or(message)
+        .chars()
+        .filter(|c| !c.is_ascii_digit())
+        .take(80)
+        .collect()
+}
+
 fn error(kind: ErrorKind, message: String) -> Response {
     Response::Error { kind, message }
 }
@@ -692,6 +771,35 @@ mod tests {
         let patient = BlockingWork::new(1, Duration::from_secs(3600));
         let _c = patient.slot(wait).await.expect("a slot");
         assert_eq!(patient.not_ready(), None);
+    }
+
+    /// A refused request is logged once per reason and peer, with the peer's credentials,
+    /// then not again within the interval; another peer or another reason is logged anew
+    /// (issue 45, item 2).
+    #[test]
+    fn refusals_are_logged_once_per_reason_and_peer() {
+        let log = RefusalLog::default();
+        let peer = PeerCred {
+            pid: Some(41),
+            uid: 0,
+            gid: 0,
+        };
+        let other = PeerCred {
+            pid: Some(42),
+            ..peer
+        };
+        let outside = "refused: netns path /tmp/x1 is neither below a runtime's netns directory";
+        let class = refusal_class(outside);
+        assert_eq!(class, refusal_class(&outside.replace("x1", "x2")));
+        assert!(log.refused(peer, &class, outside));
+        for _ in 0..100 {
+            assert!(!log.refused(peer, &class, outside), "rate-limited");
+        }
+        assert!(log.refused(other, &class, outside), "another peer");
+        assert!(
+            log.refused(peer, "not root", "permission denied"),
+            "another reason"
+        );
     }
 
     /// Sends `bytes` with `fds` in one `SCM_RIGHTS` message.
