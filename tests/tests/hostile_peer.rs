@@ -617,3 +617,61 @@ fn paths_sockets_and_frames_that_were_already_refused_still_are() {
     assert_eq!(ready(&node), 200);
     assert_no_growth(&node, before, "refused paths and frames");
 }
+
+/// D1 for records an earlier agent wrote: such a record names its cgroup by the path as it
+/// was sent (here through a symbolic link) and holds no inode. The upgraded agent checks it at
+/// start; once the link is retargeted at a cgroup outside the pod trees and a link pin is
+/// removed, CHECK's repair refuses to open it and nothing of ours is attached elsewhere.
+#[test]
+fn an_earlier_agents_record_is_checked_at_start_and_never_followed_elsewhere() {
+    let mut node = start(NodeOptions::default());
+    let victim = Victim::new(&node, "old");
+    let id = victim.pod.container_id.clone();
+    let dir = linkerd_cni_tests::names::TempDir::new().expect("a directory for the link");
+    let link = dir.path().join("l");
+    std::os::unix::fs::symlink(victim.pod.cgroup.path(), &link).expect("the link");
+    node.kill_agent();
+    // The record as an earlier agent wrote it: the hint as sent, no inode.
+    let file = node.state_dir().join(format!("{id}.json"));
+    let mut record: Value =
+        serde_json::from_str(&fs::read_to_string(&file).expect("the record")).expect("JSON");
+    record["attachment"]["cgroup"] = Value::from(link.display().to_string());
+    record
+        .as_object_mut()
+        .expect("an object")
+        .remove("cgroup_seen");
+    fs::write(&file, record.to_string()).expect("writing the old record");
+    node.start_agent()
+        .unwrap_or_else(|e| panic!("restarting the agent: {e}"));
+    let outside = CgroupGuard::new().expect("another cgroup");
+    fs::remove_file(&link).expect("unlink");
+    std::os::unix::fs::symlink(outside.path(), &link).expect("retarget");
+    let pin = node
+        .pin_root()
+        .join(linkerd_cni_common::paths::PIN_PODS)
+        .join(linkerd_cni_agent::dataplane::pin_name(&id))
+        .join("l5d_connect4");
+    fs::remove_file(&pin).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));
+    let check = serde_json::to_vec(&Envelope::new(Request::Check(AttachmentRef {
+        container_id: id.clone(),
+        ifname: "eth0".into(),
+        netns: victim.pod.netns_path().display().to_string(),
+    })))
+    .expect("encode");
+    let answer = request_with_fds(&node.socket(), &check, &[]);
+    assert!(
+        is_error(&answer),
+        "CHECK reports the missing link: {answer}"
+    );
+    let shown = Command::new("bpftool")
+        .args(["cgroup", "show"])
+        .arg(outside.path())
+        .output()
+        .expect("bpftool");
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        !shown.contains("l5d_"),
+        "nothing of ours on the cgroup the link now names: {shown}"
+    );
+    assert!(!pin.exists(), "the link was not re-made through the link");
+}

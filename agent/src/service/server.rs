@@ -9,6 +9,9 @@
 //! send its request within [`READ_TIMEOUT`]; a request's
 //! buffer grows with the bytes that actually arrive, never to the size a peer announces; an
 //! accept error (EMFILE, ENFILE, ENOBUFS) is logged and retried after a pause, never fatal.
+//! Every descriptor a request carries is taken and closed but the first ([`MAX_RECEIVED_FDS`]);
+//! the blocking work peers' requests hold is bounded ([`BlockingWork`]); a refused request is
+//! logged with the peer's credentials, rate-limited ([`RefusalLog`]).
 
 use std::{
     io,
