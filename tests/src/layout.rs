@@ -184,6 +184,7 @@ pub fn previous_registers_with(
         pod_ips: ips,
         host_ids: None,
         refused: false,
+        cgroup_seen: None,
     };
     Registry::open(state_dir)
         .map_err(|e| other("opening the registry", e))?

@@ -14,7 +14,7 @@ use linkerd_cni_common::{kernel::SkLookupVariant, names, paths};
 use linkerd_cni_proto::{config::LinkerdConfig, escape::Escaped, wire::PodRef};
 
 use crate::{
-    agent::registry::{Attachment, PodRecord, Registry},
+    agent::registry::{Attachment, CgroupSeen, PodRecord, Registry},
     dataplane::capacity::MapSizes,
     dataplane::limits,
     dataplane::limits::LimitError,
@@ -122,6 +122,9 @@ pub enum AgentError {
     /// The registry could not be read or written.
     #[error("registry: {0}")]
     Registry(#[from] std::io::Error),
+    /// A registration's cgroup, opened again, is not where or what it was.
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
     /// The pod's configuration needs more map entries than one pod may have.
     #[error("pod configuration refused: {0}")]
     Limit(#[from] LimitError),
@@ -141,6 +144,16 @@ pub enum AgentError {
     /// CHECK: nothing is registered under this id.
     #[error("no registration for container {0}")]
     UnknownContainer(String),
+    /// No slot of blocking work came free in time (the service bounds the work peers'
+    /// requests hold at once): retry later.
+    #[error(
+        "the agent is busy: no slot of blocking work came free within {}s (at most {max} at once)",
+        waited.as_secs()
+    )]
+    Busy {
+        waited: std::time::Duration,
+        max: usize,
+    },
 }
 
 /// The node agent.
@@ -218,9 +231,46 @@ impl Agent {
         };
         let dirs = podnetns::runtime_dirs(&agent.config.peer.netns_dirs, |p| agent.host_path(p));
         agent.netns_index = std::sync::Mutex::new(podnetns::NetnsIndex::new(dirs));
+        agent.check_recorded_cgroups();
         let adopted = agent.registry.all()?;
         tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
         Ok(agent)
+    }
+
+    /// Records of earlier agents name their pod's cgroup by the path as it was sent, which may
+    /// have gone through a symbolic link or `..`: each is opened again as every later open
+    /// will be ([`cgroup::open_recorded`]: beneath the cgroup2 root, through no symbolic
+    /// link). One that opens has its inode recorded, so later opens must find that cgroup
+    /// again; one that does not is reported, and its links are never re-made.
+    fn check_recorded_cgroups(&self) {
+        let unchecked = self
+            .registry
+            .map_each(|r| match (&r.attachment, r.cgroup_seen) {
+                (Attachment::PerPod { cgroup }, None) => Some((r.id.clone(), cgroup.clone())),
+                _ => None,
+            });
+        for (id, path) in unchecked.into_iter().flatten() {
+            match cgroup::open_recorded(&self.cgroup_root, &path, None, None) {
+                Ok(opened) => {
+                    let Ok(Some(mut record)) = self.registry.get(&id) else {
+                        continue;
+                    };
+                    record.cgroup_seen = Some(CgroupSeen {
+                        ino: opened.ino,
+                        peer: false,
+                    });
+                    if let Err(e) = self.registry.put(&record) {
+                        tracing::warn!(id = %Escaped(&id), error = %e, "recording a registration's cgroup inode");
+                    }
+                }
+                Err(e) => tracing::error!(
+                    id = %Escaped(&id),
+                    error = %e,
+                    "a registration an earlier agent made names its cgroup by a path that does \
+                     not lead there plainly: its cgroup links are not re-made"
+                ),
+            }
+        }
     }
 
     /// The maps, for an ADD, a DEL or anything a caller waits for.
@@ -285,7 +335,10 @@ impl Agent {
         inside: Option<&PeerNetns>,
     ) -> Result<(u64, Vec<IpAddr>), AgentError> {
         match (inside, origin) {
-            (Some(p), _) => Ok((p.cookie_of(ns)?, p.addrs.clone())),
+            (Some(p), _) => {
+                let cookie = p.cookie_of(ns)?;
+                Ok((cookie, self.verified_addresses(ns, cookie, &p.addrs)))
+            }
             (None, Origin::Agent) => Ok(ns.cookie_and_addresses()?),
             (None, Origin::Peer) => ns.cookie_and_addresses().map_err(|e| match e {
                 NetnsError::Io { source, .. } if source.raw_os_error() == Some(libc::EPERM) => {
@@ -297,6 +350,50 @@ impl Agent {
                 e => e.into(),
             }),
         }
+    }
+
+    /// The addresses a peer sent as the netns's own (`netns_addrs`), less those it cannot
+    /// hold, each of which is ignored and logged: when the agent can read the netns's
+    /// addresses itself (it holds `CAP_SYS_ADMIN`), any not among them; and, always, any that
+    /// another registration of a live network namespace holds (a peer's claim must not
+    /// displace another pod's `l5d_pod_by_ip` entry).
+    fn verified_addresses(&self, ns: &Netns, cookie: u64, sent: &[IpAddr]) -> Vec<IpAddr> {
+        if sent.is_empty() {
+            return Vec::new();
+        }
+        const CAP_SYS_ADMIN: u32 = 21;
+        let own = capabilities::effective()
+            .is_ok_and(|set| set & (1 << CAP_SYS_ADMIN) != 0)
+            .then(|| ns.cookie_and_addresses().ok())
+            .flatten()
+            .filter(|(c, _)| *c == cookie)
+            .map(|(_, addrs)| addrs);
+        let held_elsewhere = |ip: &IpAddr| {
+            let others = self.registry.map_each(|r| {
+                (r.netns_cookie != cookie && r.redirected() && r.pod_ips.contains(ip))
+                    .then(|| (r.id.clone(), r.netns.clone(), r.netns_ino))
+            });
+            others
+                .into_iter()
+                .flatten()
+                .find(|(_, path, ino)| netns::still_exists(path, *ino))
+                .map(|(id, _, _)| id)
+        };
+        let mut kept = Vec::with_capacity(sent.len());
+        for ip in sent {
+            if let Some(own) = &own
+                && !own.contains(ip)
+            {
+                tracing::warn!(%ip, netns = %ns.path.display(), "an address the peer sent as the netns's own is not among its addresses: ignored");
+                continue;
+            }
+            if let Some(other) = held_elsewhere(ip) {
+                tracing::warn!(%ip, netns = %ns.path.display(), holder = %Escaped(&other), "an address the peer sent as the netns's own belongs to another registered pod: ignored");
+                continue;
+            }
+            kept.push(*ip);
+        }
+        kept
     }
 
     /// Opens the netns `reg` names (a host path), checked as [`peer`] says when a peer sent
@@ -350,13 +447,31 @@ impl Agent {
             hint.as_deref(),
             reg.pod.as_ref().and_then(|p| p.uid.as_deref()),
         );
-        if let (Origin::Peer, Some(cgroup)) = (origin, &cgroup) {
-            peer::check_pod_cgroup(
-                &self.cgroup_root,
-                &self.config.peer.pod_cgroup_trees,
-                cgroup,
-            )?;
-        }
+        // Resolved once (symbolic links, `..`), checked where a peer named it: the record
+        // keeps the resolved path and the inode, and every later open must find them again.
+        let (cgroup, cgroup_seen) = match cgroup {
+            Some(found) => {
+                let peer = origin == Origin::Peer;
+                let resolved = match peer {
+                    true => peer::check_pod_cgroup(
+                        &self.cgroup_root,
+                        &self.config.peer.pod_cgroup_trees,
+                        &found,
+                    )?,
+                    false => cgroup::resolved_below(&self.cgroup_root, &found)
+                        .map(|rel| self.cgroup_root.join(rel))
+                        .unwrap_or(found),
+                };
+                let trees = peer.then_some(self.config.peer.pod_cgroup_trees.as_slice());
+                let opened = cgroup::open_recorded(&self.cgroup_root, &resolved, trees, None)?;
+                let seen = CgroupSeen {
+                    ino: opened.ino,
+                    peer,
+                };
+                (Some(resolved), Some(seen))
+            }
+            None => (None, None),
+        };
         phases.mark("cgroup");
         let host_ids = userns::host_ids(ns.file(), reg.config.proxy_uid(), reg.config.proxy_gid())?;
         phases.mark("userns");
@@ -376,6 +491,7 @@ impl Agent {
             pod_ips,
             host_ids,
             refused: false,
+            cgroup_seen,
         };
 
         let mut maps = self.lock();
@@ -408,7 +524,7 @@ impl Agent {
         entries: &PodEntries,
         phases: &mut Phases<'_>,
     ) -> Result<PodRecord, AgentError> {
-        let attached = self.attach(&record.id, cgroup).and_then(|a| {
+        let attached = self.attach(&record, cgroup).and_then(|a| {
             phases.mark("attach_cgroup");
             // Inbound: the netns link lives with the pod's links whatever the cgroup mode.
             self.dataplane.attach_netns_marked(
@@ -434,7 +550,7 @@ impl Agent {
             Ok(()) => {}
             Err(e) => {
                 let _ = dataplane::detach(&self.pod_link_dir(&record.id));
-                let _ = maps.remove_pod(record.netns_cookie, entries);
+                let _ = self.release_entries(maps, &record.id, record.netns_cookie, entries);
                 let _ = self.registry.remove(&record.id);
                 return Err(e);
             }
@@ -447,6 +563,28 @@ impl Agent {
         phases.mark("registry");
         tracing::info!(id = %record.id, netns_cookie = record.netns_cookie, reason = %Escaped(&record.reason), cgroup = ?record.attachment.cgroup(), "pod registered");
         Ok(record)
+    }
+
+    /// Takes out of the maps what registration `id` wrote (`entries`, under `cookie`), and
+    /// only that: when another redirected registration has the same netns cookie (the same
+    /// netns registered under two ids), its entries are written back in place instead
+    /// (entries only `id` had are removed, the netns's config stays), so neither a DEL nor
+    /// the rollback of a refused ADD un-meshes another pod. Constant time unless the cookie
+    /// is shared (a count kept by the registry).
+    fn release_entries(
+        &self,
+        maps: &mut Maps,
+        id: &str,
+        cookie: u64,
+        entries: &PodEntries,
+    ) -> Result<(), MapsError> {
+        match self
+            .registry
+            .other_redirected_record_with_cookie(id, cookie)
+        {
+            Some(other) => maps.update_pod(cookie, Some(entries), &entries_of(&other)),
+            None => maps.remove_pod(cookie, entries).map(drop),
+        }
     }
 
     /// A repeated registration of the same pod (same id, same netns): see [`Self::register`].
@@ -547,15 +685,44 @@ impl Agent {
             pod_ips: reg.pod_ips,
             host_ids: None,
             refused: false,
+            cgroup_seen: None,
         };
         self.registry.put(&record)?;
         Ok(record)
     }
 
-    fn attach(&self, id: &str, cgroup: Option<PathBuf>) -> Result<Attachment, AgentError> {
+    /// Opens registration `record`'s own cgroup `path` again, as
+    /// [`cgroup::open_recorded`] says: the same inode as found at registration, through no
+    /// symbolic link, inside the pods' trees when a peer named it. A record without what was
+    /// found (an earlier agent's, which [`Self::start`] could not check) is opened the same
+    /// way, without the inode.
+    pub(crate) fn open_pod_cgroup(
+        &self,
+        path: &Path,
+        record: &PodRecord,
+    ) -> Result<std::fs::File, AgentError> {
+        let seen = record.cgroup_seen;
+        let trees = seen
+            .is_some_and(|s| s.peer)
+            .then_some(self.config.peer.pod_cgroup_trees.as_slice());
+        let opened = cgroup::open_recorded(&self.cgroup_root, path, trees, seen.map(|s| s.ino))
+            .inspect_err(|e| {
+                tracing::error!(id = %Escaped(&record.id), error = %e, "a registration's cgroup is refused");
+            })?;
+        Ok(opened.file)
+    }
+
+    fn attach(
+        &self,
+        record: &PodRecord,
+        cgroup: Option<PathBuf>,
+    ) -> Result<Attachment, AgentError> {
+        let id = &record.id;
         match cgroup {
             Some(cgroup) => {
-                self.dataplane.attach(&cgroup, &self.pod_link_dir(id))?;
+                let cg = self.open_pod_cgroup(&cgroup, record)?;
+                self.dataplane
+                    .attach_opened(&cg, &cgroup, &self.pod_link_dir(id))?;
                 Ok(Attachment::PerPod { cgroup })
             }
             None => {
@@ -603,12 +770,8 @@ impl Agent {
             }
         })?;
         phases.mark("detach");
-        // Constant time at any pod count: counts kept by the registry, no scan.
-        let cookie_shared = self
-            .registry
-            .other_redirected_with_cookie(&record.id, record.netns_cookie);
-        if record.redirected() && !cookie_shared {
-            maps.remove_pod(record.netns_cookie, &entries_of(record))?;
+        if record.redirected() {
+            self.release_entries(maps, &record.id, record.netns_cookie, &entries_of(record))?;
         }
         phases.mark("maps");
         self.registry.remove(&record.id)?;
@@ -674,10 +837,18 @@ impl Agent {
         let Some(cgroup) = record.attachment.cgroup() else {
             return Ok(());
         };
+        if let Attachment::PerPod { cgroup } = &record.attachment {
+            self.open_pod_cgroup(cgroup, record)
+                .map_err(|e| Conflict::Query {
+                    hook: names::Hook::Connect4,
+                    target: cgroup.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+        }
         let dirs = self.links_of(record);
         let ours = Ours::in_dirs(dirs.iter().map(|(d, _)| d.as_path()));
         order::check_cgroup(cgroup, &ours)?;
-        let ns = std::fs::File::open(&record.netns).map_err(|source| Conflict::Query {
+        let ns = netns::open_nonblocking(&record.netns).map_err(|source| Conflict::Query {
             hook: names::Hook::SkLookup,
             target: record.netns.clone(),
             source,

@@ -433,10 +433,13 @@ impl Agent {
         };
         let prog = bpf_sys::obj_get(&self.config.pin_root.join(paths::PIN_PROGS).join(name))
             .map_err(pin_err)?;
-        let cg = std::fs::File::open(&cgroup).map_err(|source| DataplaneError::Cgroup {
-            path: cgroup.clone(),
-            source,
-        })?;
+        let cg = match kind {
+            RepairKind::CgroupLink => self.open_pod_cgroup(&cgroup, &record)?,
+            _ => std::fs::File::open(&cgroup).map_err(|source| DataplaneError::Cgroup {
+                path: cgroup.clone(),
+                source,
+            })?,
+        };
         let old = bpf_sys::obj_get(&path).map_err(pin_err)?;
         let new = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, AttachType::of(hook)).map_err(
             |source| DataplaneError::Attach {
@@ -499,10 +502,14 @@ impl Agent {
                 Attachment::PerPod { cgroup } => (cgroup.clone(), RepairKind::CgroupLink),
                 _ => (self.shared_cgroup.clone(), RepairKind::SharedLink),
             };
-            let cg = std::fs::File::open(&cgroup).map_err(|source| DataplaneError::Cgroup {
-                path: cgroup.clone(),
-                source,
-            })?;
+            let cg = match kind {
+                // The pod's own: opened again only where and as it was registered.
+                RepairKind::CgroupLink => self.open_pod_cgroup(&cgroup, record)?,
+                _ => std::fs::File::open(&cgroup).map_err(|source| DataplaneError::Cgroup {
+                    path: cgroup.clone(),
+                    source,
+                })?,
+            };
             let link = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, AttachType::of(*hook))
                 .map_err(attach_err(&cgroup))?;
             (link, kind)

@@ -94,6 +94,22 @@ pub struct PodRecord {
     /// which it is.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refused: bool,
+    /// The pod's own cgroup ([`Attachment::PerPod`]) as it was found at registration: every
+    /// later open of it must lead to this inode (see `crate::host::cgroup::open_recorded`).
+    /// Absent in records of earlier agents, which recorded the path only: the agent checks
+    /// those at start and fills it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_seen: Option<CgroupSeen>,
+}
+
+/// A pod cgroup as the registration found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupSeen {
+    /// The cgroup directory's inode (its cgroup id).
+    pub ino: u64,
+    /// A peer of the socket named it: it must stay inside the pods' cgroup trees.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub peer: bool,
 }
 
 impl PodRecord {
@@ -425,6 +441,18 @@ impl Registry {
         all > records.own(id, |r| r.redirected() && r.netns_cookie == cookie)
     }
 
+    /// A redirected record other than `id` with netns cookie `cookie`, if any: the count
+    /// kept per cookie answers first, so only a shared cookie (rare) costs a walk.
+    pub fn other_redirected_record_with_cookie(&self, id: &str, cookie: u64) -> Option<PodRecord> {
+        if !self.other_redirected_with_cookie(id, cookie) {
+            return None;
+        }
+        self.records()
+            .values()
+            .find(|r| r.id != id && r.redirected() && r.netns_cookie == cookie)
+            .cloned()
+    }
+
     /// Whether a record other than `id` is on the shared attachment (in constant time).
     pub fn other_shared(&self, id: &str) -> bool {
         let records = self.records();
@@ -452,6 +480,7 @@ mod tests {
             pod_ips: vec![],
             host_ids: None,
             refused: false,
+            cgroup_seen: None,
         }
     }
 

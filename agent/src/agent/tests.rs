@@ -26,6 +26,7 @@ fn record(id: &str, config: LinkerdConfig, pod_ips: Vec<IpAddr>) -> PodRecord {
         pod_ips,
         host_ids: None,
         refused: false,
+        cgroup_seen: None,
     }
 }
 

@@ -454,11 +454,34 @@ impl Dataplane {
         result
     }
 
+    /// [`Self::attach`] to the cgroup `cg` the caller opened (and checked) from `cgroup`.
+    pub fn attach_opened(
+        &self,
+        cg: &fs::File,
+        cgroup: &Path,
+        link_dir: &Path,
+    ) -> Result<(), DataplaneError> {
+        let result = self.try_attach_opened(cg, cgroup, link_dir);
+        if result.is_err() {
+            let _ = detach(link_dir);
+        }
+        result
+    }
+
     fn try_attach(&self, cgroup: &Path, link_dir: &Path) -> Result<(), DataplaneError> {
         let cg = fs::File::open(cgroup).map_err(|source| DataplaneError::Cgroup {
             path: cgroup.into(),
             source,
         })?;
+        self.try_attach_opened(&cg, cgroup, link_dir)
+    }
+
+    fn try_attach_opened(
+        &self,
+        cg: &fs::File,
+        cgroup: &Path,
+        link_dir: &Path,
+    ) -> Result<(), DataplaneError> {
         fs::create_dir_all(link_dir).map_err(|source| DataplaneError::Pin {
             path: link_dir.into(),
             source,
@@ -468,7 +491,7 @@ impl Dataplane {
                 continue;
             }
             let attach = AttachType::of(hook);
-            let link = bpf_sys::cgroup_link_create(self.prog_fd(name)?, &cg, attach).map_err(|source| {
+            let link = bpf_sys::cgroup_link_create(self.prog_fd(name)?, cg, attach).map_err(|source| {
                 let eperm = source.raw_os_error() == Some(libc::EPERM);
                 // The program in the way, named from the attach flags of the cgroup and its
                 // ancestors.

@@ -1,7 +1,154 @@
 //! Finding a pod's cgroup v2 directory: from the runtime's `runtimeConfig.cgroupPath` when it
-//! sends one, otherwise from the pod UID in either kubelet layout (cgroupfs or systemd driver).
+//! sends one, otherwise from the pod UID in either kubelet layout (cgroupfs or systemd driver);
+//! and opening it again later exactly as it was found ([`open_recorded`]).
+//!
+//! A cgroup is resolved once, at registration (symbolic links and `..` resolved, checked
+//! where a peer named it), and the registration records the resolved path with the cgroup's
+//! inode. Every later open (a repair re-attaching a link, CHECK's order check) goes through
+//! [`open_recorded`]: beneath the cgroup2 root, through no symbolic link and onto no other
+//! filesystem, inside the pods' trees when a peer named it, and onto the same inode. A path
+//! that now leads elsewhere (a symbolic link retargeted, a directory replaced) is refused,
+//! never followed.
 
-use std::path::{Path, PathBuf};
+use std::{
+    fs::File,
+    io,
+    os::unix::fs::MetadataExt,
+    path::{Component, Path, PathBuf},
+};
+
+use nix::{
+    errno::Errno,
+    fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2},
+    sys::stat::Mode,
+};
+
+/// Why a recorded cgroup was not opened again.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// The path is not a plain path below the cgroup2 root, or leads through a symbolic
+    /// link, `..` or onto another filesystem.
+    #[error(
+        "cgroup {path} is not a plain path below the cgroup2 root {root} (through no symbolic \
+         link or `..`, on no other filesystem): refused"
+    )]
+    Escapes { path: PathBuf, root: PathBuf },
+    /// A peer named the cgroup, and its path lies outside the pods' cgroup trees.
+    #[error("cgroup {path} is outside the pod cgroup trees ({trees}): refused")]
+    OutsideTrees { path: PathBuf, trees: String },
+    /// The path leads to another cgroup than the one registered.
+    #[error("cgroup {path} is another cgroup now (inode {found}, registered {recorded}): refused")]
+    Replaced {
+        path: PathBuf,
+        recorded: u64,
+        found: u64,
+    },
+    /// Opening it failed otherwise (gone, permissions).
+    #[error("opening cgroup {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// A cgroup as [`open_recorded`] opened it: the directory, and its inode.
+#[derive(Debug)]
+pub struct OpenedCgroup {
+    pub file: File,
+    pub ino: u64,
+}
+
+/// Whether `rel` (relative to the cgroup2 root, plain) lies strictly inside one of `trees`
+/// (a leading `/` ignored, so `/` stands for every cgroup but the root).
+pub fn inside_trees(rel: &Path, trees: &[PathBuf]) -> bool {
+    trees.iter().any(|tree| {
+        let tree = tree.strip_prefix("/").unwrap_or(tree);
+        rel.strip_prefix(tree)
+            .is_ok_and(|below| below.components().next().is_some())
+    })
+}
+
+/// `path` with symbolic links and `..` resolved, relative to `root` (both resolved), if it
+/// exists and lies below `root` (or is it: empty).
+pub fn resolved_below(root: &Path, path: &Path) -> Option<PathBuf> {
+    let (root, path) = (
+        std::fs::canonicalize(root).ok()?,
+        std::fs::canonicalize(path).ok()?,
+    );
+    path.strip_prefix(&root).ok().map(Path::to_path_buf)
+}
+
+/// Opens the cgroup at `path` (a resolved path below `root`, the cgroup2 mount) again:
+/// `openat2` from the root with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV`,
+/// non-blocking; inside `trees` when given (a peer named it); and, when `ino` is given, the
+/// same inode as recorded. See the module documentation.
+pub fn open_recorded(
+    root: &Path,
+    path: &Path,
+    trees: Option<&[PathBuf]>,
+    ino: Option<u64>,
+) -> Result<OpenedCgroup, CgroupError> {
+    let escapes = || CgroupError::Escapes {
+        path: path.into(),
+        root: root.into(),
+    };
+    let io_err = |source: io::Error| CgroupError::Io {
+        path: path.into(),
+        source,
+    };
+    let rel = path.strip_prefix(root).map_err(|_| escapes())?;
+    if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(escapes());
+    }
+    if let Some(trees) = trees
+        && !inside_trees(rel, trees)
+    {
+        return Err(CgroupError::OutsideTrees {
+            path: path.into(),
+            trees: trees
+                .iter()
+                .map(|t| t.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    let rootfd = open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_err(e.into()))?;
+    let file = if rel.as_os_str().is_empty() {
+        File::from(
+            open(
+                root,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+                Mode::empty(),
+            )
+            .map_err(|e| io_err(e.into()))?,
+        )
+    } else {
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            );
+        match openat2(&rootfd, rel, how) {
+            Ok(fd) => File::from(fd),
+            Err(Errno::ELOOP | Errno::EXDEV) => return Err(escapes()),
+            Err(e) => return Err(io_err(e.into())),
+        }
+    };
+    let found = file.metadata().map_err(io_err)?.ino();
+    match ino {
+        Some(recorded) if recorded != found => Err(CgroupError::Replaced {
+            path: path.into(),
+            recorded,
+            found,
+        }),
+        _ => Ok(OpenedCgroup { file, ino: found }),
+    }
+}
 
 /// QoS classes kubelet nests pods under.
 const QOS: [&str; 3] = ["", "burstable", "besteffort"];
@@ -82,6 +229,63 @@ pub fn resolve(root: &Path, hint: Option<&str>, pod_uid: Option<&str>) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cgroup is opened again only where and as it was registered (issue 45, D1): the
+    /// resolved path, through no symbolic link or `..`, onto the recorded inode, inside the
+    /// trees when a peer named it.
+    #[test]
+    fn a_recorded_cgroup_is_opened_only_where_and_as_it_was() {
+        let root = std::env::temp_dir().join(format!("l5d-cgroup-reopen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["kubepods/poda", "kubepods/podb", "outside"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::os::unix::fs::symlink(root.join("kubepods/poda"), root.join("kubepods/link")).unwrap();
+        let trees = [PathBuf::from("kubepods")];
+        let pod = root.join("kubepods/poda");
+        let first = open_recorded(&root, &pod, Some(&trees), None).expect("the pod's cgroup");
+        let again = open_recorded(&root, &pod, Some(&trees), Some(first.ino)).expect("again");
+        assert_eq!(again.ino, first.ino);
+        // A hint through a symbolic link resolves to the pod's own path, once.
+        assert_eq!(
+            resolved_below(&root, &root.join("kubepods/link")),
+            Some(PathBuf::from("kubepods/poda"))
+        );
+        for refused in [
+            root.join("kubepods/link"),
+            root.join("kubepods/../kubepods/poda"),
+            PathBuf::from("/elsewhere/kubepods/poda"),
+        ] {
+            assert!(
+                matches!(
+                    open_recorded(&root, &refused, None, None),
+                    Err(CgroupError::Escapes { .. })
+                ),
+                "{}",
+                refused.display()
+            );
+        }
+        assert!(matches!(
+            open_recorded(&root, &root.join("outside"), Some(&trees), None),
+            Err(CgroupError::OutsideTrees { .. })
+        ));
+        // Not a peer's: outside the trees is where the agent put it.
+        open_recorded(&root, &root.join("outside"), None, None).expect("the agent's own");
+        // The directory replaced by another (or by a link to another): refused.
+        std::fs::remove_dir(&pod).unwrap();
+        std::fs::create_dir(&pod).unwrap();
+        assert!(matches!(
+            open_recorded(&root, &pod, Some(&trees), Some(first.ino)),
+            Err(CgroupError::Replaced { .. })
+        ));
+        std::fs::remove_dir(&pod).unwrap();
+        std::os::unix::fs::symlink(root.join("outside"), &pod).unwrap();
+        assert!(matches!(
+            open_recorded(&root, &pod, Some(&trees), Some(first.ino)),
+            Err(CgroupError::Escapes { .. })
+        ));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn slices_expand() {

@@ -61,6 +61,17 @@ impl NetnsError {
     }
 }
 
+/// Opens `path` read-only, close-on-exec and non-blocking: what lies at a netns path may be
+/// anything (a FIFO would block an open without `O_NONBLOCK` until a writer came, holding a
+/// blocking thread for ever), so nothing is used before [`Netns::from_file`] checks its type.
+pub fn open_nonblocking(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+}
+
 /// A network namespace opened by path, with its identity.
 #[derive(Debug)]
 pub struct Netns {
@@ -73,7 +84,7 @@ pub struct Netns {
 impl Netns {
     /// Opens `path` and checks it is a network namespace.
     pub fn open(path: &Path) -> Result<Self, NetnsError> {
-        let file = File::open(path).map_err(|e| NetnsError::from_io(path, e))?;
+        let file = open_nonblocking(path).map_err(|e| NetnsError::from_io(path, e))?;
         Self::from_file(path, file)
     }
 

@@ -36,7 +36,7 @@ use nix::{
     sys::stat::Mode,
 };
 
-use crate::host::netns::{Netns, NetnsError};
+use crate::host::netns::{self, Netns, NetnsError};
 
 /// Where a peer's paths may lead.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,7 +179,9 @@ pub fn open_netns(
 ) -> Result<Netns, PeerError> {
     let seen = host(path);
     let file = match netns_place(path, &places.netns_dirs)? {
-        NetnsPlace::Process => File::open(&seen).map_err(|e| NetnsError::from_io(&seen, e))?,
+        NetnsPlace::Process => {
+            netns::open_nonblocking(&seen).map_err(|e| NetnsError::from_io(&seen, e))?
+        }
         NetnsPlace::Pinned { dir, rest } => {
             let dir_seen = host(dir);
             let dirfd = open(
@@ -189,7 +191,9 @@ pub fn open_netns(
             )
             .map_err(|e| NetnsError::from_io(&seen, e.into()))?;
             let how = OpenHow::new()
-                .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+                // Non-blocking: a FIFO at the path must not hold the thread (see
+                // `netns::open_nonblocking`); the type is checked before any use.
+                .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY)
                 .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
             match openat2(&dirfd, &rest, how) {
                 Ok(fd) => File::from(fd),
@@ -293,8 +297,13 @@ const QOS_CGROUPS: [&str; 4] = [
 /// Checks that `cgroup` (resolved from a peer's hint or pod UID) lies strictly inside one of
 /// `trees` (relative to `root`; a leading `/` as kubelet writes cgroup names is ignored, so
 /// `/` stands for every cgroup but the root) and is not one of kubelet's QoS cgroups; symbolic
-/// links and `..` are resolved first.
-pub fn check_pod_cgroup(root: &Path, trees: &[PathBuf], cgroup: &Path) -> Result<(), PeerError> {
+/// links and `..` are resolved first. Returns the resolved path (below `root` as given): the
+/// path the registration records and every later open uses, never the hint as sent.
+pub fn check_pod_cgroup(
+    root: &Path,
+    trees: &[PathBuf],
+    cgroup: &Path,
+) -> Result<PathBuf, PeerError> {
     let refused = || PeerError::CgroupOutside {
         cgroup: cgroup.display().to_string(),
         trees: trees
@@ -304,22 +313,13 @@ pub fn check_pod_cgroup(root: &Path, trees: &[PathBuf], cgroup: &Path) -> Result
             .join(", "),
         root: root.display().to_string(),
     };
-    let canonical = |p: &Path| std::fs::canonicalize(p).map_err(|_| refused());
-    let (root, cgroup) = (canonical(root)?, canonical(cgroup)?);
-    let Ok(rel) = cgroup.strip_prefix(&root) else {
-        return Err(refused());
-    };
-    let inside = trees.iter().any(|tree| {
-        let tree = tree.strip_prefix("/").unwrap_or(tree);
-        rel.strip_prefix(tree)
-            .is_ok_and(|below| below.components().next().is_some())
-    });
+    let rel = crate::host::cgroup::resolved_below(root, cgroup).ok_or_else(refused)?;
     let qos = rel
         .file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| QOS_CGROUPS.contains(&n));
-    if inside && !qos {
-        Ok(())
+    if crate::host::cgroup::inside_trees(&rel, trees) && !qos {
+        Ok(root.join(rel))
     } else {
         Err(refused())
     }

@@ -1,5 +1,6 @@
 //! The DaemonSet's probes and metrics over HTTP: `/live`, `/ready` (200 only when the
-//! programs are loaded, the registration socket serves, the data plane's pins can be restored
+//! programs are loaded, the registration socket serves (its bounded blocking work is not all
+//! stuck), the data plane's pins can be restored
 //! and, when the installer runs, the plugin is in every conflist) and `/metrics` (Prometheus
 //! text format).
 //!
@@ -47,6 +48,9 @@ impl Health {
     /// Why the agent is not ready, if it is not.
     pub fn not_ready(&self) -> Option<String> {
         if let Some(why) = self.reconciler.not_ready() {
+            return Some(why);
+        }
+        if let Some(why) = self.server.work.not_ready() {
             return Some(why);
         }
         if let Some(installer) = &self.installer {

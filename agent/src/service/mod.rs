@@ -98,6 +98,8 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         stats: Default::default(),
         reconciler: reconciler.clone(),
         adopter: adopter.clone(),
+        work: Default::default(),
+        refusals: Default::default(),
     });
     #[cfg(feature = "heap-profile")]
     {

@@ -9,6 +9,9 @@
 //! send its request within [`READ_TIMEOUT`]; a request's
 //! buffer grows with the bytes that actually arrive, never to the size a peer announces; an
 //! accept error (EMFILE, ENFILE, ENOBUFS) is logged and retried after a pause, never fatal.
+//! Every descriptor a request carries is taken and closed but the first ([`MAX_RECEIVED_FDS`]);
+//! the blocking work peers' requests hold is bounded ([`BlockingWork`]); a refused request is
+//! logged with the peer's credentials, rate-limited ([`RefusalLog`]).
 
 use std::{
     io,
@@ -60,6 +63,160 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// The pause after a failed `accept` (fd exhaustion and the like) before the next one.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
 
+/// Blocking work (netns, bpf syscalls, registry files) that peers' requests may have running
+/// at once. A request beyond waits for a slot; see [`BlockingWork`].
+pub const MAX_BLOCKING: usize = 16;
+
+/// How long a request waits for a slot of blocking work before it is answered "try again
+/// later" (CNI error 11): well within the plugin's own budget.
+pub const SLOT_WAIT: Duration = Duration::from_secs(3);
+
+/// Blocking work running this long is taken as stuck: when every slot holds such work, ADDs
+/// cannot be served and `/ready` says so.
+pub const STUCK_AFTER: Duration = Duration::from_secs(5);
+
+/// The bound on peers' blocking work. Blocking work cannot be cancelled: a request whose
+/// deadline passed leaves its thread running. Without a bound, requests whose work never
+/// finishes (an open that blocks, a filesystem that hangs) would each hold one more thread
+/// of the runtime's blocking pool until none is left for anything else; with it, at most
+/// [`MAX_BLOCKING`] are held, later requests are answered "try again later" after
+/// [`SLOT_WAIT`], and `/ready` fails while every slot is stuck ([`Self::not_ready`]).
+#[derive(Debug)]
+pub struct BlockingWork {
+    slots: Arc<Semaphore>,
+    max: usize,
+    stuck_after: Duration,
+    /// When each running piece of work started, by a sequence number.
+    running: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Instant>>>,
+    next: AtomicU64,
+}
+
+impl Default for BlockingWork {
+    fn default() -> Self {
+        Self::new(MAX_BLOCKING, STUCK_AFTER)
+    }
+}
+
+/// A slot of [`BlockingWork`], held by the work itself until it returns.
+struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    running: Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Instant>>>,
+    seq: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.seq);
+    }
+}
+
+impl BlockingWork {
+    /// At most `max` pieces at once; work running `stuck_after` is taken as stuck.
+    pub fn new(max: usize, stuck_after: Duration) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+            stuck_after,
+            running: Default::default(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// A slot, waiting at most `wait` for one.
+    async fn slot(&self, wait: Duration) -> Option<Slot> {
+        let permit = tokio::time::timeout(wait, self.slots.clone().acquire_owned())
+            .await
+            .ok()?
+            .ok()?;
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(seq, Instant::now());
+        Some(Slot {
+            _permit: permit,
+            running: self.running.clone(),
+            seq,
+        })
+    }
+
+    /// Why requests cannot be served, if every slot holds work running [`STUCK_AFTER`] or
+    /// longer.
+    pub fn not_ready(&self) -> Option<String> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let stuck = running
+            .values()
+            .filter(|t| t.elapsed() >= self.stuck_after)
+            .count();
+        (stuck >= self.max).then(|| {
+            format!(
+                "registration requests cannot be served: all {} slots of blocking work are held \
+                 by work running {}s or longer",
+                self.max,
+                self.stuck_after.as_secs()
+            )
+        })
+    }
+}
+
+/// A refusal of the same reason to the same peer is logged at most once in this interval
+/// (the next line says how many were not logged meanwhile).
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Peers and reasons [`RefusalLog`] remembers; when full, it is cleared (so a flood from
+/// ever new pids costs bounded memory and at most this many lines per interval).
+const REFUSAL_LOG_KEYS: usize = 256;
+
+/// Who asked, from `SO_PEERCRED`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerCred {
+    pub pid: Option<i32>,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Logs refused requests: once per reason and peer, then at most once per
+/// [`REFUSAL_LOG_INTERVAL`], each line with the reason and the peer's credentials, so a
+/// hostile peer is seen in the log without flooding it.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    seen: std::sync::Mutex<std::collections::HashMap<(PeerCred, String), (Instant, u64)>>,
+}
+
+impl RefusalLog {
+    /// Records a refusal of `peer` for `reason` (`kind` classes it); returns whether a line
+    /// was logged.
+    pub fn refused(&self, peer: PeerCred, kind: &str, reason: &str) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= REFUSAL_LOG_KEYS {
+            seen.clear();
+        }
+        let now = Instant::now();
+        let entry = seen
+            .entry((peer, kind.to_string()))
+            .or_insert((now - REFUSAL_LOG_INTERVAL, 0));
+        if now.duration_since(entry.0) < REFUSAL_LOG_INTERVAL {
+            entry.1 += 1;
+            return false;
+        }
+        let suppressed = std::mem::take(&mut entry.1);
+        entry.0 = now;
+        tracing::warn!(
+            peer_pid = ?peer.pid,
+            peer_uid = peer.uid,
+            peer_gid = peer.gid,
+            kind,
+            reason = %Escaped(reason),
+            suppressed,
+            "registration socket: request refused"
+        );
+        true
+    }
+}
+
 /// Counters the metrics endpoint exposes.
 #[derive(Debug, Default)]
 pub struct ServerStats {
@@ -81,6 +238,10 @@ pub struct Server {
     /// Adopts meshed pods that started without the plugin; learns the conflist's `linkerd`
     /// section from each ADD.
     pub adopter: Arc<Adopter>,
+    /// The bound on the blocking work peers' requests hold.
+    pub work: BlockingWork,
+    /// Refused requests, logged rate-limited.
+    pub refusals: RefusalLog,
 }
 
 /// Binds the socket: parent directory created 0700, stale socket replaced, socket 0600.
@@ -127,22 +288,25 @@ impl Server {
     }
 
     async fn connection(&self, mut conn: UnixStream) {
-        match conn.peer_cred() {
-            Ok(cred) if cred.uid() == 0 => {}
+        let peer = match conn.peer_cred() {
+            Ok(cred) if cred.uid() == 0 => PeerCred {
+                pid: cred.pid(),
+                uid: cred.uid(),
+                gid: cred.gid(),
+            },
             Ok(cred) => {
-                tracing::warn!(
-                    uid = cred.uid(),
-                    pid = ?cred.pid(),
-                    "registration socket: refused a peer that is not root"
+                let message = format!(
+                    "permission denied: only root may use the registration socket (peer uid {})",
+                    cred.uid()
                 );
+                let peer = PeerCred {
+                    pid: cred.pid(),
+                    uid: cred.uid(),
+                    gid: cred.gid(),
+                };
+                self.refusals.refused(peer, "not root", &message);
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                let refusal = error(
-                    ErrorKind::BadRequest,
-                    format!(
-                        "permission denied: only root may use the registration socket (peer uid {})",
-                        cred.uid()
-                    ),
-                );
+                let refusal = error(ErrorKind::BadRequest, message);
                 if let Ok(bytes) = wire::encode(&refusal) {
                     let _ = conn.write_all(&bytes).await;
                 }
@@ -153,7 +317,7 @@ impl Server {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-        }
+        };
         let request = tokio::time::timeout(READ_TIMEOUT, read_request(&mut conn))
             .await
             .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut).into()));
@@ -171,8 +335,14 @@ impl Server {
             }
             Err(e) => error(ErrorKind::BadRequest, e.to_string()),
         };
-        if matches!(response, Response::Error { .. }) {
+        if let Response::Error { kind, message } = &response {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            // What the peer sent is at fault: the peer is named (anything else is the
+            // agent's or the node's trouble, logged where it happens).
+            if matches!(kind, ErrorKind::BadRequest | ErrorKind::VersionMismatch) {
+                self.refusals
+                    .refused(peer, &refusal_class(message), message);
+            }
         }
         match wire::encode(&response) {
             Ok(bytes) => {
@@ -225,10 +395,10 @@ impl Server {
                         // Report what was found, and put it back (counted and logged).
                         let reconciler = self.reconciler.clone();
                         let rid = id.clone();
-                        let repaired =
-                            tokio::task::spawn_blocking(move || reconciler.repair_pod(&rid))
-                                .await
-                                .unwrap_or_default();
+                        let repaired = self
+                            .blocking(move |_| Ok(reconciler.repair_pod(&rid)))
+                            .await
+                            .unwrap_or_default();
                         let why = match repaired.is_empty() {
                             true => why,
                             false => format!("{why} (repaired)"),
@@ -388,13 +558,22 @@ impl Server {
         f: impl FnOnce(&Agent) -> Result<T, AgentError> + Send + 'static,
     ) -> Result<T, AgentError> {
         let agent = self.agent.clone();
-        tokio::task::spawn_blocking(move || f(&agent))
-            .await
-            .unwrap_or_else(|e| {
-                Err(AgentError::Registry(io::Error::other(format!(
-                    "worker failed: {e}"
-                ))))
-            })
+        let Some(slot) = self.work.slot(SLOT_WAIT).await else {
+            return Err(AgentError::Busy {
+                waited: SLOT_WAIT,
+                max: self.work.max,
+            });
+        };
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            f(&agent)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(AgentError::Registry(io::Error::other(format!(
+                "worker failed: {e}"
+            ))))
+        })
     }
 }
 
@@ -426,11 +605,19 @@ async fn read_request(conn: &mut UnixStream) -> Result<(Envelope, Option<OwnedFd
     Ok((serde_json::from_slice(&body)?, fd))
 }
 
-/// One `recvmsg` into `buf`, with room for one `SCM_RIGHTS` descriptor (received
-/// close-on-exec; any more than one are closed by the kernel as the room is short).
+/// Descriptors one request may carry: the plugin sends one (the netns socket); room for
+/// more is there only so that every descriptor a peer sends is received and closed here,
+/// never left to pile up or be truncated silently.
+const MAX_RECEIVED_FDS: usize = 16;
+
+/// One `recvmsg` into `buf`. Every `SCM_RIGHTS` descriptor received is taken (close-on-exec):
+/// the first is returned, any others are closed at once; a control message cut short
+/// (`MSG_CTRUNC`: more descriptors than [`MAX_RECEIVED_FDS`], which the kernel closes) is an
+/// error, after what did arrive is closed.
 fn recv_with_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let fds_len = (MAX_RECEIVED_FDS * std::mem::size_of::<libc::c_int>()) as u32;
     // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(fds_len) } as usize;
     let mut control = vec![0u64; space.div_ceil(8)];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -447,20 +634,40 @@ fn recv_with_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut received = None;
+    let mut received = Vec::new();
     // SAFETY: walking the control messages the kernel wrote into `control`, within
-    // `msg_controllen`; an SCM_RIGHTS message's data holds descriptors now ours.
+    // `msg_controllen`; an SCM_RIGHTS message's data holds descriptors now ours, as many as
+    // fit in its length.
     unsafe {
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
-                received = Some(OwnedFd::from_raw_fd(raw));
+                let data = libc::CMSG_DATA(cmsg);
+                let header = data.offset_from(cmsg.cast::<u8>()) as usize;
+                let count = ((*cmsg).cmsg_len as usize).saturating_sub(header)
+                    / std::mem::size_of::<libc::c_int>();
+                for i in 0..count {
+                    let raw = std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
+                    if raw >= 0 {
+                        received.push(OwnedFd::from_raw_fd(raw));
+                    }
+                }
             }
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
     }
-    Ok((n as usize, received))
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        drop(received);
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "more than {MAX_RECEIVED_FDS} descriptors (or other control data) sent with a request"
+            ),
+        ));
+    }
+    let mut received = received.into_iter();
+    // Any after the first are closed here (dropped with the iterator).
+    Ok((n as usize, received.next()))
 }
 
 /// The span every log line of an ADD carries: the attachment and pod as the plugin named them,
@@ -484,6 +691,19 @@ fn abandoned(when: &str) -> Response {
     )
 }
 
+/// The class of a refusal's reason, for [`RefusalLog`]: its message up to the first path,
+/// number or quote, so that one reason with ever other paths is still one reason.
+fn refusal_class(message: &str) -> String {
+    message
+        .split(['/', '"', ':', '('])
+        .next()
+        .unwrap_or(message)
+        .chars()
+        .filter(|c| !c.is_ascii_digit())
+        .take(80)
+        .collect()
+}
+
 fn error(kind: ErrorKind, message: String) -> Response {
     Response::Error { kind, message }
 }
@@ -493,6 +713,8 @@ fn agent_error(e: AgentError) -> Response {
     let kind = match &e {
         // A plugin older than the agent, seen while the agent installs its own: retry.
         AgentError::Peer(PeerError::NoSocket { .. }) => ErrorKind::Unavailable,
+        // Every slot of blocking work busy: retry later.
+        AgentError::Busy { .. } => ErrorKind::Unavailable,
         AgentError::Netns(NetnsError::NotFound { .. } | NetnsError::NotNetns { .. }) => {
             ErrorKind::UnknownContainer
         }
@@ -527,6 +749,144 @@ mod tests {
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
+        }
+    }
+
+    /// At most `max` pieces of blocking work hold slots; one more waits and gives up, and
+    /// `/ready`'s reason appears only while every slot holds stuck work (issue 45, D4).
+    #[tokio::test]
+    async fn blocking_work_is_bounded_and_all_stuck_is_not_ready() {
+        let wait = Duration::from_millis(20);
+        let work = BlockingWork::new(2, Duration::ZERO);
+        let a = work.slot(wait).await.expect("a first slot");
+        assert_eq!(work.not_ready(), None, "one slot is still free");
+        let _b = work.slot(wait).await.expect("a second slot");
+        assert!(work.slot(wait).await.is_none(), "no third slot");
+        let why = work.not_ready().expect("every slot stuck");
+        assert!(why.contains("all 2 slots"), "{why}");
+        drop(a);
+        assert_eq!(work.not_ready(), None);
+        assert!(
+            work.slot(wait).await.is_some(),
+            "a released slot serves again"
+        );
+        // Work that is not yet stuck keeps the agent ready.
+        let patient = BlockingWork::new(1, Duration::from_secs(3600));
+        let _c = patient.slot(wait).await.expect("a slot");
+        assert_eq!(patient.not_ready(), None);
+    }
+
+    /// A refused request is logged once per reason and peer, with the peer's credentials,
+    /// then not again within the interval; another peer or another reason is logged anew
+    /// (issue 45, item 2).
+    #[test]
+    fn refusals_are_logged_once_per_reason_and_peer() {
+        let log = RefusalLog::default();
+        let peer = PeerCred {
+            pid: Some(41),
+            uid: 0,
+            gid: 0,
+        };
+        let other = PeerCred {
+            pid: Some(42),
+            ..peer
+        };
+        let outside = "refused: netns path /tmp/x1 is neither below a runtime's netns directory";
+        let class = refusal_class(outside);
+        assert_eq!(class, refusal_class(&outside.replace("x1", "x2")));
+        assert!(log.refused(peer, &class, outside));
+        for _ in 0..100 {
+            assert!(!log.refused(peer, &class, outside), "rate-limited");
+        }
+        assert!(log.refused(other, &class, outside), "another peer");
+        assert!(
+            log.refused(peer, "not root", "permission denied"),
+            "another reason"
+        );
+    }
+
+    /// Sends `bytes` with `fds` in one `SCM_RIGHTS` message.
+    fn send_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) {
+        let len = std::mem::size_of_val(fds) as u32;
+        // SAFETY: CMSG_SPACE and CMSG_LEN are pure computations.
+        let (space, cmsg_len) = unsafe { (libc::CMSG_SPACE(len), libc::CMSG_LEN(len)) };
+        let mut control = vec![0u64; (space as usize).div_ceil(8)];
+        let mut iov = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut _,
+            iov_len: bytes.len(),
+        };
+        // SAFETY: plain data, filled in below with live buffers.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: one control message, within `control`.
+        let sent = unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = cmsg_len as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast(), fds.len());
+            libc::sendmsg(sock, &msg, 0)
+        };
+        assert_eq!(sent, bytes.len() as isize, "{}", io::Error::last_os_error());
+    }
+
+    /// A pipe: (read end, write end).
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: two new descriptors owned by nothing else.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    /// Whether a read end of the pipe whose write end is `w` is still open anywhere (in this
+    /// process: the receiver kept it).
+    fn read_end_open(w: &OwnedFd) -> bool {
+        // SAFETY: a one-byte write to a pipe we own; SIGPIPE is ignored by the test harness.
+        let n = unsafe { libc::write(w.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+        n == 1 || io::Error::last_os_error().raw_os_error() != Some(libc::EPIPE)
+    }
+
+    /// Every descriptor a request carries is received and closed: the first is handed on,
+    /// the others are closed at once (issue 45, D3: the second of two, which fits in the
+    /// room for one on 64-bit, stayed open in the agent for ever), and a request carrying
+    /// more than there is room for is refused with what arrived closed.
+    #[test]
+    fn every_received_descriptor_is_taken_and_closed() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ends: Vec<(OwnedFd, OwnedFd)> = (0..2).map(|_| pipe()).collect();
+        let raw: Vec<RawFd> = ends.iter().map(|(r, _)| r.as_raw_fd()).collect();
+        send_fds(a.as_raw_fd(), b"abcd", &raw);
+        let (ends_r, ends_w): (Vec<_>, Vec<_>) = ends.into_iter().unzip();
+        drop(ends_r);
+        let mut buf = [0u8; 4];
+        let (n, kept) = recv_with_fd(b.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!((n, &buf), (4, b"abcd"));
+        assert!(kept.is_some(), "the first descriptor is handed on");
+        assert!(read_end_open(&ends_w[0]), "the first is kept until dropped");
+        assert!(
+            !read_end_open(&ends_w[1]),
+            "the second was closed on receipt"
+        );
+        drop(kept);
+        assert!(!read_end_open(&ends_w[0]));
+
+        // More than there is room for: refused, nothing left open.
+        let many: Vec<(OwnedFd, OwnedFd)> = (0..MAX_RECEIVED_FDS + 4).map(|_| pipe()).collect();
+        let raw: Vec<RawFd> = many.iter().map(|(r, _)| r.as_raw_fd()).collect();
+        send_fds(a.as_raw_fd(), b"efgh", &raw);
+        let (many_r, many_w): (Vec<_>, Vec<_>) = many.into_iter().unzip();
+        drop(many_r);
+        let refused = recv_with_fd(b.as_raw_fd(), &mut buf).expect_err("truncated");
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidData, "{refused}");
+        for w in &many_w {
+            assert!(
+                !read_end_open(w),
+                "every descriptor of a refused request is closed"
+            );
         }
     }
 

@@ -155,6 +155,17 @@ fn only_cgroups_strictly_inside_the_pod_trees_pass() {
         );
     }
     assert!(check_pod_cgroup(root, &trees, Path::new("/")).is_err());
+    // A link inside the trees to a pod cgroup passes as the path it resolves to: the
+    // registration records that, never the link (issue 45, D1).
+    symlink(
+        root.join("kubepods/podbbbb"),
+        root.join("kubepods/podalias"),
+    )
+    .unwrap();
+    assert_eq!(
+        check("kubepods/podalias").expect("resolves to a pod cgroup"),
+        root.join("kubepods/podbbbb")
+    );
     // `/` as a tree: every cgroup but the root (and the QoS ones).
     let everywhere = [PathBuf::from("/")];
     check_pod_cgroup(root, &everywhere, &root.join("other/podq")).expect("inside /");
