@@ -82,7 +82,7 @@ fn linkerd_values_render() -> std::process::Output {
 
 /// An operator's values file for Linkerd's linkerd2-cni chart (every key it has) renders with
 /// no ignored key (this chart has them all), and warnings for Linkerd's iptables image and for
-/// a repair controller eBPF mode does not need.
+/// `privileged` (`repairController.enabled` has its effect: the agent repairs).
 #[test]
 fn golden_linkerd_values_render() {
     let out = linkerd_values_render();
@@ -92,11 +92,10 @@ fn golden_linkerd_values_render() {
         stderr.lines().collect::<Vec<_>>(),
         [
             linkerd_cli::install_cni::linkerd_image_warning("cr.example.com/linkerd/cni-plugin"),
-            linkerd_cli::install_cni::REPAIR_CONTROLLER_WARNING.to_string(),
             linkerd_cli::install_cni::PRIVILEGED_WARNING.to_string(),
         ],
-        "every key of Linkerd's chart is a value of this one: warnings for the iptables image, \
-         for repairController.enabled and for privileged only"
+        "every key of Linkerd's chart is a value of this one: warnings for the iptables image \
+         and for privileged only"
     );
     golden(
         "install-cni-linkerd-values.yaml",
@@ -215,11 +214,13 @@ fn objects_and_labels() {
         );
         let role = &objs["ClusterRole/linkerd-cni"];
         // No nodes; one object each of the rest (tests/rbac.rs holds these against the
-        // requests the code makes).
+        // requests the code makes); `delete` on pods for the repair (repairController.enabled,
+        // the default).
         assert_eq!(
             role["rules"],
             json!([
                 {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
             ])
         );
         // SIGTERM: rollout (DaemonSet stands) or uninstall (deleting or gone).
@@ -1889,4 +1890,41 @@ fn sys_admin_only_with_agent_sys_admin() {
         json!(["BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN"])
     );
     assert_eq!(with["drop"], json!(["ALL"]));
+}
+
+/// `repairController.enabled=false`: the agent is told not to repair
+/// (`LINKERD_CNI_AGENT_REPAIR_PODS=false`) and its ServiceAccount may delete nothing; by
+/// default neither the variable (the agent repairs) nor the verb is missing.
+#[test]
+fn repair_controller_enabled_maps_to_the_agents_repair_and_its_rbac() {
+    for (args, repairs) in [
+        (vec![], true),
+        (vec!["--set", "repairController.enabled=false"], false),
+    ] {
+        let objs = objects(&install_cni(&args, &[]));
+        let env = objs["DaemonSet/linkerd-cni"]
+            .pointer("/spec/template/spec/containers/0/env")
+            .and_then(Json::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let repair_env = env
+            .iter()
+            .find(|e| e["name"] == "LINKERD_CNI_AGENT_REPAIR_PODS")
+            .map(|e| e["value"].clone());
+        assert_eq!(
+            repair_env,
+            (!repairs).then(|| json!("false")),
+            "{args:?}: the agent's --repair-pods"
+        );
+        let deletes = objs["ClusterRole/linkerd-cni"]["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .any(|r| {
+                r["verbs"]
+                    .as_array()
+                    .is_some_and(|v| v.contains(&json!("delete")))
+            });
+        assert_eq!(deletes, repairs, "{args:?}: delete on pods granted");
+    }
 }

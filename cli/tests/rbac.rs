@@ -9,7 +9,7 @@
 //! The paths run: the agent's watch caches (this node's pods, every namespace's metadata), an
 //! ADD decision for a pod the cache lacks (a pod GET), for a pod in a namespace the cache lacks
 //! (a namespace GET), for a control-plane pod (the `default/kubernetes` Service), the agent's
-//! SIGTERM question (its DaemonSet, its namespace), and the plugin's lookup while the agent is
+//! SIGTERM question (its DaemonSet, its namespace), the repair's DELETE of a pod, and the plugin's lookup while the agent is
 //! down (a pod GET with the kubeconfig the installer writes).
 
 mod support;
@@ -93,6 +93,13 @@ fn exercise(server: &FakeApiServer, kubeconfig: &std::path::Path) -> Vec<Recorde
             .decide("linkerd", "destination", None, &base)
             .await
             .expect("control-plane pod");
+        // The repair (repairController.enabled, the default): a pod deleted, with its UID as
+        // the precondition.
+        let deleted = source
+            .delete_pod("shop", "late", "uid-late")
+            .await
+            .expect("the repair's DELETE");
+        assert!(deleted, "the pod was deleted");
         // SIGTERM: a rollout (the DaemonSet stands; its namespace is asked too).
         let t = termination(client, NS, "linkerd-cni", WAIT).await;
         assert!(matches!(t, Termination::Rollout), "{t:?}");

@@ -123,6 +123,9 @@ pub(crate) async fn handle(
             "the fake API server was told to fail",
         );
     }
+    if req.method() == Method::DELETE {
+        return delete(shared, &record.path, req).await;
+    }
     if req.method() != Method::GET {
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -241,4 +244,74 @@ pub(crate) async fn handle(
         StatusCode::OK,
         json!({"kind": list_kind, "apiVersion": api_version, "metadata": {"resourceVersion": state.rv.to_string()}, "items": items}),
     )
+}
+
+/// `DELETE` of one pod (`/api/v1/namespaces/<ns>/pods/<name>`), as the API server answers it
+/// for a pod without finalizers or grace: the object goes at once (a watch sees `DELETED`), the
+/// answer is its last state. `preconditions.uid` in the body is honoured (`409 Conflict` when
+/// another pod holds the name). Other kinds stay read-only.
+async fn delete(
+    shared: &Arc<Shared>,
+    path: &str,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Body> {
+    use http_body_util::BodyExt;
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let ["api", "v1", "namespaces", namespace, "pods", name] = segs.as_slice() else {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the fake API server deletes pods only",
+        );
+    };
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+    };
+    let options: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+        }
+    };
+    let key = ObjectKey {
+        plural: "pods",
+        namespace: Some(namespace.to_string()),
+        name: name.to_string(),
+    };
+    let response = {
+        let mut state = shared.lock();
+        let Some(current) = state.objects.get(&key).cloned() else {
+            return error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("pods {name:?} not found"),
+            );
+        };
+        let uid = current
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if let Some(wanted) = options
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            && wanted != uid
+        {
+            return error(
+                StatusCode::CONFLICT,
+                "Conflict",
+                &format!(
+                    "Precondition failed: UID in precondition: {wanted}, UID in object meta: {uid}"
+                ),
+            );
+        }
+        state.delete(&key);
+        state.deleted_uids.insert(uid);
+        current
+    };
+    shared.wake();
+    full(StatusCode::OK, response)
 }

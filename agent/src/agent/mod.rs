@@ -36,6 +36,7 @@ use crate::{
 pub mod adopt;
 pub mod reconcile;
 pub mod registry;
+pub mod repair;
 
 /// Where the agent keeps its state.
 #[derive(Clone, Debug)]

@@ -133,6 +133,7 @@ impl Health {
             self.reconciler.order_conflicts()
         ));
         out.push_str(&self.server.adopter.metrics());
+        out.push_str(&self.server.repairer.metrics());
         counter(
             &mut out,
             "linkerd_cni_agent_repair_failures_total",

@@ -81,6 +81,8 @@ pub struct Server {
     /// Adopts meshed pods that started without the plugin; learns the conflist's `linkerd`
     /// section from each ADD.
     pub adopter: Arc<Adopter>,
+    /// Deletes meshed pods running without redirection (when adoption cannot run).
+    pub repairer: Arc<crate::agent::repair::Repairer>,
 }
 
 /// Binds the socket: parent directory created 0700, stale socket replaced, socket 0600.

@@ -45,12 +45,13 @@ pub struct Values {
     pub privileged: bool,
     /// Accepted (Linkerd's chart has it); no PodSecurityPolicy is rendered.
     pub enable_psp: bool,
-    /// Accepted (Linkerd's chart has it); no repair controller: the agent adopts pods that
-    /// started before the plugin where they run.
+    /// Linkerd's repair controller: no controller is deployed, `enabled` turns the agent's
+    /// repair (deleting meshed pods that run without redirection) on or off.
     pub repair_controller: RepairController,
 }
 
-/// `repairController`, in Linkerd's shape; validated, no effect in eBPF mode.
+/// `repairController`, in Linkerd's shape: `enabled` is the agent's `--repair-pods` (and
+/// `delete` on pods in its RBAC); the other keys are validated and have no effect.
 #[derive(Clone, Debug)]
 pub struct RepairController {
     pub enabled: bool,

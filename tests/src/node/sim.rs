@@ -413,6 +413,7 @@ impl SimNode {
                     .into_iter()
                     .filter(|_| !self.opts.pod_cgroup_trees.is_empty()),
                 )
+                .chain(self.opts.agent_args.iter().cloned())
                 .collect(),
         };
         let mut agent = AgentProcess::spawn(&command)?;

@@ -75,6 +75,14 @@ pub struct KnownPods {
 }
 
 impl KnownPods {
+    /// The pods with these UIDs (registrations made with one).
+    pub fn from_uids<'a>(uids: impl IntoIterator<Item = &'a str>) -> Self {
+        Self {
+            uids: uids.into_iter().map(str::to_string).collect(),
+            names: Default::default(),
+        }
+    }
+
     /// Whether a registration is for the pod `namespace/name` with UID `uid`.
     pub fn contains(&self, namespace: &str, name: &str, uid: &str) -> bool {
         self.uids.contains(uid) || self.names.contains(&(namespace.into(), name.into()))
