@@ -7,7 +7,7 @@
 //!
 //! - it deletes a meshed pod that runs without a registration (a `DELETE` of that pod at the
 //!   API, with its UID as the precondition; the pod is gone from the API), counted in
-//!   `linkerd_cni_agent_repairs_total{action="deleted"}`, within a grace period and a pass of
+//!   `linkerd_cni_agent_pod_repairs_total{action="deleted"}`, within a grace period and a pass of
 //!   its repair loop after it became ready;
 //! - its node's token bucket (burst 1 here) holds the second such pod back (counted once as
 //!   `rate_limited`, not deleted);
@@ -112,13 +112,15 @@ fn metric(node: &SimNode, name: &str) -> u64 {
 }
 
 fn repair_passes(node: &SimNode) -> u64 {
-    metric(node, "linkerd_cni_agent_repair_passes_total")
+    metric(node, "linkerd_cni_agent_pod_repair_passes_total")
 }
 
 fn repairs(node: &SimNode, action: &str) -> u64 {
     metric(
         node,
-        &format!("linkerd_cni_agent_repairs_total{{action=\"{action}\",reason=\"unregistered\"}}"),
+        &format!(
+            "linkerd_cni_agent_pod_repairs_total{{action=\"{action}\",reason=\"unregistered\"}}"
+        ),
     )
 }
 

@@ -31,7 +31,7 @@
 //! of one workload at once.
 //!
 //! Each action goes through [`Repairer::report`] (logged, counted in
-//! `linkerd_cni_agent_repairs_total{action,reason}`).
+//! `linkerd_cni_agent_pod_repairs_total{action,reason}`).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -332,15 +332,15 @@ impl Repairer {
     /// The repairer's lines of `/metrics`.
     pub fn metrics(&self) -> String {
         let mut out = String::from(
-            "# HELP linkerd_cni_agent_repairs_total Meshed pods of this node running without \
+            "# HELP linkerd_cni_agent_pod_repairs_total Meshed pods of this node running without \
              redirection that the agent acted on without entering them, per action (deleted, \
              rate_limited: left for now, once per pod; failed: the delete failed) and reason.\n\
-             # TYPE linkerd_cni_agent_repairs_total counter\n",
+             # TYPE linkerd_cni_agent_pod_repairs_total counter\n",
         );
         let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         for action in [Action::Deleted, Action::RateLimited, Action::Failed] {
             out.push_str(&format!(
-                "linkerd_cni_agent_repairs_total{{action=\"{}\",reason=\"{REASON_UNREGISTERED}\"}} {}\n",
+                "linkerd_cni_agent_pod_repairs_total{{action=\"{}\",reason=\"{REASON_UNREGISTERED}\"}} {}\n",
                 action.label(),
                 counts
                     .get(&(action, REASON_UNREGISTERED))
@@ -349,10 +349,10 @@ impl Repairer {
             ));
         }
         out.push_str(&format!(
-            "# HELP linkerd_cni_agent_repair_passes_total Passes of the repair over this node's \
+            "# HELP linkerd_cni_agent_pod_repair_passes_total Passes of the repair over this node's \
              pods completed (one every --adopt-interval while repair runs).\n\
-             # TYPE linkerd_cni_agent_repair_passes_total counter\n\
-             linkerd_cni_agent_repair_passes_total {}\n",
+             # TYPE linkerd_cni_agent_pod_repair_passes_total counter\n\
+             linkerd_cni_agent_pod_repair_passes_total {}\n",
             self.passes()
         ));
         out
