@@ -292,11 +292,13 @@ impl Server {
             pod_ips,
             config,
             netns_addrs,
+            userns,
         } = add;
         // The socket the plugin made inside the pod's netns, with the addresses it read there.
         let inside = fd.map(|socket| PeerNetns {
             socket,
             addrs: netns_addrs.unwrap_or_default(),
+            userns,
         });
         self.adopter.remember_config(&config);
         if pod.namespace.is_empty() || pod.name.is_empty() {
@@ -552,6 +554,7 @@ mod tests {
             pod_ips: Vec::new(),
             config: LinkerdConfig::default(),
             netns_addrs: None,
+            userns: None,
         };
         let sink = Captured::default();
         let writer = sink.clone();

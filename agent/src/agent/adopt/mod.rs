@@ -246,7 +246,7 @@ impl Agent {
                 "the pod's network namespace changed".into(),
             ));
         }
-        let host_ids = userns::host_ids(ns.file(), config.proxy_uid(), config.proxy_gid())
+        let host_ids = userns::host_ids(ns.file(), config.proxy_uid(), config.proxy_gid(), None)
             .map_err(AgentError::from)?;
         let Some(proxy_uid) = host_ids.and_then(|h| h.uid).or(config.proxy_uid()) else {
             return Ok(Adopted::Waiting(
