@@ -51,6 +51,8 @@ pub(crate) struct State {
     /// Answers by exact URL path that change with each GET: the bodies, and how many GETs
     /// were answered so far.
     pub(crate) sequences: BTreeMap<String, (Vec<Value>, usize)>,
+    /// `events.k8s.io/v1` Events clients created (see `events`).
+    pub(crate) events: crate::events::Events,
 }
 
 pub(crate) struct Shared {

@@ -98,6 +98,7 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         stats: Default::default(),
         reconciler: reconciler.clone(),
         adopter: adopter.clone(),
+        events: linkerd_cni_k8s::events::EventRecorder::spawn(client.clone(), node.clone()),
     });
     #[cfg(feature = "heap-profile")]
     {

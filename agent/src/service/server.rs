@@ -81,6 +81,8 @@ pub struct Server {
     /// Adopts meshed pods that started without the plugin; learns the conflist's `linkerd`
     /// section from each ADD.
     pub adopter: Arc<Adopter>,
+    /// Events on pods (what happened to their redirection), never waited for.
+    pub events: linkerd_cni_k8s::events::EventRecorder,
 }
 
 /// Binds the socket: parent directory created 0700, stale socket replaced, socket 0600.
