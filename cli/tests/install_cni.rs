@@ -220,6 +220,7 @@ fn objects_and_labels() {
             role["rules"],
             json!([
                 {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
             ])
         );

@@ -9,12 +9,13 @@
 //! The paths run: the agent's watch caches (this node's pods, every namespace's metadata), an
 //! ADD decision for a pod the cache lacks (a pod GET), for a pod in a namespace the cache lacks
 //! (a namespace GET), for a control-plane pod (the `default/kubernetes` Service), the agent's
-//! SIGTERM question (its DaemonSet, its namespace), the repair's DELETE of a pod, and the plugin's lookup while the agent is
-//! down (a pod GET with the kubeconfig the installer writes).
+//! SIGTERM question (its DaemonSet, its namespace), an Event on a pod and its repeat (a create
+//! and a patch of `events.k8s.io` events), the repair's DELETE of a pod, and the plugin's
+//! lookup while the agent is down (a pod GET with the kubeconfig the installer writes).
 
 mod support;
 
-use std::time::Duration;
+use std::{sync::atomic::Ordering, time::Duration};
 
 use linkerd_cni_fake_apiserver::{
     FakeApiServer, RecordedRequest,
@@ -22,6 +23,7 @@ use linkerd_cni_fake_apiserver::{
 };
 use linkerd_cni_k8s::{
     PodSource, client,
+    events::{EventRecorder, Limits, PodRef, Reason},
     termination::{Termination, termination},
 };
 use linkerd_cni_proto::config::LinkerdConfig;
@@ -101,8 +103,28 @@ fn exercise(server: &FakeApiServer, kubeconfig: &std::path::Path) -> Vec<Recorde
             .expect("the repair's DELETE");
         assert!(deleted, "the pod was deleted");
         // SIGTERM: a rollout (the DaemonSet stands; its namespace is asked too).
-        let t = termination(client, NS, "linkerd-cni", WAIT).await;
+        let t = termination(client.clone(), NS, "linkerd-cni", WAIT).await;
         assert!(matches!(t, Termination::Rollout), "{t:?}");
+        // An Event on a pod, and its repeat counted into the Event's series (a patch).
+        let limits = Limits {
+            patch_interval: Duration::from_millis(1),
+            ..Limits::default()
+        };
+        let recorder = EventRecorder::spawn_with(client, NODE, limits);
+        let web = PodRef::new("shop", "web", Some("uid-web".into()));
+        recorder.record(&web, Reason::Redirected, "attached");
+        let start = std::time::Instant::now();
+        while recorder.stats().created.load(Ordering::Relaxed) == 0 {
+            assert!(start.elapsed() < WAIT, "the Event was not created");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        recorder.record(&web, Reason::Redirected, "attached");
+        while !server.requests().iter().any(|r| r.method == "PATCH") {
+            assert!(start.elapsed() < WAIT, "the Event's series was not patched");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(recorder.stats().failed.load(Ordering::Relaxed), 0);
     });
     // The plugin while the agent is down.
     let target = linkerd_cni_plugin::apiserver::Target::load(&kubeconfig.display().to_string())

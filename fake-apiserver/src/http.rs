@@ -8,13 +8,14 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
+use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode, service::service_fn};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::{
-    ObjectKey, RecordedRequest, log,
+    ObjectKey, RecordedRequest, events, log,
     resources::{RESOURCES, resource_by_plural, short_names},
     response::{Body, error, full, metadata_only, parse_query, wants_metadata_only},
     select::Filter,
@@ -126,6 +127,28 @@ pub(crate) async fn handle(
     if req.method() == Method::DELETE {
         return delete(shared, &record.path, req).await;
     }
+    if let Some(rest) = record.path.strip_prefix(events::PREFIX) {
+        let body = match req.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "reading the body failed",
+                );
+            }
+        };
+        let mut state = shared.lock();
+        let state = &mut *state;
+        return events::handle(
+            &mut state.events,
+            &mut state.rv,
+            &mut state.next_uid,
+            &record.method,
+            rest,
+            &body,
+        );
+    }
     if req.method() != Method::GET {
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -152,7 +175,11 @@ pub(crate) async fn handle(
         "/apis" => {
             return full(
                 StatusCode::OK,
-                json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
+                json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [{
+                    "name": "events.k8s.io",
+                    "versions": [{"groupVersion": "events.k8s.io/v1", "version": "v1"}],
+                    "preferredVersion": {"groupVersion": "events.k8s.io/v1", "version": "v1"},
+                }]}),
             );
         }
         "/api/v1" => {

@@ -55,6 +55,8 @@ pub(crate) struct State {
     /// its old UID (a controller's replacement has a new one), so a manifest still holding it
     /// is not applied again.
     pub(crate) deleted_uids: std::collections::BTreeSet<String>,
+    /// `events.k8s.io/v1` Events clients created (see `events`).
+    pub(crate) events: crate::events::Events,
 }
 
 pub(crate) struct Shared {

@@ -7,10 +7,10 @@
 //!
 //! - it deletes a meshed pod that runs without a registration (a `DELETE` of that pod at the
 //!   API, with its UID as the precondition; the pod is gone from the API), counted in
-//!   `linkerd_cni_agent_pod_repairs_total{action="deleted"}`, within a grace period and a pass of
-//!   its repair loop after it became ready;
+//!   `linkerd_cni_agent_pod_repairs_total{action="deleted"}`, with a `LinkerdCNIRepaired` Event
+//!   on it, within a grace period and a pass of its repair loop after it became ready;
 //! - its node's token bucket (burst 1 here) holds the second such pod back (counted once as
-//!   `rate_limited`, not deleted);
+//!   `rate_limited`, a `LinkerdCNIUnredirected` Event on it, not deleted);
 //! - it never deletes an unmeshed pod, a `hostNetwork` pod, a pod meshed by `linkerd-init`
 //!   (Linkerd's iptables), nor a meshed pod whose ADD went through the plugin;
 //! - with `--repair-pods=false` (the chart's `repairController.enabled=false`) it deletes
@@ -97,6 +97,23 @@ fn deletes(node: &SimNode) -> Vec<String> {
         .into_iter()
         .filter(|r| r.method == "DELETE")
         .map(|r| r.path)
+        .collect()
+}
+
+/// The `reason`s of the Events on pod `name` in namespace `shop`, as the API holds them.
+fn event_reasons(node: &SimNode, name: &str) -> Vec<String> {
+    let (status, body) = node
+        .apiserver()
+        .get("/apis/events.k8s.io/v1/namespaces/shop/events")
+        .unwrap_or_else(|e| panic!("listing Events: {e}"));
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).expect("an EventList");
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e.pointer("/regarding/name").and_then(|n| n.as_str()) == Some(name))
+        .filter_map(|e| e["reason"].as_str().map(str::to_string))
         .collect()
 }
 
@@ -206,6 +223,39 @@ fn meshed_pods_without_registration_are_deleted_at_the_default_capabilities() {
         "the second pod is held back by the node's bucket, counted once"
     );
     assert_eq!(repairs(&node, "failed"), 0);
+    // The Events: written in the background, a moment after the action.
+    let deleted_name = deleted[0]
+        .rsplit('/')
+        .next()
+        .expect("a pod name")
+        .to_string();
+    let held = if deleted_name == early_a.spec.name {
+        &early_b.spec.name
+    } else {
+        &early_a.spec.name
+    };
+    wait_until("the Events on both pods", Duration::from_secs(10), || {
+        (event_reasons(&node, &deleted_name).contains(&"LinkerdCNIRepaired".to_string())
+            && event_reasons(&node, held).contains(&"LinkerdCNIUnredirected".to_string()))
+        .then_some(())
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {:?} / {:?}\n{}",
+            event_reasons(&node, &deleted_name),
+            event_reasons(&node, held),
+            node.diagnostics()
+        )
+    });
+    for spec in [&plain.spec, &iptables.spec, &host, &through.spec] {
+        assert!(
+            !event_reasons(&node, &spec.name)
+                .iter()
+                .any(|r| r == "LinkerdCNIRepaired" || r == "LinkerdCNIUnredirected"),
+            "no repair Event on {}",
+            spec.name
+        );
+    }
     for spec in [&plain.spec, &iptables.spec, &host, &through.spec] {
         let (status, _) = node
             .apiserver()

@@ -30,8 +30,10 @@
 //! its proxy) with no bound; the rate limit keeps a node's repairs from taking many replicas
 //! of one workload at once.
 //!
-//! Each action goes through [`Repairer::report`] (logged, counted in
-//! `linkerd_cni_agent_pod_repairs_total{action,reason}`).
+//! Each action goes through [`Repairer::report`]: logged, counted in
+//! `linkerd_cni_agent_pod_repairs_total{action,reason}`, and an Event on the pod
+//! (`LinkerdCNIRepaired` when deleted, `LinkerdCNIUnredirected` when held back or the delete
+//! failed).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -42,7 +44,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use linkerd_cni_k8s::{CachedPod, PodSource};
+use linkerd_cni_k8s::{
+    CachedPod, PodSource,
+    events::{self, EventRecorder, Reason},
+};
 use linkerd_cni_proto::{config::LinkerdConfig, escape::Escaped, wire::PodRef};
 
 use super::{Agent, adopt::KnownPods};
@@ -163,6 +168,7 @@ struct Pacing {
 /// documentation.
 pub struct Repairer {
     agent: Arc<Agent>,
+    events: EventRecorder,
     options: RepairOptions,
     pacing: Mutex<Pacing>,
     passes: AtomicU64,
@@ -170,10 +176,11 @@ pub struct Repairer {
 }
 
 impl Repairer {
-    pub fn new(agent: Arc<Agent>, options: RepairOptions) -> Self {
+    pub fn new(agent: Arc<Agent>, options: RepairOptions, events: EventRecorder) -> Self {
         let now = Instant::now();
         Self {
             agent,
+            events,
             pacing: Mutex::new(Pacing {
                 bucket: TokenBucket::new(options.burst, options.per_minute, now),
                 since: HashMap::new(),
@@ -304,8 +311,7 @@ impl Repairer {
         }
     }
 
-    /// Reports one repair action on `pod`: logged, counted, and (the one place to wire it)
-    /// an Event on the pod.
+    /// Reports one repair action on `pod`: logged, counted, and an Event on the pod.
     pub fn report(&self, pod: &PodRef, action: Action, message: &str) {
         *self
             .counts
@@ -315,6 +321,23 @@ impl Repairer {
             .or_default() += 1;
         let (namespace, name) = (&pod.namespace, Escaped(&pod.name));
         let uid = pod.uid.as_deref().unwrap_or_default();
+        let (reason, note) = match action {
+            Action::Deleted => (
+                Reason::Repaired,
+                format!("deleted by linkerd-cni: {message}"),
+            ),
+            Action::RateLimited | Action::Failed => (
+                Reason::Unredirected,
+                format!(
+                    "meshed pod running without linkerd-cni's redirection, not repaired yet: {message}"
+                ),
+            ),
+        };
+        self.events.record(
+            &events::PodRef::new(namespace.clone(), pod.name.clone(), pod.uid.clone()),
+            reason,
+            note,
+        );
         match action {
             Action::Deleted => {
                 tracing::info!(namespace, pod = %name, uid, reason = REASON_UNREGISTERED, "repair: {message}")

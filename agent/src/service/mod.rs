@@ -102,7 +102,12 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
     let pods = linkerd_cni_k8s::PodSource::new(client.clone(), node.clone());
     let reconciler = Arc::new(Reconciler::new(agent.clone(), &args.bpffs));
     let adopter = Arc::new(Adopter::new(agent.clone()));
-    let repairer = Arc::new(Repairer::new(agent.clone(), args.repair.clone()));
+    let events = linkerd_cni_k8s::events::EventRecorder::spawn(client.clone(), node.clone());
+    let repairer = Arc::new(Repairer::new(
+        agent.clone(),
+        args.repair.clone(),
+        events.clone(),
+    ));
     let server = Arc::new(Server {
         agent: agent.clone(),
         pods,
@@ -110,6 +115,7 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         reconciler: reconciler.clone(),
         adopter: adopter.clone(),
         repairer: repairer.clone(),
+        events,
     });
     #[cfg(feature = "heap-profile")]
     {

@@ -83,6 +83,8 @@ pub struct Server {
     pub adopter: Arc<Adopter>,
     /// Deletes meshed pods running without redirection (when adoption cannot run).
     pub repairer: Arc<crate::agent::repair::Repairer>,
+    /// Events on pods (what happened to their redirection), never waited for.
+    pub events: linkerd_cni_k8s::events::EventRecorder,
 }
 
 /// Binds the socket: parent directory created 0700, stale socket replaced, socket 0600.
