@@ -21,9 +21,9 @@ use linkerd_cni_tests::{
     agent::AgentHarness,
     child::Placement,
     client::{Options, run_client},
-    netns::UsernsPod,
     node::{AgentState, NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest, wait_until},
     pod::Pod,
+    userns::UsernsPod,
 };
 use serde_json::Value;
 
