@@ -230,6 +230,16 @@ struct RunArgs {
     /// uninstall` removes it by hand. Any other stop (crash, SIGKILL) always leaves the configs.
     #[arg(long, env = "LINKERD_CNI_AGENT_CLEANUP_ON_SIGTERM")]
     cleanup_on_sigterm: bool,
+    /// Remove the startup taint (`cni.linkerd.io/agent-not-ready`) from this node once the
+    /// agent is ready (what /ready checks), retrying with backoff; never put it back. Needs
+    /// `patch` on nodes.
+    #[arg(
+        long,
+        env = "LINKERD_CNI_AGENT_REMOVE_STARTUP_TAINT",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    remove_startup_taint: bool,
     /// Namespace of the agent's DaemonSet (the downward API's metadata.namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "linkerd-cni")]
     pod_namespace: String,
@@ -264,6 +274,7 @@ impl RunArgs {
                 window: self.repair_window,
             },
             cleanup_on_sigterm: self.cleanup_on_sigterm,
+            remove_startup_taint: self.remove_startup_taint,
             pod_namespace: self.pod_namespace,
             daemonset: self.daemonset,
         }

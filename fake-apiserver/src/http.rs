@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::{
-    ObjectKey, RecordedRequest, events, log,
+    ObjectKey, RecordedRequest, events, log, patch,
     resources::{RESOURCES, resource_by_plural, short_names},
     response::{Body, error, full, metadata_only, parse_query, wants_metadata_only},
     select::Filter,
@@ -149,11 +149,32 @@ pub(crate) async fn handle(
             &body,
         );
     }
+    if req.method() == Method::PATCH
+        && let Some(key) = object_path(&record.path)
+    {
+        let content_type = req
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let body = match req.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "reading the body failed",
+                );
+            }
+        };
+        return patch::handle(shared, key, &content_type, &body);
+    }
     if req.method() != Method::GET {
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
-            "the fake API server is read-only",
+            "the fake API server takes GET, PATCH of objects, and events",
         );
     }
     if let Some(body) = route {
@@ -341,4 +362,26 @@ async fn delete(
     };
     shared.wake();
     full(StatusCode::OK, response)
+}
+
+/// The key of the core `v1` object a URL names (`/api/v1/nodes/{name}`,
+/// `/api/v1/namespaces/{ns}/{plural}/{name}`), if it names one.
+fn object_path(path: &str) -> Option<ObjectKey> {
+    let rest = path.strip_prefix("/api/v1/")?;
+    let segs: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+    let (plural, namespace, name) = match segs.as_slice() {
+        ["namespaces", name] => ("namespaces", None, *name),
+        [plural, name] => (*plural, None, *name),
+        ["namespaces", ns, plural, name] => (*plural, Some(*ns), *name),
+        _ => return None,
+    };
+    let (_, plural, namespaced) = resource_by_plural(plural)?;
+    if namespaced != namespace.is_some() {
+        return None;
+    }
+    Some(ObjectKey {
+        plural,
+        namespace: namespace.map(str::to_string),
+        name: name.to_string(),
+    })
 }

@@ -17,6 +17,8 @@
 //!   g=meta.k8s.io;v=v1`, as kube's `Api<PartialObjectMeta<K>>` and client-go's metadata
 //!   informers ask) to GET, LIST and WATCH: `PartialObjectMetadata` objects carrying only
 //!   `metadata`;
+//! - PATCH of any object held (merge and strategic merge patches, e.g. removing a Node's
+//!   taint by key), stored and watched like an apply;
 //! - `events.k8s.io/v1` Events: create, merge-patch (an Event's `series`), get and list, with
 //!   the real server's validation ([`FakeApiServer::events`] returns them);
 //! - `/version`, `/api`, `/apis`, `/api/v1` discovery, enough for `kubectl get`;
@@ -50,6 +52,7 @@ mod events;
 mod http;
 mod kubeconfig;
 mod manifests;
+mod patch;
 pub mod rbac;
 mod resources;
 mod response;

@@ -11,6 +11,7 @@
 //!   names, defaults), shared with the proxy injector and the CLI.
 //! - [`events::EventRecorder`]: Events on pods (redirected, refused, repaired, unredirected),
 //!   aggregated, rate-limited and never waited for.
+//! - [`taint`]: the node's startup taint, removed by the agent once it is ready.
 //! - [`termination::termination`]: on SIGTERM, a rollout or an uninstall, from the agent's
 //!   own DaemonSet.
 
@@ -23,6 +24,7 @@ pub mod events;
 pub mod names;
 pub mod podcache;
 pub mod source;
+pub mod taint;
 pub mod termination;
 
 pub use decision::{AnnotationError, Decision};

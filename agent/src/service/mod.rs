@@ -6,7 +6,8 @@
 //! - [`inspect`]: the human view of the pinned state (`linkerd-cni-agent inspect`).
 //! - [`run`]: starts all of it, the node installer (`--install`), and the background passes:
 //!   reaping registrations whose netns is gone, reconciling every pod's redirection, adopting
-//!   pods that started without it; on SIGTERM, decides whether the plugin leaves the node.
+//!   pods that started without it; removing the node's startup taint once ready
+//!   (`--remove-startup-taint`); on SIGTERM, decides whether the plugin leaves the node.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -63,6 +64,8 @@ pub struct Options {
     pub repair: RepairOptions,
     /// With `install`, always remove linkerd-cni from the CNI configs on SIGTERM.
     pub cleanup_on_sigterm: bool,
+    /// Remove the node's startup taint once ready (`linkerd_cni_k8s::taint`).
+    pub remove_startup_taint: bool,
     /// Namespace of the agent's DaemonSet.
     pub pod_namespace: String,
     /// Name of the agent's DaemonSet, read on SIGTERM.
@@ -200,6 +203,15 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         );
     }
     let serving = tokio::spawn(server.clone().serve(listener));
+    if args.remove_startup_taint {
+        // Ready is what /ready says: the same rule, asked of the same object.
+        let ready = health.clone();
+        tokio::spawn(linkerd_cni_k8s::taint::remove_when_ready(
+            client.clone(),
+            node.clone(),
+            move || ready.not_ready(),
+        ));
+    }
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let sigterm = tokio::select! {

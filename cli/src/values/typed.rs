@@ -108,6 +108,15 @@ pub struct Agent {
     /// Whether the agent's container gets CAP_SYS_ADMIN (adoption, user-namespaced pods).
     pub sys_admin: bool,
     pub metrics: Metrics,
+    pub startup_taint: StartupTaint,
+}
+
+/// `agent.startupTaint`: the node's startup taint, removed by the agent once ready.
+#[derive(Clone, Debug)]
+pub struct StartupTaint {
+    pub enabled: bool,
+    /// Render the ValidatingAdmissionPolicy that narrows the nodes patch (Kubernetes 1.30+).
+    pub admission_policy: bool,
 }
 
 /// `agent.metrics`: `/metrics` on an address of the node, for Prometheus.
