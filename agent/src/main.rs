@@ -206,6 +206,34 @@ struct RunArgs {
     /// How often this node's pods are checked for meshed pods running without redirection.
     #[arg(long, env = "LINKERD_CNI_AGENT_ADOPT_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     adopt_interval: Duration,
+    /// Where running pods cannot be adopted in place (no CAP_SYS_ADMIN, or adoption off),
+    /// delete a meshed pod of this node that runs without redirection, so that it is
+    /// recreated through the plugin (Linkerd's repair controller; the chart's
+    /// `repairController.enabled`). Never hostNetwork, unmeshed or `linkerd-init` pods.
+    #[arg(
+        long,
+        env = "LINKERD_CNI_AGENT_REPAIR_PODS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    repair_pods: bool,
+    /// How long a meshed pod must run without a registration, with the agent ready, before it
+    /// is repaired.
+    #[arg(long, env = "LINKERD_CNI_AGENT_REPAIR_GRACE", default_value = "10s", value_parser = parse_duration)]
+    repair_grace: Duration,
+    /// Repairs this node may make at once (its token bucket's size).
+    #[arg(long, env = "LINKERD_CNI_AGENT_REPAIR_BURST", default_value_t = 5)]
+    repair_burst: u32,
+    /// Repairs this node may make per minute once its burst is spent.
+    #[arg(
+        long,
+        env = "LINKERD_CNI_AGENT_REPAIR_PER_MINUTE",
+        default_value_t = 30
+    )]
+    repair_per_minute: u32,
+    /// A pod (namespace/name) the agent deleted is not deleted again within this window.
+    #[arg(long, env = "LINKERD_CNI_AGENT_REPAIR_WINDOW", default_value = "10m", value_parser = parse_duration)]
+    repair_window: Duration,
     /// With --install, always remove linkerd-cni from the CNI configs on SIGTERM. Without it,
     /// SIGTERM asks the API whether the agent's DaemonSet is being deleted (uninstall: remove)
     /// or not (a rolling update: keep, so that no pod starts without the plugin before the
@@ -213,6 +241,16 @@ struct RunArgs {
     /// uninstall` removes it by hand. Any other stop (crash, SIGKILL) always leaves the configs.
     #[arg(long, env = "LINKERD_CNI_AGENT_CLEANUP_ON_SIGTERM")]
     cleanup_on_sigterm: bool,
+    /// Remove the startup taint (`cni.linkerd.io/agent-not-ready`) from this node once the
+    /// agent is ready (what /ready checks), retrying with backoff; never put it back. Needs
+    /// `patch` on nodes.
+    #[arg(
+        long,
+        env = "LINKERD_CNI_AGENT_REMOVE_STARTUP_TAINT",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    remove_startup_taint: bool,
     /// Namespace of the agent's DaemonSet (the downward API's metadata.namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "linkerd-cni")]
     pod_namespace: String,
@@ -239,7 +277,15 @@ impl RunArgs {
             reconcile_interval: self.reconcile_interval,
             adopt_running_pods: self.adopt_running_pods,
             adopt_interval: self.adopt_interval,
+            repair_pods: self.repair_pods,
+            repair: linkerd_cni_agent::agent::repair::RepairOptions {
+                grace: self.repair_grace,
+                burst: self.repair_burst,
+                per_minute: self.repair_per_minute,
+                window: self.repair_window,
+            },
             cleanup_on_sigterm: self.cleanup_on_sigterm,
+            remove_startup_taint: self.remove_startup_taint,
             pod_namespace: self.pod_namespace,
             daemonset: self.daemonset,
         }

@@ -43,6 +43,11 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         "serviceaccount.yaml",
         include_str!("../../deploy/charts/linkerd2-cni/templates/serviceaccount.yaml"),
     ),
+    // Before the ClusterRole that grants `patch` on nodes: the narrowing is in force first.
+    (
+        "admissionpolicy.yaml",
+        include_str!("../../deploy/charts/linkerd2-cni/templates/admissionpolicy.yaml"),
+    ),
     (
         "rbac.yaml",
         include_str!("../../deploy/charts/linkerd2-cni/templates/rbac.yaml"),

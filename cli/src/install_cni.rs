@@ -432,9 +432,6 @@ pub fn render(
     if checked.image.name.ends_with(LINKERD_IPTABLES_IMAGE) {
         warnings.push(linkerd_image_warning(&checked.image.name));
     }
-    if checked.repair_controller.enabled {
-        warnings.push(REPAIR_CONTROLLER_WARNING.to_string());
-    }
     if checked.privileged {
         warnings.push(PRIVILEGED_WARNING.to_string());
     }
@@ -447,11 +444,6 @@ pub fn render(
 /// The last part of the name of Linkerd's iptables plugin image (`cr.l5d.io/linkerd/cni-plugin`),
 /// which values files written for Linkerd's chart set as `image.name`.
 pub const LINKERD_IPTABLES_IMAGE: &str = "/cni-plugin";
-
-/// The warning for `repairController.enabled: true`, which deploys nothing in eBPF mode.
-pub const REPAIR_CONTROLLER_WARNING: &str = "warning: repairController.enabled has no effect in \
-     eBPF mode: no repair controller is deployed; the agent adopts meshed pods that started \
-     before the plugin where they run, without restarting them";
 
 /// The warning for `privileged: true`, which Linkerd's chart uses on SELinux-enforcing nodes
 /// and which changes nothing here (the chart's NOTES.txt says the same to Helm users).

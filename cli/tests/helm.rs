@@ -87,6 +87,17 @@ fn expected_in(cli: &str, ns: &str) -> BTreeMap<String, Json> {
                 s["namespace"] = json!(ns);
             }
         }
+        // The startup taint's admission policy names the release's ServiceAccount.
+        if let Some(Json::Array(conditions)) = obj.pointer_mut("/spec/matchConditions") {
+            for c in conditions {
+                if let Some(e) = c["expression"].as_str() {
+                    c["expression"] = json!(e.replace(
+                        "system:serviceaccount:linkerd-cni:",
+                        &format!("system:serviceaccount:{ns}:")
+                    ));
+                }
+            }
+        }
         if let Some(Json::Array(excluded)) =
             obj.pointer_mut("/data/cni_network_config/linkerd/excluded-namespaces")
         {

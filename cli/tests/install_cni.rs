@@ -82,7 +82,7 @@ fn linkerd_values_render() -> std::process::Output {
 
 /// An operator's values file for Linkerd's linkerd2-cni chart (every key it has) renders with
 /// no ignored key (this chart has them all), and warnings for Linkerd's iptables image and for
-/// a repair controller eBPF mode does not need.
+/// `privileged` (`repairController.enabled` has its effect: the agent repairs).
 #[test]
 fn golden_linkerd_values_render() {
     let out = linkerd_values_render();
@@ -92,11 +92,10 @@ fn golden_linkerd_values_render() {
         stderr.lines().collect::<Vec<_>>(),
         [
             linkerd_cli::install_cni::linkerd_image_warning("cr.example.com/linkerd/cni-plugin"),
-            linkerd_cli::install_cni::REPAIR_CONTROLLER_WARNING.to_string(),
             linkerd_cli::install_cni::PRIVILEGED_WARNING.to_string(),
         ],
-        "every key of Linkerd's chart is a value of this one: warnings for the iptables image, \
-         for repairController.enabled and for privileged only"
+        "every key of Linkerd's chart is a value of this one: warnings for the iptables image \
+         and for privileged only"
     );
     golden(
         "install-cni-linkerd-values.yaml",
@@ -152,6 +151,9 @@ fn objects_and_labels() {
         let mut want = vec![
             "Namespace/linkerd-cni",
             "ServiceAccount/linkerd-cni",
+            // agent.startupTaint: narrows the nodes patch, applied before the ClusterRole.
+            "ValidatingAdmissionPolicy/linkerd-cni-startup-taint",
+            "ValidatingAdmissionPolicyBinding/linkerd-cni-startup-taint",
             "ClusterRole/linkerd-cni",
             "ClusterRoleBinding/linkerd-cni",
             "Role/linkerd-cni",
@@ -176,6 +178,8 @@ fn objects_and_labels() {
             if obj["kind"] != "Namespace"
                 && obj["kind"] != "ClusterRole"
                 && obj["kind"] != "ClusterRoleBinding"
+                && obj["kind"] != "ValidatingAdmissionPolicy"
+                && obj["kind"] != "ValidatingAdmissionPolicyBinding"
             {
                 let want = if key(&obj).ends_with("linkerd-cni-kubernetes-service") {
                     "default"
@@ -214,12 +218,16 @@ fn objects_and_labels() {
             "{what}"
         );
         let role = &objs["ClusterRole/linkerd-cni"];
-        // No nodes; one object each of the rest (tests/rbac.rs holds these against the
-        // requests the code makes).
+        // Nodes: patch only (the startup taint, narrowed by the admission policy); `delete` on
+        // pods for the repair (repairController.enabled, the default); one object each of the
+        // rest (tests/rbac.rs holds these against the requests the code makes).
         assert_eq!(
             role["rules"],
             json!([
                 {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
             ])
         );
         // SIGTERM: rollout (DaemonSet stands) or uninstall (deleting or gone).
@@ -271,7 +279,15 @@ fn default_render_content() {
     );
 
     let pod = &objs["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"];
-    assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+    // Linkerd's default (everything), then the startup taint the agent removes (tolerated
+    // whatever `tolerations` says).
+    assert_eq!(
+        pod["tolerations"],
+        json!([
+            {"operator": "Exists"},
+            {"key": "cni.linkerd.io/agent-not-ready", "operator": "Exists", "effect": "NoSchedule"},
+        ])
+    );
     // The agent never waits for its own plugin: no pod network, cluster DNS still resolves.
     assert_eq!(pod["hostNetwork"], true);
     assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
@@ -649,12 +665,22 @@ fn flags_change_what_they_should() {
                 "tolerations[1].key=node-role.kubernetes.io/control-plane,tolerations[1].operator=Exists",
             ],
             vec![],
+            // The startup taint's toleration stays last, after the operator's.
             vec![
                 (
                     format!("{ds}/spec/tolerations/1/key"),
                     json!("node-role.kubernetes.io/control-plane"),
                 ),
-                (format!("{ds}/spec/tolerations/1/operator"), json!("Exists")),
+                (format!("{ds}/spec/tolerations/1/effect"), Json::Null),
+                (
+                    format!("{ds}/spec/tolerations/2/key"),
+                    json!("cni.linkerd.io/agent-not-ready"),
+                ),
+                (format!("{ds}/spec/tolerations/2/operator"), json!("Exists")),
+                (
+                    format!("{ds}/spec/tolerations/2/effect"),
+                    json!("NoSchedule"),
+                ),
             ],
         ),
         // --set-string keeps strings (--set would type `true` as a boolean, refused below),
@@ -811,6 +837,15 @@ fn flags_change_what_they_should() {
                     format!("{ds}/spec/containers/0/env/18/value"),
                     json!("0.0.0.0:9991"),
                 ),
+                // agent.startupTaint's variable comes after it.
+                (
+                    format!("{ds}/spec/containers/0/env/19/name"),
+                    json!("LINKERD_CNI_AGENT_REMOVE_STARTUP_TAINT"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/env/19/value"),
+                    json!("true"),
+                ),
             ],
         ),
         (
@@ -839,6 +874,15 @@ fn flags_change_what_they_should() {
                 (
                     format!("{ds}/spec/containers/0/env/18/value"),
                     json!("[fd00::1]:9100"),
+                ),
+                // agent.startupTaint's variable comes after it.
+                (
+                    format!("{ds}/spec/containers/0/env/19/name"),
+                    json!("LINKERD_CNI_AGENT_REMOVE_STARTUP_TAINT"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/env/19/value"),
+                    json!("true"),
                 ),
             ],
         ),
@@ -1910,4 +1954,127 @@ fn sys_admin_only_with_agent_sys_admin() {
         json!(["BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN"])
     );
     assert_eq!(with["drop"], json!(["ALL"]));
+}
+
+/// `repairController.enabled=false`: the agent is told not to repair
+/// (`LINKERD_CNI_AGENT_REPAIR_PODS=false`) and its ServiceAccount may delete nothing; by
+/// default neither the variable (the agent repairs) nor the verb is missing.
+#[test]
+fn repair_controller_enabled_maps_to_the_agents_repair_and_its_rbac() {
+    for (args, repairs) in [
+        (vec![], true),
+        (vec!["--set", "repairController.enabled=false"], false),
+    ] {
+        let objs = objects(&install_cni(&args, &[]));
+        let env = objs["DaemonSet/linkerd-cni"]
+            .pointer("/spec/template/spec/containers/0/env")
+            .and_then(Json::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let repair_env = env
+            .iter()
+            .find(|e| e["name"] == "LINKERD_CNI_AGENT_REPAIR_PODS")
+            .map(|e| e["value"].clone());
+        assert_eq!(
+            repair_env,
+            (!repairs).then(|| json!("false")),
+            "{args:?}: the agent's --repair-pods"
+        );
+        let deletes = objs["ClusterRole/linkerd-cni"]["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .any(|r| {
+                r["verbs"]
+                    .as_array()
+                    .is_some_and(|v| v.contains(&json!("delete")))
+            });
+        assert_eq!(deletes, repairs, "{args:?}: delete on pods granted");
+    }
+}
+
+/// Issue 44 item 1: `agent.startupTaint` renders the toleration, the agent's flag, the nodes
+/// patch and the admission policy together; off, none of them; `admissionPolicy=false` leaves
+/// the policy out (clusters older than 1.30) and keeps the rest.
+#[test]
+fn startup_taint_renders_all_or_nothing() {
+    let taint = json!({"key": "cni.linkerd.io/agent-not-ready", "operator": "Exists", "effect": "NoSchedule"});
+    let none = temp_file("no-tolerations.yaml", "tolerations: []\n");
+    let none = none.display().to_string();
+    for (args, on, policy) in [
+        (vec![], true, true),
+        (
+            vec!["--set", "agent.startupTaint.admissionPolicy=false"],
+            true,
+            false,
+        ),
+        (
+            vec!["--set", "agent.startupTaint.enabled=false"],
+            false,
+            false,
+        ),
+        (
+            vec!["--set", "agent.startupTaint.enabled=false", "-f", &none],
+            false,
+            false,
+        ),
+        (vec!["-f", &none], true, true),
+    ] {
+        let docs = docs(&install_cni(&args, &[]));
+        let objs: std::collections::BTreeMap<String, Json> =
+            docs.iter().map(|d| (key(d), d.clone())).collect();
+        let pod = &objs["DaemonSet/linkerd-cni"]["spec"]["template"]["spec"];
+        let tolerations = pod["tolerations"].as_array().cloned().unwrap_or_default();
+        assert_eq!(
+            tolerations.contains(&taint),
+            on,
+            "{args:?}: {tolerations:?}"
+        );
+        let env = &pod["containers"][0]["env"];
+        let flag = env
+            .as_array()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == "LINKERD_CNI_AGENT_REMOVE_STARTUP_TAINT");
+        assert_eq!(
+            flag.map(|e| e["value"].clone()),
+            on.then(|| json!("true")),
+            "{args:?}"
+        );
+        let rules = objs["ClusterRole/linkerd-cni"]["rules"]
+            .as_array()
+            .cloned()
+            .expect("rules");
+        let nodes = rules.iter().any(|r| r["resources"] == json!(["nodes"]));
+        assert_eq!(nodes, on, "{args:?}: nodes patch granted");
+        assert_eq!(
+            objs.contains_key("ValidatingAdmissionPolicy/linkerd-cni-startup-taint"),
+            policy,
+            "{args:?}"
+        );
+        assert_eq!(
+            objs.contains_key("ValidatingAdmissionPolicyBinding/linkerd-cni-startup-taint"),
+            policy,
+            "{args:?}"
+        );
+        if !on && args.contains(&none.as_str()) {
+            assert!(pod.get("tolerations").is_none(), "{args:?}: {pod:?}");
+        }
+    }
+    // The policy names the release's ServiceAccount and the taint's key.
+    let docs = docs(&install_cni(&["--cni-namespace", "l5d-cni"], &[]));
+    let vap = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .expect("policy");
+    let text = vap.to_string();
+    assert!(
+        text.contains("system:serviceaccount:l5d-cni:linkerd-cni"),
+        "{text}"
+    );
+    assert!(text.contains("cni.linkerd.io/agent-not-ready"), "{text}");
+    assert!(
+        text.contains("authentication.kubernetes.io/node-name"),
+        "{text}"
+    );
 }

@@ -9,12 +9,14 @@
 //! The paths run: the agent's watch caches (this node's pods, every namespace's metadata), an
 //! ADD decision for a pod the cache lacks (a pod GET), for a pod in a namespace the cache lacks
 //! (a namespace GET), for a control-plane pod (the `default/kubernetes` Service), the agent's
-//! SIGTERM question (its DaemonSet, its namespace), and the plugin's lookup while the agent is
-//! down (a pod GET with the kubeconfig the installer writes).
+//! SIGTERM question (its DaemonSet, its namespace), an Event on a pod and its repeat (a create
+//! and a patch of `events.k8s.io` events), the removal of the node's startup taint (a patch of
+//! the node), the repair's DELETE of a pod, and the plugin's lookup while the agent is down (a
+//! pod GET with the kubeconfig the installer writes).
 
 mod support;
 
-use std::time::Duration;
+use std::{sync::atomic::Ordering, time::Duration};
 
 use linkerd_cni_fake_apiserver::{
     FakeApiServer, RecordedRequest,
@@ -22,6 +24,7 @@ use linkerd_cni_fake_apiserver::{
 };
 use linkerd_cni_k8s::{
     PodSource, client,
+    events::{EventRecorder, Limits, PodRef, Reason},
     termination::{Termination, termination},
 };
 use linkerd_cni_proto::config::LinkerdConfig;
@@ -52,6 +55,12 @@ fn exercise(server: &FakeApiServer, kubeconfig: &std::path::Path) -> Vec<Recorde
         server.apply(&namespace(ns)).expect("namespace");
     }
     server.apply(&pod("shop", "web", json!({}))).expect("pod");
+    server
+        .apply(&json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+            "spec": {"taints": [{"key": linkerd_cni_k8s::taint::STARTUP_TAINT_KEY, "effect": "NoSchedule"}]},
+        }))
+        .expect("node");
     server
         .apply(&pod(
             "linkerd",
@@ -93,9 +102,41 @@ fn exercise(server: &FakeApiServer, kubeconfig: &std::path::Path) -> Vec<Recorde
             .decide("linkerd", "destination", None, &base)
             .await
             .expect("control-plane pod");
+        // The repair (repairController.enabled, the default): a pod deleted, with its UID as
+        // the precondition.
+        let deleted = source
+            .delete_pod("shop", "late", "uid-late")
+            .await
+            .expect("the repair's DELETE");
+        assert!(deleted, "the pod was deleted");
         // SIGTERM: a rollout (the DaemonSet stands; its namespace is asked too).
-        let t = termination(client, NS, "linkerd-cni", WAIT).await;
+        let t = termination(client.clone(), NS, "linkerd-cni", WAIT).await;
         assert!(matches!(t, Termination::Rollout), "{t:?}");
+        // An Event on a pod, and its repeat counted into the Event's series (a patch).
+        let limits = Limits {
+            patch_interval: Duration::from_millis(1),
+            ..Limits::default()
+        };
+        let client_for_taint = client.clone();
+        let recorder = EventRecorder::spawn_with(client, NODE, limits);
+        let web = PodRef::new("shop", "web", Some("uid-web".into()));
+        recorder.record(&web, Reason::Redirected, "attached");
+        let start = std::time::Instant::now();
+        while recorder.stats().created.load(Ordering::Relaxed) == 0 {
+            assert!(start.elapsed() < WAIT, "the Event was not created");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        recorder.record(&web, Reason::Redirected, "attached");
+        while !server.requests().iter().any(|r| r.method == "PATCH") {
+            assert!(start.elapsed() < WAIT, "the Event's series was not patched");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(recorder.stats().failed.load(Ordering::Relaxed), 0);
+        // Ready: the node's startup taint removed (one patch of the node, no read).
+        linkerd_cni_k8s::taint::remove_startup_taint(&client_for_taint, NODE)
+            .await
+            .expect("the startup taint removed");
     });
     // The plugin while the agent is down.
     let target = linkerd_cni_plugin::apiserver::Target::load(&kubeconfig.display().to_string())
@@ -177,13 +218,17 @@ fn the_chart_grants_exactly_what_the_code_requests() {
                 }
             }
         }
-        // And the node's token reads no Node (the Node authorizer limits a kubelet to its own).
-        assert!(
-            !rbac
-                .grants
-                .iter()
-                .any(|g| g.resources.iter().any(|r| r == "nodes" || r == "*")),
-            "{what}: nodes granted"
-        );
+        // And the node's token reads no Node: of nodes it may only patch (the startup taint,
+        // narrowed to that taint on its own node by the chart's admission policy).
+        for g in &rbac.grants {
+            if g.resources.iter().any(|r| r == "nodes" || r == "*") {
+                assert_eq!(
+                    g.verbs,
+                    ["patch"],
+                    "{what}: nodes granted: {}",
+                    g.describe()
+                );
+            }
+        }
     }
 }

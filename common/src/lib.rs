@@ -17,5 +17,7 @@ pub mod query;
 #[cfg(any(feature = "probe", feature = "query"))]
 pub mod sys;
 pub mod types;
+#[cfg(feature = "userns")]
+pub mod userns;
 
 pub use types::*;

@@ -8,13 +8,14 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
+use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode, service::service_fn};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::{
-    ObjectKey, RecordedRequest, log,
+    ObjectKey, RecordedRequest, events, log, patch,
     resources::{RESOURCES, resource_by_plural, short_names},
     response::{Body, error, full, metadata_only, parse_query, wants_metadata_only},
     select::Filter,
@@ -123,11 +124,57 @@ pub(crate) async fn handle(
             "the fake API server was told to fail",
         );
     }
+    if req.method() == Method::DELETE {
+        return delete(shared, &record.path, req).await;
+    }
+    if let Some(rest) = record.path.strip_prefix(events::PREFIX) {
+        let body = match req.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "reading the body failed",
+                );
+            }
+        };
+        let mut state = shared.lock();
+        let state = &mut *state;
+        return events::handle(
+            &mut state.events,
+            &mut state.rv,
+            &mut state.next_uid,
+            &record.method,
+            rest,
+            &body,
+        );
+    }
+    if req.method() == Method::PATCH
+        && let Some(key) = object_path(&record.path)
+    {
+        let content_type = req
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let body = match req.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "reading the body failed",
+                );
+            }
+        };
+        return patch::handle(shared, key, &content_type, &body);
+    }
     if req.method() != Method::GET {
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
-            "the fake API server is read-only",
+            "the fake API server takes GET, PATCH of objects, and events",
         );
     }
     if let Some(body) = route {
@@ -149,7 +196,11 @@ pub(crate) async fn handle(
         "/apis" => {
             return full(
                 StatusCode::OK,
-                json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
+                json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [{
+                    "name": "events.k8s.io",
+                    "versions": [{"groupVersion": "events.k8s.io/v1", "version": "v1"}],
+                    "preferredVersion": {"groupVersion": "events.k8s.io/v1", "version": "v1"},
+                }]}),
             );
         }
         "/api/v1" => {
@@ -241,4 +292,96 @@ pub(crate) async fn handle(
         StatusCode::OK,
         json!({"kind": list_kind, "apiVersion": api_version, "metadata": {"resourceVersion": state.rv.to_string()}, "items": items}),
     )
+}
+
+/// `DELETE` of one pod (`/api/v1/namespaces/<ns>/pods/<name>`), as the API server answers it
+/// for a pod without finalizers or grace: the object goes at once (a watch sees `DELETED`), the
+/// answer is its last state. `preconditions.uid` in the body is honoured (`409 Conflict` when
+/// another pod holds the name). Other kinds stay read-only.
+async fn delete(
+    shared: &Arc<Shared>,
+    path: &str,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Body> {
+    use http_body_util::BodyExt;
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let ["api", "v1", "namespaces", namespace, "pods", name] = segs.as_slice() else {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the fake API server deletes pods only",
+        );
+    };
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+    };
+    let options: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+        }
+    };
+    let key = ObjectKey {
+        plural: "pods",
+        namespace: Some(namespace.to_string()),
+        name: name.to_string(),
+    };
+    let response = {
+        let mut state = shared.lock();
+        let Some(current) = state.objects.get(&key).cloned() else {
+            return error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("pods {name:?} not found"),
+            );
+        };
+        let uid = current
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if let Some(wanted) = options
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            && wanted != uid
+        {
+            return error(
+                StatusCode::CONFLICT,
+                "Conflict",
+                &format!(
+                    "Precondition failed: UID in precondition: {wanted}, UID in object meta: {uid}"
+                ),
+            );
+        }
+        state.delete(&key);
+        state.deleted_uids.insert(uid);
+        current
+    };
+    shared.wake();
+    full(StatusCode::OK, response)
+}
+
+/// The key of the core `v1` object a URL names (`/api/v1/nodes/{name}`,
+/// `/api/v1/namespaces/{ns}/{plural}/{name}`), if it names one.
+fn object_path(path: &str) -> Option<ObjectKey> {
+    let rest = path.strip_prefix("/api/v1/")?;
+    let segs: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+    let (plural, namespace, name) = match segs.as_slice() {
+        ["namespaces", name] => ("namespaces", None, *name),
+        [plural, name] => (*plural, None, *name),
+        ["namespaces", ns, plural, name] => (*plural, Some(*ns), *name),
+        _ => return None,
+    };
+    let (_, plural, namespaced) = resource_by_plural(plural)?;
+    if namespaced != namespace.is_some() {
+        return None;
+    }
+    Some(ObjectKey {
+        plural,
+        namespace: namespace.map(str::to_string),
+        name: name.to_string(),
+    })
 }

@@ -17,6 +17,10 @@
 //!   g=meta.k8s.io;v=v1`, as kube's `Api<PartialObjectMeta<K>>` and client-go's metadata
 //!   informers ask) to GET, LIST and WATCH: `PartialObjectMetadata` objects carrying only
 //!   `metadata`;
+//! - PATCH of any object held (merge and strategic merge patches, e.g. removing a Node's
+//!   taint by key), stored and watched like an apply;
+//! - `events.k8s.io/v1` Events: create, merge-patch (an Event's `series`), get and list, with
+//!   the real server's validation ([`FakeApiServer::events`] returns them);
 //! - `/version`, `/api`, `/apis`, `/api/v1` discovery, enough for `kubectl get`;
 //! - `GET /fake/stats` (not recorded itself): every request received so far, and how many
 //!   watches are open and were ever opened, for test processes that count a client's requests
@@ -44,9 +48,11 @@
 
 #![forbid(unsafe_code)]
 
+mod events;
 mod http;
 mod kubeconfig;
 mod manifests;
+mod patch;
 pub mod rbac;
 mod resources;
 mod response;

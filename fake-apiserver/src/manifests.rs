@@ -114,6 +114,13 @@ impl ManifestDir {
             seen.insert(key);
         }
         for (path, object) in objects {
+            let deleted = object
+                .pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .is_some_and(|uid| state.deleted_uids.contains(uid));
+            if deleted {
+                continue;
+            }
             state.apply(object).map_err(|e| FakeApiError::Parse {
                 path,
                 reason: e.to_string(),

@@ -125,6 +125,11 @@ impl FakeApiServer {
         Ok(self.shared.lock().objects.get(&key).cloned())
     }
 
+    /// Every `events.k8s.io/v1` Event clients created, as stored (ordered by namespace, name).
+    pub fn events(&self) -> Vec<Value> {
+        self.shared.lock().events.values().cloned().collect()
+    }
+
     /// Every stored object's key.
     pub fn keys(&self) -> Vec<ObjectKey> {
         self.shared.lock().objects.keys().cloned().collect()

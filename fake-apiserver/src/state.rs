@@ -51,6 +51,12 @@ pub(crate) struct State {
     /// Answers by exact URL path that change with each GET: the bodies, and how many GETs
     /// were answered so far.
     pub(crate) sequences: BTreeMap<String, (Vec<Value>, usize)>,
+    /// UIDs of the objects deleted by a client's `DELETE`: an object is never recreated under
+    /// its old UID (a controller's replacement has a new one), so a manifest still holding it
+    /// is not applied again.
+    pub(crate) deleted_uids: std::collections::BTreeSet<String>,
+    /// `events.k8s.io/v1` Events clients created (see `events`).
+    pub(crate) events: crate::events::Events,
 }
 
 pub(crate) struct Shared {

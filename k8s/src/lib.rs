@@ -9,6 +9,9 @@
 //!   [`client::client`] is the agent's (in-cluster, or from a kubeconfig file).
 //! - [`names`]: Linkerd's vocabulary (container names, annotation and label keys, object
 //!   names, defaults), shared with the proxy injector and the CLI.
+//! - [`events::EventRecorder`]: Events on pods (redirected, refused, repaired, unredirected),
+//!   aggregated, rate-limited and never waited for.
+//! - [`taint`]: the node's startup taint, removed by the agent once it is ready.
 //! - [`termination::termination`]: on SIGTERM, a rollout or an uninstall, from the agent's
 //!   own DaemonSet.
 
@@ -17,9 +20,11 @@
 pub mod client;
 pub mod decision;
 mod error;
+pub mod events;
 pub mod names;
 pub mod podcache;
 pub mod source;
+pub mod taint;
 pub mod termination;
 
 pub use decision::{AnnotationError, Decision};

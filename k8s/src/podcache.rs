@@ -47,6 +47,9 @@ pub struct CachedPod {
     /// `status.podIPs` (or `status.podIP` alone), as kubelet reports them once the sandbox has
     /// its network; addresses that do not parse are left out.
     pub pod_ips: Box<[std::net::IpAddr]>,
+    /// Whether `status.phase` is `Succeeded` or `Failed`: its containers have all ended and
+    /// will not run again (nothing to repair).
+    pub terminated: bool,
 }
 
 impl CachedPod {
@@ -80,6 +83,11 @@ impl CachedPod {
             host_network: spec.and_then(|s| s.host_network),
             deletion_timestamp: meta.deletion_timestamp.clone(),
             pod_ips: pod_ips(pod),
+            terminated: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|p| matches!(p, "Succeeded" | "Failed")),
         })
     }
 

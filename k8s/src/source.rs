@@ -285,6 +285,43 @@ impl PodSource {
     }
 
     /// One bounded GET; 404 is reported as [`K8sError::NotFound`].
+    /// Deletes the pod `namespace/name` whose UID is `uid` (a precondition: a pod recreated
+    /// under the same name, as a StatefulSet's, is never deleted in its place), so that its
+    /// controller recreates it and the new sandbox goes through the CNI chain: the agent's
+    /// repair of a meshed pod that runs without redirection. A pod already gone (or replaced)
+    /// is no error: `Ok(false)`.
+    pub async fn delete_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<bool, K8sError> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..kube::api::DeleteParams::default()
+        };
+        let what = format!("pod {namespace}/{name}");
+        match tokio::time::timeout(self.api_timeout, api.delete(name, &params)).await {
+            Err(_) => Err(K8sError::Timeout {
+                what,
+                after: self.api_timeout,
+            }),
+            // Gone already, or another pod now holds the name (precondition failed).
+            Ok(Err(kube::Error::Api(status))) if status.is_not_found() || status.code == 409 => {
+                Ok(false)
+            }
+            Ok(Err(source)) => Err(K8sError::Api {
+                what,
+                source: Box::new(source),
+            }),
+            Ok(Ok(_)) => Ok(true),
+        }
+    }
+
     async fn get<K>(&self, api: Api<K>, name: &str, what: String) -> Result<K, K8sError>
     where
         K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,

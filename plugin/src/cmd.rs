@@ -304,6 +304,7 @@ impl Ctx<'_> {
             pod_ips,
             config: self.conf.linkerd.clone(),
             netns_addrs: None,
+            userns: None,
         };
         if self.conf.linkerd.simulate {
             self.log.info(format_args!(
@@ -321,8 +322,18 @@ impl Ctx<'_> {
             ),
             source,
         })?;
+        // A user-namespaced pod: the agent needs its ID maps, which it may not read itself
+        // under its container's seccomp profile without CAP_SYS_ADMIN.
+        let userns = netns::userns_maps(&netns_file).map_err(|source| PluginError::Io {
+            what: format!(
+                "reading the user namespace of network namespace {:?}",
+                self.env.netns
+            ),
+            source,
+        })?;
         let request = AddRequest {
             netns_addrs: Some(inside.addrs),
+            userns,
             ..request
         };
         let answer =

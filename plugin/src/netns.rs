@@ -134,6 +134,26 @@ pub struct Inside {
     pub addrs: Vec<IpAddr>,
 }
 
+/// For a pod in a user namespace of its own (`hostUsers: false`), that namespace's ID maps
+/// (see [`linkerd_cni_proto::wire::UsernsMaps`]); `None` when the netns belongs to this
+/// process's user namespace.
+pub fn userns_maps(netns: &File) -> io::Result<Option<linkerd_cni_proto::wire::UsernsMaps>> {
+    use linkerd_cni_common::userns;
+    let owner = userns::owner(netns)?;
+    if userns::is_own(&owner)? {
+        return Ok(None);
+    }
+    let (dev, ino) = userns::id(&owner)?;
+    let (uid_map, gid_map) = userns::read_maps(&owner)
+        .map_err(|(step, e)| io::Error::new(e.kind(), format!("{step}: {e}")))?;
+    Ok(Some(linkerd_cni_proto::wire::UsernsMaps {
+        dev,
+        ino,
+        uid_map,
+        gid_map,
+    }))
+}
+
 /// Enters `netns` on a thread of its own (which ends there: no other thread changes
 /// namespace) and makes what [`Inside`] holds.
 pub fn inside(netns: &File) -> io::Result<Inside> {

@@ -121,6 +121,26 @@ pub struct AddRequest {
     /// inside it, sent with the netns socket (see the module). Absent from older plugins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns_addrs: Option<Vec<IpAddr>>,
+    /// For a pod in a user namespace of its own (`hostUsers: false`): that namespace's ID maps
+    /// as the plugin read them, sent with the netns socket. Absent for a pod in the host's user
+    /// namespace, and from older plugins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userns: Option<UsernsMaps>,
+}
+
+/// The user namespace that owns a pod's network namespace, and its `uid_map` and `gid_map` as
+/// the host's user namespace sees them (`/proc/<pid>/uid_map` of a process inside it, read
+/// from outside). The plugin reads them at ADD (it may enter the namespace; the agent's
+/// container, under the runtime's default seccomp profile, may not without `CAP_SYS_ADMIN`);
+/// the agent uses them only when `dev` and `ino` name the user namespace that owns the netns it
+/// was handed (`NS_GET_USERNS`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsernsMaps {
+    /// The user namespace's nsfs device and inode.
+    pub dev: u64,
+    pub ino: u64,
+    pub uid_map: String,
+    pub gid_map: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -252,6 +272,12 @@ mod tests {
             pod_ips: vec!["10.0.0.5".parse().unwrap()],
             config: LinkerdConfig::default(),
             netns_addrs: Some(vec!["10.0.0.5".parse().unwrap()]),
+            userns: Some(UsernsMaps {
+                dev: 4,
+                ino: 4026532178,
+                uid_map: "0 100000 65536\n".into(),
+                gid_map: "0 100000 65536\n".into(),
+            }),
         })));
         let bytes = encode(&req).unwrap();
         let back: Envelope = read_frame(&mut &bytes[..]).unwrap();

@@ -18,6 +18,9 @@ use crate::error::{Error, IoContext, Result};
 pub const PROXY: &str = "linkerd-cni-test-proxy";
 /// The test client.
 pub const CLIENT: &str = "linkerd-cni-test-client";
+/// Runs a program under a seccomp filter refusing `setns(2)`, as the runtime's default profile
+/// does for a container without `CAP_SYS_ADMIN`.
+pub const SECCOMP: &str = "linkerd-cni-test-seccomp";
 /// Overrides the directory the binaries are looked up in.
 pub const BIN_DIR_ENV: &str = "LINKERD_CNI_TEST_BIN_DIR";
 

@@ -44,6 +44,7 @@ pub mod pod;
 pub mod pool;
 pub mod proxy;
 pub mod tenant;
+pub mod userns;
 
 /// The fake Kubernetes API server (crate `linkerd-cni-fake-apiserver`).
 pub use linkerd_cni_fake_apiserver as fake_apiserver;

@@ -10,7 +10,6 @@ use std::{
     fs,
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
-    process::Command,
     time::Duration,
 };
 
@@ -20,10 +19,11 @@ use linkerd_cni_proto::config::{Cidr, DEFAULT_PROXY_UID as PROXY_UID, LinkerdCon
 use linkerd_cni_tests::{
     CgroupGuard, EchoServer,
     agent::AgentHarness,
-    child::{ChildGuard, Placement},
+    child::Placement,
     client::{Options, run_client},
     node::{AgentState, NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest, wait_until},
     pod::Pod,
+    userns::UsernsPod,
 };
 use serde_json::Value;
 
@@ -475,56 +475,10 @@ fn a_failed_write_is_rolled_back_entirely() {
     assert_eq!(h.maps().addrs.keys().count(), 0);
 }
 
-/// A process holding a new user namespace mapping in-ns 0-65535 to host 100000-165535 and a
-/// network namespace owned by it, like a `hostUsers: false` pod's sandbox.
-struct UsernsPod {
-    holder: ChildGuard,
-}
-
-impl UsernsPod {
-    fn new() -> Self {
-        let mut cmd = Command::new("sleep");
-        cmd.arg("600");
-        // SAFETY: unshare is async-signal-safe; the child is single-threaded.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let holder = ChildGuard::spawn(&mut cmd).expect("spawn the namespace holder");
-        let pid = holder.pid();
-        for map in ["uid_map", "gid_map"] {
-            fs::write(format!("/proc/{pid}/{map}"), "0 100000 65536\n")
-                .unwrap_or_else(|e| panic!("writing {map}: {e}"));
-        }
-        let this = Self { holder };
-        this.ip(&["link", "set", "lo", "up"]);
-        this
-    }
-
-    fn path(&self, ns: &str) -> PathBuf {
-        PathBuf::from(format!("/proc/{}/ns/{ns}", self.holder.pid()))
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let out = Placement::new()
-            .netns_path(self.path("net"))
-            .command("ip")
-            .expect("ip")
-            .args(args)
-            .output()
-            .expect("run ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
-}
-
 #[test]
 fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
     let h = AgentHarness::new(None);
-    let pod = UsernsPod::new();
+    let pod = UsernsPod::new().expect("user-namespaced sandbox");
     let cgroup = CgroupGuard::new().expect("cgroup");
     let config = LinkerdConfig {
         proxy_gid: i64::from(PROXY_UID),
@@ -543,7 +497,8 @@ fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
         })
         .expect("register the user-namespaced pod");
     // An address added after ADD: not one of the pod's own, not loopback.
-    pod.ip(&["addr", "add", "10.77.0.1/32", "dev", "lo"]);
+    pod.ip(&["addr", "add", "10.77.0.1/32", "dev", "lo"])
+        .expect("address");
     let target = SocketAddr::from(([10, 77, 0, 1], 8080));
     let run_as = |uid: u32, gid: u32| {
         let placement = Placement::new()
@@ -609,6 +564,54 @@ fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
         .expect_err("proxy UID 70000 is not mapped");
     assert!(err.to_string().contains("70000 is not mapped"), "{err}");
     h.agent().unregister("userns-pod").expect("unregister");
+}
+
+/// Issue 44 item 4: a user-namespaced meshed pod (`hostUsers: false`) is added in the default
+/// install. The agent holds the DaemonSet's capabilities only (no `CAP_SYS_ADMIN`) and runs
+/// under a seccomp filter refusing `setns(2)`, as the runtime's default profile runs its
+/// container, so it cannot read the pod's `uid_map` itself: the plugin (root, unconfined, as the
+/// runtime's child) reads the maps at ADD and sends them with the netns socket, and the agent
+/// takes them because they name the user namespace that owns the netns it was handed. The
+/// proxy's host IDs (in-ns 2102 = host 102102) are stored.
+#[test]
+fn user_namespaced_pod_is_added_by_a_confined_agent_without_sys_admin() {
+    let mut node = start_node(&[namespace_manifest("shop", &[])]);
+    let required: Vec<&str> = linkerd_cni_agent::host::capabilities::CAPABILITIES
+        .iter()
+        .filter(|c| c.required)
+        .map(|c| c.name)
+        .collect();
+    node.start_agent_confined(&required)
+        .unwrap_or_else(|e| panic!("the confined agent: {e}\n{}", node.diagnostics()));
+    let sandbox = UsernsPod::new().expect("user-namespaced sandbox");
+    sandbox
+        .ip(&["addr", "add", "10.77.0.2/32", "dev", "lo"])
+        .expect("the pod's address");
+    let pod = node
+        .new_pod(PodSpec::meshed("shop", "userns"))
+        .unwrap_or_else(|e| panic!("pod: {e}"));
+    let netns = sandbox.path("net").display().to_string();
+    let out = plugin_add(&node, &pod, Some(&netns));
+    assert!(
+        out.status.success(),
+        "ADD of the user-namespaced pod: {out:?}\n{}",
+        node.diagnostics()
+    );
+    let record = state(&node)
+        .record(&pod.container_id)
+        .unwrap_or_else(|| panic!("registered\n{}", node.diagnostics()));
+    assert_eq!(
+        record.pointer("/host_ids/uid").and_then(Value::as_u64),
+        Some(u64::from(UsernsPod::HOST_BASE + PROXY_UID)),
+        "the proxy's host UID is stored: {record}"
+    );
+    let stdin = node
+        .plugin_stdin(&pod, None)
+        .unwrap_or_else(|e| panic!("plugin stdin: {e}"));
+    let del = node
+        .run_plugin(&node.plugin_env("DEL", &pod), stdin.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+    assert!(del.status.success(), "DEL: {del:?}");
 }
 
 #[test]

@@ -36,6 +36,7 @@ use crate::{
 pub mod adopt;
 pub mod reconcile;
 pub mod registry;
+pub mod repair;
 
 /// Where the agent keeps its state.
 #[derive(Clone, Debug)]
@@ -473,7 +474,12 @@ impl Agent {
             None => (None, None),
         };
         phases.mark("cgroup");
-        let host_ids = userns::host_ids(ns.file(), reg.config.proxy_uid(), reg.config.proxy_gid())?;
+        let host_ids = userns::host_ids(
+            ns.file(),
+            reg.config.proxy_uid(),
+            reg.config.proxy_gid(),
+            inside.as_ref().and_then(|i| i.userns.as_ref()),
+        )?;
         phases.mark("userns");
         let entries =
             PodEntries::new(netns_cookie, &reg.config, &pod_ips).with_host_ids(host_ids.as_ref());

@@ -55,8 +55,9 @@ pub const CAPABILITIES: [Capability; 5] = [
         bit: 21,
         required: false,
         why: "setns(2) into pods' network namespaces for pods running before the plugin \
-              (adoption) and for ADDs from plugins older than the agent, setns(2) into a \
-              user-namespaced pod's user namespace (its uid_map), mount(2) of bpffs when it is \
+              (adoption) and for ADDs from plugins older than the agent (for a user-namespaced \
+              pod also setns(2) into its user namespace, to read its uid_map), mount(2) of \
+              bpffs when it is \
               gone, and bpf(2) BPF_PROG_GET_FD_BY_ID (keeping pods' inbound stubs across a \
               restart; without it each is replaced)",
     },

@@ -228,11 +228,13 @@ pub fn open_netns(
 }
 
 /// What the plugin passes from inside the pod's network namespace (see
-/// `linkerd_cni_proto::wire`): a socket it created there, and the addresses it read there.
+/// `linkerd_cni_proto::wire`): a socket it created there, the addresses it read there, and
+/// for a user-namespaced pod its user namespace's ID maps.
 #[derive(Debug)]
 pub struct PeerNetns {
     pub socket: OwnedFd,
     pub addrs: Vec<IpAddr>,
+    pub userns: Option<linkerd_cni_proto::wire::UsernsMaps>,
 }
 
 /// `SIOCGSKNS`: a descriptor of a socket's network namespace (`CAP_NET_ADMIN` over it).

@@ -137,6 +137,32 @@ impl Health {
             self.reconciler.order_conflicts()
         ));
         out.push_str(&self.server.adopter.metrics());
+        out.push_str(&self.server.repairer.metrics());
+        let events = self.server.events.stats();
+        counter(
+            &mut out,
+            "linkerd_cni_agent_events_created_total",
+            "Kubernetes Events created on pods.",
+            events.created.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "linkerd_cni_agent_events_aggregated_total",
+            "Repeated Events counted into an existing Event's series.",
+            events.aggregated.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "linkerd_cni_agent_events_dropped_total",
+            "Events dropped: the queue to the API was full.",
+            events.dropped.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "linkerd_cni_agent_events_failed_total",
+            "Event writes the API refused or that failed.",
+            events.failed.load(Ordering::Relaxed),
+        );
         counter(
             &mut out,
             "linkerd_cni_agent_repair_failures_total",

@@ -6,7 +6,8 @@
 //! - [`inspect`]: the human view of the pinned state (`linkerd-cni-agent inspect`).
 //! - [`run`]: starts all of it, the node installer (`--install`), and the background passes:
 //!   reaping registrations whose netns is gone, reconciling every pod's redirection, adopting
-//!   pods that started without it; on SIGTERM, decides whether the plugin leaves the node.
+//!   pods that started without it; removing the node's startup taint once ready
+//!   (`--remove-startup-taint`); on SIGTERM, decides whether the plugin leaves the node.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -14,7 +15,12 @@ use anyhow::Context;
 use linkerd_cni_installer::Installer;
 use linkerd_cni_k8s::termination::{Termination, termination};
 
-use crate::agent::{Agent, AgentConfig, adopt::Adopter, reconcile::Reconciler};
+use crate::agent::{
+    Agent, AgentConfig,
+    adopt::Adopter,
+    reconcile::Reconciler,
+    repair::{RepairOptions, Repairer},
+};
 
 pub mod health;
 pub mod inspect;
@@ -49,10 +55,17 @@ pub struct Options {
     pub reconcile_interval: Duration,
     /// Attach redirection to meshed pods that started without it.
     pub adopt_running_pods: bool,
-    /// How often this node's pods are checked for adoption.
+    /// How often this node's pods are checked for adoption (and for repair).
     pub adopt_interval: Duration,
+    /// Delete meshed pods running without redirection when they cannot be adopted in place
+    /// (no `CAP_SYS_ADMIN`, or adoption off), paced by `repair`.
+    pub repair_pods: bool,
+    /// How the repair is paced.
+    pub repair: RepairOptions,
     /// With `install`, always remove linkerd-cni from the CNI configs on SIGTERM.
     pub cleanup_on_sigterm: bool,
+    /// Remove the node's startup taint once ready (`linkerd_cni_k8s::taint`).
+    pub remove_startup_taint: bool,
     /// Namespace of the agent's DaemonSet.
     pub pod_namespace: String,
     /// Name of the agent's DaemonSet, read on SIGTERM.
@@ -92,6 +105,12 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
     let pods = linkerd_cni_k8s::PodSource::new(client.clone(), node.clone());
     let reconciler = Arc::new(Reconciler::new(agent.clone(), &args.bpffs));
     let adopter = Arc::new(Adopter::new(agent.clone()));
+    let events = linkerd_cni_k8s::events::EventRecorder::spawn(client.clone(), node.clone());
+    let repairer = Arc::new(Repairer::new(
+        agent.clone(),
+        args.repair.clone(),
+        events.clone(),
+    ));
     let server = Arc::new(Server {
         agent: agent.clone(),
         pods,
@@ -100,6 +119,8 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         adopter: adopter.clone(),
         work: Default::default(),
         refusals: Default::default(),
+        repairer: repairer.clone(),
+        events,
     });
     #[cfg(feature = "heap-profile")]
     {
@@ -159,10 +180,40 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
     }
     spawn_reaper(agent.clone(), args.reap_interval);
     spawn_reconciler(reconciler, args.reconcile_interval, hup);
-    if args.adopt_running_pods && adoption_possible(&agent) {
+    if args.adopt_running_pods && adoption_possible(&agent, args.repair_pods) {
         spawn_adopter(adopter, server.clone(), args.adopt_interval);
+    } else if args.repair_pods {
+        tracing::info!(
+            grace = ?args.repair.grace,
+            burst = args.repair.burst,
+            per_minute = args.repair.per_minute,
+            window = ?args.repair.window,
+            "repair of running pods is on: a meshed pod of this node running without \
+             redirection is deleted, so that it is recreated through the plugin"
+        );
+        spawn_repairer(
+            repairer,
+            server.clone(),
+            adopter,
+            health.clone(),
+            args.adopt_interval,
+        );
+    } else {
+        tracing::warn!(
+            "repair of running pods is off (--repair-pods=false): meshed pods that started \
+             without linkerd-cni keep running without redirection until they are recreated"
+        );
     }
     let serving = tokio::spawn(server.clone().serve(listener));
+    if args.remove_startup_taint {
+        // Ready is what /ready says: the same rule, asked of the same object.
+        let ready = health.clone();
+        tokio::spawn(linkerd_cni_k8s::taint::remove_when_ready(
+            client.clone(),
+            node.clone(),
+            move || ready.not_ready(),
+        ));
+    }
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let sigterm = tokio::select! {
@@ -256,10 +307,19 @@ fn spawn_reconciler(
 }
 
 /// Whether running pods can be adopted on this node: the `iter/tcp` program must be usable.
-/// Says why not, once, when it cannot.
-fn adoption_possible(agent: &Agent) -> bool {
+/// Says why not, once, when it cannot (and what happens to such pods instead: repaired by
+/// deletion when `repair` is on).
+fn adoption_possible(agent: &Agent, repair: bool) -> bool {
     match agent.adoption_unavailable() {
         None => true,
+        Some(reason) if repair => {
+            tracing::info!(
+                %reason,
+                "adoption of running pods in place is off: meshed pods that run without \
+                 redirection are repaired by deletion instead"
+            );
+            false
+        }
         Some(reason) => {
             tracing::warn!(
                 %reason,
@@ -269,6 +329,26 @@ fn adoption_possible(agent: &Agent) -> bool {
             false
         }
     }
+}
+
+/// Every `interval`, deletes the meshed pods of this node that run without redirection (see
+/// [`crate::agent::repair`]), only while the agent is ready.
+fn spawn_repairer(
+    repairer: Arc<Repairer>,
+    source: Arc<Server>,
+    adopter: Arc<Adopter>,
+    health: Arc<Health>,
+    interval: Duration,
+) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            let ready = health.not_ready().is_none();
+            repairer
+                .run_once(&source.pods, &adopter.base_config(), ready)
+                .await;
+        }
+    });
 }
 
 /// Every `interval`, adopts the meshed pods of this node that run without redirection.

@@ -242,6 +242,10 @@ pub struct Server {
     pub work: BlockingWork,
     /// Refused requests, logged rate-limited.
     pub refusals: RefusalLog,
+    /// Deletes meshed pods running without redirection (when adoption cannot run).
+    pub repairer: Arc<crate::agent::repair::Repairer>,
+    /// Events on pods (what happened to their redirection), never waited for.
+    pub events: linkerd_cni_k8s::events::EventRecorder,
 }
 
 /// Binds the socket: parent directory created 0700, stale socket replaced, socket 0600.
@@ -460,11 +464,13 @@ impl Server {
             pod_ips,
             config,
             netns_addrs,
+            userns,
         } = add;
         // The socket the plugin made inside the pod's netns, with the addresses it read there.
         let inside = fd.map(|socket| PeerNetns {
             socket,
             addrs: netns_addrs.unwrap_or_default(),
+            userns,
         });
         self.adopter.remember_config(&config);
         if pod.namespace.is_empty() || pod.name.is_empty() {
@@ -910,6 +916,7 @@ mod tests {
             pod_ips: Vec::new(),
             config: LinkerdConfig::default(),
             netns_addrs: None,
+            userns: None,
         };
         let sink = Captured::default();
         let writer = sink.clone();

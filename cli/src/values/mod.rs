@@ -25,7 +25,9 @@ mod tests;
 pub use merge::{FREE_FORM, coalesce, drop_unknown, set_path, unknown_key_warning};
 pub use origins::{CHART_ORIGIN, Origins, PathStep};
 pub use source::{MAX_VALUES_BYTES, URL_TIMEOUT, ValuesSource, read_values_file};
-pub use typed::{Agent, Image, Metrics, PodMonitor, RepairController, Resource, Resources, Values};
+pub use typed::{
+    Agent, Image, Metrics, PodMonitor, RepairController, Resource, Resources, StartupTaint, Values,
+};
 pub use validate::{socket_dir_problem, validate};
 pub use yaml::parse_yaml;
 

@@ -45,12 +45,13 @@ pub struct Values {
     pub privileged: bool,
     /// Accepted (Linkerd's chart has it); no PodSecurityPolicy is rendered.
     pub enable_psp: bool,
-    /// Accepted (Linkerd's chart has it); no repair controller: the agent adopts pods that
-    /// started before the plugin where they run.
+    /// Linkerd's repair controller: no controller is deployed, `enabled` turns the agent's
+    /// repair (deleting meshed pods that run without redirection) on or off.
     pub repair_controller: RepairController,
 }
 
-/// `repairController`, in Linkerd's shape; validated, no effect in eBPF mode.
+/// `repairController`, in Linkerd's shape: `enabled` is the agent's `--repair-pods` (and
+/// `delete` on pods in its RBAC); the other keys are validated and have no effect.
 #[derive(Clone, Debug)]
 pub struct RepairController {
     pub enabled: bool,
@@ -107,6 +108,15 @@ pub struct Agent {
     /// Whether the agent's container gets CAP_SYS_ADMIN (adoption, user-namespaced pods).
     pub sys_admin: bool,
     pub metrics: Metrics,
+    pub startup_taint: StartupTaint,
+}
+
+/// `agent.startupTaint`: the node's startup taint, removed by the agent once ready.
+#[derive(Clone, Debug)]
+pub struct StartupTaint {
+    pub enabled: bool,
+    /// Render the ValidatingAdmissionPolicy that narrows the nodes patch (Kubernetes 1.30+).
+    pub admission_policy: bool,
 }
 
 /// `agent.metrics`: `/metrics` on an address of the node, for Prometheus.

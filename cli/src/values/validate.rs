@@ -10,7 +10,7 @@ use serde_json::{Map, Value as Json};
 
 use super::{
     Agent, Image, MODE_EBPF, Metrics, Origins, PodMonitor, RepairController, Resource, Resources,
-    Values, ValuesError,
+    StartupTaint, Values, ValuesError,
 };
 
 /// What a JSON value is, for messages.
@@ -250,6 +250,10 @@ impl<'a> Reader<'a> {
                         labels: self.labels("agent.metrics.podMonitor.labels")?,
                         interval: self.text("agent.metrics.podMonitor.interval")?,
                     },
+                },
+                startup_taint: StartupTaint {
+                    enabled: self.boolean("agent.startupTaint.enabled")?,
+                    admission_policy: self.boolean("agent.startupTaint.admissionPolicy")?,
                 },
             },
             common_labels: self.labels("commonLabels")?,

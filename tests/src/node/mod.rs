@@ -160,6 +160,8 @@ pub struct NodeOptions {
     /// simulated pods live in test cgroups right below the cgroup2 root; `kubepods` for a
     /// node whose pods are where kubelet puts them ([`SimPod::new_kubelet_cgroup`]).
     pub pod_cgroup_trees: Vec<String>,
+    /// More arguments of the agent's `run` (e.g. the repair's pacing).
+    pub agent_args: Vec<String>,
 }
 
 impl Default for NodeOptions {
@@ -174,6 +176,7 @@ impl Default for NodeOptions {
             private_bpffs: false,
             bpffs_from_host: false,
             pod_cgroup_trees: vec!["/".into()],
+            agent_args: Vec::new(),
         }
     }
 }

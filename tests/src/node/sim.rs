@@ -382,6 +382,27 @@ impl SimNode {
         self.start_agent_bin(wrapper)
     }
 
+    /// [`Self::start_agent_with_capabilities`] with the DaemonSet's capabilities, under a
+    /// seccomp filter standing in for the runtime's default profile for a container without
+    /// `CAP_SYS_ADMIN`: `setns(2)` fails with `EPERM` (`linkerd-cni-test-seccomp`), as the
+    /// agent's container runs it by default.
+    pub fn start_agent_confined(&mut self, caps: &[&str]) -> Result<()> {
+        let wrapper = self.dir.path().join("agent-confined");
+        let bounding = std::iter::once("-all".to_string())
+            .chain(caps.iter().map(|c| format!("+{}", c.to_lowercase())))
+            .collect::<Vec<_>>()
+            .join(",");
+        let script = format!(
+            "#!/bin/sh\nexec setpriv --bounding-set {bounding} '{}' '{}' \"$@\"\n",
+            crate::bins::bin_path(crate::bins::SECCOMP)?.display(),
+            workspace_bin(AGENT_BIN)?.display()
+        );
+        fs::write(&wrapper, script).ctx(|| format!("writing {}", wrapper.display()))?;
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755))
+            .ctx(|| format!("chmod {}", wrapper.display()))?;
+        self.start_agent_bin(wrapper)
+    }
+
     fn start_agent_bin(&mut self, bin: PathBuf) -> Result<()> {
         if let Some(mut old) = self.agent.take() {
             old.kill();
@@ -413,6 +434,7 @@ impl SimNode {
                     .into_iter()
                     .filter(|_| !self.opts.pod_cgroup_trees.is_empty()),
                 )
+                .chain(self.opts.agent_args.iter().cloned())
                 .collect(),
         };
         let mut agent = AgentProcess::spawn(&command)?;

@@ -75,6 +75,14 @@ pub struct KnownPods {
 }
 
 impl KnownPods {
+    /// The pods with these UIDs (registrations made with one).
+    pub fn from_uids<'a>(uids: impl IntoIterator<Item = &'a str>) -> Self {
+        Self {
+            uids: uids.into_iter().map(str::to_string).collect(),
+            names: Default::default(),
+        }
+    }
+
     /// Whether a registration is for the pod `namespace/name` with UID `uid`.
     pub fn contains(&self, namespace: &str, name: &str, uid: &str) -> bool {
         self.uids.contains(uid) || self.names.contains(&(namespace.into(), name.into()))
@@ -238,7 +246,7 @@ impl Agent {
                 "the pod's network namespace changed".into(),
             ));
         }
-        let host_ids = userns::host_ids(ns.file(), config.proxy_uid(), config.proxy_gid())
+        let host_ids = userns::host_ids(ns.file(), config.proxy_uid(), config.proxy_gid(), None)
             .map_err(AgentError::from)?;
         let Some(proxy_uid) = host_ids.and_then(|h| h.uid).or(config.proxy_uid()) else {
             return Ok(Adopted::Waiting(

@@ -66,6 +66,11 @@ impl Adopter {
         *self.base.lock().unwrap_or_else(|p| p.into_inner()) = config.clone();
     }
 
+    /// The conflist's `linkerd` section decisions are made with (the last ADD's).
+    pub fn base_config(&self) -> LinkerdConfig {
+        self.base.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Pods adopted so far.
     pub fn adopted(&self) -> u64 {
         self.adopted.load(Ordering::Relaxed)
