@@ -236,6 +236,7 @@ fn add_body(
         pod_ips: Vec::new(),
         config: LinkerdConfig::default(),
         netns_addrs,
+        userns: None,
     })));
     serde_json::to_vec(&env).expect("encode")
 }
