@@ -141,6 +141,16 @@ impl Drop for Installed {
 impl Installed {
     /// Starts `linkerd-cni-agent run --install` (plus `extra` arguments) and waits until ready.
     fn start(name: &str, extra: &[&str]) -> Self {
+        let me = Self::spawn(name, extra, true);
+        wait_until("the agent to be ready", Duration::from_secs(30), || {
+            matches!(get(me.health, "/ready"), Some((200, _)))
+        });
+        me
+    }
+
+    /// Starts the agent without waiting; with `conflist` false the CNI directory holds no
+    /// conflist yet (the primary CNI has not written one: the agent is not ready).
+    fn spawn(name: &str, extra: &[&str], with_conflist: bool) -> Self {
         let tag = format!("l5dt-agent-{name}-{}", std::process::id());
         let dirs = Dirs {
             root: std::env::temp_dir().join(&tag),
@@ -162,7 +172,9 @@ impl Installed {
         )
         .expect("ca");
         let conflist = net_dir.join("10-flannel.conflist");
-        std::fs::write(&conflist, FLANNEL).expect("conflist");
+        if with_conflist {
+            std::fs::write(&conflist, FLANNEL).expect("conflist");
+        }
         let pin_root = Path::new(paths::BPFFS).join(&tag);
 
         let api = FakeApiServer::start().expect("fake API server");
@@ -206,7 +218,7 @@ impl Installed {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let agent = ChildGuard::spawn(&mut cmd).expect("start the agent");
-        let me = Self {
+        Self {
             agent,
             health,
             socket,
@@ -218,11 +230,7 @@ impl Installed {
             agent_bin,
             api,
             _dirs: dirs,
-        };
-        wait_until("the agent to be ready", Duration::from_secs(30), || {
-            matches!(get(me.health, "/ready"), Some((200, _)))
-        });
-        me
+        }
     }
 
     fn pid(&self) -> i32 {
@@ -752,4 +760,87 @@ fn oversized_requests_and_empty_gc_are_refused() {
             .is_some_and(|m| m.contains("empty list")),
         "{response}"
     );
+}
+
+/// The startup taint's key (`linkerd_cni_k8s::taint::STARTUP_TAINT_KEY`; the chart's too).
+const STARTUP_TAINT: &str = "cni.linkerd.io/agent-not-ready";
+
+/// A node registered with the startup taint, for the taint tests.
+fn tainted_node() -> Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
+        "spec": {"taints": [
+            {"key": "example.com/other", "effect": "NoSchedule"},
+            {"key": STARTUP_TAINT, "effect": "NoSchedule"},
+        ]},
+    })
+}
+
+fn startup_tainted(api: &FakeApiServer) -> bool {
+    let node = api.get("Node", None, "node-1").expect("get").expect("node");
+    node["spec"]["taints"]
+        .as_array()
+        .expect("taints")
+        .iter()
+        .any(|t| t["key"] == STARTUP_TAINT)
+}
+
+/// Issue 44 item 1: the agent removes its node's startup taint once ready (here: once the
+/// primary CNI's conflist exists and the plugin is in it), and not before; the node's other
+/// taints stay.
+#[test]
+fn the_startup_taint_goes_once_the_agent_is_ready() {
+    let node = Installed::spawn("taint", &["--remove-startup-taint", "true"], false);
+    node.api.apply(&tainted_node()).expect("node");
+    // Programs loaded and the socket serving, but no conflist to be in: not ready.
+    wait_until("the agent to serve /live", Duration::from_secs(30), || {
+        matches!(get(node.health, "/live"), Some((200, _)))
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_ne!(get(node.health, "/ready").map(|r| r.0), Some(200));
+    assert!(
+        startup_tainted(&node.api),
+        "removed before the agent was ready"
+    );
+    assert!(
+        !node.api.requests().iter().any(|r| r.method == "PATCH"),
+        "no node patch before ready"
+    );
+    // The primary CNI writes its conflist: the plugin joins it, the agent is ready, the taint
+    // goes.
+    std::fs::write(&node.conflist, FLANNEL).expect("conflist");
+    wait_until("the agent to be ready", Duration::from_secs(30), || {
+        matches!(get(node.health, "/ready"), Some((200, _)))
+    });
+    let start = Instant::now();
+    while startup_tainted(&node.api) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the taint stayed; the agent asked: {:?}",
+            node.api.requests()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let n = node
+        .api
+        .get("Node", None, "node-1")
+        .expect("get")
+        .expect("node");
+    assert_eq!(
+        n["spec"]["taints"],
+        serde_json::json!([{"key": "example.com/other", "effect": "NoSchedule"}])
+    );
+}
+
+/// The negative control: without `--remove-startup-taint` the taint stays on a ready node.
+#[test]
+fn without_the_flag_the_startup_taint_stays() {
+    let node = Installed::spawn("notaint", &[], true);
+    node.api.apply(&tainted_node()).expect("node");
+    wait_until("the agent to be ready", Duration::from_secs(30), || {
+        matches!(get(node.health, "/ready"), Some((200, _)))
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(startup_tainted(&node.api));
+    assert!(!node.api.requests().iter().any(|r| r.method == "PATCH"));
 }

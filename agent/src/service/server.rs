@@ -27,7 +27,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use linkerd_cni_k8s::PodSource;
+use linkerd_cni_k8s::{
+    PodSource,
+    events::{PodRef as EventPod, Reason as EventReason},
+};
 use linkerd_cni_proto::{
     escape::Escaped,
     wire::{
@@ -44,7 +47,7 @@ use tracing::Instrument;
 
 use crate::{
     agent::adopt::Adopter,
-    agent::{Agent, AgentError, Registration, reconcile::Reconciler},
+    agent::{Agent, AgentError, Registration, reconcile::Reconciler, registry::Attachment},
     host::netns::NetnsError,
     host::peer::{PeerError, PeerNetns},
     host::userns::UsernsError,
@@ -494,6 +497,7 @@ impl Server {
             Err(e) if e.is_transient() => return error(ErrorKind::KubernetesApi, e.to_string()),
             Err(e) => return error(ErrorKind::BadRequest, e.to_string()),
         };
+        let event_pod = EventPod::new(pod.namespace.clone(), pod.name.clone(), pod.uid.clone());
         let reg = Registration {
             id: container_id,
             ifname,
@@ -544,6 +548,14 @@ impl Server {
             Ok(None) => abandoned("while registering (rolled back)"),
             Ok(Some(record)) => {
                 tracing::info!(redirected = record.redirected(), reason = %Escaped(&reason), "pod added");
+                // "Redirected" only where the attachment itself is the pod's: programs on the
+                // pod's own cgroup. A pod on the shared attachment is selected by netns cookie,
+                // and is redirected only if its processes end up below the shared cgroup,
+                // which is known once its cgroup exists, after ADD: no Event claims it here.
+                if let Attachment::PerPod { .. } = record.attachment {
+                    self.events
+                        .record(&event_pod, EventReason::Redirected, &*record.reason);
+                }
                 // An unredirected record's reason is the decision's: say it once.
                 let reason = if *record.reason == *reason {
                     reason
@@ -555,7 +567,18 @@ impl Server {
                     reason,
                 }
             }
-            Err(e) => agent_error(e),
+            Err(e) => {
+                if redirect {
+                    // A meshed pod's ADD refused: it does not start (the runtime retries);
+                    // the Event says why where `kubectl describe pod` looks.
+                    self.events.record(
+                        &event_pod,
+                        EventReason::Refused,
+                        format!("linkerd-cni refused the pod's ADD: {e}"),
+                    );
+                }
+                agent_error(e)
+            }
         }
     }
 
