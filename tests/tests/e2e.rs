@@ -236,6 +236,33 @@ fn meshed_pod_is_redirected_unmeshed_and_linkerd_init_pods_are_not() {
         );
     }
 
+    // Where operators look (issue 44): the meshed pod, attached to its own cgroup, has a
+    // `LinkerdCNIRedirected` Event (written in the background, a moment after the ADD); the
+    // pods linkerd-cni leaves alone have none of ours.
+    let events = |name: &str| {
+        node.apiserver()
+            .event_reasons("shop", name)
+            .unwrap_or_else(|e| panic!("listing Events: {e}"))
+    };
+    wait_until("the meshed pod's Event", Duration::from_secs(10), || {
+        events("client")
+            .iter()
+            .any(|r| r == "LinkerdCNIRedirected")
+            .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}; Events on client: {:?}", events("client")));
+    for pod in [&unmeshed, &with_init, &server_pod] {
+        let ours: Vec<String> = events(&pod.spec.name)
+            .into_iter()
+            .filter(|r| r.starts_with("LinkerdCNI"))
+            .collect();
+        assert!(
+            ours.is_empty(),
+            "{}: no linkerd-cni Event: {ours:?}",
+            pod.spec.name
+        );
+    }
+
     // CHECK passes for all of them (libcni hands the cached ADD result as prevResult).
     for pod in [&server_pod, &meshed, &unmeshed, &with_init] {
         cni_ok(&node, Verb::Check, pod, Some(pod.netns_path()));

@@ -40,6 +40,7 @@ use linkerd_cni_tests::{
     netns::NETNS_RUN_DIR,
     node::{
         AgentState, NODE_NAME, NodeOptions, PodSpec, SimNode, SimPod, http_get, namespace_manifest,
+        wait_until,
     },
 };
 use serde_json::Value;
@@ -387,6 +388,20 @@ fn a_refused_add_naming_a_meshed_pods_netns_leaves_that_pod_alone() {
     }
     tenant.detach_all();
     assert_no_growth(&node, before, "refused ADDs");
+    // Where operators look (issue 44): the refusal is an Event on the pod the ADD named, as
+    // the API holds it (written in the background, the three refusals aggregated into one).
+    let events = || {
+        node.apiserver()
+            .event_reasons("shop", "kept")
+            .unwrap_or_else(|e| panic!("listing Events: {e}"))
+    };
+    wait_until("the refusal's Event", Duration::from_secs(10), || {
+        events()
+            .iter()
+            .any(|r| r == "LinkerdCNIRefused")
+            .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}; Events on the pod: {:?}", events()));
 }
 
 /// D1: a cgroup hint through a symbolic link (`<cgroup2>/../../<dir>/l`, `l` pointing at the

@@ -102,19 +102,9 @@ fn deletes(node: &SimNode) -> Vec<String> {
 
 /// The `reason`s of the Events on pod `name` in namespace `shop`, as the API holds them.
 fn event_reasons(node: &SimNode, name: &str) -> Vec<String> {
-    let (status, body) = node
-        .apiserver()
-        .get("/apis/events.k8s.io/v1/namespaces/shop/events")
-        .unwrap_or_else(|e| panic!("listing Events: {e}"));
-    assert_eq!(status, 200, "{body}");
-    let list: serde_json::Value = serde_json::from_str(&body).expect("an EventList");
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e.pointer("/regarding/name").and_then(|n| n.as_str()) == Some(name))
-        .filter_map(|e| e["reason"].as_str().map(str::to_string))
-        .collect()
+    node.apiserver()
+        .event_reasons("shop", name)
+        .unwrap_or_else(|e| panic!("listing Events: {e}"))
 }
 
 fn pod_path(spec: &PodSpec) -> String {

@@ -93,6 +93,30 @@ impl ApiServerProcess {
         http_get(self.addr, path, Duration::from_secs(5))
     }
 
+    /// The `reason`s of the `events.k8s.io/v1` Events the API holds about pod `name` in
+    /// `namespace` (what `kubectl describe pod` lists), in the order the server lists them.
+    pub fn event_reasons(&self, namespace: &str, name: &str) -> Result<Vec<String>> {
+        let (status, body) = self.get(&format!(
+            "/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+        ))?;
+        let parse = |detail: String| Error::Parse {
+            what: "the API server's EventList".into(),
+            detail,
+        };
+        if status != 200 {
+            return Err(parse(format!("HTTP {status}: {body}")));
+        }
+        let list: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| parse(format!("{e}: {body}")))?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e.pointer("/regarding/name").and_then(|n| n.as_str()) == Some(name))
+            .filter_map(|e| e["reason"].as_str().map(str::to_string))
+            .collect())
+    }
+
     /// What it logged.
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
