@@ -420,8 +420,9 @@ fn run_with_installer_becomes_ready_and_keeps_the_plugin_on_sigterm() {
     );
 
     // Uninstall: the entry, kubeconfig and binary go; the original plugin list is back; with
-    // no pod registered, the pins and the registry go too. (This node's own paths: the
-    // defaults are the real node's.)
+    // no pod registered, the pins and the registry go too. (This node's own paths, the flags
+    // `run` had: the defaults are the real node's; the bpffs is the default, as for `run`,
+    // and the pin root is below it, as the uninstall requires.)
     let state = node._dirs.root.join("state");
     assert!(state.is_dir(), "the registry exists before the uninstall");
     let out = Command::new(&node.agent_bin)
@@ -429,7 +430,6 @@ fn run_with_installer_becomes_ready_and_keeps_the_plugin_on_sigterm() {
         .args(["--pin-root".as_ref(), node.pin_root.as_os_str()])
         .args(["--state-dir".as_ref(), state.as_os_str()])
         .args(["--socket".as_ref(), node.socket.as_os_str()])
-        .args(["--bpffs".as_ref(), node._dirs.root.as_os_str()])
         .envs(node.env.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("linkerd-cni-agent uninstall");
