@@ -120,6 +120,22 @@ fn steady_state_adds_and_dels_make_no_api_request() {
         pods.len()
     );
     assert_eq!(after.watches_started, watches_before, "ADDs opened watches");
+    // The only writes: at most one Event per meshed pod (`LinkerdCNIRedirected`, written in the
+    // background; the unmeshed and `linkerd-init` pods get none).
+    let meshed = pods
+        .iter()
+        .filter(|p| {
+            p.spec.containers.iter().any(|c| c == "linkerd-proxy")
+                && !p.spec.init_containers.iter().any(|c| c == "linkerd-init")
+        })
+        .count();
+    assert_eq!(meshed, 4, "the meshed pods of this test");
+    let events = after.event_writes_since(before.requests.len());
+    assert!(
+        events.len() <= meshed,
+        "{} Event writes for {meshed} meshed pods: {events:#?}",
+        events.len()
+    );
     // The namespace's annotation came from the namespace cache, and the pod's wins over it.
     assert_eq!(
         registered_skip_outbound(&node, &pods[0]),

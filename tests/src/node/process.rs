@@ -180,14 +180,30 @@ impl ApiStats {
         })
     }
 
-    /// The requests that are not watches (GETs and LISTs), from the `from`-th request on.
+    /// The requests that are neither watches nor the Events the agent writes (GETs and
+    /// LISTs, and any other write), from the `from`-th request on: what an ADD could wait for.
     pub fn reads_since(&self, from: usize) -> Vec<&RecordedRequest> {
         self.requests
             .iter()
             .skip(from)
-            .filter(|r| !r.is_watch())
+            .filter(|r| !r.is_watch() && !is_event_write(r))
             .collect()
     }
+
+    /// The Events the agent wrote (created or patched), from the `from`-th request on: written
+    /// in the background, never waited for by an ADD.
+    pub fn event_writes_since(&self, from: usize) -> Vec<&RecordedRequest> {
+        self.requests
+            .iter()
+            .skip(from)
+            .filter(|r| is_event_write(r))
+            .collect()
+    }
+}
+
+/// A create or patch of an `events.k8s.io/v1` Event.
+fn is_event_write(r: &RecordedRequest) -> bool {
+    matches!(r.method.as_str(), "POST" | "PATCH") && r.path.starts_with("/apis/events.k8s.io/")
 }
 
 /// How to run the node agent (`linkerd-cni-agent run`): what the simulated node and the
