@@ -42,3 +42,38 @@ pub fn write_kubeconfig(path: &Path, server_url: &str) -> io::Result<()> {
     file.sync_all()?;
     fs::rename(&tmp, path)
 }
+
+/// A kubeconfig file pointing at a fake server, in the temporary directory under a name of its
+/// own (process id and a counter), removed on drop: one per test.
+#[derive(Debug)]
+pub struct TempKubeconfig(PathBuf);
+
+impl TempKubeconfig {
+    /// Writes one for `server_url`.
+    ///
+    /// # Panics
+    /// If it cannot be written (a test helper: the test cannot go on without it).
+    pub fn new(server_url: &str) -> Self {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "linkerd-cni-fake-{}-{}.kubeconfig",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        write_kubeconfig(&path, server_url)
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        Self(path)
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempKubeconfig {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}

@@ -62,7 +62,7 @@ mod state;
 mod watch;
 
 pub use http::STATS_PATH;
-pub use kubeconfig::{kubeconfig, write_kubeconfig};
+pub use kubeconfig::{TempKubeconfig, kubeconfig, write_kubeconfig};
 pub use manifests::{ManifestDir, SyncReport, read_manifest, read_manifests};
 pub use server::FakeApiServer;
 

@@ -5,12 +5,11 @@
 //! API is counted, never fatal.
 
 use std::{
-    path::PathBuf,
-    sync::atomic::{AtomicU32, Ordering},
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
-use linkerd_cni_fake_apiserver::{self as fake_apiserver, FakeApiServer};
+use linkerd_cni_fake_apiserver::{FakeApiServer, TempKubeconfig};
 use linkerd_cni_k8s::{
     client,
     events::{EventRecorder, Limits, PodRef, REPORTING_CONTROLLER, Reason},
@@ -20,31 +19,9 @@ use serde_json::Value;
 const NODE: &str = "node-a";
 const WAIT: Duration = Duration::from_secs(10);
 
-/// A kubeconfig file for one test, removed on drop.
-struct Kubeconfig(PathBuf);
-
-impl Kubeconfig {
-    fn new(url: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "linkerd-cni-k8s-events-{}-{}.kubeconfig",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        fake_apiserver::write_kubeconfig(&path, url).expect("write kubeconfig");
-        Self(path)
-    }
-}
-
-impl Drop for Kubeconfig {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-async fn recorder(server: &FakeApiServer, limits: Limits) -> (EventRecorder, Kubeconfig) {
-    let kubeconfig = Kubeconfig::new(&server.url());
-    let client = client::client(Some(&kubeconfig.0))
+async fn recorder(server: &FakeApiServer, limits: Limits) -> (EventRecorder, TempKubeconfig) {
+    let kubeconfig = TempKubeconfig::new(&server.url());
+    let client = client::client(Some(kubeconfig.path()))
         .await
         .expect("client for the fake API server");
     (EventRecorder::spawn_with(client, NODE, limits), kubeconfig)

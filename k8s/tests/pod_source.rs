@@ -5,7 +5,6 @@
 
 use std::{
     path::PathBuf,
-    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -15,7 +14,9 @@ use kube::{
     Api,
     api::{ListParams, WatchEvent, WatchParams},
 };
-use linkerd_cni_fake_apiserver::{self as fake_apiserver, FakeApiServer, RecordedRequest};
+use linkerd_cni_fake_apiserver::{
+    self as fake_apiserver, FakeApiServer, RecordedRequest, TempKubeconfig,
+};
 use linkerd_cni_k8s::{
     K8sError, NamespaceOrigin, PodOrigin, PodSource,
     client::{self, ClientError},
@@ -29,28 +30,6 @@ const NS: &str = "emojivoto";
 /// A namespace with no Namespace object: never in the namespace cache.
 const UNCACHED_NS: &str = "no-such-namespace";
 const WAIT: Duration = Duration::from_secs(10);
-
-/// A kubeconfig file for one test, removed on drop.
-struct Kubeconfig(PathBuf);
-
-impl Kubeconfig {
-    fn new(url: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "linkerd-cni-k8s-test-{}-{}.kubeconfig",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        fake_apiserver::write_kubeconfig(&path, url).expect("write kubeconfig");
-        Self(path)
-    }
-}
-
-impl Drop for Kubeconfig {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn pod(name: &str, node: &str, containers: &[&str], annotations: Value) -> Value {
     json!({
@@ -71,7 +50,7 @@ const PLAIN: &[&str] = &["app"];
 /// `default/kubernetes` Service, a client to it and a synced `PodSource` for `NODE`.
 struct Fixture {
     server: FakeApiServer,
-    _kubeconfig: Kubeconfig,
+    _kubeconfig: TempKubeconfig,
     source: PodSource,
 }
 
@@ -86,8 +65,8 @@ async fn fixture() -> Fixture {
             "metadata": {"name": "kubernetes", "namespace": "default"},
             "spec": {"ports": [{"name": "https", "port": 443, "targetPort": 8443}]}}))
         .expect("apply service");
-    let kubeconfig = Kubeconfig::new(&server.url());
-    let client = client::client(Some(&kubeconfig.0))
+    let kubeconfig = TempKubeconfig::new(&server.url());
+    let client = client::client(Some(kubeconfig.path()))
         .await
         .expect("client from kubeconfig");
     let source = PodSource::new(client, NODE).with_timeout(Duration::from_secs(2));
@@ -650,8 +629,10 @@ async fn a_silent_api_server_times_out() {
     // Accepts connections (the kernel does) and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}", silent.local_addr().expect("addr"));
-    let kubeconfig = Kubeconfig::new(&url);
-    let client = client::client(Some(&kubeconfig.0)).await.expect("client");
+    let kubeconfig = TempKubeconfig::new(&url);
+    let client = client::client(Some(kubeconfig.path()))
+        .await
+        .expect("client");
     let source = PodSource::new(client, NODE).with_timeout(Duration::from_millis(300));
     // The server never answers: only the source's own timeout ends the decision (`WAIT`, far
     // beyond it, only turns a hang into a failure).
@@ -696,8 +677,10 @@ async fn client_configuration_errors() {
 #[tokio::test]
 async fn fake_server_lists_and_watches_like_the_real_one() {
     let server = FakeApiServer::start().expect("start");
-    let kubeconfig = Kubeconfig::new(&server.url());
-    let client = client::client(Some(&kubeconfig.0)).await.expect("client");
+    let kubeconfig = TempKubeconfig::new(&server.url());
+    let client = client::client(Some(kubeconfig.path()))
+        .await
+        .expect("client");
     let pods: Api<Pod> = Api::all(client.clone());
     let mut a = pod("a", NODE, PLAIN, json!({}));
     a["metadata"]["labels"] = json!({"app": "web", "tier": "front"});

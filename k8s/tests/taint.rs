@@ -4,15 +4,14 @@
 //! asked for.
 
 use std::{
-    path::PathBuf,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU32, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
 };
 
-use linkerd_cni_fake_apiserver::{self as fake_apiserver, FakeApiServer};
+use linkerd_cni_fake_apiserver::{FakeApiServer, TempKubeconfig};
 use linkerd_cni_k8s::{
     client,
     taint::{STARTUP_TAINT_KEY, remove_when_ready},
@@ -21,27 +20,6 @@ use serde_json::{Value, json};
 
 const NODE: &str = "node-a";
 const WAIT: Duration = Duration::from_secs(10);
-
-struct Kubeconfig(PathBuf);
-
-impl Kubeconfig {
-    fn new(url: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "linkerd-cni-k8s-taint-{}-{}.kubeconfig",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        fake_apiserver::write_kubeconfig(&path, url).expect("write kubeconfig");
-        Self(path)
-    }
-}
-
-impl Drop for Kubeconfig {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn tainted_node(server: &FakeApiServer) {
     server
@@ -72,8 +50,10 @@ fn taint_keys(server: &FakeApiServer) -> Vec<String> {
 async fn the_taint_goes_once_ready_and_not_before() {
     let server = FakeApiServer::start().expect("fake API server");
     tainted_node(&server);
-    let kubeconfig = Kubeconfig::new(&server.url());
-    let client = client::client(Some(&kubeconfig.0)).await.expect("client");
+    let kubeconfig = TempKubeconfig::new(&server.url());
+    let client = client::client(Some(kubeconfig.path()))
+        .await
+        .expect("client");
     let ready = Arc::new(AtomicBool::new(false));
     let r = ready.clone();
     let task = tokio::spawn(remove_when_ready(client, NODE.into(), move || {
@@ -114,8 +94,10 @@ async fn a_failing_api_is_retried_with_backoff() {
     let path = format!("/api/v1/nodes/{NODE}");
     // Forbidden, as while the RBAC or the admission policy is not in force yet.
     server.fail_path_times(&path, 403, 3);
-    let kubeconfig = Kubeconfig::new(&server.url());
-    let client = client::client(Some(&kubeconfig.0)).await.expect("client");
+    let kubeconfig = TempKubeconfig::new(&server.url());
+    let client = client::client(Some(kubeconfig.path()))
+        .await
+        .expect("client");
     let start = Instant::now();
     tokio::time::timeout(
         Duration::from_secs(30),
