@@ -374,9 +374,12 @@ fn api_path(o: &Json) -> String {
             "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/{}s/{name}",
             kind.to_lowercase()
         ),
-        "MutatingWebhookConfiguration" => {
-            format!("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}")
-        }
+        "MutatingWebhookConfiguration"
+        | "ValidatingAdmissionPolicy"
+        | "ValidatingAdmissionPolicyBinding" => format!(
+            "/apis/admissionregistration.k8s.io/v1/{}s/{name}",
+            kind.to_lowercase()
+        ),
         other => panic!("no path for {other}"),
     }
 }
