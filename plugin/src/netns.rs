@@ -128,7 +128,8 @@ pub fn check(path: &str) -> Result<File, PluginError> {
 /// namespace) and the namespace's addresses.
 #[derive(Debug)]
 pub struct Inside {
-    /// An `AF_UNIX` datagram socket of the pod's network namespace, never bound.
+    /// A route netlink socket of the pod's network namespace, never bound: the agent reads
+    /// the namespace's cookie and, with an `RTM_GETADDR` dump on it, its addresses.
     pub socket: OwnedFd,
     /// The namespace's addresses, except loopback.
     pub addrs: Vec<IpAddr>,
@@ -166,7 +167,11 @@ pub fn inside(netns: &File) -> io::Result<Inside> {
                 }
                 // SAFETY: plain socket(2); the result is checked before use.
                 let fd = unsafe {
-                    libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
+                    libc::socket(
+                        libc::AF_NETLINK,
+                        libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                        libc::NETLINK_ROUTE,
+                    )
                 };
                 if fd < 0 {
                     return Err(io::Error::last_os_error());

@@ -9,7 +9,8 @@
 //! socket the plugin (root, handed the pod's netns by the runtime) created inside the pod's
 //! network namespace. From it the agent learns that namespace and its cookie without entering
 //! it, so it needs no `CAP_SYS_ADMIN` ([`AddRequest::netns_addrs`] carries the addresses the
-//! plugin read there). An agent that predates this reads the frame with `read(2)`, which
+//! plugin read there; the socket is a route netlink one, on which the agent asks the
+//! namespace's addresses itself to check them; an older plugin's is an `AF_UNIX` one). An agent that predates this reads the frame with `read(2)`, which
 //! discards the descriptor; an ADD without one (an older plugin) is served by entering the
 //! namespace, which only an agent holding `CAP_SYS_ADMIN` can.
 

@@ -537,6 +537,78 @@ fn addresses_a_peer_claims_that_another_pod_holds_are_ignored() {
     victim.assert_unchanged(&node, "a claimed address");
 }
 
+/// Item 2 without `CAP_SYS_ADMIN` (the DaemonSet's default): the agent cannot enter the
+/// netns, so it reads the netns's addresses from the route netlink socket the plugin made
+/// there. A claimed address that neither the netns nor any other pod holds is ignored, the
+/// netns's own is kept. With a Unix socket (an older plugin's) the agent has no way to read
+/// them, and only the other-pod check applies: the same claim is kept (the gap this closes).
+#[test]
+fn addresses_a_peer_claims_that_its_netns_does_not_hold_are_ignored_without_sys_admin() {
+    let mut node = start(NodeOptions::default());
+    node.kill_agent();
+    let required: Vec<&str> = linkerd_cni_agent::host::capabilities::CAPABILITIES
+        .iter()
+        .filter(|c| c.required)
+        .map(|c| c.name)
+        .collect();
+    node.start_agent_with_capabilities(&required)
+        .unwrap_or_else(|e| panic!("agent: {e}\n{}", node.diagnostics()));
+    let unheld: IpAddr = "198.51.100.7".parse().expect("an address");
+    for (name, netlink) in [("claimer-netlink", true), ("claimer-unix", false)] {
+        // A pod with an address of its own in its netns (the chain without linkerd-cni).
+        let mut pod = node.new_pod(PodSpec::meshed("shop", name)).expect("a pod");
+        node.add_before_plugin(&mut pod)
+            .unwrap_or_else(|e| panic!("CNI ADD without linkerd-cni: {e}"));
+        let own: IpAddr = pod.ip().expect("the pod's address").into();
+        let ns = fs::File::open(pod.netns_path()).expect("the pod's netns");
+        let sock: std::os::fd::OwnedFd = std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                if netlink {
+                    nix::sys::socket::socket(
+                        nix::sys::socket::AddressFamily::Netlink,
+                        nix::sys::socket::SockType::Raw,
+                        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+                        nix::sys::socket::SockProtocol::NetlinkRoute,
+                    )
+                    .expect("a route socket inside")
+                } else {
+                    UnixDatagram::unbound().expect("a socket inside").into()
+                }
+            })
+            .join()
+            .expect("the thread")
+        });
+        let id = pod.container_id.clone();
+        let body = add_body(
+            &pod,
+            &id,
+            &pod.netns_path().display().to_string(),
+            Some(&pod.cgroup.path().display().to_string()),
+            Some(vec![own, unheld]),
+        );
+        let answer = request_with_fds(&node.socket(), &body, &[sock.as_raw_fd()]);
+        assert_eq!(answer["result"], "added", "{name}: {answer}");
+        let st = state(&node);
+        let record = st.record(&id).expect("registered");
+        let ips: Vec<String> = record["pod_ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i.as_str().map(str::to_string))
+            .collect();
+        assert!(
+            ips.contains(&own.to_string()),
+            "{name}: its own address kept: {record}"
+        );
+        assert_eq!(
+            ips.contains(&unheld.to_string()),
+            !netlink,
+            "{name}: the claimed address its netns does not hold: {record}"
+        );
+    }
+}
+
 /// What already held, asserted together: each refused with the reason, nothing registered
 /// for it, the meshed pod unchanged, the agent's counts back.
 #[test]

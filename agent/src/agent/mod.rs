@@ -7,6 +7,7 @@
 
 use std::{
     net::IpAddr,
+    os::fd::AsFd,
     path::{Path, PathBuf},
 };
 
@@ -30,6 +31,7 @@ use crate::{
     host::netns::{self, Netns, NetnsError},
     host::peer::{self, PeerError, PeerNetns, PeerPlaces},
     host::podnetns,
+    host::rtnl,
     host::userns::{self, UsernsError},
 };
 
@@ -338,7 +340,7 @@ impl Agent {
         match (inside, origin) {
             (Some(p), _) => {
                 let cookie = p.cookie_of(ns)?;
-                Ok((cookie, self.verified_addresses(ns, cookie, &p.addrs)))
+                Ok((cookie, self.verified_addresses(ns, cookie, p)))
             }
             (None, Origin::Agent) => Ok(ns.cookie_and_addresses()?),
             (None, Origin::Peer) => ns.cookie_and_addresses().map_err(|e| match e {
@@ -354,21 +356,37 @@ impl Agent {
     }
 
     /// The addresses a peer sent as the netns's own (`netns_addrs`), less those it cannot
-    /// hold, each of which is ignored and logged: when the agent can read the netns's
-    /// addresses itself (it holds `CAP_SYS_ADMIN`), any not among them; and, always, any that
-    /// another registration of a live network namespace holds (a peer's claim must not
-    /// displace another pod's `l5d_pod_by_ip` entry).
-    fn verified_addresses(&self, ns: &Netns, cookie: u64, sent: &[IpAddr]) -> Vec<IpAddr> {
+    /// hold, each of which is ignored and logged: any not among the netns's own addresses,
+    /// read by the agent itself: from the route netlink socket the plugin made inside the
+    /// netns (its `RTM_GETADDR` dump answers for that namespace; the socket is already shown to
+    /// be the netns's), else, for an older plugin's Unix socket, by entering the netns where
+    /// the agent holds `CAP_SYS_ADMIN`; and, always, any that another registration of a live
+    /// network namespace holds (a peer's claim must not displace another pod's
+    /// `l5d_pod_by_ip` entry). Where the netns's addresses cannot be read (an older plugin and
+    /// no `CAP_SYS_ADMIN`), only the second check applies.
+    fn verified_addresses(&self, ns: &Netns, cookie: u64, peer: &PeerNetns) -> Vec<IpAddr> {
+        let sent = &peer.addrs;
         if sent.is_empty() {
             return Vec::new();
         }
         const CAP_SYS_ADMIN: u32 = 21;
-        let own = capabilities::effective()
-            .is_ok_and(|set| set & (1 << CAP_SYS_ADMIN) != 0)
-            .then(|| ns.cookie_and_addresses().ok())
-            .flatten()
-            .filter(|(c, _)| *c == cookie)
-            .map(|(_, addrs)| addrs);
+        let own = if rtnl::is_route_socket(peer.socket.as_fd()) {
+            match rtnl::addresses(peer.socket.as_fd()) {
+                Ok(addrs) => Some(addrs),
+                Err(e) => {
+                    // Nothing the peer claims can be shown to be the netns's: none is kept.
+                    tracing::warn!(netns = %ns.path.display(), error = %e, "the netns's addresses could not be read from the plugin's socket: the addresses it sent are ignored");
+                    Some(Vec::new())
+                }
+            }
+        } else {
+            capabilities::effective()
+                .is_ok_and(|set| set & (1 << CAP_SYS_ADMIN) != 0)
+                .then(|| ns.cookie_and_addresses().ok())
+                .flatten()
+                .filter(|(c, _)| *c == cookie)
+                .map(|(_, addrs)| addrs)
+        };
         let held_elsewhere = |ip: &IpAddr| {
             let others = self.registry.map_each(|r| {
                 (r.netns_cookie != cookie && r.redirected() && r.pod_ips.contains(ip))
