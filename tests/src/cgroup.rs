@@ -138,8 +138,12 @@ impl Drop for CgroupGuard {
             });
             if users == Some(0) {
                 shared.remove(dir);
-                // The last guard below it: nothing of this process is inside any more.
-                let _ = fs::remove_dir(dir);
+                // The last guard below it: no pod of this process is inside any more. A
+                // straggler moved up out of a pod cgroup (see `remove_tree`) may still be
+                // exiting: the same wait and move as for the pod's own cgroup (a bare
+                // `remove_dir` failed with EBUSY then, and left `kubepods/besteffort` behind
+                // after `migrate`).
+                remove_tree(dir);
             }
         }
     }
