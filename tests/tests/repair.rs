@@ -60,22 +60,10 @@ fn options(repair: bool) -> NodeOptions {
     }
 }
 
-/// A pod that started through the chain without linkerd-cni, with an app process running in
-/// its cgroup and netns, and its address in the API as kubelet reports it.
+/// A pod that started through the chain without linkerd-cni ([`SimNode::early_pod`]).
 fn early_pod(node: &SimNode, spec: PodSpec) -> (SimPod, ChildGuard) {
-    node.apply(&[spec.manifest(NODE_NAME)])
-        .unwrap_or_else(|e| panic!("serving the pod: {e}"));
-    let mut pod = SimPod::new_kubelet_cgroup(spec).expect("sandbox");
-    node.add_before_plugin(&mut pod)
-        .unwrap_or_else(|e| panic!("CNI ADD without linkerd-cni: {e}"));
-    let ip = IpAddr::V4(pod.ip().expect("the pod's address"));
-    node.apply(&[pod.spec.manifest_running(NODE_NAME, &[ip])])
-        .unwrap_or_else(|e| panic!("serving the pod's status: {e}"));
-    let app = pod
-        .container(APP_UID)
-        .spawn(std::process::Command::new("sleep").arg("300"))
-        .expect("app process");
-    (pod, app)
+    node.early_pod(spec, APP_UID)
+        .unwrap_or_else(|e| panic!("a pod started before the plugin: {e}"))
 }
 
 /// A meshed `hostNetwork` pod as the API shows it (the node's address).

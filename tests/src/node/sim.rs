@@ -19,6 +19,7 @@ use super::{
 };
 use crate::{
     EchoServer,
+    child::ChildGuard,
     cniruntime::{self, Invocation, Verb},
     error::{Error, IoContext, Result},
     names::{self, TempDir},
@@ -608,6 +609,27 @@ impl SimNode {
         })?;
         pod.result = Some(result);
         Ok(())
+    }
+
+    /// A pod that started through the chain without linkerd-cni (in a kubelet-style cgroup,
+    /// [`Self::add_before_plugin`]), with an app process (`sleep`, as `app_uid`) running in its
+    /// cgroup and netns, and its address in the API as kubelet reports it: what adoption and
+    /// the repair look for.
+    pub fn early_pod(&self, spec: PodSpec, app_uid: u32) -> Result<(SimPod, ChildGuard)> {
+        self.apply(&[spec.manifest(NODE_NAME)])?;
+        let mut pod = SimPod::new_kubelet_cgroup(spec)?;
+        self.add_before_plugin(&mut pod)?;
+        let ip = pod.ip().ok_or_else(|| Error::Parse {
+            what: "the ADD result's IPv4 address".into(),
+            detail: format!("{:?}", pod.result),
+        })?;
+        self.apply(&[pod
+            .spec
+            .manifest_running(NODE_NAME, &[std::net::IpAddr::V4(ip)])])?;
+        let app = pod
+            .container(app_uid)
+            .spawn(std::process::Command::new("sleep").arg("300"))?;
+        Ok((pod, app))
     }
 
     /// The environment a runtime gives the plugin for `command` on `pod`.
