@@ -128,15 +128,9 @@ pub(crate) async fn handle(
         return delete(shared, &record.path, req).await;
     }
     if let Some(rest) = record.path.strip_prefix(events::PREFIX) {
-        let body = match req.into_body().collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(_) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequest",
-                    "reading the body failed",
-                );
-            }
+        let body = match read_body(req).await {
+            Ok(body) => body,
+            Err(response) => return response,
         };
         let mut state = shared.lock();
         let state = &mut *state;
@@ -158,15 +152,9 @@ pub(crate) async fn handle(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        let body = match req.into_body().collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(_) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequest",
-                    "reading the body failed",
-                );
-            }
+        let body = match read_body(req).await {
+            Ok(body) => body,
+            Err(response) => return response,
         };
         return patch::handle(shared, key, &content_type, &body);
     }
@@ -303,7 +291,6 @@ async fn delete(
     path: &str,
     req: Request<hyper::body::Incoming>,
 ) -> Response<Body> {
-    use http_body_util::BodyExt;
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let ["api", "v1", "namespaces", namespace, "pods", name] = segs.as_slice() else {
         return error(
@@ -312,9 +299,9 @@ async fn delete(
             "the fake API server deletes pods only",
         );
     };
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+    let body = match read_body(req).await {
+        Ok(body) => body,
+        Err(response) => return response,
     };
     let options: Value = if body.is_empty() {
         Value::Null
@@ -366,6 +353,20 @@ async fn delete(
 
 /// The key of the core `v1` object a URL names (`/api/v1/nodes/{name}`,
 /// `/api/v1/namespaces/{ns}/{plural}/{name}`), if it names one.
+/// A request's whole body, or the 400 answer when it cannot be read.
+async fn read_body(
+    req: Request<hyper::body::Incoming>,
+) -> Result<hyper::body::Bytes, Response<Body>> {
+    match req.into_body().collect().await {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(e) => Err(error(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            &format!("reading the body failed: {e}"),
+        )),
+    }
+}
+
 fn object_path(path: &str) -> Option<ObjectKey> {
     let rest = path.strip_prefix("/api/v1/")?;
     let segs: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
