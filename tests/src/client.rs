@@ -75,7 +75,17 @@ pub struct Options {
     /// Bind the client socket to this address before connecting / sending.
     #[arg(long, env = "LINKERD_CNI_TEST_CLIENT_BIND")]
     pub bind: Option<SocketAddr>,
+    /// With `--listen`: exit as linkerd-network-validator does, [`VALIDATOR_PASSED`] when the
+    /// connection reached the client's own listener, [`VALIDATOR_FAILED`] otherwise (the
+    /// report is printed either way).
+    #[arg(long, env = "LINKERD_CNI_TEST_CLIENT_VALIDATOR_EXIT_CODES")]
+    pub validator_exit_codes: bool,
 }
+
+/// linkerd-network-validator's exit status when redirection works.
+pub const VALIDATOR_PASSED: i32 = 0;
+/// linkerd-network-validator's exit status when the connection did not come back to it.
+pub const VALIDATOR_FAILED: i32 = 95;
 
 impl Options {
     /// Options for one TCP connection to `connect` with every default.
@@ -91,7 +101,24 @@ impl Options {
             count: 1,
             listen: None,
             bind: None,
+            validator_exit_codes: false,
         }
+    }
+
+    /// Linkerd's network validator in the pod, as it runs (UID 65534, before the proxy):
+    /// listen on the proxy's outbound port on every address, dial `connect` (an address
+    /// nothing on the way answers), and exit 0 if the dial came back to the listener, 95 if
+    /// not.
+    pub fn validator(connect: SocketAddr, timeout: Duration) -> Self {
+        let mut opts = Options::new(connect);
+        opts.listen = Some(SocketAddr::from((
+            [0, 0, 0, 0],
+            crate::proxy::OUTBOUND_PORT,
+        )));
+        opts.no_read = true;
+        opts.timeout_ms = timeout.as_millis() as u64;
+        opts.validator_exit_codes = true;
+        opts
     }
 
     /// Sends `s` first.
@@ -128,6 +155,9 @@ impl Options {
         }
         if let Some(a) = self.bind {
             args.extend(["--bind".to_string(), a.to_string()]);
+        }
+        if self.validator_exit_codes {
+            args.push("--validator-exit-codes".to_string());
         }
         args
     }
@@ -297,6 +327,16 @@ impl Report {
     /// The response as bytes was fully received and equals `expected`.
     pub fn received_matches(&self, expected: &[u8]) -> bool {
         self.received_len == expected.len() as u64 && self.received_hash == fnv1a64(expected)
+    }
+
+    /// linkerd-network-validator's exit status for this run: passed when the connection came
+    /// back to the client's own listener.
+    pub fn validator_exit_code(&self) -> i32 {
+        if self.accepted.as_ref().is_some_and(|a| a.reached_self) {
+            VALIDATOR_PASSED
+        } else {
+            VALIDATOR_FAILED
+        }
     }
 }
 

@@ -26,7 +26,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -39,8 +39,8 @@ use linkerd_cni_tests::{
     layout,
     names::TempDir,
     node::{
-        ContainerSpec, CriNode, CriNodeOptions, NODE_NAME, PodSpec, Sandbox, group_object_path,
-        http_get,
+        BRIDGE, ContainerSpec, CriNode, CriNodeOptions, NODE_NAME, PodSpec, Sandbox,
+        group_object_path, http_get,
         image::{self, ImageOrigin},
         kubelet::{
             ClusterView, KubeletPod, PodPlan, ProbeKind, admit_service_account, capability_number,
@@ -700,6 +700,58 @@ fn stop_agent_pod(node: &CriNode, pod: &mut KubeletPod, why: &str) {
     );
 }
 
+/// A CNI ADD of `spec`'s sandbox `id` (netns `netns`, holding `address`) through the
+/// installed plugin, run in the node as containerd runs it: the conflist's entry with the
+/// primary plugin's result as `prevResult`, `CNI_ARGS` as containerd sends them.
+fn plugin_add(
+    node: &CriNode,
+    spec: &PodSpec,
+    id: &str,
+    netns: &str,
+    address: &str,
+) -> std::process::Output {
+    let conflist: Value =
+        serde_json::from_str(&std::fs::read_to_string(node.conflist()).expect("the conflist"))
+            .expect("conflist JSON");
+    let mut stdin = conflist["plugins"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["type"] == "linkerd-cni"))
+        .cloned()
+        .expect("the linkerd-cni entry");
+    stdin["cniVersion"] = conflist["cniVersion"].clone();
+    stdin["name"] = conflist["name"].clone();
+    stdin["prevResult"] = json!({
+        "cniVersion": conflist["cniVersion"],
+        "interfaces": [{"name": "eth0", "sandbox": netns}],
+        "ips": [{"address": address, "interface": 0}],
+    });
+    let args: Vec<String> = spec
+        .cni_args(id)
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let plugin = Path::new(paths::CNI_BIN_DIR).join("linkerd-cni");
+    let mut cmd = node.node_command(&plugin).expect("the plugin's command");
+    cmd.env_clear()
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_ARGS", args.join(";"))
+        .env("CNI_PATH", paths::CNI_BIN_DIR)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawning the plugin");
+    {
+        use std::io::Write;
+        let mut pipe = child.stdin.take().expect("stdin");
+        pipe.write_all(stdin.to_string().as_bytes())
+            .expect("writing stdin");
+    }
+    child.wait_with_output().expect("the plugin's exit")
+}
+
 /// Registers `n` meshed pods with the running agent the way containerd would: each a netns
 /// in the node (`ip netns add`), a Pod object, and a CNI ADD through the installed plugin
 /// with the conflist's entry and a prevResult. Returns how long it took.
@@ -726,50 +778,11 @@ fn register_bulk(node: &CriNode, n: usize) -> Duration {
         specs.push(spec);
     }
     ok(node, "serving the bulk pods", node.apply(&manifests));
-    let conflist: Value =
-        serde_json::from_str(&std::fs::read_to_string(node.conflist()).expect("the conflist"))
-            .expect("conflist JSON");
-    let mut entry = conflist["plugins"]
-        .as_array()
-        .and_then(|p| p.iter().find(|p| p["type"] == "linkerd-cni"))
-        .cloned()
-        .expect("the linkerd-cni entry");
-    entry["cniVersion"] = conflist["cniVersion"].clone();
-    entry["name"] = conflist["name"].clone();
-    let plugin = Path::new(paths::CNI_BIN_DIR).join("linkerd-cni");
     for (i, spec) in specs.iter().enumerate() {
         let netns = format!("/var/run/netns/{prefix}-{i}");
         let id = format!("{:064x}", 0xb000_0000_0000u64 + i as u64);
-        let mut stdin = entry.clone();
-        stdin["prevResult"] = json!({
-            "cniVersion": conflist["cniVersion"],
-            "interfaces": [{"name": "eth0", "sandbox": netns}],
-            "ips": [{"address": format!("10.245.{}.{}/16", i / 250, i % 250 + 1), "interface": 0}],
-        });
-        let args: Vec<String> = spec
-            .cni_args(&id)
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let mut cmd = node.node_command(&plugin).expect("the plugin's command");
-        cmd.env_clear()
-            .env("CNI_COMMAND", "ADD")
-            .env("CNI_CONTAINERID", &id)
-            .env("CNI_NETNS", &netns)
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_ARGS", args.join(";"))
-            .env("CNI_PATH", paths::CNI_BIN_DIR)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().expect("spawning the plugin");
-        {
-            use std::io::Write;
-            let mut pipe = child.stdin.take().expect("stdin");
-            pipe.write_all(stdin.to_string().as_bytes())
-                .expect("writing stdin");
-        }
-        let out = child.wait_with_output().expect("the plugin's exit");
+        let address = format!("10.245.{}.{}/16", i / 250, i % 250 + 1);
+        let out = plugin_add(node, spec, &id, &netns, &address);
         assert!(
             out.status.success(),
             "ADD of bulk pod {i}: {}\n{}",
@@ -1591,5 +1604,500 @@ fn moved_socket_path_starts_and_serves() {
         denied.is_empty(),
         "requests the rendered RBAC denies:\n{}",
         denied.join("\n")
+    );
+}
+
+/// The startup taint's key (`linkerd_cni_k8s::taint::STARTUP_TAINT_KEY`; the chart's too).
+const STARTUP_TAINT: &str = "cni.linkerd.io/agent-not-ready";
+/// Linkerd's network validator's init container.
+const VALIDATOR: &str = "linkerd-network-validator";
+/// The stated bound on a repair at the default values: from the agent's readiness (or the
+/// pod's start, whichever is later) to the unredirected pod's deletion, the repair's grace
+/// (10 s) and one pass of its interval (5 s), with room for a busy machine.
+const REPAIR_BOUND: Duration = Duration::from_secs(45);
+/// The mapping a `hostUsers: false` pod gets here: in-namespace 0-65535 to host 100000-165535.
+const USERNS_HOST_BASE: u32 = linkerd_cni_tests::userns::UsernsPod::HOST_BASE;
+
+/// The node as kubelet registers it with `--register-with-taints` carrying the startup taint.
+fn tainted_node() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_NAME},
+        "spec": {"taints": [{"key": STARTUP_TAINT, "effect": "NoSchedule"}]},
+    })
+}
+
+fn startup_tainted(node: &CriNode) -> bool {
+    let api = node.api_server().expect("API server");
+    let n = api
+        .get("Node", None, NODE_NAME)
+        .expect("get the node")
+        .expect("the node");
+    n["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["key"] == STARTUP_TAINT)
+}
+
+/// The agent's answer to `path` on its probe address, from the node's network namespace.
+fn agent_status(node: &CriNode, pod: &KubeletPod, path: &str) -> Option<u16> {
+    let probe = pod
+        .prober(AGENT_CONTAINER, ProbeKind::Readiness)
+        .expect("readiness probe")
+        .plan()
+        .clone();
+    node.netns()
+        .run_in(|| {
+            http_status(
+                probe.addr,
+                path,
+                &probe.host_header,
+                &probe.headers,
+                Duration::from_secs(1),
+            )
+            .ok()
+        })
+        .unwrap_or_else(|e| panic!("asking {path}: {e}"))
+}
+
+/// A meshed pod as Linkerd's injector makes it with `cniEnabled`: its proxy, and the network
+/// validator as its init container.
+fn validated_spec(name: &str) -> PodSpec {
+    let mut spec = PodSpec::meshed("shop", name);
+    spec.init_containers.push(VALIDATOR.into());
+    spec
+}
+
+/// kubelet runs `spec`'s pod: its pod cgroup, its sandbox (the ADD through the chain
+/// containerd has loaded), the validator init container to its exit; and reports the pod's
+/// address (`status.podIPs`), as kubelet does once the sandbox has one. Returns the sandbox
+/// and the validator's exit code (kubelet would retry a 95 with back-off).
+fn run_validated_pod(node: &CriNode, spec: &PodSpec) -> (Sandbox, i32) {
+    ok(node, "pod cgroup", node.create_pod_cgroup(spec));
+    let sandbox = ok(node, "RunPodSandbox", node.run_pod(spec));
+    let code = ok(node, "the validator", node.run_validator(&sandbox));
+    ok(
+        node,
+        "publishing the pod's address",
+        node.apply(&[spec.manifest_running(NODE_NAME, &[IpAddr::V4(sandbox.ip)])]),
+    );
+    (sandbox, code)
+}
+
+/// Waits until the repair deleted `sandbox`'s pod from the API (at most [`REPAIR_BOUND`]
+/// after `since`), with a `LinkerdCNIRepaired` Event on it; returns the time since `since`.
+fn wait_repaired(node: &CriNode, pod: &KubeletPod, sandbox: &Sandbox, since: Instant) -> Duration {
+    let api = node.api_server().expect("API server");
+    let spec = &sandbox.spec;
+    let bound = REPAIR_BOUND * linkerd_cni_tests::node::slowdown();
+    loop {
+        let served = api
+            .get("Pod", Some(&spec.namespace), &spec.name)
+            .expect("get the pod");
+        if served.is_none_or(|p| p["metadata"]["uid"] != spec.uid.as_str()) {
+            break;
+        }
+        assert!(
+            since.elapsed() < bound,
+            "{}/{} was not repaired within {bound:?}:\n{}\n{}",
+            spec.namespace,
+            spec.name,
+            pod.logs(AGENT_CONTAINER),
+            node.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = since.elapsed();
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    while !api
+        .events()
+        .iter()
+        .any(|e| e["reason"] == "LinkerdCNIRepaired" && e["regarding"]["uid"] == spec.uid.as_str())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no LinkerdCNIRepaired Event on {}: {:?}",
+            spec.name,
+            api.events()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    took
+}
+
+/// kubelet and the ReplicaSet after the repair deleted `old`'s pod: kubelet stops and
+/// removes its sandbox, the ReplicaSet creates the replacement (a new name and UID), kubelet
+/// runs it through the plugin: its validator must pass, then its proxy and app start.
+fn recreate(node: &CriNode, old: &Sandbox, name: &str) -> App {
+    ok(node, "StopPodSandbox", node.stop_pod(old));
+    ok(node, "RemovePodSandbox", node.remove_pod(old));
+    let spec = validated_spec(name);
+    let (sandbox, code) = run_validated_pod(node, &spec);
+    assert_eq!(
+        code,
+        linkerd_cni_tests::client::VALIDATOR_PASSED,
+        "the recreated pod's validator passes\n{}",
+        node.diagnostics()
+    );
+    ok(node, "proxy container", node.start_proxy(&sandbox));
+    let command = [
+        "/bin/nc",
+        "-ll",
+        "-p",
+        &APP_PORT.to_string(),
+        "-e",
+        "/bin/cat",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let app = ok(
+        node,
+        "app container",
+        node.start_container(
+            &sandbox,
+            &ContainerSpec {
+                name: "app".into(),
+                run_as_user: i64::from(APP_UID),
+                command,
+            },
+        ),
+    );
+    App { sandbox, app }
+}
+
+/// Issue 44 item 6: the node-start race with the rendered DaemonSet at its default values
+/// (repair on, startup taint on, no `CAP_SYS_ADMIN`), one node for every case:
+///
+/// 1. a meshed pod started while the chain holds the primary CNI alone (its network validator
+///    exits 95) is deleted by the repair within [`REPAIR_BOUND`] of the agent's readiness;
+///    recreated as its ReplicaSet and kubelet would, its validator passes (0) and its app's
+///    connections go through its proxy;
+/// 2. the node registered with the startup taint keeps it while the agent cannot be ready
+///    (no conflist yet: `/live` answers, `/ready` does not, no PATCH of the node), and loses
+///    it once the agent is ready, never before (each look that finds it gone finds `/ready`
+///    200);
+/// 3. a user-namespaced meshed pod is redirected: containerd 1.6 ignores the CRI's user
+///    namespace request (asserted: the sandbox runs in the host's user namespace), so the
+///    sandbox is made as a runtime with user namespaces makes it (a network namespace owned
+///    by a user namespace with the pod's mapping) and added through the installed plugin;
+///    its proxy (in-namespace 2102, host 102102) is exempt and its app redirected;
+/// 4. the conflist rewritten under the running agent without our entry (a Calico- or
+///    Cilium-like writer): the agent puts itself back, and a pod created in the window (the
+///    agent held stopped so that the window is wide enough to land one) is repaired.
+///
+/// Negative controls: the validators' 95 before the repair; with `repairController.enabled=false`
+/// (1 and 4) and `agent.startupTaint.enabled=false` (2) this test fails (run by hand).
+#[test]
+fn default_install_repairs_the_node_start_race_and_removes_the_taint() {
+    let work = TempDir::new().expect("scratch directory");
+    let install = render_install(Renderer::Cli, work.path());
+    let tolerations = install
+        .daemonset
+        .pointer("/spec/template/spec/tolerations")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t["key"] == STARTUP_TAINT
+                || (t.get("key").is_none() && t["operator"] == "Exists")),
+        "the DaemonSet tolerates the startup taint: {tolerations:?}"
+    );
+    let node = start_node(&install, work.path());
+    let api = node.api_server().expect("API server");
+    let server = ok(
+        &node,
+        "echo server on the node",
+        EchoServer::bind_in(
+            node.netns(),
+            SocketAddr::from(([0, 0, 0, 0], SERVER_PORT)),
+            "node",
+        ),
+    );
+    let primary = std::fs::read_to_string(node.conflist()).expect("the primary conflist");
+    ok(&node, "the node", node.apply(&[tainted_node()]));
+
+    // 1. A meshed pod starts while the chain holds the primary CNI alone: no ADD reaches any
+    //    agent, its validator's dial goes out unredirected.
+    let (early, code) = run_validated_pod(&node, &validated_spec("web-early"));
+    assert_eq!(
+        code,
+        linkerd_cni_tests::client::VALIDATOR_FAILED,
+        "without linkerd-cni in the chain the validator fails"
+    );
+
+    // 2. The agent cannot be ready while the node has no conflist (the primary CNI's held
+    //    back): the taint stays.
+    // Beside it under a name neither the installer nor containerd reads.
+    let held = node.cni_conf_dir().join("primary.held");
+    std::fs::rename(node.conflist(), &held).expect("holding the conflist back");
+    let (_, plan) = plan_pod(&node, &install, "r0001");
+    let pod = ok(&node, "the DaemonSet's pod", node.run_kubelet_pod(plan));
+    let deadline = Instant::now() + READY_GUARD;
+    while agent_status(&node, &pod, "/live") != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never answered /live\n{}",
+            pod.logs(AGENT_CONTAINER)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let unready = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < unready {
+        assert_ne!(
+            agent_status(&node, &pod, "/ready"),
+            Some(200),
+            "ready without a conflist"
+        );
+        assert!(
+            startup_tainted(&node),
+            "the taint went before the agent was ready"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !api.requests()
+            .iter()
+            .any(|r| r.path.starts_with("/api/v1/nodes") && r.method == "PATCH"),
+        "no node patch before ready"
+    );
+    std::fs::rename(&held, node.conflist()).expect("the primary CNI's conflist");
+    let mut ready_at = None;
+    let deadline = Instant::now() + READY_GUARD;
+    loop {
+        let tainted = startup_tainted(&node);
+        let ready = agent_status(&node, &pod, "/ready") == Some(200);
+        if ready {
+            ready_at.get_or_insert_with(Instant::now);
+        }
+        if !tainted {
+            assert!(ready, "the taint went while /ready did not answer 200");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the taint stayed (ready: {ready})\n{}",
+            pod.logs(AGENT_CONTAINER)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ready_at = ready_at.expect("ready");
+    println!(
+        "daemonset: the startup taint went {:?} after /ready first answered 200",
+        ready_at.elapsed()
+    );
+    assert_eq!(chain(&node), ["bridge", "linkerd-cni"]);
+    assert_agent_holds_only_its_capabilities(&node, &pod, &[]);
+
+    // 1, continued: the repair deletes the early pod; recreated, it is redirected.
+    let took = wait_repaired(&node, &pod, &early, ready_at);
+    let recreated = recreate(&node, &early, "web-b7d4x");
+    assert_redirected(&node, &recreated, &server, "recreated after the repair");
+    println!(
+        "daemonset: the early pod was deleted {took:?} after the agent was ready, and its \
+         replacement redirected {:?} after it",
+        ready_at.elapsed()
+    );
+
+    // 4. Another writer replaces the conflist without our entry while the agent is stopped,
+    //    and containerd loads it: a pod created then goes through the primary CNI alone.
+    let agent = pod.container(AGENT_CONTAINER).expect("agent").id.clone();
+    let pid =
+        nix::unistd::Pid::from_raw(ok(&node, "the agent's pid", node.container_pid(&agent)) as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the agent");
+    let resume = scopeguard_cont(pid);
+    let tmp = node.cni_conf_dir().join(".10-other.tmp");
+    std::fs::write(&tmp, &primary).expect("the other writer's conflist");
+    std::fs::rename(&tmp, node.conflist()).expect("the other writer's rename");
+    let deadline = Instant::now() + READY_GUARD;
+    while ok(&node, "containerd's CNI config", node.loaded_cni_config()).contains("linkerd-cni") {
+        assert!(
+            Instant::now() < deadline,
+            "containerd never loaded the rewritten conflist"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (window, code) = run_validated_pod(&node, &validated_spec("web-window"));
+    assert_eq!(
+        code,
+        linkerd_cni_tests::client::VALIDATOR_FAILED,
+        "a pod created in the window runs unredirected"
+    );
+    drop(resume);
+    let back = Instant::now();
+    while chain(&node) != ["bridge", "linkerd-cni"] {
+        assert!(
+            back.elapsed() < READY_GUARD,
+            "the agent did not put itself back: {:?}",
+            chain(&node)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "daemonset: the agent put itself back in the chain {:?} after it resumed",
+        back.elapsed()
+    );
+    let took = wait_repaired(&node, &pod, &window, back);
+    let recreated = recreate(&node, &window, "web-q9k2m");
+    assert_redirected(&node, &recreated, &server, "the window's pod recreated");
+    println!("daemonset: the window's pod was deleted {took:?} after the agent resumed");
+
+    // 3. A user-namespaced meshed pod: kubelet asks containerd for a user namespace...
+    let spec = PodSpec::meshed("shop", "web-userns");
+    ok(&node, "pod cgroup", node.create_pod_cgroup(&spec));
+    let asked = ok(
+        &node,
+        "RunPodSandbox with a user namespace",
+        node.run_pod_userns(&spec, Some((0, USERNS_HOST_BASE, 65536))),
+    );
+    assert_eq!(
+        ok(&node, "the sandbox's uid_map", node.sandbox_uid_map(&asked)),
+        "0 0 4294967295",
+        "containerd 1.6 ignores userns_options: if it now honours them, test that sandbox"
+    );
+    ok(&node, "StopPodSandbox", node.stop_pod(&asked));
+    ok(&node, "RemovePodSandbox", node.remove_pod(&asked));
+    // ... which containerd 1.6 cannot give: the sandbox as a runtime that can makes it.
+    userns_pod_is_redirected(&node, &server);
+}
+
+/// SIGCONTs `pid` when dropped (also when an assertion fails while it is stopped).
+fn scopeguard_cont(pid: nix::unistd::Pid) -> impl Drop {
+    struct Cont(nix::unistd::Pid);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+    Cont(pid)
+}
+
+/// A user-namespaced meshed pod's sandbox as a runtime with user namespaces makes it (a
+/// network namespace owned by the pod's user namespace, mounted at `/var/run/netns/`), wired
+/// to the node's bridge, added through the installed plugin: the agent stores the proxy's
+/// host UID from the mapping the plugin read, the app's connection goes through the proxy and
+/// the proxy's own upstream (host UID 102102) goes out from the pod.
+fn userns_pod_is_redirected(node: &CriNode, server: &EchoServer) {
+    use linkerd_cni_tests::{proxy::TestProxy, userns::UsernsPod};
+    const ADDRESS: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 250);
+    let spec = PodSpec::meshed("shop", "web-userns-2");
+    ok(
+        node,
+        "serving the pod",
+        node.apply(&[spec.manifest(NODE_NAME)]),
+    );
+    ok(node, "pod cgroup", node.create_pod_cgroup(&spec));
+    let sandbox = UsernsPod::new().expect("a user-namespaced sandbox");
+    let cidr = format!("{ADDRESS}/24");
+    let host_if = format!("l5du{}", std::process::id() % 100_000);
+    let pod_net = sandbox.path("net").display().to_string();
+    ok(
+        node,
+        "the pod's veth",
+        node.netns().exec(
+            "ip",
+            [
+                "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &pod_net,
+            ],
+        ),
+    );
+    ok(
+        node,
+        "on the bridge",
+        node.netns()
+            .exec("ip", ["link", "set", &host_if, "master", BRIDGE, "up"]),
+    );
+    for args in [
+        vec!["addr", "add", &cidr, "dev", "eth0"],
+        vec!["link", "set", "eth0", "up"],
+        vec!["route", "add", "default", "via", "10.244.0.1"],
+    ] {
+        sandbox.ip(&args).expect("the pod's network");
+    }
+    let name = format!("l5dt-{}-userns", std::process::id());
+    let netns = format!("/var/run/netns/{name}");
+    let mount =
+        format!("mkdir -p /var/run/netns && touch {netns} && mount --bind {pod_net} {netns}");
+    ok(
+        node,
+        "mounting the pod's netns",
+        node.node_command("sh")
+            .and_then(|mut c| linkerd_cni_tests::names::run(c.args(["-c", &mount]))),
+    );
+    let id = format!(
+        "{:064x}",
+        0xc000_0000_0000u64 + u64::from(std::process::id())
+    );
+    let out = plugin_add(node, &spec, &id, &netns, &cidr);
+    assert!(
+        out.status.success(),
+        "ADD of the user-namespaced pod: {}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        node.diagnostics()
+    );
+    let record = ok(node, "the agent's state", node.state())
+        .record(&id)
+        .unwrap_or_else(|| {
+            panic!(
+                "the user-namespaced pod is registered\n{}",
+                node.diagnostics()
+            )
+        });
+    assert_eq!(
+        record.pointer("/host_ids/uid").and_then(Value::as_u64),
+        Some(u64::from(USERNS_HOST_BASE + PROXY_UID)),
+        "the proxy's host UID, from the pod's mapping: {record}"
+    );
+    // The pod's containers, as the kernel sees them: in its netns and pod cgroup, with the
+    // host IDs its mapping gives their in-namespace IDs.
+    let cgroup = linkerd_cni_tests::cgroup::cgroup2_root()
+        .expect("cgroup2")
+        .join(CriNode::pod_cgroup(&spec));
+    let container = |uid: u32| {
+        Placement::new()
+            .netns_path(&pod_net)
+            .cgroup_path(&cgroup)
+            .uid(USERNS_HOST_BASE + uid)
+    };
+    let proxy = TestProxy::start(&container(PROXY_UID), &proxy::Options::new())
+        .unwrap_or_else(|e| panic!("the pod's proxy: {e}"));
+    let served = server.wait_for(0, CLIENT_TIMEOUT).map_or(0, |r| r.len());
+    let report = run_client(
+        &container(APP_UID),
+        &Options::new(gateway()).send("userns\n"),
+        CLIENT_TIMEOUT,
+    )
+    .unwrap_or_else(|e| panic!("the app's connection: {e}"));
+    assert!(
+        report.received_matches(&server.expected_reply(b"userns\n")),
+        "the user-namespaced app's reply: {report:?}\n{}",
+        node.diagnostics()
+    );
+    let events = proxy
+        .log()
+        .wait_for(CLIENT_TIMEOUT, |e| accepted_outbound(e) > 0)
+        .unwrap_or_else(|e| panic!("the proxy's events: {e}"));
+    assert_eq!(
+        accepted_outbound(&events),
+        1,
+        "the user-namespaced app's connection went through its proxy"
+    );
+    let received = ok(node, "server", server.wait_for(served + 1, CLIENT_TIMEOUT));
+    assert_eq!(
+        received[served].peer.ip(),
+        IpAddr::V4(ADDRESS),
+        "the proxy's upstream (host UID {}) comes from the pod",
+        USERNS_HOST_BASE + PROXY_UID
+    );
+    drop(proxy);
+    let umount = format!("umount {netns} && rm -f {netns}");
+    ok(
+        node,
+        "unmounting the pod's netns",
+        node.node_command("sh")
+            .and_then(|mut c| linkerd_cni_tests::names::run(c.args(["-c", &umount]))),
     );
 }

@@ -842,6 +842,19 @@ state = "{state}"
     /// to the kubelet's pod cgroup (created beforehand or not, see
     /// [`CriNode::create_pod_cgroup`]).
     pub fn run_pod(&self, spec: &PodSpec) -> Result<Sandbox> {
+        self.run_pod_userns(spec, None)
+    }
+
+    /// [`CriNode::run_pod`], asking for a user namespace of the pod's own with these
+    /// mappings (`(container ID, host ID, length)`, UIDs and GIDs alike) as kubelet asks for a
+    /// `hostUsers: false` pod (`linux.security_context.namespace_options.userns_options`, mode
+    /// POD); `None` as for any other pod. Whether the runtime honours it is
+    /// [`CriNode::sandbox_uid_map`]'s to say.
+    pub fn run_pod_userns(
+        &self,
+        spec: &PodSpec,
+        userns: Option<(u32, u32, u32)>,
+    ) -> Result<Sandbox> {
         self.apply(&[spec.manifest(NODE_NAME)])?;
         let rel = Self::pod_cgroup(spec);
         // runc creates it when the kubelet did not: remove it afterwards either way.
@@ -861,6 +874,24 @@ state = "{state}"
             log_directory: log_dir.display().to_string(),
             linux: Some(cri::LinuxPodSandboxConfig {
                 cgroup_parent: format!("/{}", rel.display()),
+                security_context: userns.map(|(container_id, host_id, length)| {
+                    let ids = vec![cri::IdMapping {
+                        host_id,
+                        container_id,
+                        length,
+                    }];
+                    cri::LinuxSandboxSecurityContext {
+                        namespace_options: Some(cri::NamespaceOption {
+                            userns_options: Some(cri::UserNamespace {
+                                mode: cri::NamespaceMode::Pod as i32,
+                                uids: ids.clone(),
+                                gids: ids,
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -999,6 +1030,85 @@ state = "{state}"
         })
         .map_err(|e| Error::Missing(format!("{e}\n{}", self.diagnostics())))?;
         Ok(id)
+    }
+
+    /// Runs Linkerd's network validator as `sandbox`'s `linkerd-network-validator` init
+    /// container (the test client in validator mode, UID 65534, dialling an address nothing
+    /// on the node answers) until it exits; returns its exit code (0 passed, 95 failed).
+    pub fn run_validator(&self, sandbox: &Sandbox) -> Result<i32> {
+        let timeout = Duration::from_secs(3);
+        let mut command = vec![format!("{BIN_MOUNT}/{}", bins::CLIENT)];
+        command.extend(
+            crate::client::Options::validator(SocketAddr::from(([192, 0, 2, 2], 20001)), timeout)
+                .to_args(),
+        );
+        let id = self.start_container(
+            sandbox,
+            &ContainerSpec {
+                name: "linkerd-network-validator".into(),
+                run_as_user: 65534,
+                command,
+            },
+        )?;
+        let exited = cri::ContainerState::ContainerExited as i32;
+        let status = wait_until(
+            "the validator container to exit",
+            start_timeout() + timeout * 2,
+            || {
+                self.container_status(&id)
+                    .ok()
+                    .filter(|s| s.state == exited)
+            },
+        )
+        .map_err(|e| Error::Missing(format!("{e}\n{}", self.diagnostics())))?;
+        Ok(status.exit_code)
+    }
+
+    /// The first line of the `uid_map` of `sandbox`'s pause process: `0 0 4294967295` when it
+    /// runs in the host's user namespace.
+    pub fn sandbox_uid_map(&self, sandbox: &Sandbox) -> Result<String> {
+        let mut client = self.client()?;
+        let resp = self.call(
+            "PodSandboxStatus",
+            client.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: sandbox.id.clone(),
+                verbose: true,
+            }),
+        )?;
+        let info: Value = resp
+            .info
+            .get("info")
+            .and_then(|i| serde_json::from_str(i).ok())
+            .unwrap_or_default();
+        let pid = info["pid"]
+            .as_u64()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| Error::Missing(format!("no pid for sandbox {}: {info}", sandbox.id)))?;
+        let path = format!("/proc/{pid}/uid_map");
+        let map = fs::read_to_string(&path).ctx(|| format!("reading {path}"))?;
+        Ok(map
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "))
+    }
+
+    /// The CNI configuration containerd has loaded (CRI `Status`, verbose: its
+    /// `cniconfig`), as text: what the next `RunPodSandbox` runs.
+    pub fn loaded_cni_config(&self) -> Result<String> {
+        let mut client = self.client()?;
+        let resp = self.call(
+            "Status",
+            client.status(cri::StatusRequest { verbose: true }),
+        )?;
+        resp.info.get("cniconfig").cloned().ok_or_else(|| {
+            Error::Missing(format!(
+                "no cniconfig in containerd's status: {:?}",
+                resp.info.keys()
+            ))
+        })
     }
 
     /// The proxy container's event log.
