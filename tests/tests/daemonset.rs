@@ -16,6 +16,12 @@
 //! renders `agent.mountBpffs=false` on a node whose bpffs the host mounted: no container of
 //! the pod is privileged at all.
 //!
+//! At default values (repair on, the startup taint on, no `CAP_SYS_ADMIN`) one node plays the
+//! node-start race of issue 44: a meshed pod started before the plugin is repaired and
+//! recreated into redirection (its network validator 95, then 0), the startup taint goes only
+//! once the agent is ready, a chain rewritten under the agent is put back and its window's pod
+//! repaired, and a user-namespaced meshed pod is redirected.
+//!
 //! The image is the archive `cargo xtask image` built in the same run
 //! (`LINKERD_CNI_TEST_IMAGE`), else a stand-in with the image's layout made from the
 //! workspace's binaries. The test prints which one and which architecture ran, and the time
@@ -1907,7 +1913,7 @@ fn default_install_repairs_the_node_start_race_and_removes_the_taint() {
     let pid =
         nix::unistd::Pid::from_raw(ok(&node, "the agent's pid", node.container_pid(&agent)) as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the agent");
-    let resume = scopeguard_cont(pid);
+    let resume = resume_on_drop(pid);
     let tmp = node.cni_conf_dir().join(".10-other.tmp");
     std::fs::write(&tmp, &primary).expect("the other writer's conflist");
     std::fs::rename(&tmp, node.conflist()).expect("the other writer's rename");
@@ -1964,7 +1970,7 @@ fn default_install_repairs_the_node_start_race_and_removes_the_taint() {
 }
 
 /// SIGCONTs `pid` when dropped (also when an assertion fails while it is stopped).
-fn scopeguard_cont(pid: nix::unistd::Pid) -> impl Drop {
+fn resume_on_drop(pid: nix::unistd::Pid) -> impl Drop {
     struct Cont(nix::unistd::Pid);
     impl Drop for Cont {
         fn drop(&mut self) {
