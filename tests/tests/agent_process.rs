@@ -23,7 +23,11 @@ use std::{
 use linkerd_cni_agent::service::health::{IDLE_TIMEOUT, MAX_LIFETIME};
 use linkerd_cni_common::paths;
 use linkerd_cni_proto::wire;
-use linkerd_cni_tests::{ChildGuard, Placement, bins, fake_apiserver::FakeApiServer};
+use linkerd_cni_tests::{
+    ChildGuard, Placement, bins,
+    fake_apiserver::FakeApiServer,
+    node::{STARTUP_TAINT, startup_tainted, tainted_node_manifest},
+};
 use serde_json::Value;
 
 const FLANNEL: &str = r#"{
@@ -762,27 +766,13 @@ fn oversized_requests_and_empty_gc_are_refused() {
     );
 }
 
-/// The startup taint's key (`linkerd_cni_k8s::taint::STARTUP_TAINT_KEY`; the chart's too).
-const STARTUP_TAINT: &str = "cni.linkerd.io/agent-not-ready";
-
-/// A node registered with the startup taint, for the taint tests.
+/// A node registered with another taint and the startup taint, for the taint tests.
 fn tainted_node() -> Value {
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
-        "spec": {"taints": [
-            {"key": "example.com/other", "effect": "NoSchedule"},
-            {"key": STARTUP_TAINT, "effect": "NoSchedule"},
-        ]},
-    })
+    tainted_node_manifest("node-1", &["example.com/other", STARTUP_TAINT])
 }
 
-fn startup_tainted(api: &FakeApiServer) -> bool {
-    let node = api.get("Node", None, "node-1").expect("get").expect("node");
-    node["spec"]["taints"]
-        .as_array()
-        .expect("taints")
-        .iter()
-        .any(|t| t["key"] == STARTUP_TAINT)
+fn tainted(api: &FakeApiServer) -> bool {
+    startup_tainted(api, "node-1")
 }
 
 /// Issue 44 item 1: the agent removes its node's startup taint once ready (here: once the
@@ -798,10 +788,7 @@ fn the_startup_taint_goes_once_the_agent_is_ready() {
     });
     std::thread::sleep(Duration::from_secs(2));
     assert_ne!(get(node.health, "/ready").map(|r| r.0), Some(200));
-    assert!(
-        startup_tainted(&node.api),
-        "removed before the agent was ready"
-    );
+    assert!(tainted(&node.api), "removed before the agent was ready");
     assert!(
         !node.api.requests().iter().any(|r| r.method == "PATCH"),
         "no node patch before ready"
@@ -813,7 +800,7 @@ fn the_startup_taint_goes_once_the_agent_is_ready() {
         matches!(get(node.health, "/ready"), Some((200, _)))
     });
     let start = Instant::now();
-    while startup_tainted(&node.api) {
+    while tainted(&node.api) {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the taint stayed; the agent asked: {:?}",
@@ -841,6 +828,6 @@ fn without_the_flag_the_startup_taint_stays() {
         matches!(get(node.health, "/ready"), Some((200, _)))
     });
     std::thread::sleep(Duration::from_secs(2));
-    assert!(startup_tainted(&node.api));
+    assert!(tainted(&node.api));
     assert!(!node.api.requests().iter().any(|r| r.method == "PATCH"));
 }

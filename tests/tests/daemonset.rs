@@ -45,7 +45,7 @@ use linkerd_cni_tests::{
     layout,
     names::TempDir,
     node::{
-        BRIDGE, ContainerSpec, CriNode, CriNodeOptions, NODE_NAME, PodSpec, Sandbox,
+        BRIDGE, ContainerSpec, CriNode, CriNodeOptions, NODE_NAME, PodSpec, STARTUP_TAINT, Sandbox,
         group_object_path, http_get,
         image::{self, ImageOrigin},
         kubelet::{
@@ -54,6 +54,7 @@ use linkerd_cni_tests::{
         },
         namespace_manifest,
         render::{self, NAMESPACE, Renderer},
+        startup_tainted, tainted_node_manifest,
     },
     proxy::{self, Event, PROXY_UID},
 };
@@ -1613,8 +1614,6 @@ fn moved_socket_path_starts_and_serves() {
     );
 }
 
-/// The startup taint's key (`linkerd_cni_k8s::taint::STARTUP_TAINT_KEY`; the chart's too).
-const STARTUP_TAINT: &str = "cni.linkerd.io/agent-not-ready";
 /// Linkerd's network validator's init container.
 const VALIDATOR: &str = "linkerd-network-validator";
 /// The stated bound on a repair at the default values: from the agent's readiness (or the
@@ -1624,25 +1623,8 @@ const REPAIR_BOUND: Duration = Duration::from_secs(45);
 /// The mapping a `hostUsers: false` pod gets here: in-namespace 0-65535 to host 100000-165535.
 const USERNS_HOST_BASE: u32 = linkerd_cni_tests::userns::UsernsPod::HOST_BASE;
 
-/// The node as kubelet registers it with `--register-with-taints` carrying the startup taint.
-fn tainted_node() -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_NAME},
-        "spec": {"taints": [{"key": STARTUP_TAINT, "effect": "NoSchedule"}]},
-    })
-}
-
-fn startup_tainted(node: &CriNode) -> bool {
-    let api = node.api_server().expect("API server");
-    let n = api
-        .get("Node", None, NODE_NAME)
-        .expect("get the node")
-        .expect("the node");
-    n["spec"]["taints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|t| t["key"] == STARTUP_TAINT)
+fn tainted(node: &CriNode) -> bool {
+    startup_tainted(node.api_server().expect("API server"), NODE_NAME)
 }
 
 /// The agent's answer to `path` on its probe address, from the node's network namespace.
@@ -1823,7 +1805,11 @@ fn default_install_repairs_the_node_start_race_and_removes_the_taint() {
         ),
     );
     let primary = std::fs::read_to_string(node.conflist()).expect("the primary conflist");
-    ok(&node, "the node", node.apply(&[tainted_node()]));
+    ok(
+        &node,
+        "the node",
+        node.apply(&[tainted_node_manifest(NODE_NAME, &[STARTUP_TAINT])]),
+    );
 
     // 1. A meshed pod starts while the chain holds the primary CNI alone: no ADD reaches any
     //    agent, its validator's dial goes out unredirected.
@@ -1857,10 +1843,7 @@ fn default_install_repairs_the_node_start_race_and_removes_the_taint() {
             Some(200),
             "ready without a conflist"
         );
-        assert!(
-            startup_tainted(&node),
-            "the taint went before the agent was ready"
-        );
+        assert!(tainted(&node), "the taint went before the agent was ready");
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(
@@ -1873,7 +1856,7 @@ fn default_install_repairs_the_node_start_race_and_removes_the_taint() {
     let mut ready_at = None;
     let deadline = Instant::now() + READY_GUARD;
     loop {
-        let tainted = startup_tainted(&node);
+        let tainted = tainted(&node);
         let ready = agent_status(&node, &pod, "/ready") == Some(200);
         if ready {
             ready_at.get_or_insert_with(Instant::now);

@@ -42,7 +42,9 @@ pub use self::{
     forward::ApiForward,
     noderoot::NodeRoot,
     plugin::{PluginOutcome, run_plugin},
-    pods::{PodSpec, SimPod, namespace_manifest},
+    pods::{
+        PodSpec, STARTUP_TAINT, SimPod, namespace_manifest, startup_tainted, tainted_node_manifest,
+    },
     process::{AgentCommand, AgentProcess, ApiServerProcess, ApiStats},
     sim::{PinRoot, SimNode, remove_pin_root},
     state::{AgentState, read_state},

@@ -144,6 +144,36 @@ pub fn namespace_manifest(name: &str, annotations: &[(&str, &str)]) -> Value {
     })
 }
 
+/// The startup taint's key (`linkerd_cni_k8s::taint::STARTUP_TAINT_KEY`; the chart's too).
+pub const STARTUP_TAINT: &str = "cni.linkerd.io/agent-not-ready";
+
+/// Node `name` as kubelet registers it with `--register-with-taints`: these taint keys, each
+/// `NoSchedule`.
+pub fn tainted_node_manifest(name: &str, taints: &[&str]) -> Value {
+    let taints: Vec<Value> = taints
+        .iter()
+        .map(|key| json!({"key": key, "effect": "NoSchedule"}))
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+        "spec": {"taints": taints},
+    })
+}
+
+/// Whether `api` serves node `name` with the startup taint (panics when it serves no such
+/// node).
+pub fn startup_tainted(api: &linkerd_cni_fake_apiserver::FakeApiServer, name: &str) -> bool {
+    let node = api
+        .get("Node", None, name)
+        .unwrap_or_else(|e| panic!("getting node {name}: {e}"))
+        .unwrap_or_else(|| panic!("no node {name}"));
+    node["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["key"] == STARTUP_TAINT)
+}
+
 /// A pod of the simulated node: its sandbox netns (named, like containerd's
 /// `/var/run/netns/cni-<uuid>`), its cgroup, and what CNI ADD returned.
 #[derive(Debug)]
