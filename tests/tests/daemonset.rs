@@ -315,6 +315,12 @@ fn start_app(node: &CriNode, spec: &PodSpec, with_proxy: bool) -> App {
     if with_proxy {
         ok(node, "proxy container", node.start_proxy(&sandbox));
     }
+    let app = start_app_container(node, &sandbox);
+    App { sandbox, app }
+}
+
+/// The app container of `sandbox`: an echo server on [`APP_PORT`], as [`APP_UID`].
+fn start_app_container(node: &CriNode, sandbox: &Sandbox) -> String {
     let command = [
         "/bin/nc",
         "-ll",
@@ -326,19 +332,18 @@ fn start_app(node: &CriNode, spec: &PodSpec, with_proxy: bool) -> App {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let app = ok(
+    ok(
         node,
         "app container",
         node.start_container(
-            &sandbox,
+            sandbox,
             &ContainerSpec {
                 name: "app".into(),
                 run_as_user: i64::from(APP_UID),
                 command,
             },
         ),
-    );
-    App { sandbox, app }
+    )
 }
 
 fn connect_out(node: &CriNode, app: &App, payload: &str) -> Report {
@@ -1728,29 +1733,7 @@ fn recreate(node: &CriNode, old: &Sandbox, name: &str) -> App {
         node.diagnostics()
     );
     ok(node, "proxy container", node.start_proxy(&sandbox));
-    let command = [
-        "/bin/nc",
-        "-ll",
-        "-p",
-        &APP_PORT.to_string(),
-        "-e",
-        "/bin/cat",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let app = ok(
-        node,
-        "app container",
-        node.start_container(
-            &sandbox,
-            &ContainerSpec {
-                name: "app".into(),
-                run_as_user: i64::from(APP_UID),
-                command,
-            },
-        ),
-    );
+    let app = start_app_container(node, &sandbox);
     App { sandbox, app }
 }
 
@@ -1774,8 +1757,12 @@ fn recreate(node: &CriNode, old: &Sandbox, name: &str) -> App {
 ///    Cilium-like writer): the agent puts itself back, and a pod created in the window (the
 ///    agent held stopped so that the window is wide enough to land one) is repaired.
 ///
-/// Negative controls: the validators' 95 before the repair; with `repairController.enabled=false`
-/// (1 and 4) and `agent.startupTaint.enabled=false` (2) this test fails (run by hand).
+/// Negative controls: in the test, each validator's 95 before its repair. Run by hand, it
+/// fails where each feature is asserted with that feature off: `repairController.enabled=false`
+/// (1: not repaired within the bound), the agent's `LINKERD_CNI_AGENT_REMOVE_STARTUP_TAINT`
+/// false (2: the taint stays), an agent removing the taint without waiting for readiness (2:
+/// gone before ready), a plugin that sends no ID maps (3: the ADD fails on
+/// `setns(CLONE_NEWUSER)`).
 #[test]
 fn default_install_repairs_the_node_start_race_and_removes_the_taint() {
     let work = TempDir::new().expect("scratch directory");
