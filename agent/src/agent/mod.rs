@@ -1064,7 +1064,7 @@ pub(crate) struct Phases<'a> {
 pub const SLOW_REAP: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
-fn thread_cpu_time() -> std::time::Duration {
+pub(crate) fn thread_cpu_time() -> std::time::Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -114,6 +114,10 @@ pub struct Reconciler {
 /// every `ceil(pods / PODS_PER_PASS)` passes.
 pub const PODS_PER_PASS: usize = 512;
 
+/// A reconcile pass at least this long is logged at info level (`slow reconcile pass`; every
+/// pass is logged at debug level): half the default `--reconcile-interval`.
+pub const SLOW_PASS: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Reconciler {
     /// A reconciler for `agent` whose bpffs is (to be) mounted at `bpffs`.
     pub fn new(agent: Arc<Agent>, bpffs: &Path) -> Self {
@@ -194,7 +198,10 @@ impl Reconciler {
         }
     }
 
-    /// One whole pass (blocking): pins first, then every registered pod. Returns the repairs.
+    /// One pass (blocking): pins first, then up to `pods_per_pass` registered pods after the
+    /// last pass's. Returns the repairs. Logs the pass (pods checked, repairs, wall and CPU
+    /// time of this thread, the part of it spent in the order checks) at debug level, and at
+    /// info level when it took [`SLOW_PASS`] or more.
     pub fn run_once(&self) -> Vec<Repair> {
         self.passes.fetch_add(1, Ordering::Relaxed);
         let mut all = Vec::new();
@@ -227,17 +234,48 @@ impl Reconciler {
         // contended for the ADDs.
         let mut cursor = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
         let ids = self.agent.ids_from(cursor.as_deref(), self.pods_per_pass);
+        let (start, cpu_start) = (std::time::Instant::now(), super::thread_cpu_time());
+        let mut order_cpu = std::time::Duration::ZERO;
         for id in &ids {
-            all.extend(self.repair_pod(id));
+            all.extend(self.verify(id, &mut order_cpu));
         }
         if let Some(last) = ids.last() {
             *cursor = Some(last.clone());
+        }
+        let wall = start.elapsed();
+        let (checked, repaired) = (ids.len(), all.len());
+        let cpu_us = (super::thread_cpu_time() - cpu_start).as_micros() as u64;
+        let (wall_us, order_cpu_us) = (wall.as_micros() as u64, order_cpu.as_micros() as u64);
+        if wall >= SLOW_PASS {
+            tracing::info!(
+                checked,
+                repaired,
+                wall_us,
+                cpu_us,
+                order_cpu_us,
+                "slow reconcile pass"
+            );
+        } else {
+            tracing::debug!(
+                checked,
+                repaired,
+                wall_us,
+                cpu_us,
+                order_cpu_us,
+                "reconcile pass"
+            );
         }
         all
     }
 
     /// Verifies one registration and repairs it (blocking). Failures are logged and counted.
     pub fn repair_pod(&self, id: &str) -> Vec<Repair> {
+        self.verify(id, &mut std::time::Duration::default())
+    }
+
+    /// [`Self::repair_pod`], adding the CPU time this thread spent reading where the pod's
+    /// programs run among other tenants' ([`Self::check_order`]) to `order_cpu`.
+    fn verify(&self, id: &str, order_cpu: &mut std::time::Duration) -> Vec<Repair> {
         let result = self.agent.repair(id);
         let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
         match result {
@@ -248,7 +286,9 @@ impl Reconciler {
                 if let Some(record) =
                     record.filter(|r| r.redirected() && netns::still_exists(&r.netns, r.netns_ino))
                 {
+                    let cpu_start = super::thread_cpu_time();
                     self.check_order(&record);
+                    *order_cpu += super::thread_cpu_time() - cpu_start;
                 }
                 repairs
             }

@@ -425,6 +425,9 @@ fn prog_type_name(t: u32) -> String {
         18 => "BPF_PROG_TYPE_CGROUP_SOCK_ADDR".into(),
         25 => "BPF_PROG_TYPE_CGROUP_SOCKOPT".into(),
         30 => "BPF_PROG_TYPE_SK_LOOKUP".into(),
+        // BPF_PROG_TYPE_UNSPEC: no loaded program has it; what is said of one that could
+        // not be opened ([`unnamed`]).
+        0 => "unknown".into(),
         t => format!("{t}"),
     }
 }
