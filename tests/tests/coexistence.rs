@@ -360,21 +360,30 @@ fn override_tenant_above_the_pod_refuses_the_add_naming_it() {
     );
 }
 
+/// Two meshed pods below one parent: a pass reads what runs for the parent once per hook (for
+/// the first pod) and judges the second pod by the same reading, so both are reported by the
+/// one pass after the tenant came, and both clear at the one after it went.
 #[test]
 fn exclusive_tenant_attached_later_is_reported_within_one_reconcile_pass() {
     let root = CgroupGuard::new().expect("stand-in root");
     let world = World::under(root.path());
+    let other = World::under(root.path());
     let h = AgentHarness::new(None);
     let record = h.register(&world.net.pod, LinkerdConfig::default(), true);
+    h.register(&other.net.pod, LinkerdConfig::default(), true);
     let reconciler = h.reconciler();
     reconciler.run_once();
     assert_eq!(reconciler.order_conflicts(), 0, "nothing to report yet");
     let mut lb = world.tenant();
-    // The kernel accepts it, and skips it for the meshed pod's sockets.
+    // The kernel accepts it, and skips it for the meshed pods' sockets.
     lb.attach(root.path(), How::Exclusive)
         .expect("tenant, exclusive, after our links");
     reconciler.run_once();
-    assert_eq!(reconciler.order_conflicts(), 1, "reported in one pass");
+    assert_eq!(
+        reconciler.order_conflicts(),
+        2,
+        "both pods below it reported in one pass"
+    );
     let conflict = h
         .agent()
         .check_order(&record)
