@@ -1,11 +1,9 @@
 //! The instruments, the lowest layer: CPU time of a window ([`cpu`]), the kernel's BPF
 //! run-time statistics ([`bpfstats`]), where the agent's per-pod time and memory go ([`diag`],
-//! [`scale`]), system calls counted by strace ([`syscalls`]) and statistics over samples
-//! ([`stats`]). Imports nothing else of the crate.
+//! [`scale`]) and statistics over samples ([`stats`]). Imports nothing else of the crate.
 
 pub mod bpfstats;
 pub mod cpu;
 pub mod diag;
 pub mod scale;
 pub mod stats;
-pub mod syscalls;

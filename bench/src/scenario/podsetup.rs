@@ -217,11 +217,11 @@ pub fn reconcile_cost(agent: &AgentProc, registered: usize) -> anyhow::Result<Re
         agent.hangup()?;
         passes = wait_pass(offset, passes.len())?;
     }
-    let bpf_calls = match crate::measure::syscalls::available() {
+    let bpf_calls = match linkerd_cni_tests::strace::available() {
         false => None,
         true => {
             let pid = agent.pid().context("agent not running")?;
-            let counter = crate::measure::syscalls::Counter::attach(pid, "bpf")?;
+            let counter = linkerd_cni_tests::strace::Counter::attach(pid, true, "bpf")?;
             let offset = log_len();
             agent.hangup()?;
             let counted = wait_pass(offset, 0);

@@ -1,6 +1,7 @@
-//! System calls a running process makes over a window, counted by `strace -c` attached to
-//! every thread of it (`-f -p PID`) and detached at the window's end. strace slows the traced
-//! calls down: a window it counts is never one whose time is measured.
+//! System calls a running process (or one thread of it) makes over a window, counted by
+//! `strace -c` attached to it and detached at the window's end: the benchmark's count of the
+//! agent's `bpf()` calls per reconcile pass, and the tests' bound on it. strace slows the
+//! traced calls down: a window it counts is never one whose time is measured.
 
 use std::{
     collections::BTreeMap,
@@ -9,8 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::{ChildGuard, names::TempDir};
 use anyhow::{Context, bail};
-use linkerd_cni_tests::{ChildGuard, names::TempDir};
 
 /// `strace -c` attached to a process until [`Counter::finish`].
 pub struct Counter {
@@ -20,13 +21,17 @@ pub struct Counter {
 }
 
 impl Counter {
-    /// Attaches to every thread of `pid`, counting the calls named in `calls` (strace's
-    /// `-e trace=` list, e.g. `bpf`), and returns once strace reports it is attached to it.
-    pub fn attach(pid: u32, calls: &str) -> anyhow::Result<Self> {
+    /// Attaches to every thread of process `pid` (or to thread `pid` only, with `threads`
+    /// false), counting the calls named in `calls` (strace's `-e trace=` list, e.g. `bpf`), and
+    /// returns once strace reports it is attached.
+    pub fn attach(pid: u32, threads: bool, calls: &str) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let out = dir.path().join("strace.txt");
         let mut cmd = Command::new("strace");
-        cmd.args(["-f", "-c", "-e"])
+        if threads {
+            cmd.arg("-f");
+        }
+        cmd.args(["-c", "-e"])
             .arg(format!("trace={calls}"))
             .arg("-o")
             .arg(&out)
