@@ -43,6 +43,7 @@ pub mod node;
 pub mod pod;
 pub mod pool;
 pub mod proxy;
+pub mod strace;
 pub mod tenant;
 pub mod userns;
 

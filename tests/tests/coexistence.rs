@@ -360,21 +360,30 @@ fn override_tenant_above_the_pod_refuses_the_add_naming_it() {
     );
 }
 
+/// Two meshed pods below one parent: a pass reads what runs for the parent once per hook (for
+/// the first pod) and judges the second pod by the same reading, so both are reported by the
+/// one pass after the tenant came, and both clear at the one after it went.
 #[test]
 fn exclusive_tenant_attached_later_is_reported_within_one_reconcile_pass() {
     let root = CgroupGuard::new().expect("stand-in root");
     let world = World::under(root.path());
+    let other = World::under(root.path());
     let h = AgentHarness::new(None);
     let record = h.register(&world.net.pod, LinkerdConfig::default(), true);
+    h.register(&other.net.pod, LinkerdConfig::default(), true);
     let reconciler = h.reconciler();
     reconciler.run_once();
     assert_eq!(reconciler.order_conflicts(), 0, "nothing to report yet");
     let mut lb = world.tenant();
-    // The kernel accepts it, and skips it for the meshed pod's sockets.
+    // The kernel accepts it, and skips it for the meshed pods' sockets.
     lb.attach(root.path(), How::Exclusive)
         .expect("tenant, exclusive, after our links");
     reconciler.run_once();
-    assert_eq!(reconciler.order_conflicts(), 1, "reported in one pass");
+    assert_eq!(
+        reconciler.order_conflicts(),
+        2,
+        "both pods below it reported in one pass"
+    );
     let conflict = h
         .agent()
         .check_order(&record)
@@ -479,6 +488,98 @@ fn a_second_sk_lookup_program_in_the_pod_netns() {
     lb.attach_lookup(netns())
         .expect("tenant sk_lookup after ours");
     h.agent().check_order(&record).expect("ours first");
+}
+
+/// Without `CAP_SYS_ADMIN` (the DaemonSet's capabilities) the agent cannot open another
+/// tenant's program by id, so it cannot read its name or type: the refused ADD still names the
+/// program by id, hook and place (and, for an exclusive one, the `bpftool` command that
+/// detaches it) and says why the name is missing, instead of a bare `"?"`. The agent runs as a
+/// real process with exactly the required capabilities; the ADD goes through libcni and the
+/// plugin, so the message asserted is the one the runtime gets. Two places the name is needed:
+/// an exclusive program above the pod's cgroup (the `EPERM` at attach), and an `sk_lookup`
+/// program ahead of ours in the pod's network namespace (the order check).
+#[test]
+fn without_sys_admin_the_refused_add_says_why_the_tenant_has_no_name() {
+    use linkerd_cni_tests::{
+        cniruntime::Verb,
+        node::{NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest},
+    };
+    let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
+        .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
+    node.kill_agent();
+    let required: Vec<&str> = linkerd_cni_agent::host::capabilities::CAPABILITIES
+        .iter()
+        .filter(|c| c.required)
+        .map(|c| c.name)
+        .collect();
+    assert!(!required.contains(&"SYS_ADMIN"), "{required:?}");
+    node.start_agent_with_capabilities(&required)
+        .unwrap_or_else(|e| panic!("agent with {required:?}: {e}\n{}", node.diagnostics()));
+    let add_refused = |pod: &SimPod| -> String {
+        let out = node.cni(Verb::Add, pod).expect("run CNI ADD");
+        let err = out
+            .error()
+            .unwrap_or_else(|| panic!("the ADD must be refused: {}", out.stdout));
+        assert_eq!(err.code, 101, "{err:?}");
+        let st = node.state().expect("the agent's state");
+        assert!(
+            st.record(&pod.container_id).is_none(),
+            "nothing registered after a refused ADD"
+        );
+        eprintln!("refused as expected: {} {}", err.msg, err.details);
+        format!("{} {}", err.msg, err.details)
+    };
+    let unnamed = "? (name and type unknown: opening a program by id needs CAP_SYS_ADMIN, which \
+                   the agent lacks)";
+
+    // An exclusive connect4 program on a stand-in root above the pod's cgroup.
+    let root = CgroupGuard::new().expect("stand-in root");
+    let mut pod = node
+        .new_pod(PodSpec::meshed("shop", "below-exclusive"))
+        .expect("a pod");
+    pod.cgroup = CgroupGuard::new_under(root.path()).expect("the pod's cgroup below it");
+    let backend = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), BACKEND_PORT);
+    let mut lb = SocketLb::load(VIP, backend).expect("load the stand-in socket LB");
+    lb.attach(root.path(), How::Exclusive)
+        .expect("tenant, exclusive");
+    let message = add_refused(&pod);
+    assert_names(
+        &message,
+        &[
+            &format!("program id {} \"{unnamed}\"", lb.connect4_id()),
+            "(type unknown, attach type BPF_CGROUP_INET4_CONNECT)",
+            &format!("attached to cgroup {}", root.path().display()),
+            "flags 0 (exclusive)",
+            &format!(
+                "`bpftool cgroup detach {} connect4 id {}`",
+                root.path().display(),
+                lb.connect4_id()
+            ),
+        ],
+    );
+    assert!(
+        !message.contains("tenant_sock4_connect"),
+        "without CAP_SYS_ADMIN the agent cannot have read the name: {message}"
+    );
+    lb.detach_all();
+
+    // An sk_lookup program in the pod's network namespace, attached before the ADD.
+    let pod = node
+        .new_pod(PodSpec::meshed("shop", "lookup-ahead"))
+        .expect("a pod");
+    let netns = std::fs::File::open(pod.netns_path()).expect("open the pod netns");
+    let id = lb.attach_lookup(&netns).expect("tenant sk_lookup");
+    let message = add_refused(&pod);
+    assert_names(
+        &message,
+        &[
+            &format!("program id {id} \"{unnamed}\""),
+            "(type unknown, attach type BPF_SK_LOOKUP)",
+            "in the pod's network namespace",
+        ],
+    );
+    assert!(!message.contains("tenant_lookup"), "{message}");
+    lb.detach_all();
 }
 
 /// A `kubepods` cgroup inside the stand-in root (kubelet's cgroupfs layout), removed on drop.

@@ -846,10 +846,11 @@ impl Agent {
             }
             Some(_) => {}
         }
+        let mut ours = Ours::default();
         for (dir, programs) in self.links_of(&record) {
-            dataplane::links_in_force(&dir, programs).map_err(not_in_force)?;
+            ours.extend(dataplane::links_in_force(&dir, programs).map_err(not_in_force)?);
         }
-        self.check_order(&record)
+        self.check_order_of(&record, &ours, &mut order::Parents::default())
             .map_err(|conflict| not_in_force(conflict.to_string()))?;
         Ok(record)
     }
@@ -858,6 +859,20 @@ impl Agent {
     /// ([`order`]): `Ok` when ours run first on every hook of its cgroup attachment and of its
     /// network namespace, and every program that runs above its cgroup still runs for it.
     pub fn check_order(&self, record: &PodRecord) -> Result<(), Conflict> {
+        let dirs = self.links_of(record);
+        let ours = Ours::in_dirs(dirs.iter().map(|(d, _)| d.as_path()));
+        self.check_order_of(record, &ours, &mut order::Parents::default())
+    }
+
+    /// [`Self::check_order`] with the programs of the pod's links already read (`ours`, from
+    /// [`dataplane::links_in_force`]) and what runs above pod cgroups read once per pass
+    /// (`parents`).
+    pub fn check_order_of(
+        &self,
+        record: &PodRecord,
+        ours: &Ours,
+        parents: &mut order::Parents,
+    ) -> Result<(), Conflict> {
         let Some(cgroup) = record.attachment.cgroup() else {
             return Ok(());
         };
@@ -869,9 +884,7 @@ impl Agent {
                     source: std::io::Error::other(e.to_string()),
                 })?;
         }
-        let dirs = self.links_of(record);
-        let ours = Ours::in_dirs(dirs.iter().map(|(d, _)| d.as_path()));
-        order::check_cgroup(cgroup, &ours)?;
+        order::check_cgroup(cgroup, ours, parents)?;
         let ns = netns::open_nonblocking(&record.netns).map_err(|source| Conflict::Query {
             hook: names::Hook::SkLookup,
             target: record.netns.clone(),
@@ -880,7 +893,7 @@ impl Agent {
         let shared_netns = self
             .registry
             .other_redirected_with_cookie(&record.id, record.netns_cookie);
-        order::check_netns(&ns, &record.netns, &ours, shared_netns)
+        order::check_netns(&ns, &record.netns, ours, shared_netns)
     }
 
     /// CNI GC: drops every registration whose id is not in `valid`. Returns the dropped ids.
@@ -1064,7 +1077,7 @@ pub(crate) struct Phases<'a> {
 pub const SLOW_REAP: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
-fn thread_cpu_time() -> std::time::Duration {
+pub(crate) fn thread_cpu_time() -> std::time::Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -38,7 +38,7 @@ use crate::{
     dataplane::DataplaneError,
     dataplane::bpf_sys::{self, AttachType},
     dataplane::maps::Maps,
-    dataplane::order::Conflict,
+    dataplane::order::{self, Conflict, Ours},
     host::kernel,
     host::netns::{self, Netns},
 };
@@ -88,6 +88,18 @@ pub struct Repair {
     pub what: String,
 }
 
+/// What [`Agent::repair`] found for one registration.
+#[derive(Debug, Default)]
+pub struct Verified {
+    /// The registration's record (`None`: not registered).
+    pub record: Option<PodRecord>,
+    /// What was put back.
+    pub repairs: Vec<Repair>,
+    /// The programs its links run, as read while verifying them (for the order checks:
+    /// `None` when a link was made again, or nothing was verified).
+    pub ours: Option<Ours>,
+}
+
 /// Runs the checks and keeps the counters `/metrics` and `/ready` read.
 pub struct Reconciler {
     agent: Arc<Agent>,
@@ -113,6 +125,10 @@ pub struct Reconciler {
 /// last one. Up to this many pods, every pass verifies every pod; beyond, each pod is verified
 /// every `ceil(pods / PODS_PER_PASS)` passes.
 pub const PODS_PER_PASS: usize = 512;
+
+/// A reconcile pass at least this long is logged at info level (`slow reconcile pass`; every
+/// pass is logged at debug level): half the default `--reconcile-interval`.
+pub const SLOW_PASS: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Reconciler {
     /// A reconciler for `agent` whose bpffs is (to be) mounted at `bpffs`.
@@ -151,7 +167,7 @@ impl Reconciler {
         self.failures.load(Ordering::Relaxed)
     }
 
-    /// Whole passes done.
+    /// Passes done (each verifies up to `pods_per_pass` pods).
     pub fn passes(&self) -> u64 {
         self.passes.load(Ordering::Relaxed)
     }
@@ -194,7 +210,10 @@ impl Reconciler {
         }
     }
 
-    /// One whole pass (blocking): pins first, then every registered pod. Returns the repairs.
+    /// One pass (blocking): pins first, then up to `pods_per_pass` registered pods after the
+    /// last pass's. Returns the repairs. Logs the pass (pods checked, repairs, wall and CPU
+    /// time of this thread, the part of it spent in the order checks) at debug level, and at
+    /// info level when it took [`SLOW_PASS`] or more.
     pub fn run_once(&self) -> Vec<Repair> {
         self.passes.fetch_add(1, Ordering::Relaxed);
         let mut all = Vec::new();
@@ -227,28 +246,76 @@ impl Reconciler {
         // contended for the ADDs.
         let mut cursor = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
         let ids = self.agent.ids_from(cursor.as_deref(), self.pods_per_pass);
+        let (start, cpu_start) = (std::time::Instant::now(), super::thread_cpu_time());
+        let mut order_cpu = std::time::Duration::ZERO;
+        let mut parents = order::Parents::default();
         for id in &ids {
-            all.extend(self.repair_pod(id));
+            all.extend(self.verify(id, &mut order_cpu, &mut parents));
         }
         if let Some(last) = ids.last() {
             *cursor = Some(last.clone());
+        }
+        let wall = start.elapsed();
+        let (checked, repaired) = (ids.len(), all.len());
+        let cpu_us = (super::thread_cpu_time() - cpu_start).as_micros() as u64;
+        let (wall_us, order_cpu_us) = (wall.as_micros() as u64, order_cpu.as_micros() as u64);
+        if wall >= SLOW_PASS {
+            tracing::info!(
+                checked,
+                repaired,
+                wall_us,
+                cpu_us,
+                order_cpu_us,
+                "slow reconcile pass"
+            );
+        } else {
+            tracing::debug!(
+                checked,
+                repaired,
+                wall_us,
+                cpu_us,
+                order_cpu_us,
+                "reconcile pass"
+            );
         }
         all
     }
 
     /// Verifies one registration and repairs it (blocking). Failures are logged and counted.
     pub fn repair_pod(&self, id: &str) -> Vec<Repair> {
+        self.verify(
+            id,
+            &mut std::time::Duration::default(),
+            &mut order::Parents::default(),
+        )
+    }
+
+    /// [`Self::repair_pod`], adding the CPU time this thread spent reading where the pod's
+    /// programs run among other tenants' ([`Self::check_order`]) to `order_cpu`; what runs
+    /// above pod cgroups is read once per pass into `parents`.
+    fn verify(
+        &self,
+        id: &str,
+        order_cpu: &mut std::time::Duration,
+        parents: &mut order::Parents,
+    ) -> Vec<Repair> {
         let result = self.agent.repair(id);
         let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
         match result {
-            Ok((record, repairs)) => {
+            Ok(Verified {
+                record,
+                repairs,
+                ours,
+            }) => {
                 logged.remove(id);
                 self.count(record.as_ref(), &repairs);
                 drop(logged);
                 if let Some(record) =
                     record.filter(|r| r.redirected() && netns::still_exists(&r.netns, r.netns_ino))
                 {
-                    self.check_order(&record);
+                    let cpu_start = super::thread_cpu_time();
+                    self.check_order(&record, ours, parents);
+                    *order_cpu += super::thread_cpu_time() - cpu_start;
                 }
                 repairs
             }
@@ -270,8 +337,13 @@ impl Reconciler {
     /// and reports a change: a conflict at error level (once, until it changes), its end at
     /// info level. Nothing is detached: the pod keeps whatever redirection it has, and
     /// `linkerd_cni_agent_order_conflicts` counts it.
-    fn check_order(&self, record: &PodRecord) {
-        let mut found = self.agent.check_order(record);
+    /// `ours`: the programs of the pod's links as the repair read them (`None`: a link was
+    /// made again, read them afresh).
+    fn check_order(&self, record: &PodRecord, ours: Option<Ours>, parents: &mut order::Parents) {
+        let mut found = match ours {
+            Some(ours) => self.agent.check_order_of(record, &ours, parents),
+            None => self.agent.check_order(record),
+        };
         // Another program on the very cgroup of our links, ahead of them: where the kernel
         // orders cgroup links, ours made again go first (one hook at a time).
         for _ in names::PROGRAMS {
@@ -374,31 +446,46 @@ impl Agent {
         }])
     }
 
-    /// Verifies the registration `id` against its record and puts back what is missing: the
-    /// record (if any) and what was repaired.
-    pub fn repair(&self, id: &str) -> Result<(Option<PodRecord>, Vec<Repair>), AgentError> {
+    /// Verifies the registration `id` against its record and puts back what is missing.
+    pub fn repair(&self, id: &str) -> Result<Verified, AgentError> {
         let mut maps = self.lock_background();
         // Read under the lock: a DEL in between must not be undone.
         let Some(record) = self.registry.get(id)? else {
-            return Ok((None, Vec::new()));
+            return Ok(Verified::default());
         };
         if !record.redirected() || !netns::still_exists(&record.netns, record.netns_ino) {
             // Nothing to keep in force; a gone netns is the reaper's.
-            return Ok((Some(record), Vec::new()));
+            return Ok(Verified {
+                record: Some(record),
+                ..Verified::default()
+            });
         }
         let mut repairs = Vec::new();
         if let Some(r) = repair_entries(&mut maps, &record)? {
             repairs.push(r);
         }
+        let mut ours = Some(Ours::default());
         for (dir, programs) in self.links_of(&record) {
             for name in programs {
-                if let Err(why) = crate::dataplane::links_in_force(&dir, &[name]) {
-                    let kind = self.relink(&record, &dir, name)?;
-                    repairs.push(Repair { kind, what: why });
+                match crate::dataplane::links_in_force(&dir, &[name]) {
+                    Ok(found) => {
+                        if let Some(ours) = &mut ours {
+                            ours.extend(found);
+                        }
+                    }
+                    Err(why) => {
+                        let kind = self.relink(&record, &dir, name)?;
+                        repairs.push(Repair { kind, what: why });
+                        ours = None;
+                    }
                 }
             }
         }
-        Ok((Some(record), repairs))
+        Ok(Verified {
+            record: Some(record),
+            repairs,
+            ours,
+        })
     }
 
     /// Makes `record`'s cgroup link of `hook` again, first on its cgroup (where the kernel

@@ -682,8 +682,11 @@ pub fn detach(link_dir: &Path) -> io::Result<()> {
 }
 
 /// Checks that each of `programs` has a live link in `link_dir`: pinned, and still attached
-/// to its cgroup or netns. Returns what is wrong, in words.
-pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<(), String> {
+/// to its cgroup or netns. Returns what is wrong, in words; when nothing is, the programs the
+/// links run, read from the same link infos (what the order checks count as ours: a reconcile
+/// pass or CHECK that verified the links does not open them a second time).
+pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<order::Ours, String> {
+    let mut ours = order::Ours::default();
     for name in programs {
         let path = link_dir.join(name);
         let link =
@@ -693,8 +696,9 @@ pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<(), String> 
         if info.target == 0 {
             return Err(format!("link {} is detached", path.display()));
         }
+        ours.add(info.attach_type, info.prog_id);
     }
-    Ok(())
+    Ok(ours)
 }
 
 /// Loads one program of an object into the kernel as the program type of its `hook`.

@@ -59,6 +59,13 @@ impl Ours {
         self.0.entry(attach_type).or_default().insert(id);
     }
 
+    /// Counts `other`'s programs as ours too.
+    pub fn extend(&mut self, other: Self) {
+        for (attach_type, ids) in other.0 {
+            self.0.entry(attach_type).or_default().extend(ids);
+        }
+    }
+
     fn contains(&self, attach: AttachType, id: u32) -> bool {
         self.0
             .get(&(attach as u32))
@@ -223,14 +230,22 @@ fn ahead_fix(tenant: &Tenant, attached_to: &Path) -> String {
     "detach it, or attach it to an ancestor of the pod's cgroup without BPF_F_PREORDER".into()
 }
 
+/// The programs that run for the cgroups above pods, per hook, as [`check_cgroup`] read them:
+/// kept for one reconcile pass, so the pods below one parent (`kubepods/besteffort`) cost one
+/// query of that parent per hook and pass, not one per pod. A program attached to the parent
+/// during the pass is seen by the next pass over its pods.
+#[derive(Debug, Default)]
+pub struct Parents(HashMap<(PathBuf, u32), Vec<u32>>);
+
 /// Whether our program must be the first of its hook (else: present).
 fn must_be_first(hook: Hook) -> bool {
     hook != Hook::SockOps
 }
 
 /// Checks the order of every cgroup hook we attach at `cgroup` (a pod's own cgroup, or the
-/// shared attachment's): see the module documentation.
-pub fn check_cgroup(cgroup: &Path, ours: &Ours) -> Result<(), Conflict> {
+/// shared attachment's): see the module documentation. What runs for the cgroup's parent is
+/// taken from `parents` when read before (else read and kept there).
+pub fn check_cgroup(cgroup: &Path, ours: &Ours, parents: &mut Parents) -> Result<(), Conflict> {
     let open = |path: &Path, hook| {
         fs::File::open(path).map_err(|source| Conflict::Query {
             hook,
@@ -239,10 +254,9 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours) -> Result<(), Conflict> {
         })
     };
     let cg = open(cgroup, Hook::Connect4)?;
-    let parent = cgroup
-        .parent()
-        .filter(|p| is_cgroup(p))
-        .and_then(|p| fs::File::open(p).ok().map(|f| (p, f)));
+    let parent_path = cgroup.parent().filter(|p| is_cgroup(p));
+    // Opened at the first hook whose parent's programs are not known yet.
+    let mut parent_fd: Option<Option<fs::File>> = None;
     for Program { hook, .. } in names::PROGRAMS {
         if !hook.on_cgroup() {
             continue;
@@ -284,8 +298,21 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours) -> Result<(), Conflict> {
                 attached_to: cgroup.into(),
             });
         }
-        if let Some((parent_path, parent_fd)) = &parent {
-            let above = query(parent_fd, parent_path)?.ids;
+        if let Some(parent_path) = parent_path {
+            let key = (parent_path.to_path_buf(), attach as u32);
+            let above = match parents.0.get(&key) {
+                Some(ids) => ids.clone(),
+                None => {
+                    let Some(fd) =
+                        parent_fd.get_or_insert_with(|| fs::File::open(parent_path).ok())
+                    else {
+                        continue;
+                    };
+                    let ids = query(fd, parent_path)?.ids;
+                    parents.0.insert(key, ids.clone());
+                    ids
+                }
+            };
             if let Some(id) = above.into_iter().find(|id| !effective.contains(id)) {
                 return Err(Conflict::Shadowed {
                     tenant: Tenant::describe(id, hook, locate(id, attach, parent_path)),
@@ -425,6 +452,9 @@ fn prog_type_name(t: u32) -> String {
         18 => "BPF_PROG_TYPE_CGROUP_SOCK_ADDR".into(),
         25 => "BPF_PROG_TYPE_CGROUP_SOCKOPT".into(),
         30 => "BPF_PROG_TYPE_SK_LOOKUP".into(),
+        // BPF_PROG_TYPE_UNSPEC: no loaded program has it; what is said of one that could
+        // not be opened ([`unnamed`]).
+        0 => "unknown".into(),
         t => format!("{t}"),
     }
 }

@@ -172,7 +172,7 @@ impl Health {
         counter(
             &mut out,
             "linkerd_cni_agent_reconcile_passes_total",
-            "Whole verification passes over every registered pod.",
+            "Reconcile passes, each verifying up to 512 registered pods where the last one stopped.",
             self.reconciler.passes(),
         );
         counter(

@@ -114,7 +114,7 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
         }
         for (dir, programs) in agent::links_of(pin_root, r) {
             let state = match dataplane::links_in_force(&dir, programs) {
-                Ok(()) => "in force".to_string(),
+                Ok(_) => "in force".to_string(),
                 Err(why) => format!("NOT IN FORCE: {why}"),
             };
             let _ = writeln!(out, "  links: {} ({state})", dir.display());

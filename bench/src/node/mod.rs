@@ -355,6 +355,16 @@ impl AgentProc {
         self.agent.as_ref().map(AgentProcess::pid)
     }
 
+    /// SIGHUP, by PID: the agent runs a reconcile pass at once.
+    pub fn hangup(&self) -> anyhow::Result<()> {
+        let pid = self.pid().context("agent not running")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )?;
+        Ok(())
+    }
+
     /// SIGKILL, by PID.
     pub fn kill(&mut self) {
         if let Some(mut a) = self.agent.take() {

@@ -12,7 +12,7 @@ use crate::{
     scenario::{
         apiload::ApiLoadResults,
         chain::{ChainResults, ChainRound, ProbeCost},
-        podsetup::{Checkpoint, PodSetupResults},
+        podsetup::{Checkpoint, PodSetupResults, ReconcileCost},
         restart::RestartRound,
         traffic::{Mode, Sample, Scenario},
         upgrade::{Change, UpgradeRound},
@@ -234,6 +234,36 @@ pub fn api_goals(r: &ApiLoadResults) -> Vec<Goal> {
     out
 }
 
+/// The agent's default `--reconcile-interval` (its `run` flag), s: how often a pass runs.
+const RECONCILE_INTERVAL_S: f64 = 2.0;
+
+/// The reconcile row at 10,000 pods (information): the CPU of verifying every pod once, what a
+/// pass of `PODS_PER_PASS` pods every interval keeps of one core, the order checks' share, and
+/// the `bpf()` calls per pod.
+fn reconcile_row(registered: usize, r: &ReconcileCost) -> Goal {
+    let per_pass = linkerd_cni_agent::agent::reconcile::PODS_PER_PASS.min(registered) as f64;
+    let pass_ms = r.cpu_us_per_pod() * per_pass / 1e3;
+    Goal {
+        goal: format!(
+            "reconcile at {registered} pods: CPU of verifying every pod once, and of one pass \
+             every {RECONCILE_INTERVAL_S:.0} s (information)"
+        ),
+        observed: format!(
+            "{:.0} ms over {} passes ({:.1} µs per pod; the order checks {:.0} % of it); a pass \
+             of {per_pass:.0} pods {pass_ms:.1} ms, {:.1} % of one core; {} `bpf()` calls per pod \
+             and pass",
+            r.cpu_ms(),
+            r.passes.len(),
+            r.cpu_us_per_pod(),
+            100.0 * r.order_cpu_ms() / r.cpu_ms().max(f64::MIN_POSITIVE),
+            100.0 * pass_ms / (RECONCILE_INTERVAL_S * 1e3),
+            r.bpf_per_pod()
+                .map_or_else(|| "not counted (no strace)".into(), |b| format!("{b:.1}"))
+        ),
+        met: None,
+    }
+}
+
 /// How much `f` (an ADD or DEL figure, ms) grew from checkpoint `a` to `b`, each taken in
 /// units of its checkpoint's exec floor: a 151-byte static binary spawned exactly as the
 /// plugin is, right after every measured ADD. The checkpoints are minutes apart, and the
@@ -365,6 +395,9 @@ pub fn pod_setup_goals(pods: &PodSetupResults) -> Vec<Goal> {
             observed: format!("{:.2} ({:.0} / {:.0} µs)", f(b) / f(a), f(b), f(a)),
             met: None,
         });
+    }
+    if let Some((c, r)) = at(10_000).and_then(|c| Some((c, c.reconcile.as_ref()?))) {
+        out.push(reconcile_row(c.registered, r));
     }
     let floors: Vec<&Checkpoint> = cps.iter().filter(|c| c.exec_floor_p50_ms > 0.0).collect();
     if !floors.is_empty() {

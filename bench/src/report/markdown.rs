@@ -11,6 +11,7 @@ use super::{
 use crate::{
     measure::stats::Summary,
     scenario::{
+        podsetup::PodSetupResults,
         traffic::{Mode, Scenario},
         upgrade::{Change, PodRound},
     },
@@ -233,6 +234,182 @@ fn range(s: &Summary, prec: usize) -> String {
     format!("{:.p$} ({:.p$}–{:.p$})", s.median, s.min, s.max, p = prec)
 }
 
+/// Sections 4 and 5 of BENCHMARKS.md: pod setup (ADD and DEL at each checkpoint, the agent's
+/// own handling, the reconcile passes, memory) and the footprint with the most pods (also
+/// printed by `run --only-pod-setup`).
+pub fn pod_setup_section(md: &mut String, p: &PodSetupResults) {
+    let _ = writeln!(
+        md,
+        "## 4. Pod setup: CNI ADD and DEL through the real plugin and agent\n"
+    );
+    let _ = writeln!(
+        md,
+        "Each sample spawns the `linkerd-cni` binary as a runtime does (spawn to exit; the agent \
+         answers once the programs are attached to the pod's cgroup and the maps are written), \
+         then checks from inside the pod that its connects are redirected; DEL likewise, checking \
+         they no longer are. Pods: a netns (lo up) and a cgroup each, registered with a fake API \
+         server. Filling the node took {:.1} s.\n",
+        p.fill_secs
+    );
+    let _ = writeln!(
+        md,
+        "The agent's own time is its handling of the same ADDs and DELs, from its phase log \
+         (taking the pod's netns to writing the registry): the part of a CNI call that can \
+         depend on the pod count, where the spawn-to-exit figures also carry the machine's \
+         drift between checkpoints minutes apart. The last reap pass is the agent's periodic \
+         check that every registered pod's netns still exists (every 10 s, one `stat` per \
+         registration), from its log: how many it checked and the CPU time its thread took.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| pods registered | samples | ADD p50 ms | ADD p99 ms | DEL p50 ms | DEL p99 ms | agent's own ADD / DEL p50 µs | agent RSS MiB | exec floor ms | plugin floor ms | map walk ms | registry read ms | last reap pass: pods, CPU ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for cp in &p.checkpoints {
+        let own = match cp.agent_add_p50_us > 0.0 {
+            true => format!("{:.0} / {:.0}", cp.agent_add_p50_us, cp.agent_del_p50_us),
+            false => "–".into(),
+        };
+        let reap = match cp.reap_pass {
+            Some(p) => format!("{}, {:.1}", p.checked, p.cpu_us as f64 / 1e3),
+            None => "–".into(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {own} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {reap} |",
+            cp.registered,
+            cp.add_ms.len(),
+            cp.add_p50_ms,
+            cp.add_p99_ms,
+            cp.del_p50_ms,
+            cp.del_p99_ms,
+            cp.agent_rss_kib as f64 / 1024.0,
+            cp.exec_floor_p50_ms,
+            cp.plugin_floor_p50_ms,
+            cp.remove_pod_ms,
+            cp.registry_all_ms
+        );
+    }
+    if let (Some(a), Some(b)) = (p.checkpoints.first(), p.checkpoints.last()) {
+        let _ = writeln!(
+            md,
+            "\nRatio {} pods / {} pod(s): ADD p50 {:.2}, ADD p99 {:.2}, DEL p50 {:.2}, DEL p99 {:.2}; \
+             exec floor p50 {:.2}. The growth goals divide each checkpoint's ADD and DEL p50 by its \
+             exec floor first: the machine's drift between checkpoints minutes apart moves every \
+             spawn alike.\n",
+            b.registered,
+            a.registered,
+            b.add_p50_ms / a.add_p50_ms,
+            b.add_p99_ms / a.add_p99_ms,
+            b.del_p50_ms / a.del_p50_ms,
+            b.del_p99_ms / a.del_p99_ms,
+            b.exec_floor_p50_ms / a.exec_floor_p50_ms,
+        );
+    }
+
+    let _ = writeln!(
+        md,
+        "The exec floor is a 151-byte static binary (reads its stdin to the end and exits 0; no loader, no libc) spawned \
+         exactly as the plugin is, once after every measured ADD: what any executable costs here. \
+         Map walk: one removal of an unknown pod through the pinned maps with the agent library \
+         (every walk an unregistration makes). Registry read: opening the registry and reading every \
+         record from disk, as an agent start does (ADD and DEL use the agent's in-memory registry).\n"
+    );
+    if p.checkpoints.iter().any(|c| c.reconcile.is_some()) {
+        let _ = writeln!(
+            md,
+            "Reconcile: at each checkpoint the agent is asked for reconcile passes (SIGHUP, one \
+             at a time; each verifies up to {} pods, continuing where the last stopped: links, \
+             map entries, and where its programs run among other tenants') until every \
+             registered pod was verified once; CPU is the passing thread's own, from the agent's \
+             log of each pass, with the part spent in the order checks. `bpf()` calls: one more \
+             pass with `strace -f -c` attached to the agent (not a timed pass).\n\n\
+             | pods registered | passes | pods verified | CPU ms | CPU µs per pod | order checks ms (share) | `bpf()` calls per pod | agent's own ADD order checks p50 µs |\n\
+             |---|---|---|---|---|---|---|---|",
+            linkerd_cni_agent::agent::reconcile::PODS_PER_PASS
+        );
+        for cp in &p.checkpoints {
+            let Some(r) = &cp.reconcile else { continue };
+            let bpf = r
+                .bpf_per_pod()
+                .map_or_else(|| "–".into(), |b| format!("{b:.1}"));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.1} | {:.1} | {:.1} ({:.0} %) | {bpf} | {:.0} |",
+                cp.registered,
+                r.passes.len(),
+                r.checked(),
+                r.cpu_ms(),
+                r.cpu_us_per_pod(),
+                r.order_cpu_ms(),
+                100.0 * r.order_cpu_ms() / r.cpu_ms().max(f64::MIN_POSITIVE),
+                cp.agent_add_order_p50_us
+            );
+        }
+        let _ = writeln!(md);
+    }
+    let _ = writeln!(
+        md,
+        "Agent memory at each checkpoint (`/proc/<pid>/smaps`, resident MiB):\n\n\
+         | pods registered | RSS | heap | other anonymous (arenas, stacks) | binary | libraries | other | threads |\n\
+         |---|---|---|---|---|---|---|---|"
+    );
+    for cp in &p.checkpoints {
+        let m = &cp.agent_mem;
+        let mib = |k: u64| k as f64 / 1024.0;
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+            cp.registered,
+            mib(m.rss_kib),
+            mib(m.heap_kib),
+            mib(m.anon_mmap_kib),
+            mib(m.binary_kib),
+            mib(m.libs_kib),
+            mib(m.other_kib),
+            m.threads
+        );
+    }
+    let _ = writeln!(md);
+
+    let f = &p.footprint;
+    let _ = writeln!(
+        md,
+        "## 5. Footprint with {} pods registered\n",
+        f.registered
+    );
+    let _ = writeln!(
+        md,
+        "Agent RSS {:.1} MiB (peak {:.1} MiB; {:.1} MiB with one pod): {:.1} MiB anonymous (heap, \
+         stacks), {:.1} MiB file-backed (the binary). After the pods' API objects were deleted \
+         (the agent's pod cache emptied, registrations kept): {:.1} MiB. {} pinned bpf_links. \
+         BPF maps {:.1} KiB in total (`bpftool map show` → `bytes_memlock`). An agent restart \
+         (spawn to answering on its socket, adopting every pod) took {:.0} ms.\n",
+        f.agent_rss_kib as f64 / 1024.0,
+        f.agent_hwm_kib as f64 / 1024.0,
+        f.agent_rss_1_pod_kib as f64 / 1024.0,
+        f.agent_anon_kib as f64 / 1024.0,
+        f.agent_file_kib as f64 / 1024.0,
+        f.agent_rss_without_api_pods_kib as f64 / 1024.0,
+        f.links,
+        f.maps_total_bytes as f64 / 1024.0,
+        f.restart_ready_ms
+    );
+    let _ = writeln!(
+        md,
+        "| map | type | max entries | memlock KiB |\n|---|---|---|---|"
+    );
+    for m in &f.maps {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.1} |",
+            m.name,
+            m.kind,
+            m.max_entries,
+            m.bytes_memlock as f64 / 1024.0
+        );
+    }
+}
+
 /// Renders BENCHMARKS.md.
 pub fn markdown(r: &Results) -> String {
     let mut md = String::new();
@@ -394,144 +571,7 @@ pub fn markdown(r: &Results) -> String {
     }
     md.push_str(&cpu_markdown(r));
 
-    let p = &r.pod_setup;
-    let _ = writeln!(
-        md,
-        "## 4. Pod setup: CNI ADD and DEL through the real plugin and agent\n"
-    );
-    let _ = writeln!(
-        md,
-        "Each sample spawns the `linkerd-cni` binary as a runtime does (spawn to exit; the agent \
-         answers once the programs are attached to the pod's cgroup and the maps are written), \
-         then checks from inside the pod that its connects are redirected; DEL likewise, checking \
-         they no longer are. Pods: a netns (lo up) and a cgroup each, registered with a fake API \
-         server. Filling the node took {:.1} s.\n",
-        p.fill_secs
-    );
-    let _ = writeln!(
-        md,
-        "The agent's own time is its handling of the same ADDs and DELs, from its phase log \
-         (taking the pod's netns to writing the registry): the part of a CNI call that can \
-         depend on the pod count, where the spawn-to-exit figures also carry the machine's \
-         drift between checkpoints minutes apart. The last reap pass is the agent's periodic \
-         check that every registered pod's netns still exists (every 10 s, one `stat` per \
-         registration), from its log: how many it checked and the CPU time its thread took.\n"
-    );
-    let _ = writeln!(
-        md,
-        "| pods registered | samples | ADD p50 ms | ADD p99 ms | DEL p50 ms | DEL p99 ms | agent's own ADD / DEL p50 µs | agent RSS MiB | exec floor ms | plugin floor ms | map walk ms | registry read ms | last reap pass: pods, CPU ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-    );
-    for cp in &p.checkpoints {
-        let own = match cp.agent_add_p50_us > 0.0 {
-            true => format!("{:.0} / {:.0}", cp.agent_add_p50_us, cp.agent_del_p50_us),
-            false => "–".into(),
-        };
-        let reap = match cp.reap_pass {
-            Some(p) => format!("{}, {:.1}", p.checked, p.cpu_us as f64 / 1e3),
-            None => "–".into(),
-        };
-        let _ = writeln!(
-            md,
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {own} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {reap} |",
-            cp.registered,
-            cp.add_ms.len(),
-            cp.add_p50_ms,
-            cp.add_p99_ms,
-            cp.del_p50_ms,
-            cp.del_p99_ms,
-            cp.agent_rss_kib as f64 / 1024.0,
-            cp.exec_floor_p50_ms,
-            cp.plugin_floor_p50_ms,
-            cp.remove_pod_ms,
-            cp.registry_all_ms
-        );
-    }
-    if let (Some(a), Some(b)) = (p.checkpoints.first(), p.checkpoints.last()) {
-        let _ = writeln!(
-            md,
-            "\nRatio {} pods / {} pod(s): ADD p50 {:.2}, ADD p99 {:.2}, DEL p50 {:.2}, DEL p99 {:.2}; \
-             exec floor p50 {:.2}. The growth goals divide each checkpoint's ADD and DEL p50 by its \
-             exec floor first: the machine's drift between checkpoints minutes apart moves every \
-             spawn alike.\n",
-            b.registered,
-            a.registered,
-            b.add_p50_ms / a.add_p50_ms,
-            b.add_p99_ms / a.add_p99_ms,
-            b.del_p50_ms / a.del_p50_ms,
-            b.del_p99_ms / a.del_p99_ms,
-            b.exec_floor_p50_ms / a.exec_floor_p50_ms,
-        );
-    }
-
-    let _ = writeln!(
-        md,
-        "The exec floor is a 151-byte static binary (reads its stdin to the end and exits 0; no loader, no libc) spawned \
-         exactly as the plugin is, once after every measured ADD: what any executable costs here. \
-         Map walk: one removal of an unknown pod through the pinned maps with the agent library \
-         (every walk an unregistration makes). Registry read: opening the registry and reading every \
-         record from disk, as an agent start does (ADD and DEL use the agent's in-memory registry).\n"
-    );
-    let _ = writeln!(
-        md,
-        "Agent memory at each checkpoint (`/proc/<pid>/smaps`, resident MiB):\n\n\
-         | pods registered | RSS | heap | other anonymous (arenas, stacks) | binary | libraries | other | threads |\n\
-         |---|---|---|---|---|---|---|---|"
-    );
-    for cp in &p.checkpoints {
-        let m = &cp.agent_mem;
-        let mib = |k: u64| k as f64 / 1024.0;
-        let _ = writeln!(
-            md,
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
-            cp.registered,
-            mib(m.rss_kib),
-            mib(m.heap_kib),
-            mib(m.anon_mmap_kib),
-            mib(m.binary_kib),
-            mib(m.libs_kib),
-            mib(m.other_kib),
-            m.threads
-        );
-    }
-    let _ = writeln!(md);
-
-    let f = &p.footprint;
-    let _ = writeln!(
-        md,
-        "## 5. Footprint with {} pods registered\n",
-        f.registered
-    );
-    let _ = writeln!(
-        md,
-        "Agent RSS {:.1} MiB (peak {:.1} MiB; {:.1} MiB with one pod): {:.1} MiB anonymous (heap, \
-         stacks), {:.1} MiB file-backed (the binary). After the pods' API objects were deleted \
-         (the agent's pod cache emptied, registrations kept): {:.1} MiB. {} pinned bpf_links. \
-         BPF maps {:.1} KiB in total (`bpftool map show` → `bytes_memlock`). An agent restart \
-         (spawn to answering on its socket, adopting every pod) took {:.0} ms.\n",
-        f.agent_rss_kib as f64 / 1024.0,
-        f.agent_hwm_kib as f64 / 1024.0,
-        f.agent_rss_1_pod_kib as f64 / 1024.0,
-        f.agent_anon_kib as f64 / 1024.0,
-        f.agent_file_kib as f64 / 1024.0,
-        f.agent_rss_without_api_pods_kib as f64 / 1024.0,
-        f.links,
-        f.maps_total_bytes as f64 / 1024.0,
-        f.restart_ready_ms
-    );
-    let _ = writeln!(
-        md,
-        "| map | type | max entries | memlock KiB |\n|---|---|---|---|"
-    );
-    for m in &f.maps {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {:.1} |",
-            m.name,
-            m.kind,
-            m.max_entries,
-            m.bytes_memlock as f64 / 1024.0
-        );
-    }
+    pod_setup_section(&mut md, &r.pod_setup);
 
     let _ = writeln!(md, "\n## 6. Agent restart under load\n");
     let _ = writeln!(

@@ -509,6 +509,56 @@ fn pod_count_growth_is_judged_against_the_exec_floor() {
     );
 }
 
+/// The reconcile row at 10,000 pods: the CPU of every pod verified once, what one pass of
+/// 512 pods every 2 s keeps of a core, the order checks' share and the bpf() calls per pod;
+/// no row without the measurement.
+#[test]
+fn the_reconcile_row_says_the_cpu_of_a_rotation_and_of_a_pass() {
+    let cp = |registered: usize, reconcile: serde_json::Value| -> serde_json::Value {
+        serde_json::json!({
+            "registered": registered, "add_ms": [], "del_ms": [],
+            "add_p50_ms": 1.0, "add_p99_ms": 1.0, "del_p50_ms": 1.0, "del_p99_ms": 1.0,
+            "agent_rss_kib": 0, "scans": [], "remove_pod_ms": 0.0, "registry_all_ms": 0.0,
+            "plugin_floor_p50_ms": 0.2, "exec_floor_p50_ms": 0.2, "reconcile": reconcile,
+        })
+    };
+    let rows = |last: serde_json::Value| -> Vec<Goal> {
+        let pods: PodSetupResults = serde_json::from_value(serde_json::json!({
+            "checkpoints": [cp(1, serde_json::Value::Null), cp(10_000, last)], "fill_secs": 0.0,
+            "footprint": {
+                "registered": 0, "agent_rss_kib": 0, "agent_hwm_kib": 0,
+                "agent_anon_kib": 0, "agent_file_kib": 0,
+                "agent_rss_without_api_pods_kib": 0, "agent_rss_1_pod_kib": 0, "maps": [],
+                "maps_total_bytes": 0, "links": 0, "restart_ready_ms": 0.0,
+            },
+        }))
+        .unwrap();
+        pod_setup_goals(&pods)
+            .into_iter()
+            .filter(|g| g.goal.starts_with("reconcile at"))
+            .collect()
+    };
+    assert!(rows(serde_json::Value::Null).is_empty());
+    // Two passes, 10,000 pods, 1 s of CPU (100 µs per pod), 0.6 s of it in the order checks.
+    let pass = |checked: u64, cpu_us: u64, order_cpu_us: u64| {
+        serde_json::json!({
+            "checked": checked, "wall_us": cpu_us, "cpu_us": cpu_us,
+            "order_cpu_us": order_cpu_us,
+        })
+    };
+    let g = rows(serde_json::json!({
+        "passes": [pass(9_488, 948_800, 569_280), pass(512, 51_200, 30_720)],
+        "bpf_calls": [30_720, 512],
+    }));
+    assert_eq!(g.len(), 1);
+    assert_eq!(g[0].met, None, "information");
+    assert_eq!(
+        g[0].observed,
+        "1000 ms over 2 passes (100.0 µs per pod; the order checks 60 % of it); a pass of 512 \
+         pods 51.2 ms, 2.6 % of one core; 60.0 `bpf()` calls per pod and pass"
+    );
+}
+
 /// The rendered text of `name` against its golden copy in `bench/testdata/report/`
 /// (`BENCH_BLESS=1` rewrites the golden copy instead).
 fn same_as_golden(name: &str, rendered: &str) {

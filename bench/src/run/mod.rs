@@ -38,8 +38,9 @@ pub struct RunArgs {
     /// writes no report).
     #[arg(long, hide = true)]
     traffic_only: bool,
-    /// Run only the pod-setup scenarios (4-5: ADD/DEL latency, RSS, map memory) and print
-    /// their goal rows (to iterate on the agent's per-pod cost; writes no report).
+    /// Run only the pod-setup scenarios (4-5: ADD/DEL latency, reconcile passes, RSS, map
+    /// memory) and print their sections, goal rows and results (JSON, last line) (to iterate
+    /// on the agent's per-pod cost; writes no report).
     #[arg(long, hide = true)]
     only_pod_setup: bool,
     /// Run only the rows added after the committed report's run (the chain with another
@@ -245,7 +246,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.only_pod_setup {
         let pods = podsetup::run(&bins.me, &api, &mut agent, &cni, &checkpoints, samples)
             .map_err(|e| anyhow::anyhow!("{e:#}\nagent log (last lines):\n{}", agent.log_tail()))?;
+        let mut md = String::new();
+        report::pod_setup_section(&mut md, &pods);
+        println!("{md}");
         eprint_goals(&report::pod_setup_goals(&pods));
+        println!("{}", serde_json::to_string(&pods)?);
         return Ok(());
     }
     let baseline = match &args.baseline_bins {

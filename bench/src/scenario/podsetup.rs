@@ -101,6 +101,136 @@ pub struct Checkpoint {
     /// The agent's last reap pass before this checkpoint was read (its log), if any.
     #[serde(default)]
     pub reap_pass: Option<ReapPass>,
+    /// The agent's own time in the order checks of the measured ADDs (the `order` phase of
+    /// its phase log: where our programs run among other tenants'), p50 µs; 0: not found.
+    #[serde(default)]
+    pub agent_add_order_p50_us: f64,
+    /// Reconcile passes over every registered pod, asked for with SIGHUP (None: not measured).
+    #[serde(default)]
+    pub reconcile: Option<ReconcileCost>,
+}
+
+/// One reconcile pass, as the agent's log reports it (`reconcile pass` at debug level, `slow
+/// reconcile pass` at info level).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcilePass {
+    /// Registrations verified.
+    pub checked: u64,
+    /// Wall time, µs.
+    pub wall_us: u64,
+    /// CPU time of the thread that ran it, µs.
+    pub cpu_us: u64,
+    /// The part of `cpu_us` spent reading where each pod's programs run among other tenants'.
+    pub order_cpu_us: u64,
+}
+
+/// What verifying every registered pod once costs the agent: as many reconcile passes as it
+/// takes (each verifies up to `PODS_PER_PASS` pods, continuing where the last stopped).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReconcileCost {
+    /// The passes, in order.
+    pub passes: Vec<ReconcilePass>,
+    /// `bpf()` calls of every thread of the agent over one more pass (strace -c), and the pods
+    /// that pass verified (None: strace not available).
+    pub bpf_calls: Option<(u64, u64)>,
+}
+
+impl ReconcileCost {
+    /// Pods verified over the passes.
+    pub fn checked(&self) -> u64 {
+        self.passes.iter().map(|p| p.checked).sum()
+    }
+
+    /// CPU time over the passes, ms.
+    pub fn cpu_ms(&self) -> f64 {
+        self.passes.iter().map(|p| p.cpu_us).sum::<u64>() as f64 / 1e3
+    }
+
+    /// The order checks' part of [`Self::cpu_ms`], ms.
+    pub fn order_cpu_ms(&self) -> f64 {
+        self.passes.iter().map(|p| p.order_cpu_us).sum::<u64>() as f64 / 1e3
+    }
+
+    /// CPU time per pod verified, µs.
+    pub fn cpu_us_per_pod(&self) -> f64 {
+        self.cpu_ms() * 1e3 / self.checked().max(1) as f64
+    }
+
+    /// `bpf()` calls per pod verified.
+    pub fn bpf_per_pod(&self) -> Option<f64> {
+        self.bpf_calls
+            .map(|(calls, pods)| calls as f64 / pods.max(1) as f64)
+    }
+}
+
+/// Every reconcile pass in the agent's log, colour codes removed ([`strip_ansi`]), in order.
+pub fn reconcile_passes(plain_log: &str) -> Vec<ReconcilePass> {
+    plain_log
+        .lines()
+        .filter(|l| l.contains("reconcile pass"))
+        .filter_map(|l| {
+            let number = |name| log_field(l, name)?.parse().ok();
+            Some(ReconcilePass {
+                checked: number("checked")?,
+                wall_us: number("wall_us")?,
+                cpu_us: number("cpu_us")?,
+                order_cpu_us: number("order_cpu_us")?,
+            })
+        })
+        .collect()
+}
+
+/// The reconcile passes the agent logged after byte `offset` of its log.
+fn passes_since(agent: &AgentProc, offset: u64) -> Vec<ReconcilePass> {
+    let text = std::fs::read(agent.log_path()).unwrap_or_default();
+    let tail = text.get(offset as usize..).unwrap_or_default();
+    reconcile_passes(&strip_ansi(&String::from_utf8_lossy(tail)))
+}
+
+/// Asks the agent for reconcile passes (SIGHUP, one at a time) until they have verified
+/// `registered` pods; then counts the `bpf()` calls of one more pass with strace (a pass
+/// of its own: strace slows the calls it counts).
+pub fn reconcile_cost(agent: &AgentProc, registered: usize) -> anyhow::Result<ReconcileCost> {
+    let log_len = || std::fs::metadata(agent.log_path()).map_or(0, |m| m.len());
+    let deadline = Instant::now() + Duration::from_secs(300);
+    // Waits for the passes logged after `offset` to number more than `seen`.
+    let wait_pass = |offset: u64, seen: usize| -> anyhow::Result<Vec<ReconcilePass>> {
+        loop {
+            let passes = passes_since(agent, offset);
+            if passes.len() > seen {
+                return Ok(passes);
+            }
+            if Instant::now() >= deadline {
+                bail!("the agent logged no reconcile pass after SIGHUP (its log level?)");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let offset = log_len();
+    let mut passes = Vec::new();
+    while passes
+        .iter()
+        .map(|p: &ReconcilePass| p.checked)
+        .sum::<u64>()
+        < registered as u64
+    {
+        agent.hangup()?;
+        passes = wait_pass(offset, passes.len())?;
+    }
+    let bpf_calls = match linkerd_cni_tests::strace::available() {
+        false => None,
+        true => {
+            let pid = agent.pid().context("agent not running")?;
+            let counter = linkerd_cni_tests::strace::Counter::attach(pid, true, "bpf")?;
+            let offset = log_len();
+            agent.hangup()?;
+            let counted = wait_pass(offset, 0);
+            let calls = counter.finish()?;
+            let pods = counted?.iter().map(|p| p.checked).sum();
+            Some((calls.get("bpf").copied().unwrap_or(0), pods))
+        }
+    };
+    Ok(ReconcileCost { passes, bpf_calls })
 }
 
 /// One pass of the agent's reaper over every registration (checking each pod's netns still
@@ -140,14 +270,29 @@ pub fn agent_handling_us(
     op: &str,
     ids: &std::collections::BTreeSet<&str>,
 ) -> Vec<f64> {
+    agent_phase_us(plain_log, op, ids, "total_us")
+}
+
+/// Like [`agent_handling_us`], the time of one field of the phase lines: `total_us`, or a
+/// phase's own (`order`: its value is `<n>us` inside the `phases` field).
+pub fn agent_phase_us(
+    plain_log: &str,
+    op: &str,
+    ids: &std::collections::BTreeSet<&str>,
+    field: &str,
+) -> Vec<f64> {
     let op_value = format!("\"{op}\"");
     plain_log
         .lines()
         .filter(|l| log_field(l, "op") == Some(op_value.as_str()))
         .filter_map(|l| {
             let id = log_field(l, "id")?.trim_matches('"');
+            let value = match field {
+                "total_us" => log_field(l, field)?,
+                phase => log_field(l, phase)?.strip_suffix("us")?,
+            };
             ids.contains(id)
-                .then(|| log_field(l, "total_us")?.parse::<f64>().ok())
+                .then(|| value.parse::<f64>().ok())
                 .flatten()
         })
         .collect()
@@ -366,8 +511,14 @@ pub fn run(
                 }
             };
             let (agent_add_p50_us, agent_del_p50_us) = (handled("add"), handled("del"));
+            let order = agent_phase_us(&log, "add", &ids, "order");
+            let agent_add_order_p50_us = match order.is_empty() {
+                true => 0.0,
+                false => stats::percentile(&order, 0.5),
+            };
             let reap_pass = last_reap_pass(&log);
             drop(log);
+            let reconcile = reconcile_cost(agent, registered)?;
             drop(measured);
             let rss = agent.rss()?.rss;
             let agent_mem =
@@ -403,7 +554,23 @@ pub fn run(
                 agent_add_p50_us,
                 agent_del_p50_us,
                 reap_pass,
+                agent_add_order_p50_us,
+                reconcile: Some(reconcile),
             };
+            if let Some(r) = &cp.reconcile {
+                eprintln!(
+                    "bench: reconcile with {registered} registered: {} passes, {} pods verified, \
+                     CPU {:.1} ms ({:.1} µs per pod; order checks {:.1} ms), bpf() calls per pod \
+                     {:?}; agent's own ADD order phase p50 {:.0} µs",
+                    r.passes.len(),
+                    r.checked(),
+                    r.cpu_ms(),
+                    r.cpu_us_per_pod(),
+                    r.order_cpu_ms(),
+                    r.bpf_per_pod(),
+                    cp.agent_add_order_p50_us
+                );
+            }
             eprintln!(
                 "bench: pod setup with {registered} registered: ADD p50 {:.2} ms p99 {:.2} ms, DEL p50 {:.2} ms p99 {:.2} ms, agent's own ADD p50 {:.0} µs DEL p50 {:.0} µs, last reap pass {:?}, agent RSS {} KiB, map walks {:.2} ms, registry read {:.2} ms, plugin floor {:.2} ms, exec floor {:.2} ms, agent memory {:?} {:?}",
                 cp.add_p50_ms,
@@ -513,6 +680,48 @@ mod tests {
         assert_eq!(agent_handling_us(log, "add", &ids), [1222.0, 6100.0]);
         assert_eq!(agent_handling_us(log, "del", &ids), [284.0]);
         assert!(agent_handling_us(log, "check", &ids).is_empty());
+    }
+
+    /// Every pass, at debug or (slow) at info level, in order; the ADD's order phase from its
+    /// phases field.
+    #[test]
+    fn reconcile_passes_and_the_order_phase_from_the_agent_log() {
+        let log = "2026-11-29T09:16:42Z \u{1b}[34mDEBUG\u{1b}[0m \u{1b}[2mlinkerd_cni_agent::agent::reconcile\u{1b}[0m\u{1b}[2m:\u{1b}[0m reconcile pass \u{1b}[3mchecked\u{1b}[0m\u{1b}[2m=\u{1b}[0m512 \u{1b}[3mrepaired\u{1b}[0m\u{1b}[2m=\u{1b}[0m0 \u{1b}[3mwall_us\u{1b}[0m\u{1b}[2m=\u{1b}[0m90000 \u{1b}[3mcpu_us\u{1b}[0m\u{1b}[2m=\u{1b}[0m80000 \u{1b}[3morder_cpu_us\u{1b}[0m\u{1b}[2m=\u{1b}[0m50000
+2026-11-29T09:16:43Z  INFO linkerd_cni_agent::agent::reconcile: slow reconcile pass checked=100 repaired=1 wall_us=1200000 cpu_us=20000 order_cpu_us=9000
+2026-11-29T09:16:43Z  INFO linkerd_cni_agent::agent: slow reap pass checked=10100 dropped=2 wall_us=150000 cpu_us=90000
+2026-11-29T09:16:44Z DEBUG linkerd_cni_agent::agent: phases op=\"add\" id=\"pod-1\" total_us=300 phases=netns=1us attach_cgroup=90us order=120us registry=8us
+";
+        let log = &strip_ansi(log);
+        let passes = reconcile_passes(log);
+        assert_eq!(
+            passes,
+            [
+                ReconcilePass {
+                    checked: 512,
+                    wall_us: 90_000,
+                    cpu_us: 80_000,
+                    order_cpu_us: 50_000
+                },
+                ReconcilePass {
+                    checked: 100,
+                    wall_us: 1_200_000,
+                    cpu_us: 20_000,
+                    order_cpu_us: 9_000
+                }
+            ]
+        );
+        let cost = ReconcileCost {
+            passes,
+            bpf_calls: Some((15_360, 512)),
+        };
+        assert_eq!(cost.checked(), 612);
+        assert_eq!(cost.cpu_ms(), 100.0);
+        assert_eq!(cost.order_cpu_ms(), 59.0);
+        assert_eq!(cost.bpf_per_pod(), Some(30.0));
+        let ids: std::collections::BTreeSet<&str> = ["pod-1"].into_iter().collect();
+        assert_eq!(agent_phase_us(log, "add", &ids, "order"), [120.0]);
+        assert_eq!(agent_phase_us(log, "add", &ids, "total_us"), [300.0]);
+        assert!(agent_phase_us(log, "add", &ids, "stub_load").is_empty());
     }
 
     /// The last pass counts, at debug or (slow) at info level; other lines are skipped.
