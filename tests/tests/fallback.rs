@@ -31,7 +31,7 @@ use linkerd_cni_tests::{
     EchoServer, NetnsGuard, Placement,
     client::{Options, Report, run_client},
     cniruntime::Verb,
-    node::{NodeOptions, PodSpec, SimNode, SimPod, namespace_manifest},
+    node::{NodeOptions, PodSpec, SimNode, SimPod, http_get, namespace_manifest},
     proxy::{self, INBOUND_PORT, OUTBOUND_PORT, PROXY_UID, TestProxy, original_dst},
 };
 
@@ -256,6 +256,17 @@ fn forced_fallback_meshes_pods_with_linkerds_rules_end_to_end() {
         nft::expected(&config)
     );
     let proxy = client.start_proxy().expect("the client's proxy");
+    let inspect = node.inspect().expect("inspect");
+    assert!(
+        inspect.contains("mode: iptables") && inspect.contains("outbound ports [5432]"),
+        "inspect shows the pod's mode and rules' config:\n{inspect}"
+    );
+    let health = node.agent().expect("the agent").health_addr();
+    let (_, metrics) = http_get(health, "/metrics", Duration::from_secs(5)).expect("metrics");
+    assert!(
+        metrics.contains("linkerd_cni_agent_mode{mode=\"iptables\"} 1"),
+        "{metrics}"
+    );
 
     let before = server.received().len();
     request(
