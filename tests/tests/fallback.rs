@@ -129,9 +129,8 @@ fn read_ok(mut s: TcpStream) {
 #[test]
 fn outbound_goes_to_the_proxy_with_its_original_destination() {
     let ns = netns();
-    // An address of the pod's own on a veth-less netns: a second loopback-routed address is
-    // not "leaving through lo" for a destination on another interface, so give the netns a
-    // route for a remote network on a bridge-less dummy path: a tun device carries it.
+    // A remote network reached through a non-loopback interface (a tun device nothing reads:
+    // no packet leaves the netns), so that connections to it are not "leaving through lo".
     ns.exec("ip", ["tuntap", "add", "dev", "t0", "mode", "tun"])
         .expect("tun");
     ns.exec("ip", ["addr", "add", "10.9.0.2/24", "dev", "t0"])
