@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Parser, Subcommand};
 use linkerd_cni_agent::{
     Agent, AgentConfig,
+    agent::Mode,
     dataplane::capacity::MapSizes,
     host::{kernel, peer::PeerPlaces},
     service::{
@@ -133,6 +134,12 @@ struct RunArgs {
     /// This node's name (pods are watched with spec.nodeName=<name>).
     #[arg(long, env = "LINKERD_CNI_AGENT_NODE_NAME")]
     node_name: Option<String>,
+    /// How meshed pods are redirected: `ebpf` (the eBPF data plane), `iptables` (Linkerd's
+    /// own rules, one nftables table in each meshed pod's network namespace, written by the
+    /// plugin over netlink: docs/design/nftables.md), or `auto`: eBPF, refused where the
+    /// kernel probes fail (the fallback is chosen only when forced, for now).
+    #[arg(long, env = "LINKERD_CNI_AGENT_MODE", default_value = "auto", value_parser = parse_mode)]
+    mode: Mode,
     /// Cgroup of the shared attachment used for pods without a cgroup v2 of their own
     /// (default: kubelet's kubepods cgroup, `kubepods.slice` or `kubepods`; the cgroup2 root
     /// when there is no single one).
@@ -292,6 +299,15 @@ impl RunArgs {
     }
 }
 
+/// `--mode`: `auto` is the eBPF data plane (refused below the floor, as before the fallback).
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    match s {
+        "auto" | "ebpf" => Ok(Mode::Ebpf),
+        "iptables" => Ok(Mode::Iptables),
+        _ => Err(format!("{s:?}: one of auto, ebpf, iptables")),
+    }
+}
+
 /// `--sk-lookup`: `None` is `auto`.
 #[derive(Clone, Copy)]
 struct SkLookupChoice(Option<SkLookupVariant>);
@@ -422,6 +438,7 @@ fn main() -> anyhow::Result<()> {
                     netns_dirs: args.netns_dirs.clone(),
                     pod_cgroup_trees: args.pod_cgroup_trees.clone(),
                 },
+                mode: args.mode,
                 ..config
             };
             service::run(config, args.options(cli.bpffs))

@@ -121,7 +121,7 @@ fn registry(
 
 fn mode(s: &str) -> Result<String, String> {
     match s {
-        values::MODE_EBPF => Ok(s.to_string()),
+        values::MODE_EBPF | values::MODE_IPTABLES => Ok(s.to_string()),
         other => Err(ValuesError::Mode(other.to_string()).to_string()),
     }
 }
@@ -129,8 +129,9 @@ fn mode(s: &str) -> Result<String, String> {
 /// The flags of `linkerd install-cni`. Defaults are the chart's (a test checks they agree).
 #[derive(Args, Debug, Clone)]
 pub struct InstallCniArgs {
-    /// Redirection mode. "iptables" is planned as the fallback for kernels without cgroup BPF
-    /// and is not implemented yet.
+    /// Redirection mode: "ebpf" (the eBPF data plane), or "iptables": Linkerd's own rules,
+    /// one nftables table in each meshed pod's network namespace, written by the plugin over
+    /// netlink (no host binary), on every node.
     #[arg(long, env = "LINKERD_INSTALL_CNI_MODE", default_value = "ebpf", value_parser = mode)]
     pub mode: String,
     /// UID of the proxy: its sockets are never redirected.

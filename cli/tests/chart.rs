@@ -127,14 +127,20 @@ fn full_flags_equal_their_values_in_the_chart() {
     compare("full", &cli, &go);
 }
 
-/// Both refuse the iptables mode with the same explanation.
+/// Both render the iptables mode alike, and refuse a mode that does not exist with the same
+/// explanation.
 #[test]
-fn both_refuse_iptables_mode() {
+fn both_render_iptables_mode_and_refuse_unknown_ones() {
     let file = temp_file("iptables-mode.yaml", "mode: iptables\n");
-    let go = chart_render(&[&file]).expect_err("the chart must fail for mode iptables");
+    let go = chart_render(&[&file]).unwrap_or_else(|e| panic!("Go render: {e}"));
+    let cli = install_cni(&["-f", &file.display().to_string()], &[]);
+    compare("iptables", &cli, &go);
+
+    let file = temp_file("nft-mode.yaml", "mode: nft\n");
+    let go = chart_render(&[&file]).expect_err("the chart must fail for mode nft");
     let cli = linkerd(&["install-cni", "-f", &file.display().to_string()], &[]);
     let cli_err = String::from_utf8_lossy(&cli.stderr);
-    let sentence = "\"iptables\" is planned as the fallback for kernels without cgroup BPF and is not implemented yet";
+    let sentence = "mode \"nft\" is not supported: use mode \"ebpf\" or \"iptables\"";
     assert!(go.contains(sentence), "chart error: {go}");
     assert!(cli_err.contains(sentence), "CLI error: {cli_err}");
 }

@@ -258,17 +258,17 @@ fn helm_in_another_namespace_puts_everything_there() {
     }
 }
 
-/// Helm refuses the iptables mode with the chart's explanation, as the CLI does.
+/// Helm refuses a mode that does not exist with the chart's explanation, as the CLI does.
 #[test]
-fn helm_refuses_iptables_mode() {
-    let file = temp_file("helm-iptables.yaml", "mode: iptables\n");
+fn helm_refuses_unknown_mode() {
+    let file = temp_file("helm-nft.yaml", "mode: nft\n");
     let chart = chart_dir().display().to_string();
     let f = file.display().to_string();
     let out = helm(&["template", "linkerd2-cni", &chart, "-n", OTHER_NS, "-f", &f]);
-    assert!(!out.status.success(), "helm rendered mode iptables");
+    assert!(!out.status.success(), "helm rendered mode nft");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("\"iptables\" is planned as the fallback for kernels without cgroup BPF"),
+        stderr.contains("use mode \"ebpf\" or \"iptables\""),
         "{stderr}"
     );
 }

@@ -846,6 +846,15 @@ fn flags_change_what_they_should() {
                     format!("{ds}/spec/containers/0/env/19/value"),
                     json!("true"),
                 ),
+                // And the mode's, last.
+                (
+                    format!("{ds}/spec/containers/0/env/20/name"),
+                    json!("LINKERD_CNI_AGENT_MODE"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/env/20/value"),
+                    json!("ebpf"),
+                ),
             ],
         ),
         (
@@ -883,6 +892,15 @@ fn flags_change_what_they_should() {
                 (
                     format!("{ds}/spec/containers/0/env/19/value"),
                     json!("true"),
+                ),
+                // And the mode's, last.
+                (
+                    format!("{ds}/spec/containers/0/env/20/name"),
+                    json!("LINKERD_CNI_AGENT_MODE"),
+                ),
+                (
+                    format!("{ds}/spec/containers/0/env/20/value"),
+                    json!("ebpf"),
                 ),
             ],
         ),
@@ -976,16 +994,53 @@ fn agent_env_vars() {
     );
 }
 
+/// `--mode` (flag, `--set`, values file) reaches the agent as `LINKERD_CNI_AGENT_MODE`, and
+/// that is all it changes: one DaemonSet for both modes.
+#[test]
+fn mode_reaches_the_agent() {
+    let mode_of = |rendered: &str| {
+        let objs = objects(rendered);
+        let env = objs["DaemonSet/linkerd-cni"]
+            .pointer("/spec/template/spec/containers/0/env")
+            .cloned()
+            .expect("env");
+        env.as_array()
+            .expect("list")
+            .iter()
+            .find(|e| e["name"] == "LINKERD_CNI_AGENT_MODE")
+            .map(|e| e["value"].clone())
+            .expect("LINKERD_CNI_AGENT_MODE")
+    };
+    let default = install_cni(&[], &[]);
+    assert_eq!(mode_of(&default), "ebpf");
+    let ipt = temp_file("mode-iptables.yaml", "mode: iptables\n");
+    let ipt = ipt.display().to_string();
+    for args in [
+        &["--mode=iptables"][..],
+        &["--set", "mode=iptables"],
+        &["-f", &ipt],
+    ] {
+        let rendered = install_cni(args, &[]);
+        assert_eq!(mode_of(&rendered), "iptables", "{args:?}");
+        let changed = changed(&default, &rendered);
+        let keys: Vec<&String> = changed.keys().collect();
+        assert_eq!(
+            keys.len(),
+            1,
+            "{args:?} changes only the agent's mode: {keys:?}"
+        );
+    }
+}
+
 /// Bad input is refused with a message naming the problem, and nothing is printed.
 #[test]
 fn errors() {
-    let ipt = temp_file("iptables.yaml", "mode: iptables\n");
+    let ipt = temp_file("nft.yaml", "mode: nft\n");
     let ipt = ipt.display().to_string();
     let cases: &[(&[&str], &str)] = &[
-        (&["--mode=iptables"], "not implemented yet"),
-        (&["--set", "mode=iptables"], "not implemented yet"),
-        (&["-f", &ipt], "not implemented yet"),
         (&["--mode=cilium"], "not supported"),
+        (&["--set", "mode=cilium"], "not supported"),
+        (&["-f", &ipt], "not supported"),
         (&["--inbound-port=0"], "not a port"),
         (&["--inbound-port=65536"], "not a port"),
         (&["--skip-inbound-ports=9100-9000"], "invalid port range"),

@@ -41,7 +41,7 @@ use crate::{
     error::{AgentError, CniErrorBody, PluginError},
     log::{Level, Logger},
     netconf::{self, NetConf},
-    netns,
+    netns, nft,
     result::CniResult,
     version::{Command, SpecVersion},
 };
@@ -351,6 +351,18 @@ impl Ctx<'_> {
                 self.log.info(format_args!("pod {verb}: {reason}"));
                 Ok(output)
             }
+            // The per-node fallback: the pod starts only once its rules are in force.
+            Response::AddedRules { reason, config } => {
+                nft::apply(&netns_file, &config).map_err(|source| PluginError::Rules {
+                    what: "writing Linkerd's rules",
+                    netns: self.env.netns.clone(),
+                    source,
+                })?;
+                self.log.info(format_args!(
+                    "pod redirected through its proxy by Linkerd's rules: {reason}"
+                ));
+                Ok(output)
+            }
             other => Err(unexpected(&self.conf.linkerd.agent_socket, "Added", &other)),
         }
     }
@@ -371,6 +383,7 @@ impl Ctx<'_> {
                 .info(format_args!("simulate: would unregister {attachment:?}"));
             return Ok(());
         }
+        self.remove_rules();
         let answer = match self.call(Request::Del(attachment)) {
             Err(e) if agent_unavailable(&e) => {
                 self.log.warn(format_args!(
@@ -421,10 +434,51 @@ impl Ctx<'_> {
                     .debug(format_args!("check passed (redirected: {redirected})"));
                 Ok(())
             }
+            Response::CheckedRules { config } => {
+                let netns = || self.env.netns.clone();
+                let file = netns::check(&self.env.netns)?;
+                let found = nft::check(&file, &config).map_err(|source| PluginError::Rules {
+                    what: "reading Linkerd's rules",
+                    netns: netns(),
+                    source,
+                })?;
+                match found {
+                    None => {
+                        self.log
+                            .debug(format_args!("check passed (Linkerd's rules)"));
+                        Ok(())
+                    }
+                    Some(why) => Err(PluginError::RulesNotInForce {
+                        netns: netns(),
+                        why,
+                    }),
+                }
+            }
             other => Err(unexpected(
                 &self.conf.linkerd.agent_socket,
                 "Checked",
                 &other,
+            )),
+        }
+    }
+
+    /// DEL: our table goes from the pod's netns, whoever answers the DEL (the agent may be
+    /// down) and whatever mode the node runs in; a netns already gone took it along. Only a
+    /// netns that has the table is written to (the listing changes nothing), and a failure is
+    /// logged, never fails the DEL: the table dies with the namespace.
+    fn remove_rules(&mut self) {
+        let Ok(file) = netns::check(&self.env.netns) else {
+            return;
+        };
+        let outcome = nft::list(&file).and_then(|found| match found.is_empty() {
+            true => Ok(false),
+            false => nft::remove(&file).map(|()| true),
+        });
+        match outcome {
+            Ok(true) => self.log.info(format_args!("Linkerd's rules removed")),
+            Ok(false) => {}
+            Err(e) => self.log.warn(format_args!(
+                "removing Linkerd's rules: {e}; they go with the network namespace"
             )),
         }
     }

@@ -14,8 +14,9 @@
 //! - The agent answering `VersionMismatch` is 11, not 1: code 1 is about CNI spec versions,
 //!   while a plugin/agent protocol mismatch only happens during a rollout of the DaemonSet and
 //!   goes away on retry.
-//! - Plugin-specific codes: 100 CHECK found the redirection not in force, 101 the agent failed
-//!   internally, 102 the agent's answer broke the protocol.
+//! - Plugin-specific codes: 100 CHECK found the redirection not in force (the eBPF state, or
+//!   the fallback's rules), 101 the agent failed internally, 102 the agent's answer broke the
+//!   protocol, 103 the fallback's rules could not be written or read in the pod's netns.
 
 use std::io;
 
@@ -116,6 +117,19 @@ pub enum PluginError {
         #[source]
         source: ApiError,
     },
+    /// Writing, reading or deleting Linkerd's rules in the pod's network namespace (the
+    /// per-node fallback) failed: the ADD of a meshed pod fails with it.
+    #[error("{what} in network namespace {netns:?}")]
+    Rules {
+        what: &'static str,
+        netns: String,
+        #[source]
+        source: crate::nft::NftError,
+    },
+    /// CHECK of a pod of the per-node fallback: its rules are not those its configuration
+    /// makes.
+    #[error("Linkerd's rules are not in force in network namespace {netns:?}: {why}")]
+    RulesNotInForce { netns: String, why: String },
     /// STATUS: the plugin cannot serve ADDs now.
     #[error("linkerd-cni is not available: {reason}")]
     NotAvailable {
@@ -165,6 +179,8 @@ pub fn cni_code(err: &PluginError) -> u32 {
         PluginError::Decode { .. } | PluginError::ConfigTooLarge { .. } => 6,
         PluginError::InvalidConfig { .. } => 7,
         PluginError::NotAvailable { .. } => 50,
+        PluginError::RulesNotInForce { .. } => 100,
+        PluginError::Rules { .. } => 103,
         PluginError::MeshedAgentDown { .. }
         | PluginError::AgentAndApiDown { .. }
         | PluginError::Orphaned { .. } => 11,
@@ -369,6 +385,21 @@ mod tests {
             (agent(ErrorKind::VersionMismatch), 11),
             (agent(ErrorKind::NotInForce), 100),
             (agent(ErrorKind::Internal), 101),
+            (
+                PluginError::RulesNotInForce {
+                    netns: s(),
+                    why: s(),
+                },
+                100,
+            ),
+            (
+                PluginError::Rules {
+                    what: "writing",
+                    netns: s(),
+                    source: crate::nft::NftError::Timeout(std::time::Duration::ZERO, "x"),
+                },
+                103,
+            ),
         ];
         for (err, code) in table {
             assert_eq!(cni_code(&err), code, "code of {err:?}");

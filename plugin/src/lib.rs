@@ -11,6 +11,7 @@
 //! - [`cmd`]: the verbs. [`env`]: `CNI_*` variables. [`netconf`]: stdin.
 //! - [`result`]: `prevResult` conversion between spec versions. [`version`]: spec versions.
 //! - [`netns`]: is `CNI_NETNS` a network namespace. [`agent`]: the socket client.
+//! - [`nft`]: the per-node fallback's nftables rules in the pod's netns (`--mode=iptables`).
 //! - [`apiserver`]: the fallback "is this pod meshed" lookup when the agent is down.
 //! - [`error`]: errors and the one mapping to CNI codes. [`log`]: stderr logging.
 
@@ -22,6 +23,7 @@ pub mod error;
 pub mod log;
 pub mod netconf;
 pub mod netns;
+pub mod nft;
 pub mod result;
 pub mod version;
 

@@ -160,12 +160,27 @@ pub enum Response {
         /// Why, in words, for the plugin's log.
         reason: String,
     },
+    /// The pod is meshed in the per-node fallback (`--mode=iptables`): the plugin writes
+    /// Linkerd's rules for `config` in the pod's network namespace before the ADD succeeds
+    /// (a plugin that cannot read this answer fails the ADD: the pod never starts without
+    /// its rules).
+    AddedRules {
+        /// Why, in words, for the plugin's log.
+        reason: String,
+        /// The pod's configuration as the agent decided it (overrides applied).
+        config: LinkerdConfig,
+    },
     Deleted {
         /// Whether there was anything to delete.
         existed: bool,
     },
     Checked {
         redirected: bool,
+    },
+    /// CHECK of a pod meshed in the per-node fallback: the plugin compares the rules in the
+    /// pod's network namespace with those `config` makes.
+    CheckedRules {
+        config: LinkerdConfig,
     },
     Collected {
         /// Container ids whose registration was dropped.

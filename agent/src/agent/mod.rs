@@ -64,6 +64,33 @@ pub struct AgentConfig {
     pub peer: PeerPlaces,
     /// The `sk_lookup` program forced (`--sk-lookup`); `None`: chosen by the kernel probes.
     pub sk_lookup: Option<SkLookupVariant>,
+    /// How meshed pods are redirected on this node (`--mode`).
+    pub mode: Mode,
+}
+
+/// Why a pod of the per-node fallback is redirected, in words.
+pub const RULES_REASON: &str =
+    "redirected by Linkerd's rules (nftables table inet linkerd in the pod's network namespace)";
+
+/// How the agent has meshed pods redirected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The eBPF data plane (programs on the pod's cgroup and netns).
+    #[default]
+    Ebpf,
+    /// The per-node fallback: Linkerd's own rules, one nftables table in the pod's network
+    /// namespace, written by the plugin (`docs/design/nftables.md`).
+    Iptables,
+}
+
+impl Mode {
+    /// The mode's name, as `--mode`, the chart and the metrics' label say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ebpf => "ebpf",
+            Self::Iptables => "iptables",
+        }
+    }
 }
 
 impl Default for AgentConfig {
@@ -77,6 +104,7 @@ impl Default for AgentConfig {
             bpffs_from_host: false,
             peer: PeerPlaces::default(),
             sk_lookup: None,
+            mode: Mode::Ebpf,
         }
     }
 }
@@ -516,6 +544,7 @@ impl Agent {
             host_ids,
             refused: false,
             cgroup_seen,
+            rules: false,
         };
 
         let mut maps = self.lock();
@@ -665,7 +694,7 @@ impl Agent {
         reg: Registration,
         reason: String,
     ) -> Result<PodRecord, AgentError> {
-        self.record_unredirected_from(reg, reason, Origin::Agent, None)
+        self.record_unredirected_from(reg, reason, Origin::Agent, None, false)
     }
 
     /// [`Self::record_unredirected`] for a request from a peer of the socket (its netns
@@ -676,7 +705,24 @@ impl Agent {
         reason: String,
         inside: Option<PeerNetns>,
     ) -> Result<PodRecord, AgentError> {
-        self.record_unredirected_from(reg, reason, Origin::Peer, inside)
+        self.record_unredirected_from(reg, reason, Origin::Peer, inside, false)
+    }
+
+    /// Records a pod meshed in the per-node fallback ([`Mode::Iptables`]): no programs, the
+    /// plugin writes Linkerd's rules for `reg.config` in its netns (checked as for
+    /// [`Self::register_from_peer`]). A registration of the same id in eBPF mode is undone.
+    pub fn record_rules_from_peer(
+        &self,
+        reg: Registration,
+        inside: Option<PeerNetns>,
+    ) -> Result<PodRecord, AgentError> {
+        let reason = RULES_REASON.to_string();
+        self.record_unredirected_from(reg, reason, Origin::Peer, inside, true)
+    }
+
+    /// The mode meshed pods are redirected in (`--mode`).
+    pub fn mode(&self) -> Mode {
+        self.config.mode
     }
 
     fn record_unredirected_from(
@@ -685,6 +731,7 @@ impl Agent {
         reason: String,
         origin: Origin,
         inside: Option<PeerNetns>,
+        rules: bool,
     ) -> Result<PodRecord, AgentError> {
         let ns = self.open_netns(&mut reg, origin)?;
         let netns_ino = ns.ino;
@@ -710,6 +757,7 @@ impl Agent {
             host_ids: None,
             refused: false,
             cgroup_seen: None,
+            rules,
         };
         self.registry.put(&record)?;
         Ok(record)

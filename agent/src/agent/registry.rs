@@ -100,6 +100,13 @@ pub struct PodRecord {
     /// those at start and fills it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_seen: Option<CgroupSeen>,
+    /// Meshed in the per-node fallback (`--mode=iptables`): no programs
+    /// ([`Attachment::None`]), Linkerd's rules written by the plugin in the pod's network
+    /// namespace from `config` (`docs/design/nftables.md`). CNI CHECK has the plugin compare
+    /// them. (Absent in other records; an older agent reads such a record as an unredirected
+    /// pod, and its CHECK then passes without reading the rules.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rules: bool,
 }
 
 /// A pod cgroup as the registration found it.
@@ -481,6 +488,7 @@ mod tests {
             host_ids: None,
             refused: false,
             cgroup_seen: None,
+            rules: false,
         }
     }
 

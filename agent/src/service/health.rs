@@ -185,6 +185,10 @@ impl Health {
             "# HELP linkerd_cni_agent_dataplane_ready Whether the data plane's pins are in place (1) or cannot be restored (0).\n# TYPE linkerd_cni_agent_dataplane_ready gauge\nlinkerd_cni_agent_dataplane_ready {}\n",
             u8::from(self.reconciler.not_ready().is_none())
         ));
+        out.push_str(&format!(
+            "# HELP linkerd_cni_agent_mode How meshed pods are redirected on this node (1 for the mode in force).\n# TYPE linkerd_cni_agent_mode gauge\nlinkerd_cni_agent_mode{{mode=\"{}\"}} 1\n",
+            self.server.agent.mode().name()
+        ));
         out
     }
 

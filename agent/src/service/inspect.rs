@@ -102,6 +102,29 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
             r.netns_cookie
         );
         let _ = writeln!(out, "  {}", r.reason);
+        if r.rules {
+            fn list<T: ToString>(l: &[T]) -> String {
+                let v: Vec<String> = l.iter().map(ToString::to_string).collect();
+                v.join(",")
+            }
+            let c = &r.config;
+            let _ = writeln!(
+                out,
+                "  mode: iptables (no programs; CNI CHECK compares the pod's table with this \
+                 config): outbound port {}  inbound port {}  proxy uid {}  gid {}  ipv6 {}\n  \
+                 ignored: outbound ports [{}]  inbound ports [{}]  source subnets [{}]  \
+                 outbound subnets [{}]",
+                c.outgoing_proxy_port,
+                c.incoming_proxy_port,
+                c.proxy_uid().map_or("-".into(), |u| u.to_string()),
+                c.proxy_gid().map_or("-".into(), |g| g.to_string()),
+                c.ipv6,
+                list(&c.outbound_ports_to_ignore),
+                list(&c.inbound_ports_to_ignore),
+                list(&c.subnets_to_ignore),
+                list(&c.outbound_subnets_to_ignore),
+            );
+        }
         if let Some(cgroup) = r.attachment.cgroup() {
             let _ = writeln!(out, "  cgroup: {}", cgroup.display());
         }

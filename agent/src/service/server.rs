@@ -47,7 +47,7 @@ use tracing::Instrument;
 
 use crate::{
     agent::adopt::Adopter,
-    agent::{Agent, AgentError, Registration, reconcile::Reconciler, registry::Attachment},
+    agent::{Agent, AgentError, Mode, Registration, reconcile::Reconciler, registry::Attachment},
     host::netns::NetnsError,
     host::peer::{PeerError, PeerNetns},
     host::userns::UsernsError,
@@ -395,6 +395,10 @@ impl Server {
                 self.stats.checks.fetch_add(1, Ordering::Relaxed);
                 let id = att.container_id.clone();
                 match self.blocking(move |a| a.check(&id)).await {
+                    // The plugin reads the rules back: the agent cannot see them.
+                    Ok(record) if record.rules => Response::CheckedRules {
+                        config: (*record.config).clone(),
+                    },
                     Ok(record) => Response::Checked {
                         redirected: record.redirected(),
                     },
@@ -526,7 +530,9 @@ impl Server {
                 }
                 let id = reg.id.clone();
                 let before = a.record(&id)?;
-                let record = if redirect {
+                let record = if redirect && a.mode() == Mode::Iptables {
+                    a.record_rules_from_peer(reg, inside)?
+                } else if redirect {
                     a.register_from_peer(reg, inside)?
                 } else {
                     a.record_unredirected_from_peer(reg, why, inside)?
@@ -562,6 +568,12 @@ impl Server {
                 } else {
                     format!("{reason}; {}", record.reason)
                 };
+                if record.rules {
+                    return Response::AddedRules {
+                        reason,
+                        config: (*record.config).clone(),
+                    };
+                }
                 Response::Added {
                     redirected: record.redirected(),
                     reason,

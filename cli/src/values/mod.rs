@@ -34,8 +34,13 @@ pub use yaml::parse_yaml;
 /// The chart's `values.yaml`.
 pub const CHART_VALUES_YAML: &str = include_str!("../../../deploy/charts/linkerd2-cni/values.yaml");
 
-/// The only mode that renders today.
+/// The eBPF data plane.
 pub const MODE_EBPF: &str = "ebpf";
+/// The per-node fallback: Linkerd's own rules as nftables in each meshed pod's netns
+/// (`docs/design/nftables.md`), forced for the whole cluster.
+pub const MODE_IPTABLES: &str = "iptables";
+/// Every mode the chart renders (the agent's `--mode` takes each).
+pub const MODES: [&str; 2] = [MODE_EBPF, MODE_IPTABLES];
 
 /// Why values could not be read, merged or accepted.
 #[derive(Debug, thiserror::Error)]
@@ -54,11 +59,8 @@ pub enum ValuesError {
         origin: String,
         reason: String,
     },
-    /// `mode` names a mode that does not exist or is not implemented.
-    #[error(
-        "mode {0:?} is not supported: \"iptables\" is planned as the fallback for kernels without \
-         cgroup BPF and is not implemented yet; use mode \"ebpf\""
-    )]
+    /// `mode` names a mode that does not exist.
+    #[error("mode {0:?} is not supported: use mode \"ebpf\" or \"iptables\"")]
     Mode(String),
 }
 

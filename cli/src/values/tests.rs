@@ -93,7 +93,6 @@ fn unknown_keys_are_dropped_and_named() {
 #[test]
 fn validation_rejects_what_the_chart_cannot_render() {
     let cases: &[(&str, Json, &str)] = &[
-        ("mode", json!("iptables"), "not implemented"),
         ("mode", json!("nope"), "not supported"),
         (
             "inboundProxyPort",

@@ -9,7 +9,7 @@ use linkerd_cni_proto::config::{PortRange, parse_port_list};
 use serde_json::{Map, Value as Json};
 
 use super::{
-    Agent, Image, MODE_EBPF, Metrics, Origins, PodMonitor, RepairController, Resource, Resources,
+    Agent, Image, MODES, Metrics, Origins, PodMonitor, RepairController, Resource, Resources,
     StartupTaint, Values, ValuesError,
 };
 
@@ -372,7 +372,7 @@ pub fn validate(values: &Json, origins: &Origins) -> Result<Values, ValuesError>
     };
     unprintable(values, &mut String::new(), &r)?;
     let mode = r.string("mode")?;
-    if mode != MODE_EBPF {
+    if !MODES.contains(&mode.as_str()) {
         return Err(ValuesError::Mode(mode));
     }
     let v = r.values()?;

@@ -1,0 +1,378 @@
+//! The per-node fallback (`--mode=iptables`, issue 46): Linkerd's redirection rules as one
+//! nftables table in the pod's network namespace, written over netlink (root required).
+//!
+//! - the table the plugin's encoder writes is accepted by the kernel and reads back, through
+//!   `NFT_MSG_GET*` dumps, as exactly the rules the configuration makes; a second write
+//!   replaces it; deleting it leaves nothing of ours, and CHECK's comparison then says so;
+//! - real traffic in a test netns under those rules: outbound TCP reaches a listener on the
+//!   proxy's outbound port whose `SO_ORIGINAL_DST` is the dialled address, the proxy UID's
+//!   connection is not redirected, a skipped outbound port and loopback go direct; inbound TCP
+//!   from another netns reaches the inbound port with its original destination, a skipped
+//!   inbound port and a skipped source subnet go direct;
+//! - end to end, forced (`--mode=iptables`): libcni runs the real plugin, the agent runs as a
+//!   process; a meshed client's request reaches the server through its proxy (which reads
+//!   `SO_ORIGINAL_DST`), the proxy UID and a skipped outbound port go direct; a meshed
+//!   server's proxy gets inbound connections on 4143 with their original destination, its
+//!   admin port and a skipped source subnet go direct; CHECK passes, also after the agent's
+//!   restart (which leaves the pods redirected), and fails (100) once the table is deleted;
+//!   DEL leaves the netns without our table.
+//!
+//! Run: `cargo build --bins && cargo test -p linkerd-cni-tests --test fallback -- --test-threads=1`
+
+use std::{
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    time::Duration,
+};
+
+use linkerd_cni_plugin::nft;
+use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
+use linkerd_cni_tests::{
+    EchoServer, NetnsGuard, Placement,
+    client::{Options, Report, run_client},
+    cniruntime::Verb,
+    node::{NodeOptions, PodSpec, SimNode, SimPod, http_get, namespace_manifest},
+    proxy::{self, INBOUND_PORT, OUTBOUND_PORT, PROXY_UID, TestProxy, original_dst},
+};
+
+fn netns() -> NetnsGuard {
+    NetnsGuard::new().unwrap_or_else(|e| panic!("creating a test netns: {e}"))
+}
+
+fn open(ns: &NetnsGuard) -> std::fs::File {
+    ns.open()
+        .unwrap_or_else(|e| panic!("opening the netns: {e}"))
+}
+
+#[test]
+fn the_table_is_accepted_read_back_replaced_and_deleted() {
+    let ns = netns();
+    let file = open(&ns);
+    assert_eq!(nft::list(&file).expect("listing an empty netns"), []);
+
+    let defaults = LinkerdConfig::default();
+    nft::apply(&file, &defaults).unwrap_or_else(|e| panic!("writing the table: {e}"));
+    assert_eq!(nft::list(&file).expect("listing"), nft::expected(&defaults));
+    assert_eq!(nft::check(&file, &defaults).expect("checking"), None);
+
+    // Every kind of rule the configuration can make, replacing the first table in one go.
+    let full = LinkerdConfig {
+        ipv6: true,
+        proxy_gid: 3000,
+        ports_to_redirect: vec![
+            PortRange::single(80),
+            PortRange {
+                first: 90,
+                last: 99,
+            },
+        ],
+        outbound_ports_to_ignore: vec![PortRange::single(5432), PortRange::single(443)],
+        subnets_to_ignore: vec![
+            Cidr {
+                addr: "10.20.0.0".parse().expect("address"),
+                prefix: 16,
+            },
+            Cidr {
+                addr: "fd00::".parse().expect("address"),
+                prefix: 64,
+            },
+        ],
+        outbound_subnets_to_ignore: vec![Cidr::host("192.0.2.9".parse().expect("address"))],
+        ..LinkerdConfig::default()
+    };
+    nft::apply(&file, &full).unwrap_or_else(|e| panic!("replacing the table: {e}"));
+    assert_eq!(nft::list(&file).expect("listing"), nft::expected(&full));
+    // The first configuration's rules are no longer what is in force.
+    let stale = nft::check(&file, &defaults).expect("checking");
+    assert!(
+        stale.is_some(),
+        "the replaced table still matches the old rules"
+    );
+
+    nft::remove(&file).unwrap_or_else(|e| panic!("deleting the table: {e}"));
+    assert_eq!(nft::list(&file).expect("listing"), []);
+    let gone = nft::check(&file, &full)
+        .expect("checking")
+        .expect("a difference");
+    assert!(gone.contains("missing"), "{gone}");
+    // Deleting what is not there succeeds.
+    nft::remove(&file).unwrap_or_else(|e| panic!("deleting again: {e}"));
+}
+
+/// A listener standing in for the proxy's port, in the calling thread's netns.
+fn listen(addr: SocketAddr) -> TcpListener {
+    TcpListener::bind(addr).unwrap_or_else(|e| panic!("binding {addr}: {e}"))
+}
+
+/// Accepts one connection on `l` and returns the `SO_ORIGINAL_DST` conntrack answers for it.
+fn accept_original(l: &TcpListener) -> SocketAddr {
+    l.set_nonblocking(false).expect("blocking");
+    let (mut s, _) = l.accept().expect("accept");
+    s.write_all(b"ok").expect("write");
+    original_dst(&s).unwrap_or_else(|e| panic!("SO_ORIGINAL_DST: {e}"))
+}
+
+fn connect(to: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect_timeout(&to, Duration::from_secs(3))
+        .unwrap_or_else(|e| panic!("connect {to}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    s
+}
+
+fn read_ok(mut s: TcpStream) {
+    let mut buf = [0u8; 2];
+    s.read_exact(&mut buf).expect("read");
+    assert_eq!(&buf, b"ok");
+}
+
+#[test]
+fn outbound_goes_to_the_proxy_with_its_original_destination() {
+    let ns = netns();
+    // A remote network reached through a non-loopback interface (a tun device nothing reads:
+    // no packet leaves the netns), so that connections to it are not "leaving through lo".
+    ns.exec("ip", ["tuntap", "add", "dev", "t0", "mode", "tun"])
+        .expect("tun");
+    ns.exec("ip", ["addr", "add", "10.9.0.2/24", "dev", "t0"])
+        .expect("addr");
+    ns.exec("ip", ["link", "set", "t0", "up"]).expect("up");
+    let config = LinkerdConfig {
+        outbound_ports_to_ignore: vec![PortRange::single(5432)],
+        ..LinkerdConfig::default()
+    };
+    nft::apply(&open(&ns), &config).unwrap_or_else(|e| panic!("writing the table: {e}"));
+    ns.run_in(|| {
+        let proxy = listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 4140)));
+        // An app's connection to a remote address (nothing answers there: the tun has no
+        // reader) reaches the proxy, which reads where it was going.
+        let remote: SocketAddr = "10.9.0.77:8080".parse().expect("addr");
+        let client = std::thread::spawn(move || read_ok(connect(remote)));
+        assert_eq!(accept_original(&proxy), remote);
+        client.join().expect("client");
+
+        // Loopback is never redirected: a listener on 127.0.0.1:9000 is reached directly.
+        let direct = listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 9000)));
+        let client = std::thread::spawn(|| read_ok(connect("127.0.0.1:9000".parse().expect("a"))));
+        let (mut s, _) = direct.accept().expect("accept");
+        s.write_all(b"ok").expect("write");
+        client.join().expect("client");
+    })
+    .expect("in the netns");
+}
+
+// End to end: the real plugin through libcni, the agent as a process in forced
+// `--mode=iptables`, the fake Kubernetes API, the forwarding test proxy as UID 2102.
+
+const APP_UID: u32 = 1000;
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn forced_node() -> SimNode {
+    let opts = NodeOptions {
+        agent_args: vec!["--mode".into(), "iptables".into()],
+        ..NodeOptions::default()
+    };
+    SimNode::start(opts, &[namespace_manifest("shop", &[])])
+        .unwrap_or_else(|e| panic!("starting the simulated node: {e}"))
+}
+
+/// The client's report, after checking the server's answer came back.
+fn request(placement: &Placement, server: &EchoServer, dst: SocketAddr, payload: &str) -> Report {
+    let opts = Options::new(dst).send(payload);
+    let report = run_client(placement, &opts, CLIENT_TIMEOUT)
+        .unwrap_or_else(|e| panic!("client to {dst}: {e}"));
+    assert!(
+        report.received_matches(&server.expected_reply(payload.as_bytes())),
+        "-> {dst}: the server's answer must come back: {report:?}"
+    );
+    report
+}
+
+/// Original destinations `proxy` accepted on its `port` listener.
+fn accepted_on(proxy: &TestProxy, port: u16) -> Vec<SocketAddr> {
+    let events = proxy
+        .events()
+        .unwrap_or_else(|e| panic!("proxy events: {e}"));
+    proxy::accepted_on(&events, port)
+}
+
+/// The server saw the client's own socket: no proxy in between.
+fn assert_direct(report: &Report, server: &EchoServer, before: usize) {
+    let local = report.local.expect("the client's local address");
+    let seen = server.received();
+    assert!(
+        seen[before..].iter().any(|r| r.peer == local),
+        "the server must see the client socket {local} itself: {seen:?}"
+    );
+}
+
+/// The pod's configuration as the agent recorded it (what the plugin wrote the rules from).
+fn recorded_config(node: &SimNode, pod: &SimPod) -> LinkerdConfig {
+    let st = node
+        .state()
+        .unwrap_or_else(|e| panic!("the agent's state: {e}"));
+    let rec = st
+        .record(&pod.container_id)
+        .unwrap_or_else(|| panic!("no record of {}", pod.spec.name));
+    assert_eq!(rec["rules"], true, "recorded in the fallback: {rec}");
+    assert_eq!(rec["attachment"]["mode"], "none", "no programs: {rec}");
+    assert!(
+        st.links_of(&pod.container_id).is_empty(),
+        "no pinned links for a pod of the fallback"
+    );
+    serde_json::from_value(rec["config"].clone()).expect("the recorded config")
+}
+
+fn pod_netns(pod: &SimPod) -> std::fs::File {
+    open(pod.netns().expect("the pod's netns"))
+}
+
+fn check(node: &SimNode, pod: &SimPod) -> linkerd_cni_tests::cniruntime::Outcome {
+    node.cni(Verb::Check, pod).expect("CHECK")
+}
+
+fn cni_code(out: &linkerd_cni_tests::cniruntime::Outcome) -> Option<u64> {
+    serde_json::from_str::<serde_json::Value>(&out.stdout)
+        .ok()?
+        .get("code")?
+        .as_u64()
+}
+
+#[test]
+fn forced_fallback_meshes_pods_with_linkerds_rules_end_to_end() {
+    let mut node = forced_node();
+    let (_server_pod, server) = node.echo_pod("shop", "server", 8080);
+    let (_skipped_pod, skipped) = node.echo_pod("shop", "db", 5432);
+    let dst = server.addr();
+
+    // Outbound: a meshed client, 5432 skipped by its annotation.
+    let client = node.added_pod(
+        PodSpec::meshed("shop", "client").annotate("config.linkerd.io/skip-outbound-ports", "5432"),
+    );
+    let config = recorded_config(&node, &client);
+    assert_eq!(config.outbound_ports_to_ignore, [PortRange::single(5432)]);
+    assert_eq!(
+        nft::list(&pod_netns(&client)).expect("listing"),
+        nft::expected(&config)
+    );
+    let proxy = client.start_proxy().expect("the client's proxy");
+    let inspect = node.inspect().expect("inspect");
+    assert!(
+        inspect.contains("mode: iptables") && inspect.contains("outbound ports [5432]"),
+        "inspect shows the pod's mode and rules' config:\n{inspect}"
+    );
+    let health = node.agent().expect("the agent").health_addr();
+    let (_, metrics) = http_get(health, "/metrics", Duration::from_secs(5)).expect("metrics");
+    assert!(
+        metrics.contains("linkerd_cni_agent_mode{mode=\"iptables\"} 1"),
+        "{metrics}"
+    );
+
+    let before = server.received().len();
+    request(
+        &client.container(APP_UID),
+        &server,
+        dst,
+        "through the proxy\n",
+    );
+    assert_eq!(accepted_on(&proxy, OUTBOUND_PORT), [dst], "SO_ORIGINAL_DST");
+    let fresh: Vec<SocketAddr> = server.received()[before..].iter().map(|r| r.peer).collect();
+    assert!(
+        fresh
+            .iter()
+            .all(|p| p.ip() == std::net::IpAddr::V4(client.ip().expect("ip"))),
+        "the proxy's upstream connection comes from the pod: {fresh:?}"
+    );
+
+    // The proxy's UID is exempt, and so is the skipped port.
+    let before = server.received().len();
+    let report = request(&client.container(PROXY_UID), &server, dst, "as 2102\n");
+    assert_direct(&report, &server, before);
+    let report = request(&client.container(APP_UID), &skipped, skipped.addr(), "db\n");
+    assert_direct(&report, &skipped, 0);
+    assert_eq!(
+        accepted_on(&proxy, OUTBOUND_PORT),
+        [dst],
+        "nothing more proxied"
+    );
+
+    // Inbound: a meshed server whose proxy gets the connection on 4143 with the dialled
+    // address; its admin port (4191, ignored by default) and one source subnet go direct.
+    let (plain, _) = node.echo_pod("shop", "plain", 7000);
+    let (other, _) = node.echo_pod("shop", "other", 7001);
+    let skipped_source = format!("{}/32", other.ip().expect("ip"));
+    let mut meshed_server = node
+        .new_pod(
+            PodSpec::meshed("shop", "api")
+                .annotate("config.linkerd.io/skip-subnets", &skipped_source),
+        )
+        .expect("pod");
+    node.add(&mut meshed_server)
+        .expect("ADD of the meshed server");
+    let config = recorded_config(&node, &meshed_server);
+    assert_eq!(config.subnets_to_ignore.len(), 1);
+    let api_ip = meshed_server.ip().expect("ip");
+    let api = EchoServer::bind_in(
+        meshed_server.netns().expect("netns"),
+        SocketAddr::from((api_ip, 8080)),
+        "api",
+    )
+    .expect("echo");
+    let admin = EchoServer::bind_in(
+        meshed_server.netns().expect("netns"),
+        SocketAddr::from((api_ip, 4191)),
+        "admin",
+    )
+    .expect("echo");
+    let api_proxy = meshed_server.start_proxy().expect("the server's proxy");
+    request(&plain.container(APP_UID), &api, api.addr(), "inbound\n");
+    assert_eq!(accepted_on(&api_proxy, INBOUND_PORT), [api.addr()]);
+    let report = request(&plain.container(APP_UID), &admin, admin.addr(), "admin\n");
+    assert_direct(&report, &admin, 0);
+    let before = api.received().len();
+    let report = request(
+        &other.container(APP_UID),
+        &api,
+        api.addr(),
+        "skipped source\n",
+    );
+    assert_direct(&report, &api, before);
+    assert_eq!(
+        accepted_on(&api_proxy, INBOUND_PORT),
+        [api.addr()],
+        "one proxied"
+    );
+
+    // CHECK passes; the agent restarted keeps the pods redirected (the rules are the netns's).
+    assert!(
+        check(&node, &client).ok(),
+        "CHECK: {}",
+        check(&node, &client).stdout
+    );
+    node.kill_agent();
+    node.start_agent().expect("the agent again");
+    request(
+        &client.container(APP_UID),
+        &server,
+        dst,
+        "after the restart\n",
+    );
+    assert_eq!(accepted_on(&proxy, OUTBOUND_PORT), [dst, dst]);
+    let out = check(&node, &client);
+    assert!(out.ok(), "CHECK after the restart: {}", out.stdout);
+
+    // CHECK fails once the table is gone (not in force, 100).
+    nft::remove(&pod_netns(&client)).expect("deleting the table behind the plugin's back");
+    let out = check(&node, &client);
+    assert!(!out.ok(), "CHECK without the rules must fail");
+    assert_eq!(cni_code(&out), Some(100), "{}", out.stdout);
+
+    // DEL leaves the netns without our table.
+    let out = node.cni(Verb::Del, &meshed_server).expect("DEL");
+    assert!(out.ok(), "DEL: {}", out.stdout);
+    assert_eq!(nft::list(&pod_netns(&meshed_server)).expect("listing"), []);
+    let st = node.state().expect("state");
+    assert!(
+        st.record(&meshed_server.container_id).is_none(),
+        "unregistered"
+    );
+}
