@@ -185,6 +185,7 @@ pub fn previous_registers_with(
         host_ids: None,
         refused: false,
         cgroup_seen: None,
+        cgroup_hint: None,
     };
     Registry::open(state_dir)
         .map_err(|e| other("opening the registry", e))?

@@ -27,6 +27,7 @@ fn record(id: &str, config: LinkerdConfig, pod_ips: Vec<IpAddr>) -> PodRecord {
         host_ids: None,
         refused: false,
         cgroup_seen: None,
+        cgroup_hint: None,
     }
 }
 
