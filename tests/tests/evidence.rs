@@ -94,7 +94,7 @@ fn has(node: &SimNode, name: &str, reason: &str, note_has: &str) -> bool {
 /// Waits until `done` holds, failing if a whole verification pass that began after this call
 /// ended without it (Events are written a moment after the pass: polled on).
 fn within_a_pass(node: &SimNode, what: &str, mut done: impl FnMut() -> bool) {
-    node::within_a_pass(what, passes(node), HANG, || passes(node), || done())
+    node::within_a_pass(what, passes(node), HANG, || passes(node), &mut done)
         .or_else(|_| {
             // The pass recorded it; the recorder's write to the API follows.
             wait_until(what, Duration::from_secs(10), || done().then_some(()))
