@@ -52,7 +52,7 @@ use super::{
     registry::{Attachment, PodRecord},
     repair,
 };
-use crate::host::cgroup;
+use crate::host::{cgroup, netns};
 
 /// How often a standing problem's Event is recorded again while it lasts (the agent's
 /// `--unredirected-event-interval`): a quarter of the API server's default Event TTL (1 h).
@@ -245,13 +245,24 @@ impl Verifier {
         let mut found: BTreeMap<String, (events::PodRef, Problem)> = BTreeMap::new();
         let mut shared_ids = HashSet::new();
         for record in &records {
-            let Some(cover) = self.agent.shared_cover(record) else {
+            if !matches!(record.attachment, Attachment::Shared { .. }) {
                 continue;
-            };
+            }
             let Some(pod) = record.pod.as_ref() else {
                 continue;
             };
+            // A pod whose sandbox is gone is the reaper's, not a pod without redirection.
+            if !netns::still_exists(&record.netns, record.netns_ino) {
+                continue;
+            }
             shared_ids.insert(record.id.clone());
+            // Verified once: a cgroup does not move out from under its pod.
+            if self.lock().verified.contains(&record.id) {
+                continue;
+            }
+            let Some(cover) = self.agent.shared_cover(record) else {
+                continue;
+            };
             let pod_ref =
                 events::PodRef::new(pod.namespace.clone(), pod.name.clone(), pod.uid.clone());
             let key = pod.uid.clone().unwrap_or_else(|| record.id.clone());
