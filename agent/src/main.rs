@@ -225,9 +225,15 @@ struct RunArgs {
     )]
     repair_pods: bool,
     /// How long a meshed pod must run without a registration, with the agent ready, before it
-    /// is repaired.
+    /// is repaired; also how long one may run unregistered (or on the shared attachment with
+    /// no cgroup found) before an Event reports it.
     #[arg(long, env = "LINKERD_CNI_AGENT_REPAIR_GRACE", default_value = "10s", value_parser = parse_duration)]
     repair_grace: Duration,
+    /// How often the Event of a meshed pod that still runs without verified redirection
+    /// (`LinkerdCNIUnredirected`) is recorded again, so that one stays in the API (whose
+    /// default Event TTL is 1h) for as long as the pod runs so.
+    #[arg(long, env = "LINKERD_CNI_AGENT_UNREDIRECTED_EVENT_INTERVAL", default_value = "15m", value_parser = parse_duration)]
+    unredirected_event_interval: Duration,
     /// Repairs this node may make at once (its token bucket's size).
     #[arg(long, env = "LINKERD_CNI_AGENT_REPAIR_BURST", default_value_t = 5)]
     repair_burst: u32,
@@ -290,6 +296,10 @@ impl RunArgs {
                 burst: self.repair_burst,
                 per_minute: self.repair_per_minute,
                 window: self.repair_window,
+            },
+            verify: linkerd_cni_agent::agent::verify::VerifyOptions {
+                grace: self.repair_grace,
+                refresh: self.unredirected_event_interval,
             },
             cleanup_on_sigterm: self.cleanup_on_sigterm,
             remove_startup_taint: self.remove_startup_taint,

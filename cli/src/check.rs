@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod node;
 pub mod post_install;
 pub mod pre;
+pub mod redirection;
 pub mod result;
 
 use std::{io::Write, time::Duration};

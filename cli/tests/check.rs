@@ -54,7 +54,7 @@ fn healthy() -> BTreeMap<String, Json> {
     .collect()
 }
 
-const CHECKS: [&str; 7] = [
+const CHECKS: [&str; 8] = [
     "cni plugin ConfigMap exists",
     "cni plugin ClusterRole exists",
     "cni plugin ClusterRoleBinding exists",
@@ -62,6 +62,8 @@ const CHECKS: [&str; 7] = [
     "cni plugin DaemonSet exists",
     "cni plugin namespace allows privileged pods",
     "cni plugin pod is running on all nodes",
+    // This project's own: no agent's Event says a meshed pod runs without redirection.
+    "no meshed pod runs without redirection",
 ];
 
 /// The CNI namespace, with its Pod Security label (`None`: no label).
@@ -149,7 +151,8 @@ fn cluster_checks_against_a_fake_api_server() {
         ("namespace without a level", with_ns(None), vec![]),
         // Scheduled on no node (no node matches): nothing to wait for, as in Linkerd.
         ("not scheduled anywhere", with_ds(0, 0), vec![]),
-        ("nothing installed", BTreeMap::new(), CHECKS.to_vec()),
+        // Nothing installed: no agent, so no Event says a pod runs unredirected.
+        ("nothing installed", BTreeMap::new(), CHECKS[..7].to_vec()),
     ];
     for (case, routes, failing) in cases {
         let api = FakeApi::start(routes);
@@ -462,7 +465,7 @@ fn json_output_has_linkerds_shape() {
     assert_eq!(doc["success"], true);
     assert_eq!(
         doc["categories"][0]["checks"].as_array().map(Vec::len),
-        Some(7)
+        Some(CHECKS.len())
     );
 
     // short: only what did not pass.
@@ -635,4 +638,103 @@ fn node_checks_on_this_machine() {
         assert_eq!(statfs_type(at), BPF_FS_MAGIC, "{at} is not bpffs");
     }
     assert!(out.status.success(), "{stdout}");
+}
+
+/// The cluster-wide check of redirection reads the Events the node agents record (written
+/// here by the agent's own recorder, `linkerd_cni_k8s::events`, to the fake API server):
+/// a meshed pod whose latest Event is `LinkerdCNIUnredirected` is listed with its node and
+/// reason, and the command fails; once the agent records `LinkerdCNIRedirected` on it, the
+/// check passes and so does the command. A pod deleted since is not listed.
+#[test]
+fn unredirected_pods_are_listed_from_the_agents_events() {
+    use linkerd_cni_k8s::events::{EventRecorder, PodRef, Reason};
+    use std::sync::atomic::Ordering;
+
+    const CHECK: &str = CHECKS[7];
+    let api = FakeApi::start(healthy());
+    let pod = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}")},
+               "spec": {"nodeName": "node-1", "containers": [{"name": "app"}, {"name": "linkerd-proxy"}]},
+               "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.9"}]}})
+    };
+    for name in ["web", "api"] {
+        api.server().apply(&pod(name)).expect("pod");
+    }
+    let kubeconfig = api.kubeconfig("kubeconfig-redirection");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let record = |events: &[(&str, Reason, &str)]| {
+        rt.block_on(async {
+            let client = linkerd_cni_k8s::client::client(Some(&kubeconfig))
+                .await
+                .expect("client");
+            let recorder = EventRecorder::spawn(client, "node-1");
+            for (name, reason, note) in events {
+                let pod = PodRef::new("shop", *name, Some(format!("uid-{name}")));
+                recorder.record(&pod, *reason, *note);
+            }
+            let start = Instant::now();
+            while recorder.stats().created.load(Ordering::Relaxed) < events.len() as u64 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "Events not created: {:?}",
+                    recorder.stats()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let check = |case: &str| {
+        let (out, _) = check_cni(&api, "kubeconfig-redirection-check", &["--wait", "0s"]);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        println!("{case}:\n{stdout}");
+        (out.status.code(), stdout)
+    };
+
+    // No Event yet: nothing to list.
+    let (code, stdout) = check("no Event");
+    assert_eq!(
+        (code, marks(&stdout).get(CHECK)),
+        (Some(0), Some(&'√')),
+        "{stdout}"
+    );
+
+    record(&[
+        (
+            "web",
+            Reason::Unredirected,
+            "no CNI ADD of its sandbox reached the agent",
+        ),
+        ("api", Reason::Redirected, "attached"),
+        (
+            "gone",
+            Reason::Unredirected,
+            "no CNI ADD of its sandbox reached the agent",
+        ),
+    ]);
+    let (code, stdout) = check("web unredirected");
+    assert_eq!(code, Some(1), "the command fails: {stdout}");
+    assert_eq!(marks(&stdout).get(CHECK), Some(&'×'), "{stdout}");
+    assert!(
+        stdout.contains("shop/web on node node-1: no CNI ADD of its sandbox reached the agent"),
+        "the pod, its node and the reason: {stdout}"
+    );
+    assert!(
+        !stdout.contains("shop/api") && !stdout.contains("shop/gone"),
+        "redirected and deleted pods are not listed: {stdout}"
+    );
+
+    // The agent says it is redirected now: the latest Event wins.
+    std::thread::sleep(Duration::from_millis(5));
+    record(&[(
+        "web",
+        Reason::Redirected,
+        "redirected now (was: unregistered)",
+    )]);
+    let (code, stdout) = check("web redirected again");
+    assert_eq!(
+        (code, marks(&stdout).get(CHECK)),
+        (Some(0), Some(&'√')),
+        "{stdout}"
+    );
 }

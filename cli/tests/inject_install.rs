@@ -528,7 +528,7 @@ fn post_install_check_honours_cni_enabled() {
 /// `linkerd check -o json` after install: the checks that are Linkerd's carry Linkerd's
 /// category and description, so scripts written for Linkerd's output find them: the
 /// linkerd-cni category holds Linkerd's six checks, in Linkerd's order, named exactly as the
-/// pre-install check names them; with cniEnabled false the category is absent (Linkerd skips
+/// pre-install check names them (then this project's own); with cniEnabled false the category is absent (Linkerd skips
 /// its checks silently).
 #[test]
 fn post_install_json_uses_linkerds_names() {
@@ -577,6 +577,9 @@ fn post_install_json_uses_linkerds_names() {
             "cni plugin DaemonSet exists",
             "cni plugin namespace allows privileged pods",
             "cni plugin pod is running on all nodes",
+            // This project's own, after Linkerd's: no agent's Event says a meshed pod runs
+            // without redirection.
+            "no meshed pod runs without redirection",
         ])
     );
     assert_eq!(

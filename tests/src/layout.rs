@@ -186,6 +186,7 @@ pub fn previous_registers_with(
         refused: false,
         cgroup_seen: None,
         rules: false,
+        cgroup_hint: None,
     };
     Registry::open(state_dir)
         .map_err(|e| other("opening the registry", e))?

@@ -39,6 +39,7 @@ pub mod adopt;
 pub mod reconcile;
 pub mod registry;
 pub mod repair;
+pub mod verify;
 
 /// Where the agent keeps its state.
 #[derive(Clone, Debug)]
@@ -494,6 +495,12 @@ impl Agent {
             hint.as_deref(),
             reg.pod.as_ref().and_then(|p| p.uid.as_deref()),
         );
+        // No cgroup yet (the shared attachment): the hint is kept, to find the pod's cgroup
+        // once it exists and verify that the shared attachment covers it.
+        let cgroup_hint = match cgroup {
+            None => hint.filter(|h| !h.is_empty()),
+            Some(_) => None,
+        };
         // Resolved once (symbolic links, `..`), checked where a peer named it: the record
         // keeps the resolved path and the inode, and every later open must find them again.
         let (cgroup, cgroup_seen) = match cgroup {
@@ -545,6 +552,7 @@ impl Agent {
             refused: false,
             cgroup_seen,
             rules: false,
+            cgroup_hint,
         };
 
         let mut maps = self.lock();
@@ -758,6 +766,7 @@ impl Agent {
             refused: false,
             cgroup_seen: None,
             rules,
+            cgroup_hint: None,
         };
         self.registry.put(&record)?;
         Ok(record)

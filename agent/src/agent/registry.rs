@@ -44,8 +44,12 @@ impl Attachment {
     pub fn describe(&self) -> String {
         match self {
             Self::PerPod { .. } => "redirected (programs attached to the pod's own cgroup)".into(),
+            // Attached, not yet seen: the pod's connections are redirected only if its
+            // processes run below that cgroup, which `crate::agent::verify` checks once the
+            // pod's cgroup exists.
             Self::Shared { cgroup } => format!(
-                "redirected (no pod cgroup v2 found; shared attachment on {}, selected by netns cookie)",
+                "attached (no pod cgroup v2 found at ADD; shared attachment on {}, selected by \
+                 netns cookie; redirected once the pod's cgroup is found below it)",
                 cgroup.display()
             ),
             Self::None => "not redirected".into(),
@@ -107,6 +111,13 @@ pub struct PodRecord {
     /// pod, and its CHECK then passes without reading the rules.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rules: bool,
+    /// The runtime's cgroup hint (`runtimeConfig.cgroupPath`) of a pod on the shared
+    /// attachment, whose cgroup did not exist at ADD: where the pod's cgroup is looked for
+    /// again (with its UID) once it exists, to verify that it lies below the shared
+    /// attachment's cgroup (`crate::agent::verify`). Absent otherwise, and in records of
+    /// earlier agents (their pods are looked for by UID alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_hint: Option<String>,
 }
 
 /// A pod cgroup as the registration found it.
@@ -489,6 +500,7 @@ mod tests {
             refused: false,
             cgroup_seen: None,
             rules: false,
+            cgroup_hint: None,
         }
     }
 

@@ -28,6 +28,7 @@ fn record(id: &str, config: LinkerdConfig, pod_ips: Vec<IpAddr>) -> PodRecord {
         refused: false,
         cgroup_seen: None,
         rules: false,
+        cgroup_hint: None,
     }
 }
 

@@ -138,6 +138,7 @@ impl Health {
         ));
         out.push_str(&self.server.adopter.metrics());
         out.push_str(&self.server.repairer.metrics());
+        out.push_str(&self.server.verifier.metrics());
         let events = self.server.events.stats();
         counter(
             &mut out,

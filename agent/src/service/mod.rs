@@ -6,7 +6,8 @@
 //! - [`inspect`]: the human view of the pinned state (`linkerd-cni-agent inspect`).
 //! - [`run`]: starts all of it, the node installer (`--install`), and the background passes:
 //!   reaping registrations whose netns is gone, reconciling every pod's redirection, adopting
-//!   pods that started without it; removing the node's startup taint once ready
+//!   pods that started without it, reporting meshed pods that run without (verified)
+//!   redirection (`crate::agent::verify`); removing the node's startup taint once ready
 //!   (`--remove-startup-taint`); on SIGTERM, decides whether the plugin leaves the node.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -20,6 +21,7 @@ use crate::agent::{
     adopt::Adopter,
     reconcile::Reconciler,
     repair::{RepairOptions, Repairer},
+    verify::{Verifier, VerifyOptions},
 };
 
 pub mod health;
@@ -62,6 +64,8 @@ pub struct Options {
     pub repair_pods: bool,
     /// How the repair is paced.
     pub repair: RepairOptions,
+    /// How the verification reports (its grace is the repair's).
+    pub verify: VerifyOptions,
     /// With `install`, always remove linkerd-cni from the CNI configs on SIGTERM.
     pub cleanup_on_sigterm: bool,
     /// Remove the node's startup taint once ready (`linkerd_cni_k8s::taint`).
@@ -111,6 +115,11 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         args.repair.clone(),
         events.clone(),
     ));
+    let verifier = Arc::new(Verifier::new(
+        agent.clone(),
+        args.verify.clone(),
+        events.clone(),
+    ));
     let server = Arc::new(Server {
         agent: agent.clone(),
         pods,
@@ -120,6 +129,7 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
         work: Default::default(),
         refusals: Default::default(),
         repairer: repairer.clone(),
+        verifier: verifier.clone(),
         events,
     });
     #[cfg(feature = "heap-profile")]
@@ -204,6 +214,9 @@ async fn serve(config: AgentConfig, args: Options) -> anyhow::Result<()> {
              without linkerd-cni keep running without redirection until they are recreated"
         );
     }
+    // Whatever acts on them (adoption, repair, nothing), meshed pods without redirection are
+    // reported.
+    spawn_verifier(verifier, server.clone(), args.adopt_interval);
     let serving = tokio::spawn(server.clone().serve(listener));
     if args.remove_startup_taint {
         // Ready is what /ready says: the same rule, asked of the same object.
@@ -346,6 +359,19 @@ fn spawn_repairer(
             let ready = health.not_ready().is_none();
             repairer
                 .run_once(&source.pods, &adopter.base_config(), ready)
+                .await;
+        }
+    });
+}
+
+/// Every `interval`, reports the meshed pods of this node that run without verified
+/// redirection (see [`crate::agent::verify`]).
+fn spawn_verifier(verifier: Arc<Verifier>, source: Arc<Server>, interval: Duration) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            verifier
+                .run_once(&source.pods, &source.adopter.base_config())
                 .await;
         }
     });

@@ -247,6 +247,8 @@ pub struct Server {
     pub refusals: RefusalLog,
     /// Deletes meshed pods running without redirection (when adoption cannot run).
     pub repairer: Arc<crate::agent::repair::Repairer>,
+    /// Reports meshed pods running without verified redirection (Events, gauge, log).
+    pub verifier: Arc<crate::agent::verify::Verifier>,
     /// Events on pods (what happened to their redirection), never waited for.
     pub events: linkerd_cni_k8s::events::EventRecorder,
 }

@@ -1,7 +1,8 @@
 //! The contract's checks of an installation in the cluster: the linkerd-cni ConfigMap,
 //! ClusterRole, ClusterRoleBinding, ServiceAccount and DaemonSet exist, the namespace's Pod
-//! Security level admits the DaemonSet's pod ([`PSA_CHECK`], this project's own), and the
-//! DaemonSet is ready on every node it is scheduled to.
+//! Security level admits the DaemonSet's pod ([`PSA_CHECK`], this project's own), the
+//! DaemonSet is ready on every node it is scheduled to, and (this project's own) no meshed pod
+//! of any node runs without redirection ([`super::redirection`]).
 //!
 //! As in Linkerd, the existence checks run once, and the readiness check is retried every
 //! [`RETRY_INTERVAL`] until it passes or `--wait` runs out (when everything before it passed),
@@ -225,9 +226,22 @@ pub fn daemonset_ready(ds: &DaemonSet) -> Result<String, String> {
     Ok(format!("{ready}/{desired} nodes"))
 }
 
-/// Runs the checks against the cluster behind `client`; `on_retry` sees each failed attempt
-/// of a check that is tried again.
+/// Runs the checks against the cluster behind `client`: the objects and their readiness,
+/// then that no meshed pod runs without redirection ([`super::redirection`]); `on_retry`
+/// sees each failed attempt of a check that is tried again.
 pub async fn run(
+    client: &Client,
+    namespace: &str,
+    retry: Retry,
+    on_retry: &mut dyn FnMut(&CheckResult),
+) -> Vec<CheckResult> {
+    let mut results = objects(client, namespace, retry, on_retry).await;
+    results.push(super::redirection::run(client).await);
+    results
+}
+
+/// The checks of the installation's objects and the DaemonSet's readiness.
+async fn objects(
     client: &Client,
     namespace: &str,
     retry: Retry,

@@ -2,7 +2,8 @@
 //! the control plane's `linkerd-config` and webhook; then, when `cniEnabled` is true, the
 //! linkerd-cni objects and the DaemonSet's readiness, the namespace's Pod Security level and
 //! the meshed pods (none should still carry `linkerd-init`, no network validator should have
-//! failed); when false, the CNI checks are skipped and pods injected for CNI are flagged.
+//! failed, none should run without redirection by its node agent's Events:
+//! [`super::redirection`]); when false, the CNI checks are skipped and pods injected for CNI are flagged.
 //!
 //! Gathering ([`gather`]) and judging ([`judge`]) are separate so the rules are tested on
 //! plain JSON. As Linkerd does, checks of something that becomes ready by itself
@@ -25,6 +26,7 @@ use linkerd_injector::{decision, values::Values};
 
 use super::{
     cluster::{self, Retry},
+    redirection,
     result::{CheckResult, Printer, Status},
 };
 use crate::kubernetes::KubeArgs;
@@ -78,6 +80,9 @@ pub struct Observed {
     pub pods: Result<Vec<Value>, String>,
     /// The CNI namespace's name and Namespace object (read with the other linkerd-cni objects).
     pub cni_namespace: (String, Lookup),
+    /// The agents' Events on pods and the pods they report unredirected (read with the other
+    /// linkerd-cni objects; `None` when not read).
+    pub redirection: Option<Result<redirection::Observed, String>>,
 }
 
 /// An object that may be absent or unreadable.
@@ -116,6 +121,7 @@ pub async fn gather(client: &Client, control_plane_ns: &str, cni_ns: &str) -> Ob
         cni: Vec::new(),
         pods: Ok(Vec::new()),
         cni_namespace: (cni_ns.to_string(), Ok(None)),
+        redirection: None,
     };
     if config_values(&o.config).is_ok_and(|v| v.cni_enabled) {
         let c = client.clone();
@@ -152,9 +158,14 @@ pub async fn gather(client: &Client, control_plane_ns: &str, cni_ns: &str) -> Ob
             (
                 "DaemonSet".into(),
                 names::CNI_NAME.into(),
-                get(Api::<DaemonSet>::namespaced(c, cni_ns), names::CNI_NAME).await,
+                get(
+                    Api::<DaemonSet>::namespaced(c.clone(), cni_ns),
+                    names::CNI_NAME,
+                )
+                .await,
             ),
         ];
+        o.redirection = Some(redirection::gather(&c).await);
     }
     let pods: Api<Pod> = Api::all(client.clone());
     o.pods = match pods
@@ -406,6 +417,11 @@ pub fn judge(o: &Observed) -> Vec<CheckResult> {
                 .with_hint(cluster::READY_HINT),
         );
     }
+    match &o.redirection {
+        Some(Ok(observed)) => out.push(redirection::judge(observed)),
+        Some(Err(e)) => out.push(CheckResult::fail(CNI, redirection::CHECK, e.clone())),
+        None => {}
+    }
     if let Ok(Some(ns)) = &o.control_plane_namespace {
         let level = decision::label(ns, names::PSA_ENFORCE_LABEL).unwrap_or("(none)");
         out.push(if level == "restricted" {
@@ -573,6 +589,7 @@ mod tests {
                     json!({"metadata": {"labels": {names::PSA_ENFORCE_LABEL: "privileged"}}}),
                 )),
             ),
+            redirection: cni.then(|| Ok(redirection::Observed::default())),
         }
     }
 

@@ -96,6 +96,16 @@ impl ApiServerProcess {
     /// The `reason`s of the `events.k8s.io/v1` Events the API holds about pod `name` in
     /// `namespace` (what `kubectl describe pod` lists), in the order the server lists them.
     pub fn event_reasons(&self, namespace: &str, name: &str) -> Result<Vec<String>> {
+        Ok(self
+            .pod_events(namespace, name)?
+            .iter()
+            .filter_map(|e| e["reason"].as_str().map(str::to_string))
+            .collect())
+    }
+
+    /// The `events.k8s.io/v1` Events the API holds about pod `name` in `namespace`, whole, in
+    /// the order the server lists them.
+    pub fn pod_events(&self, namespace: &str, name: &str) -> Result<Vec<serde_json::Value>> {
         let (status, body) = self.get(&format!(
             "/apis/events.k8s.io/v1/namespaces/{namespace}/events"
         ))?;
@@ -113,7 +123,7 @@ impl ApiServerProcess {
             .into_iter()
             .flatten()
             .filter(|e| e.pointer("/regarding/name").and_then(|n| n.as_str()) == Some(name))
-            .filter_map(|e| e["reason"].as_str().map(str::to_string))
+            .cloned()
             .collect())
     }
 

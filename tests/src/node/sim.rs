@@ -583,7 +583,22 @@ impl SimNode {
 
     /// CNI ADD through libcni; keeps the result (and so the pod IP) in `pod`.
     pub fn add(&self, pod: &mut SimPod) -> Result<()> {
-        let out = self.cni(Verb::Add, pod)?.expect_ok()?;
+        let inv = self.invocation(pod, Some(pod.netns_path()))?;
+        self.add_with(pod, &inv)
+    }
+
+    /// [`Self::add`] with `cgroup_path` (relative to the cgroup2 root) sent as the runtime's
+    /// `cgroupPath` instead of the pod's own cgroup: one that does not exist yet stands for a
+    /// sandbox whose cgroup the runtime makes after ADD (containerd 1.6), and the agent puts
+    /// the pod on the shared attachment.
+    pub fn add_naming_cgroup(&self, pod: &mut SimPod, cgroup_path: &str) -> Result<()> {
+        let mut inv = self.invocation(pod, Some(pod.netns_path()))?;
+        inv.cgroup_path = Some(cgroup_path.into());
+        self.add_with(pod, &inv)
+    }
+
+    fn add_with(&self, pod: &mut SimPod, inv: &Invocation) -> Result<()> {
+        let out = cniruntime::run(Some(&self.netns), Verb::Add, inv, CNI_TIMEOUT)?.expect_ok()?;
         let result = out.result().ok_or_else(|| Error::Parse {
             what: "the ADD result".into(),
             detail: out.stdout.clone(),
