@@ -30,7 +30,9 @@ pub enum Probe {
     /// and an invalid cgroup fd the kernel answers `EBADF` (it looked the fd up), without the
     /// command `EINVAL`. Nothing is attached.
     CgroupLink,
-    /// A `cgroup/getpeername4` program (`BPF_CGROUP_INET4_GETPEERNAME`) loads.
+    /// A `cgroup/getpeername4` program (`BPF_CGROUP_INET4_GETPEERNAME`) and a
+    /// `cgroup/getsockname4` program (`BPF_CGROUP_INET4_GETSOCKNAME`) load (both hooks came
+    /// with the same mainline change, 5.8).
     CgroupGetpeername,
     /// An `sk_lookup` program (`BPF_PROG_TYPE_SK_LOOKUP`) loads.
     SkLookup,
@@ -52,7 +54,9 @@ impl Probe {
             Probe::CgroupLink => {
                 "BPF_LINK_CREATE of a cgroup/connect4 program on an invalid cgroup fd answers EBADF (not EINVAL)"
             }
-            Probe::CgroupGetpeername => "loads a cgroup/getpeername4 program",
+            Probe::CgroupGetpeername => {
+                "loads a cgroup/getpeername4 and a cgroup/getsockname4 program"
+            }
             Probe::SkLookup => "loads an sk_lookup program",
             Probe::SoNetnsCookie => "getsockopt(SO_NETNS_COOKIE) on a Unix socket",
             Probe::NetnsCookieHelper => {
@@ -184,11 +188,17 @@ pub const FEATURES: &[Feature] = &[
         without: None,
     },
     Feature {
-        name: "cgroup getpeername hooks",
+        name: "cgroup getpeername and getsockname hooks",
         since: (5, 8),
-        used_by: "l5d_getpeername4, l5d_getpeername6: the app sees its original peer",
+        used_by: "l5d_getpeer4/6: the app sees its original peer; l5d_getsock4/6: its pod \
+                  address as its local address",
         probe: Probe::CgroupGetpeername,
-        programs: &[names::PROG_GETPEERNAME4, names::PROG_GETPEERNAME6],
+        programs: &[
+            names::PROG_GETPEERNAME4,
+            names::PROG_GETPEERNAME6,
+            names::PROG_GETSOCKNAME4,
+            names::PROG_GETSOCKNAME6,
+        ],
         without: None,
     },
     Feature {

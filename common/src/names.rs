@@ -15,6 +15,11 @@ pub const PROG_GETSOCKOPT: &str = "l5d_getsockopt";
 pub const PROG_GETPEERNAME4: &str = "l5d_getpeer4";
 /// `cgroup/getpeername6`: the same for IPv6 sockets.
 pub const PROG_GETPEERNAME6: &str = "l5d_getpeer6";
+/// `cgroup/getsockname4`: a redirected app socket shows the pod's own address as its local
+/// address (as under iptables `REDIRECT`), not the loopback address it has.
+pub const PROG_GETSOCKNAME4: &str = "l5d_getsock4";
+/// `cgroup/getsockname6`: the same for IPv6 sockets.
+pub const PROG_GETSOCKNAME6: &str = "l5d_getsock6";
 
 /// `sk_lookup`: hands the pod's inbound connections to the proxy's inbound listener. Attached
 /// to the pod's network namespace.
@@ -53,6 +58,10 @@ pub enum Hook {
     Getpeername4,
     /// `cgroup/getpeername6` (`BPF_CGROUP_INET6_GETPEERNAME`).
     Getpeername6,
+    /// `cgroup/getsockname4` (`BPF_CGROUP_INET4_GETSOCKNAME`).
+    Getsockname4,
+    /// `cgroup/getsockname6` (`BPF_CGROUP_INET6_GETSOCKNAME`).
+    Getsockname6,
     /// `sk_lookup` (`BPF_SK_LOOKUP`), attached to a network namespace.
     SkLookup,
     /// `iter/tcp` (`BPF_TRACE_ITER` on `bpf_iter_tcp`): attached to nothing, run on demand.
@@ -69,6 +78,8 @@ impl Hook {
             Hook::Getsockopt => "getsockopt",
             Hook::Getpeername4 => "getpeername4",
             Hook::Getpeername6 => "getpeername6",
+            Hook::Getsockname4 => "getsockname4",
+            Hook::Getsockname6 => "getsockname6",
             Hook::SkLookup => "sk_lookup",
             Hook::IterTcp => "iter",
         }
@@ -89,7 +100,7 @@ pub struct Program {
     pub hook: Hook,
     /// Whether the program writes the first state of a connection, which the others then read
     /// (the connect hooks save the original destination at `connect()`; sockops, getsockopt,
-    /// getpeername and sk_lookup read what was written before them). When the agent swaps
+    /// getpeername, getsockname and sk_lookup read what was written before them). When the agent swaps
     /// pinned links to a new generation of programs, the writers go last, so a connection
     /// whose `connect()` ran an old writer finds its entry in the new maps.
     pub writes_first: bool,
@@ -97,7 +108,7 @@ pub struct Program {
 
 /// Every program of the object, with its hook: the cgroup ones in attach order, then the netns
 /// one. The only list of programs; the others below are derived from it.
-pub const PROGRAMS: [Program; 7] = [
+pub const PROGRAMS: [Program; 9] = [
     Program {
         name: PROG_CONNECT4,
         hook: Hook::Connect4,
@@ -126,6 +137,16 @@ pub const PROGRAMS: [Program; 7] = [
     Program {
         name: PROG_GETPEERNAME6,
         hook: Hook::Getpeername6,
+        writes_first: false,
+    },
+    Program {
+        name: PROG_GETSOCKNAME4,
+        hook: Hook::Getsockname4,
+        writes_first: false,
+    },
+    Program {
+        name: PROG_GETSOCKNAME6,
+        hook: Hook::Getsockname6,
         writes_first: false,
     },
     Program {
@@ -181,7 +202,7 @@ pub const OBJECT_PROGRAMS: [&str; PROGRAMS.len() + ITER_PROGRAMS.len() + VARIANT
 pub const ALL_PROGRAMS: [&str; PROGRAMS.len()] = program_names(Attached::Anywhere);
 
 /// Every program attached to a pod's cgroup, in attach order.
-pub const CGROUP_PROGRAMS: [&str; 6] = program_names(Attached::Cgroup);
+pub const CGROUP_PROGRAMS: [&str; 8] = program_names(Attached::Cgroup);
 
 /// Every program attached to a pod's network namespace.
 pub const NETNS_PROGRAMS: [&str; 1] = program_names(Attached::Netns);
@@ -235,6 +256,9 @@ pub const MAP_POD_STATS: &str = "l5d_pod_stats";
 
 /// pod address (IPv6 words, IPv4 v4-mapped) → netns cookie: the pods' known addresses.
 pub const MAP_POD_BY_IP: &str = "l5d_pod_by_ip";
+/// netns cookie → [`crate::PodAddrs`]: the pod's own address of each family, which
+/// `getsockname` shows a redirected app socket as its local address (layout 4).
+pub const MAP_POD_ADDRS: &str = "l5d_pod_addrs";
 /// SOCKHASH of [`crate::ListenerKey`]: each pod's inbound proxy listener, inserted by sockops
 /// when the proxy calls `listen()` (or by [`PROG_ITER_TCP`] when the agent adopts a pod whose
 /// proxy listened before), gone when it closes.
@@ -260,7 +284,7 @@ pub const MAP_META: &str = "l5d_meta";
 
 /// Every map, as pinned under `paths::PIN_MAPS`. The map macro of `ebpf/` takes only string
 /// literals: the agent's tests check the built object against this list.
-pub const MAPS: [&str; 13] = [
+pub const MAPS: [&str; 14] = [
     MAP_POD_CONFIG,
     MAP_PORT_SETS,
     MAP_ADDRS,
@@ -268,6 +292,7 @@ pub const MAPS: [&str; 13] = [
     MAP_CONN_DST,
     MAP_POD_STATS,
     MAP_POD_BY_IP,
+    MAP_POD_ADDRS,
     MAP_LISTENERS,
     MAP_ACC_DST,
     MAP_APP_DST,

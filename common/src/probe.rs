@@ -180,7 +180,9 @@ pub fn ask(probe: Probe) -> Answer {
         Probe::CgroupConnect => answer(load(&CONNECT4, &[R0_1, EXIT])),
         Probe::CgroupGetsockopt => answer(load(&GETSOCKOPT, &[R0_1, EXIT])),
         Probe::CgroupLink => answer(link_create_exists()),
-        Probe::CgroupGetpeername => answer(load(&GETPEERNAME4, &[R0_1, EXIT])),
+        Probe::CgroupGetpeername => answer(
+            load(&GETPEERNAME4, &[R0_1, EXIT]).and_then(|_| load(&GETSOCKNAME4, &[R0_1, EXIT])),
+        ),
         Probe::SkLookup => answer(load(&SK_LOOKUP, &[R0_1, EXIT])),
         Probe::SoNetnsCookie => answer(netns_cookie()),
         Probe::NetnsCookieHelper => {
@@ -218,6 +220,7 @@ const BPF_CGROUP_SOCK_OPS: u32 = 3;
 const BPF_CGROUP_INET4_CONNECT: u32 = 10;
 const BPF_CGROUP_GETSOCKOPT: u32 = 21;
 const BPF_CGROUP_INET4_GETPEERNAME: u32 = 29;
+const BPF_CGROUP_INET4_GETSOCKNAME: u32 = 31;
 const BPF_SK_LOOKUP: u32 = 36;
 
 const BPF_FUNC_GET_NETNS_COOKIE: i32 = 122;
@@ -274,6 +277,10 @@ const CONNECT4: Kind = Kind {
 const GETPEERNAME4: Kind = Kind {
     prog_type: BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
     attach_type: BPF_CGROUP_INET4_GETPEERNAME,
+};
+const GETSOCKNAME4: Kind = Kind {
+    prog_type: BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+    attach_type: BPF_CGROUP_INET4_GETSOCKNAME,
 };
 const GETSOCKOPT: Kind = Kind {
     prog_type: BPF_PROG_TYPE_CGROUP_SOCKOPT,

@@ -259,6 +259,8 @@ pub const fn attach_type(hook: crate::names::Hook) -> u32 {
         Hook::Getsockopt => 21,
         Hook::Getpeername4 => 29,
         Hook::Getpeername6 => 30,
+        Hook::Getsockname4 => 31,
+        Hook::Getsockname6 => 32,
         Hook::IterTcp => 28,
         Hook::SkLookup => ATTACH_SK_LOOKUP,
     }

@@ -158,6 +158,27 @@ pub struct ConnKey {
 }
 const _: () = assert!(core::mem::size_of::<ConnKey>() == 32);
 
+/// [`PodAddrs::flags`]: [`PodAddrs::v4`] holds the pod's IPv4 address.
+pub const POD_ADDR_V4: u32 = 1 << 0;
+/// [`PodAddrs::flags`]: [`PodAddrs::v6`] holds the pod's IPv6 address.
+pub const POD_ADDR_V6: u32 = 1 << 1;
+
+/// The pod's own address of each family, keyed by netns cookie: what `getsockname` on a
+/// redirected app socket answers as its local address (the address the socket would have had
+/// under iptables `REDIRECT`, which leaves the source alone). A family the pod has no address
+/// of (its flag clear) leaves the kernel's answer (`127.0.0.1`, `::1`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodAddrs {
+    /// IPv6 address, network byte order words (meaningful with [`POD_ADDR_V6`]).
+    pub v6: [u32; 4],
+    /// IPv4 address, network byte order (meaningful with [`POD_ADDR_V4`]).
+    pub v4: u32,
+    /// `POD_ADDR_*` bits.
+    pub flags: u32,
+}
+const _: () = assert!(core::mem::size_of::<PodAddrs>() == 24);
+
 /// Live per-pod counters (one copy per CPU; sum them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -280,14 +301,19 @@ const _: () = assert!(core::mem::size_of::<IterListener>() == 16);
 /// 2: BTF-typed maps (`bpftool map dump` prints named fields) and the meta map.
 /// 3: an app socket's original destination in its own storage (`l5d_app_dst`) instead of
 ///    `l5d_sock_dst`, which is only read and cleaned for sockets connected under layout 2.
-pub const LAYOUT_VERSION: u32 = 3;
+/// 4: each pod's own address per family (`l5d_pod_addrs`, [`PodAddrs`]) for the
+///    `getsockname` programs, which are attached with the others.
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// The oldest layout version whose agents can run on state of [`LAYOUT_VERSION`] as it is:
-/// neither layout 2 nor 3 changed a key or value of layout 1 (3 only adds a map), so a layout-1
-/// or -2 agent (which reuses pinned maps by name) still works on it. Rolling back from 3 costs
-/// this: app sockets connected under layout 3 report the proxy, not their original
+/// no layout since 1 changed a key or value of layout 1 (3 and 4 only add a map), so a
+/// layout-1, -2 or -3 agent (which reuses pinned maps by name) still works on it. Rolling back
+/// from 3 costs this: app sockets connected under layout 3 report the proxy, not their original
 /// destination, as their peer (`getpeername`), and a connection whose `connect()` and handshake
 /// straddle the swap finds no original destination (the proxy refuses it, as when it starts).
+/// Rolling back from 4: the older agent leaves the `getsockname` links of running pods as they
+/// are (it has no program of that name to swap them to), so those pods keep the pod-address
+/// answer; pods it registers answer `127.0.0.1` again.
 pub const LAYOUT_OLDEST_READER: u32 = 1;
 
 /// The value of the meta map's single entry (key `0u32`).
@@ -325,6 +351,7 @@ mod user {
     unsafe impl aya::Pod for OrigDst {}
     unsafe impl aya::Pod for ConnKey {}
     unsafe impl aya::Pod for PodStats {}
+    unsafe impl aya::Pod for PodAddrs {}
     unsafe impl aya::Pod for ListenerKey {}
     unsafe impl aya::Pod for LayoutMeta {}
     unsafe impl aya::Pod for IterArgs {}

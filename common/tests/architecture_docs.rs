@@ -50,6 +50,8 @@ fn section(hook: Hook) -> &'static str {
         Hook::Getsockopt => "cgroup/getsockopt",
         Hook::Getpeername4 => "cgroup/getpeername4",
         Hook::Getpeername6 => "cgroup/getpeername6",
+        Hook::Getsockname4 => "cgroup/getsockname4",
+        Hook::Getsockname6 => "cgroup/getsockname6",
         Hook::SkLookup => "sk_lookup",
         Hook::IterTcp => "iter/tcp",
     }

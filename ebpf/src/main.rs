@@ -7,14 +7,15 @@
 //!   destination into the proxy's accepted socket.
 //! - [`getsockopt`]: answers `SO_ORIGINAL_DST` on the proxy's accepted sockets.
 //! - [`getpeername`]: shows the app its original destination as the peer.
+//! - [`getsockname`]: shows the app its pod's address as its own local address.
 //! - [`sk_lookup`]: hands connections arriving at the pod to the proxy's inbound listener
 //!   (tail-called by a per-pod stub the agent builds).
 //! - [`iter`]: `iter/tcp`, attached to nothing: the agent runs it inside a pod's network
 //!   namespace to adopt a pod whose proxy listened before the programs were attached.
 //!
 //! What they return: every cgroup program returns 1 (allow), always: outbound redirection
-//! rewrites the destination and never refuses a connection, and `getsockopt` and
-//! `getpeername` only rewrite answers. `sk_lookup` refuses: it returns `SK_DROP` when a
+//! rewrites the destination and never refuses a connection, and `getsockopt`, `getpeername`
+//! and `getsockname` only rewrite answers. `sk_lookup` refuses: it returns `SK_DROP` when a
 //! connection the proxy should take finds no inbound listener (fail closed), and `SK_PASS`
 //! otherwise (with the listener assigned, or for what it lets through); the agent's per-pod
 //! stub returns `SK_DROP` when its tail call fails. `iter/tcp` returns 0 (its output is the
@@ -33,6 +34,7 @@
 mod addr;
 mod connect;
 mod getpeername;
+mod getsockname;
 mod getsockopt;
 mod iter;
 mod maps;

@@ -15,7 +15,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use linkerd_cni_common::{
-    AddrKey, ConnKey, IterArgs, ListenerKey, OrigDst, PodConfig, PodStats, PortBlock, PortSetKey,
+    AddrKey, ConnKey, IterArgs, ListenerKey, OrigDst, PodAddrs, PodConfig, PodStats, PortBlock,
+    PortSetKey,
     names::{MAX_ADDRS, MAX_CONNS, MAX_PODS, MAX_PORT_BLOCKS},
 };
 
@@ -43,6 +44,11 @@ pub static POD_STATS: PerCpuHashMap<u64, PodStats, { MAX_PODS as usize }> = PerC
 
 #[btf_map(name = "l5d_pod_by_ip")]
 pub static POD_BY_IP: HashMap<[u32; 4], u64, { MAX_ADDRS as usize }> = HashMap::new();
+
+/// The pod's own address of each family, by netns cookie: what [`crate::getsockname`] shows a
+/// redirected app socket as its local address. Written by the agent with the pod's config.
+#[btf_map(name = "l5d_pod_addrs")]
+pub static POD_ADDRS: HashMap<u64, PodAddrs, { MAX_PODS as usize }> = HashMap::new();
 
 /// SOCKHASH: the kernel takes no key/value BTF for socket maps, so this one stays untyped in
 /// `bpftool` (its values are sockets anyway).

@@ -5,7 +5,10 @@
 //!
 //! Besides the plain client it has a validator mode (`--listen`): listen first, then connect
 //! and see whether the connection came back to the client's own listener, as
-//! linkerd-network-validator checks that redirection works.
+//! linkerd-network-validator checks that redirection works: its listener writes a token
+//! unique to the run on the connection it accepts, and the client must read that token.
+//! (Comparing addresses would not do: with redirection the client's `getsockname` shows the
+//! pod's address, as under iptables, while the listener sees the socket's loopback address.)
 
 use std::{
     io::{Read, Write},
@@ -234,7 +237,9 @@ pub struct Accepted {
     pub peer: SocketAddr,
     /// The accepted connection's local address.
     pub local: SocketAddr,
-    /// `peer` equals the client socket's local address: the connection reached itself.
+    /// The client read, on its own connection, the token its listener wrote on the
+    /// connection it accepted (as linkerd-network-validator checks): the connection reached
+    /// itself.
     pub reached_self: bool,
 }
 
@@ -408,13 +413,21 @@ fn tcp_once(opts: &Options, payload: &[u8]) -> Conn {
 fn accept_within(
     listener: &TcpListener,
     timeout: Duration,
+    give_up: &std::sync::atomic::AtomicBool,
 ) -> std::io::Result<(TcpStream, SocketAddr)> {
     listener.set_nonblocking(true)?;
     let deadline = Instant::now() + timeout;
     loop {
         match listener.accept() {
-            Ok(pair) => return Ok(pair),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+            Ok((s, peer)) => {
+                s.set_nonblocking(false)?;
+                return Ok((s, peer));
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    && Instant::now() < deadline
+                    && !give_up.load(std::sync::atomic::Ordering::Relaxed) =>
+            {
                 std::thread::sleep(Duration::from_millis(2));
             }
             Err(e) => return Err(e),
@@ -459,7 +472,26 @@ fn udp_once(opts: &Options, payload: &[u8]) -> Conn {
 pub fn execute(opts: &Options) -> Report {
     let payload = opts.payload();
     let started = Instant::now();
-    let listener = opts.listen.map(TcpListener::bind);
+    // Validator mode: the listener accepts on a thread of its own, so that what it writes
+    // reaches the client while the client reads; it gives up once the client's connect failed.
+    let token = format!(
+        "l5d-validator-{}-{}\n",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let give_up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listener = opts.listen.map(|addr| {
+        let listener = TcpListener::bind(addr)?;
+        let (token, give_up, timeout) = (token.clone(), give_up.clone(), opts.timeout());
+        Ok::<_, std::io::Error>(std::thread::spawn(move || {
+            let (mut s, peer) = accept_within(&listener, timeout, &give_up)?;
+            let local = s.local_addr().unwrap_or(peer);
+            s.write_all(token.as_bytes())?;
+            Ok::<_, std::io::Error>((peer, local))
+        }))
+    });
     let (mut succeeded, mut failed, mut first_failure) = (0, 0, None);
     let mut accepted = None;
     let count = if opts.udp { 1 } else { opts.count.max(1) };
@@ -488,18 +520,25 @@ pub fn execute(opts: &Options) -> Report {
         tally(&conn);
     }
     let latency = Latency::of(&mut durations_us);
+    if !conn.connect.ok {
+        give_up.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     match listener {
-        Some(Ok(l)) if conn.connect.ok => match accept_within(&l, opts.timeout()) {
-            Ok((s, peer)) => {
+        Some(Ok(acceptor)) => match acceptor.join() {
+            Ok(Ok((peer, local))) => {
                 accepted = Some(Accepted {
                     peer,
-                    local: s.local_addr().unwrap_or(peer),
-                    reached_self: Some(peer) == conn.local,
+                    local,
+                    reached_self: conn.received == token.as_bytes(),
                 });
             }
-            Err(e) => {
+            Ok(Err(e)) if conn.connect.ok => {
                 first_failure.get_or_insert(format!("accept: {e}"));
                 conn.read = Outcome::err(&e);
+            }
+            Ok(Err(_)) => {}
+            Err(_) => {
+                first_failure.get_or_insert("accept: the listener's thread panicked".into());
             }
         },
         Some(Err(e)) => {

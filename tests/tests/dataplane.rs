@@ -3,7 +3,8 @@
 //! forwarding test proxy as UID 2102 in the pod, and the test client as an ordinary UID.
 //!
 //! Every assertion is on what the kernel and the processes observed: where connections landed,
-//! what `SO_ORIGINAL_DST` and `getpeername` answered, what the pinned maps and links hold.
+//! what `SO_ORIGINAL_DST`, `getpeername` and `getsockname` answered, what the pinned maps and
+//! links hold.
 //!
 //! Run: `cargo test -p linkerd-cni-tests --test dataplane -- --test-threads=1`
 
@@ -12,8 +13,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use linkerd_cni_agent::{agent::registry::Attachment, dataplane::maps};
-use linkerd_cni_common::names;
+use linkerd_cni_agent::{
+    agent::registry::Attachment,
+    dataplane::{bpf_sys, maps},
+};
+use linkerd_cni_common::{POD_ADDR_V4, PodAddrs, names};
 use linkerd_cni_proto::config::LinkerdConfig;
 use linkerd_cni_tests::{
     AgentHarness, CgroupGuard, EchoServer, Pod, PodAndPeer, TestProxy, UdpEcho,
@@ -82,6 +86,41 @@ fn proxied(proxy: &TestProxy, n: usize) -> Vec<(SocketAddr, SocketAddr)> {
     proxy::accepted(&events)
 }
 
+/// Waits until the proxy has accepted `n` connections and returns, for each, the peer and the
+/// local address of its accepted socket (`getpeername`, `getsockname`) and the original
+/// destination. The peer is the app socket as the kernel holds it: its real local address and
+/// port.
+fn accepted_sockets(proxy: &TestProxy, n: usize) -> Vec<(SocketAddr, SocketAddr, SocketAddr)> {
+    let events = proxy
+        .log()
+        .wait_for(TIMEOUT, |e| proxy::accepted(e).len() >= n)
+        .expect("proxy accepted");
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Accepted {
+                peer,
+                local,
+                orig_dst,
+                ..
+            } => Some((*peer, *local, *orig_dst)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Detaches the pod's pinned link of `program` (the kernel stops running it for the pod; the
+/// pin stays, as after `bpftool link detach`).
+fn detach_link(
+    h: &AgentHarness,
+    record: &linkerd_cni_agent::agent::registry::PodRecord,
+    program: &str,
+) {
+    let dir = h.agent().link_dir(record).expect("per-pod link dir");
+    let link = bpf_sys::obj_get(&dir.join(program)).expect("the pinned link");
+    bpf_sys::link_detach(&link).expect("detach the link");
+}
+
 /// A connection went straight to `server`, not through the proxy: the server saw the pod's
 /// own address, the client saw the server as its peer, and the proxy saw nothing new.
 fn assert_direct(
@@ -129,13 +168,14 @@ fn outbound_goes_through_the_proxy_with_the_original_destination() {
         Some(world.server.addr()),
         "getpeername on the app socket"
     );
-    // Not yet its local address (issue 35 item 8, docs/design/architecture.md "Transparency"): the
-    // socket was bound for the proxy's loopback listener, so getsockname says 127.0.0.1 where
-    // Linkerd's iptables REDIRECT leaves the pod's own address. A getsockname4/6 pair would
-    // turn this into the pod's address.
+    // And its pod's address as its own, as under iptables' REDIRECT (which leaves the source
+    // alone), with the socket's real port: the one the proxy's accepted socket sees as its peer
+    // (the kernel's socket is bound to 127.0.0.1).
+    let (app_side, _, _) = accepted_sockets(&proxy, 1)[0];
+    assert_eq!(app_side.ip(), IpAddr::V4(Ipv4Addr::LOCALHOST));
     assert_eq!(
-        report.local.map(|a| a.ip()),
-        Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        report.local,
+        Some(sock(world.net.pod_v4(), app_side.port())),
         "getsockname on the app socket: {report:?}"
     );
     // The connection landed on the outbound listener, and SO_ORIGINAL_DST named the server.
@@ -177,6 +217,107 @@ fn outbound_goes_through_the_proxy_with_the_original_destination() {
             "bpftool cgroup show lacks {prog}: {tree}"
         );
     }
+}
+
+/// `getsockname` on a redirected app socket answers the pod's address (the kernel's socket is
+/// on loopback); every other socket keeps the kernel's answer: the proxy's own (UID 2102) and
+/// a skipped port's (direct, from the pod's address), the pod talking to itself on loopback,
+/// the proxy's accepted socket. With `l5d_getsock4` detached (negative control) the redirected
+/// socket shows what the kernel holds: `127.0.0.1`, same port.
+#[test]
+fn getsockname_shows_the_pod_address_for_redirected_sockets_only() {
+    const SKIPPED: u16 = 9999;
+    let h = AgentHarness::new(None);
+    let world = World::new();
+    let skipped = EchoServer::bind_in(
+        &world.net.peer,
+        sock(world.net.peer_v4(), SKIPPED),
+        "skipped",
+    )
+    .expect("server on the skipped port");
+    let in_pod = EchoServer::bind_in(&world.net.pod.netns, sock(Ipv4Addr::LOCALHOST, 0), "in-pod")
+        .expect("server on the pod's loopback");
+    let config = LinkerdConfig {
+        outbound_ports_to_ignore: vec![linkerd_cni_proto::config::PortRange {
+            first: SKIPPED,
+            last: SKIPPED,
+        }],
+        ..LinkerdConfig::default()
+    };
+    let record = h.register(&world.net.pod, config, true);
+    let view = h.maps().view(record.netns_cookie);
+    assert_eq!(
+        view.local_addrs,
+        vec![
+            IpAddr::V4(world.net.pod_v4()),
+            IpAddr::V6(world.net.pod_v6())
+        ],
+        "{view:?}"
+    );
+    let proxy = world.proxy(false);
+
+    // Redirected: the pod's address, the socket's own port.
+    let r = world.connect(APP_UID, world.server.addr());
+    assert_eq!(
+        (r.succeeded, r.peer),
+        (1, Some(world.server.addr())),
+        "{r:?}"
+    );
+    let (app_side, proxy_local, orig_dst) = accepted_sockets(&proxy, 1)[0];
+    assert_eq!(orig_dst, world.server.addr());
+    assert_eq!(
+        r.local,
+        Some(sock(world.net.pod_v4(), app_side.port())),
+        "{r:?}"
+    );
+    // The proxy's accepted socket (loopback, with an original destination of its own): as is.
+    assert_eq!(proxy_local, sock(Ipv4Addr::LOCALHOST, 4140));
+
+    // The proxy's own socket and a skipped port: not redirected, the kernel's answer (the
+    // pod's address the route chose, as the server saw it).
+    let as_proxy = connect_as(&world.net.pod, PROXY_UID, None, world.server.addr());
+    assert_direct(&world, &proxy, &as_proxy, 1, 1);
+    let seen = world.server.wait_for(2, TIMEOUT).expect("server reached");
+    assert_eq!(as_proxy.local, Some(seen[1].peer), "{as_proxy:?}");
+    let r = world.connect(APP_UID, skipped.addr());
+    assert_eq!((r.succeeded, r.peer), (1, Some(skipped.addr())), "{r:?}");
+    let seen = skipped
+        .wait_for(1, TIMEOUT)
+        .expect("skipped server reached");
+    assert_eq!(r.local, Some(seen[0].peer), "{r:?}");
+    assert_eq!(seen[0].peer.ip(), IpAddr::V4(world.net.pod_v4()));
+
+    // The pod to itself on loopback: not redirected, loopback stays.
+    let r = world.connect(APP_UID, in_pod.addr());
+    assert_eq!((r.succeeded, r.peer), (1, Some(in_pod.addr())), "{r:?}");
+    let seen = in_pod.wait_for(1, TIMEOUT).expect("in-pod server reached");
+    assert_eq!(r.local, Some(seen[0].peer), "{r:?}");
+    assert_eq!(seen[0].peer.ip(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+    assert_eq!(
+        accepted_sockets(&proxy, 1).len(),
+        1,
+        "the proxy saw only the first"
+    );
+
+    // Negative control: without l5d_getsock4 the redirected socket says what the kernel holds.
+    detach_link(&h, &record, names::PROG_GETSOCKNAME4);
+    let r = world.connect(APP_UID, world.server.addr());
+    assert_eq!(
+        (r.succeeded, r.peer),
+        (1, Some(world.server.addr())),
+        "{r:?}"
+    );
+    let (app_side, _, _) = accepted_sockets(&proxy, 2)[1];
+    assert_eq!(
+        r.local,
+        Some(sock(Ipv4Addr::LOCALHOST, app_side.port())),
+        "{r:?}"
+    );
+    // CHECK sees the detached link (and the reconcile would re-make it).
+    assert!(
+        h.agent().check(&record.id).is_err(),
+        "CHECK passed with l5d_getsock4 detached"
+    );
 }
 
 #[test]
@@ -301,7 +442,7 @@ fn ipv6_and_v4_mapped_destinations_are_redirected() {
         "server6",
     )
     .expect("v6 server");
-    h.register(
+    let record = h.register(
         &world.net.pod,
         LinkerdConfig {
             ipv6: true,
@@ -318,14 +459,61 @@ fn ipv6_and_v4_mapped_destinations_are_redirected() {
         IpAddr::V6(world.net.peer_v4().to_ipv6_mapped()),
         SERVER_PORT,
     );
-    let r = world.connect(APP_UID, mapped);
-    assert_eq!((r.succeeded, r.peer), (1, Some(mapped)), "{r:?}");
+    let r2 = world.connect(APP_UID, mapped);
+    assert_eq!((r2.succeeded, r2.peer), (1, Some(mapped)), "{r2:?}");
     assert_eq!(
         proxied(&proxy, 2),
         vec![
             (sock(std::net::Ipv6Addr::LOCALHOST, 4140), server6.addr()),
             (sock(Ipv4Addr::LOCALHOST, 4140), world.server.addr()),
         ]
+    );
+    // getsockname: the pod's IPv6 address for the IPv6 connection, its IPv4 address v4-mapped
+    // for the v4-mapped one, each with the app socket's real port (the proxy's peer).
+    let sides: Vec<SocketAddr> = accepted_sockets(&proxy, 2).iter().map(|a| a.0).collect();
+    assert_eq!(sides[0].ip(), IpAddr::V6(std::net::Ipv6Addr::LOCALHOST));
+    assert_eq!(
+        r.local,
+        Some(sock(world.net.pod_v6(), sides[0].port())),
+        "{r:?}"
+    );
+    let pod_mapped = IpAddr::V6(world.net.pod_v4().to_ipv6_mapped());
+    assert_eq!(
+        r2.local,
+        Some(SocketAddr::new(pod_mapped, sides[1].port())),
+        "{r2:?}"
+    );
+
+    // A pod with no IPv6 address of its own (its entry holds only IPv4): the IPv6 socket
+    // keeps the kernel's `::1`; the v4-mapped one still shows the pod's IPv4 address.
+    let mut maps = h.maps();
+    let addrs = maps
+        .pod_addrs(record.netns_cookie)
+        .expect("the pod's addresses");
+    let v4_only = PodAddrs {
+        flags: POD_ADDR_V4,
+        v6: [0; 4],
+        ..addrs
+    };
+    maps.pod_addrs
+        .as_mut()
+        .expect("the map")
+        .insert(record.netns_cookie, v4_only, 0)
+        .expect("write the entry");
+    let r = world.connect(APP_UID, server6.addr());
+    assert_eq!((r.succeeded, r.peer), (1, Some(server6.addr())), "{r:?}");
+    let r2 = world.connect(APP_UID, mapped);
+    assert_eq!((r2.succeeded, r2.peer), (1, Some(mapped)), "{r2:?}");
+    let sides: Vec<SocketAddr> = accepted_sockets(&proxy, 4).iter().map(|a| a.0).collect();
+    assert_eq!(
+        r.local,
+        Some(sock(std::net::Ipv6Addr::LOCALHOST, sides[2].port())),
+        "{r:?}"
+    );
+    assert_eq!(
+        r2.local,
+        Some(SocketAddr::new(pod_mapped, sides[3].port())),
+        "{r2:?}"
     );
 }
 
@@ -383,6 +571,13 @@ fn unregistered_pods_and_the_host_are_untouched_with_a_shared_attachment() {
     let r = placed(&meshed, &meshed_pod_cg, APP_UID);
     assert_eq!(r.succeeded, 1, "{r:?}");
     assert_eq!(proxied(&proxy, 1)[0].1, meshed.server.addr());
+    // Through the shared attachment too, the meshed app sees its pod's address as its own.
+    let (app_side, _, _) = accepted_sockets(&proxy, 1)[0];
+    assert_eq!(
+        r.local,
+        Some(sock(meshed.net.pod_v4(), app_side.port())),
+        "{r:?}"
+    );
 
     let other_proxy = TestProxy::start(
         &other.net.pod.container(PROXY_UID).cgroup(&other_pod_cg),
@@ -391,6 +586,12 @@ fn unregistered_pods_and_the_host_are_untouched_with_a_shared_attachment() {
     .expect("proxy");
     let r = placed(&other, &other_pod_cg, APP_UID);
     assert_direct(&other, &other_proxy, &r, 0, 0);
+    let seen = other.server.wait_for(1, TIMEOUT).expect("server reached");
+    assert_eq!(
+        r.local,
+        Some(seen[0].peer),
+        "the unmeshed pod's own answer: {r:?}"
+    );
 
     // The host (this process, root netns, outside the pods' cgroups) is untouched too.
     let host = EchoServer::bind(sock(Ipv4Addr::new(127, 0, 0, 1), 0), "host").expect("host server");

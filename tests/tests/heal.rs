@@ -205,13 +205,24 @@ fn deleted_map_entry_is_rewritten() {
     let mut maps = linkerd_cni_agent::dataplane::maps::Maps::open(&s.node.pin_root().join("maps"))
         .unwrap_or_else(|e| panic!("opening the pinned maps: {e}"));
     let expected = maps.pod_config(cookie).expect("config entry");
+    let local = maps.pod_addrs(cookie).expect("getsockname's addresses");
     maps.pod_config.remove(&cookie).expect("delete the entry");
+    maps.pod_addrs
+        .as_mut()
+        .expect("the map")
+        .remove(&cookie)
+        .expect("delete getsockname's entry");
     let passes = s.passes();
     s.assert_healed(passes);
     assert_eq!(
         maps.pod_config(cookie),
         Some(expected),
         "the same entry is back"
+    );
+    assert_eq!(
+        maps.pod_addrs(cookie),
+        Some(local),
+        "getsockname's entry is back"
     );
     assert!(s.repairs("map_entries") >= 1);
 }

@@ -320,6 +320,23 @@ fn bpftool_prints_named_fields_of_every_typed_map() {
         "pod address → cookie: {by_ip:?}"
     );
 
+    // getsockname's addresses: the pod has both families.
+    let local = bpftool_dump(&maps.join(names::MAP_POD_ADDRS));
+    let entry = local
+        .iter()
+        .find(|e| e["key"] == cookie)
+        .unwrap_or_else(|| panic!("no getsockname addresses for cookie {cookie}: {local:?}"));
+    assert_eq!(
+        entry["value"]["flags"],
+        linkerd_cni_common::POD_ADDR_V4 | linkerd_cni_common::POD_ADDR_V6,
+        "{entry}"
+    );
+    assert_eq!(
+        entry["value"]["v4"],
+        u32::from_ne_bytes(world.net.pod_v4().octets()),
+        "{entry}"
+    );
+
     let stats = bpftool_dump(&maps.join(names::MAP_POD_STATS));
     let mine = stats
         .iter()
@@ -420,9 +437,22 @@ fn upgrade_from_the_previous_layout_under_load_keeps_every_pod_redirected() {
         );
     }
     let programs = layout::pinned_programs(pin_root).expect("pinned programs");
+    let mut added = Vec::new();
     for (path, (_, prog)) in pinned_ids(pin_root) {
         if let Some(prog) = prog {
             let name = path.file_name().expect("link name").to_string_lossy();
+            if !links_before.contains_key(&path) {
+                // A program the previous version did not have (getsockname): attached at
+                // start, running this version's program.
+                assert_eq!(
+                    Some(&prog),
+                    programs.get(name.as_ref()),
+                    "added link {} runs the new program",
+                    path.display()
+                );
+                added.push(name.into_owned());
+                continue;
+            }
             if name == names::PROG_SK_LOOKUP {
                 // The inbound link now runs a per-pod stub that tail-calls the new shared
                 // program (the previous version attached the shared program itself).
@@ -453,6 +483,19 @@ fn upgrade_from_the_previous_layout_under_load_keeps_every_pod_redirected() {
             );
         }
     }
+    // The getsockname links, per pod for the first pod and once in the shared directory for
+    // the second.
+    added.sort();
+    assert_eq!(
+        added,
+        [
+            names::PROG_GETSOCKNAME4,
+            names::PROG_GETSOCKNAME4,
+            names::PROG_GETSOCKNAME6,
+            names::PROG_GETSOCKNAME6
+        ],
+        "links added by the upgrade"
+    );
     for r in [&record, &record2] {
         h.agent().check(&r.id).expect("the pod is in force");
     }
@@ -460,6 +503,29 @@ fn upgrade_from_the_previous_layout_under_load_keeps_every_pod_redirected() {
         !bpftool_dump(&maps.join(names::MAP_POD_CONFIG)).is_empty(),
         "the pod's config was carried into the typed map"
     );
+    // The running pods' apps now see their pod address as their own (the new map was filled
+    // from the registry), with their socket's real port.
+    for (world, proxy) in [(&world, &proxy), (&world2, &proxy2)] {
+        let before = proxy_view(proxy).0.len();
+        let r = run(world.out_client(1));
+        assert_eq!(r.succeeded, 1, "{r:?}");
+        wait_accepted(proxy, before + 1);
+        let app_side = proxy
+            .events()
+            .expect("proxy log")
+            .iter()
+            .filter_map(|e| match e {
+                Event::Accepted { peer, .. } => Some(*peer),
+                _ => None,
+            })
+            .nth(before)
+            .expect("the connection's accept");
+        assert_eq!(
+            r.local,
+            Some(sock(world.net.pod_v4(), app_side.port())),
+            "getsockname after the upgrade: {r:?}"
+        );
+    }
     assert!(!pin_root.join(paths::PIN_NEXT).exists(), "staging removed");
 
     // Rollback from a newer layout that declares this agent able to read it, with a map of

@@ -619,6 +619,20 @@ fn proxy_forwards_outbound_redirected_by_iptables() {
             report.local.map(|a| sock(a.ip().to_canonical(), a.port())),
             "{what}: the proxy saw the client socket"
         );
+        // iptables' answer to the app's getsockname, which l5d_getsock4/6 reproduce
+        // (tests/tests/dataplane.rs): the pod's own address of the socket's family.
+        let pod_ip = match dial.ip() {
+            IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => {
+                IpAddr::V6(w.pod_v4().to_ipv6_mapped())
+            }
+            IpAddr::V6(_) => IpAddr::V6(w.pod_v6()),
+            IpAddr::V4(_) => IpAddr::V4(w.pod_v4()),
+        };
+        assert_eq!(
+            report.local.map(|a| a.ip()),
+            Some(pod_ip),
+            "{what}: getsockname under iptables"
+        );
         assert_eq!(
             bytes_to_upstream,
             request.len() as u64,
@@ -825,7 +839,7 @@ fn iptables_baseline_exempts_proxy_uid_udp_and_validates() {
         .expect("default route towards the peer netns");
     let mut opts = ClientOptions::new("192.0.2.2:1404".parse().expect("literal"));
     opts.listen = Some("0.0.0.0:4140".parse().expect("literal"));
-    opts.no_read = true;
+    // It reads what its listener wrote (the token), as linkerd-network-validator does.
     let report = client(&w.app(65534), &opts);
     assert_eq!(report.uid, 65534, "validator runs as nobody");
     let acc = report

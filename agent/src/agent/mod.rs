@@ -264,6 +264,7 @@ impl Agent {
         let dirs = podnetns::runtime_dirs(&agent.config.peer.netns_dirs, |p| agent.host_path(p));
         agent.netns_index = std::sync::Mutex::new(podnetns::NetnsIndex::new(dirs));
         agent.check_recorded_cgroups();
+        agent.attach_added_programs();
         let adopted = agent.registry.all()?;
         tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
         Ok(agent)

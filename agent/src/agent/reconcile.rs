@@ -488,6 +488,52 @@ impl Agent {
         })
     }
 
+    /// Attaches, for every redirected pod whose attachment an earlier agent made, the programs
+    /// of this version that its link directories lack (layout 4 added `l5d_getsock4/6`): at
+    /// start, before any CHECK or reconcile pass, so an upgrade gives running pods every
+    /// program at once instead of a CHECK failing until a pass repairs them. A directory with
+    /// no link at all is left to the reconcile passes (a repair, counted as such). A link that
+    /// cannot be made (the pod's cgroup is going away) is logged; the pod keeps the links it
+    /// has. Returns how many links were made.
+    pub(super) fn attach_added_programs(&self) -> usize {
+        let _guard = self.lock_background();
+        let records = match self.registry.all() {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the registry to attach programs this version adds");
+                return 0;
+            }
+        };
+        let mut made = 0;
+        for record in records
+            .iter()
+            .filter(|r| r.redirected() && netns::still_exists(&r.netns, r.netns_ino))
+        {
+            for (dir, programs) in self.links_of(record) {
+                let missing: Vec<&'static str> = programs
+                    .iter()
+                    .copied()
+                    .filter(|name| !dir.join(name).exists())
+                    .collect();
+                if missing.is_empty() || missing.len() == programs.len() {
+                    continue;
+                }
+                for name in missing {
+                    match self.relink(record, &dir, name) {
+                        Ok(_) => {
+                            made += 1;
+                            tracing::info!(container = record.id.as_str(), program = name, links = %dir.display(), "attached a program this version adds");
+                        }
+                        Err(e) => {
+                            tracing::warn!(container = record.id.as_str(), program = name, error = %e, "a program this version adds could not be attached")
+                        }
+                    }
+                }
+            }
+        }
+        made
+    }
+
     /// Makes `record`'s cgroup link of `hook` again, first on its cgroup (where the kernel
     /// orders cgroup links): the new link is pinned over the old one, which is then detached,
     /// so the program runs throughout (twice for a moment: a second run finds its work done).
@@ -664,6 +710,14 @@ fn repair_entries(maps: &mut Maps, record: &PodRecord) -> Result<Option<Repair>,
                 .insert(ip, cookie, 0)
                 .map_err(update(names::MAP_POD_BY_IP))?;
         }
+    }
+    if let Some(addrs) = entries.pod_addrs
+        && maps.pod_addrs(cookie) != Some(addrs)
+        && let Some(map) = &mut maps.pod_addrs
+    {
+        missing.push("getsockname addresses");
+        map.insert(cookie, addrs, 0)
+            .map_err(update(names::MAP_POD_ADDRS))?;
     }
     if maps.pod_config(cookie) != Some(entries.config) {
         missing.push("config");

@@ -53,6 +53,8 @@ pub enum AttachType {
     CgroupGetsockopt = 21,
     CgroupInet4Getpeername = 29,
     CgroupInet6Getpeername = 30,
+    CgroupInet4Getsockname = 31,
+    CgroupInet6Getsockname = 32,
     /// `BPF_TRACE_ITER`: an iterator program's link (attached to nothing).
     TraceIter = 28,
     SkLookup = 36,
@@ -69,6 +71,8 @@ impl AttachType {
             Hook::Getsockopt => Self::CgroupGetsockopt,
             Hook::Getpeername4 => Self::CgroupInet4Getpeername,
             Hook::Getpeername6 => Self::CgroupInet6Getpeername,
+            Hook::Getsockname4 => Self::CgroupInet4Getsockname,
+            Hook::Getsockname6 => Self::CgroupInet6Getsockname,
             Hook::SkLookup => Self::SkLookup,
             Hook::IterTcp => Self::TraceIter,
         }

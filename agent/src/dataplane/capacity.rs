@@ -80,7 +80,7 @@ impl MapSizes {
     /// one-entry maps, the program array).
     pub fn of(&self, name: &str) -> Option<u32> {
         Some(match name {
-            names::MAP_POD_CONFIG | names::MAP_POD_STATS => self.pods,
+            names::MAP_POD_CONFIG | names::MAP_POD_STATS | names::MAP_POD_ADDRS => self.pods,
             names::MAP_LISTENERS => self.pods.saturating_mul(2),
             names::MAP_PORT_SETS => self.port_blocks,
             names::MAP_ADDRS | names::MAP_POD_BY_IP => self.addrs,
@@ -107,6 +107,7 @@ mod tests {
     fn defaults_are_the_objects_sizes() {
         let d = MapSizes::default();
         assert_eq!(d.of(names::MAP_POD_CONFIG), Some(names::MAX_PODS));
+        assert_eq!(d.of(names::MAP_POD_ADDRS), Some(names::MAX_PODS));
         assert_eq!(d.of(names::MAP_LISTENERS), Some(names::MAX_PODS * 2));
         assert_eq!(d.of(names::MAP_CONN_DST), Some(names::MAX_CONNS));
         assert_eq!(d.of(names::MAP_META), None);

@@ -33,8 +33,9 @@ use linkerd_cni_common::{LAYOUT_OLDEST_READER, LAYOUT_VERSION, LayoutMeta, names
 use crate::dataplane::bpf_sys::{self, MapInfo};
 
 /// Earlier layouts whose entries mean what ours mean when key and value sizes match (their
-/// entries are copied). Layout 1 differs from 2 only by the missing BTF; 3 only adds a map.
-const SAME_MEANING_AS_OURS: &[u32] = &[1, 2];
+/// entries are copied). Layout 1 differs from 2 only by the missing BTF; 3 and 4 only add a
+/// map each.
+const SAME_MEANING_AS_OURS: &[u32] = &[1, 2, 3];
 
 /// Maps the programs write for connections in flight (a socket's original destination
 /// between `connect()` and the proxy's `SO_ORIGINAL_DST`, the proxies' listeners). Links are
@@ -64,6 +65,7 @@ const FROM_REGISTRY: &[&str] = &[
     names::MAP_PORT_SETS,
     names::MAP_ADDRS,
     names::MAP_POD_BY_IP,
+    names::MAP_POD_ADDRS,
 ];
 
 /// Why the pinned state cannot be used.
@@ -691,6 +693,8 @@ mod tests {
                 names::PROG_GETSOCKOPT,
                 names::PROG_GETPEERNAME4,
                 names::PROG_GETPEERNAME6,
+                names::PROG_GETSOCKNAME4,
+                names::PROG_GETSOCKNAME6,
                 names::PROG_SK_LOOKUP,
                 names::PROG_CONNECT4,
                 names::PROG_CONNECT6,

@@ -15,8 +15,8 @@ use linkerd_cni_common::{
     ADDR_INBOUND_SKIP_SOURCE, ADDR_KEY_FIXED_BITS, ADDR_OUTBOUND_SKIP_SUBNET, AF_INET, AF_INET6,
     AddrKey, ConnKey, FLAG_EXEMPT_GID, FLAG_EXEMPT_UID, FLAG_IN_PORTS, FLAG_IN_REDIRECT_ONLY,
     FLAG_IN_SKIP_SOURCES, FLAG_IPV6, FLAG_OUT_PORTS, FLAG_OUT_SUBNETS, ListenerKey, OrigDst,
-    PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP, PodConfig, PodStats,
-    PortBlock, PortSetKey, names,
+    POD_ADDR_V4, POD_ADDR_V6, PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP,
+    PORT_SET_OUTBOUND_SKIP, PodAddrs, PodConfig, PodStats, PortBlock, PortSetKey, names,
 };
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange, merge_ranges};
 
@@ -53,6 +53,9 @@ pub struct Maps {
     pub conn_dst: HashMap<MapData, ConnKey, OrigDst>,
     pub pod_stats: PerCpuHashMap<MapData, u64, PodStats>,
     pub pod_by_ip: HashMap<MapData, [u32; 4], u64>,
+    /// `None` only under the pins of an agent before layout 4, which had no such map (the
+    /// tests' replay of one): the agent itself always loads its object, which creates it.
+    pub pod_addrs: Option<HashMap<MapData, u64, PodAddrs>>,
     pub listeners: SockHash<MapData, ListenerKey>,
     /// Possible CPUs: the length of every per-CPU value.
     cpus: usize,
@@ -104,6 +107,9 @@ pub struct PodEntries {
     pub addrs: Vec<(u32, AddrKey)>,
     /// The pod's addresses as `sk_lookup` sees them (IPv6 words, IPv4 v4-mapped).
     pub ips: Vec<[u32; 4]>,
+    /// The pod's own address of each family, for `getsockname` ([`pod_addrs`]); `None` when
+    /// it has neither.
+    pub pod_addrs: Option<PodAddrs>,
 }
 
 impl PodEntries {
@@ -162,8 +168,42 @@ impl PodEntries {
             port_blocks,
             addrs,
             ips,
+            pod_addrs: pod_addrs(pod_ips),
         }
     }
+}
+
+/// The address of each family a redirected app socket of the pod shows as its local address
+/// (`getsockname`): the first of `pod_ips` of that family (the CNI result's addresses come
+/// first, then those found in the netns), leaving out loopback, unspecified and link-local
+/// addresses, which the route to an outside destination never picks as the source. `None`
+/// when the pod has no address of either family: its sockets keep the kernel's answer
+/// (`127.0.0.1`, `::1`).
+pub fn pod_addrs(pod_ips: &[IpAddr]) -> Option<PodAddrs> {
+    let mut out = PodAddrs::default();
+    for ip in pod_ips {
+        match ip {
+            IpAddr::V4(v4)
+                if out.flags & POD_ADDR_V4 == 0
+                    && !(v4.is_loopback() || v4.is_unspecified() || v4.is_link_local()) =>
+            {
+                out.v4 = u32::from_ne_bytes(v4.octets());
+                out.flags |= POD_ADDR_V4;
+            }
+            IpAddr::V6(v6)
+                if out.flags & POD_ADDR_V6 == 0
+                    && !(v6.is_loopback()
+                        || v6.is_unspecified()
+                        || v6.is_unicast_link_local()
+                        || v6.to_ipv4_mapped().is_some()) =>
+            {
+                out.v6 = ip_words(*ip);
+                out.flags |= POD_ADDR_V6;
+            }
+            _ => {}
+        }
+    }
+    (out.flags != 0).then_some(out)
 }
 
 /// Adds the ports of `ranges` to port set `set` of pod `netns_cookie` in `blocks`, by range:
@@ -266,6 +306,8 @@ pub struct PodView {
     pub addrs: Vec<Cidr>,
     /// The pod's own addresses.
     pub ips: Vec<IpAddr>,
+    /// The addresses its redirected app sockets show as their own (`getsockname`), per family.
+    pub local_addrs: Vec<IpAddr>,
     pub stats: PodStats,
     /// Entries of the 4-tuple map: connections between the client's handshake and the
     /// proxy side's (the destination then moves into the accepted socket's storage, which
@@ -284,6 +326,7 @@ enum Undo {
     PortSet(PortSetKey, Option<PortBlock>),
     Addr(u32, AddrKey),
     PodByIp([u32; 4], Option<u64>),
+    PodAddrs(u64, Option<PodAddrs>),
     Config(u64, Option<PodConfig>),
 }
 
@@ -299,6 +342,10 @@ impl Maps {
             conn_dst: typed!(dir, names::MAP_CONN_DST, HashMap, max),
             pod_stats: typed!(dir, names::MAP_POD_STATS, PerCpuHashMap, max),
             pod_by_ip: typed!(dir, names::MAP_POD_BY_IP, HashMap, max),
+            pod_addrs: match dir.join(names::MAP_POD_ADDRS).exists() {
+                true => Some(typed!(dir, names::MAP_POD_ADDRS, HashMap, max)),
+                false => None,
+            },
             listeners: typed!(dir, names::MAP_LISTENERS, SockHash, max),
             cpus: aya::util::nr_cpus().map_err(|(_, e)| MapsError::Update {
                 name: names::MAP_POD_STATS,
@@ -317,6 +364,10 @@ impl Maps {
             (names::MAP_PORT_SETS, self.port_sets.keys().count()),
             (names::MAP_ADDRS, self.addrs.keys().count()),
             (names::MAP_POD_BY_IP, self.pod_by_ip.keys().count()),
+            (
+                names::MAP_POD_ADDRS,
+                self.pod_addrs.as_ref().map_or(0, |m| m.keys().count()),
+            ),
             (names::MAP_LISTENERS, self.listeners.keys().count()),
             (names::MAP_SOCK_DST, self.sock_dst.keys().count()),
             (names::MAP_CONN_DST, self.conn_dst.keys().count()),
@@ -372,6 +423,12 @@ impl Maps {
                 let _ = self.pod_by_ip.remove(ip);
             }
         }
+        if old.pod_addrs.is_some()
+            && new.pod_addrs.is_none()
+            && let Some(map) = &mut self.pod_addrs
+        {
+            let _ = map.remove(&netns_cookie);
+        }
         Ok(())
     }
 
@@ -418,6 +475,14 @@ impl Maps {
                 undo.push(Undo::PodByIp(*ip, before));
             }
         }
+        if let (Some(addrs), Some(map)) = (entries.pod_addrs, &mut self.pod_addrs) {
+            let before = map.get(&netns_cookie, 0).ok();
+            if before != Some(addrs) {
+                map.insert(netns_cookie, addrs, 0)
+                    .map_err(update(names::MAP_POD_ADDRS))?;
+                undo.push(Undo::PodAddrs(netns_cookie, before));
+            }
+        }
         let before = self.pod_config(netns_cookie);
         self.pod_config
             .insert(netns_cookie, entries.config, 0)
@@ -437,6 +502,13 @@ impl Maps {
                 Undo::Addr(prefix, k) => self.addrs.remove(&Key::new(prefix, k)),
                 Undo::PodByIp(ip, Some(c)) => self.pod_by_ip.insert(ip, c, 0),
                 Undo::PodByIp(ip, None) => self.pod_by_ip.remove(&ip),
+                Undo::PodAddrs(cookie, before) => match &mut self.pod_addrs {
+                    Some(map) => match before {
+                        Some(a) => map.insert(cookie, a, 0),
+                        None => map.remove(&cookie),
+                    },
+                    None => Ok(()),
+                },
                 Undo::Config(cookie, Some(c)) => self.pod_config.insert(cookie, c, 0),
                 Undo::Config(cookie, None) => self.pod_config.remove(&cookie),
             };
@@ -465,6 +537,9 @@ impl Maps {
                 let _ = self.pod_by_ip.remove(ip);
             }
         }
+        if let Some(map) = &mut self.pod_addrs {
+            let _ = map.remove(&netns_cookie);
+        }
         for family in [AF_INET, AF_INET6] {
             let _ = self.listeners.remove(&ListenerKey {
                 netns_cookie,
@@ -483,6 +558,11 @@ impl Maps {
         }
         let _ = self.pod_stats.remove(&netns_cookie);
         Ok(existed)
+    }
+
+    /// The `getsockname` addresses of a pod, if present.
+    pub fn pod_addrs(&self, netns_cookie: u64) -> Option<PodAddrs> {
+        self.pod_addrs.as_ref()?.get(&netns_cookie, 0).ok()
     }
 
     /// The config entry of a pod, if present.
@@ -525,6 +605,10 @@ impl Maps {
         PodView {
             config: self.pod_config(netns_cookie),
             ips,
+            local_addrs: self
+                .pod_addrs(netns_cookie)
+                .map(|a| addrs_of(&a))
+                .unwrap_or_default(),
             port_blocks: self
                 .port_sets
                 .keys()
@@ -568,6 +652,18 @@ pub fn ip_of(words: [u32; 4]) -> IpAddr {
     }
     let v6 = std::net::Ipv6Addr::from(octets);
     v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+}
+
+/// The addresses a [`PodAddrs`] holds, IPv4 first.
+pub fn addrs_of(addrs: &PodAddrs) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    if addrs.flags & POD_ADDR_V4 != 0 {
+        out.push(IpAddr::V4(std::net::Ipv4Addr::from(addrs.v4.to_ne_bytes())));
+    }
+    if addrs.flags & POD_ADDR_V6 != 0 {
+        out.push(ip_of(addrs.v6));
+    }
+    out
 }
 
 /// Turns a trie key back into the CIDR it stores.
@@ -639,6 +735,44 @@ mod tests {
             ip_of(ip_words("fd00::5".parse().unwrap())),
             "fd00::5".parse::<IpAddr>().unwrap()
         );
+    }
+
+    /// `getsockname`'s address per family: the first usable one of each, CNI result first;
+    /// loopback, unspecified, link-local and v4-mapped addresses are never picked; none of
+    /// either family: no entry.
+    #[test]
+    fn pod_addrs_are_the_first_usable_address_of_each_family() {
+        let ips = |list: &[&str]| -> Vec<IpAddr> {
+            list.iter().map(|s| s.parse().expect("address")).collect()
+        };
+        let picked = |list: &[&str]| pod_addrs(&ips(list)).map(|a| addrs_of(&a));
+        assert_eq!(
+            picked(&["10.1.2.3", "fe80::1", "fd00::5", "10.9.9.9", "fd00::6"]),
+            Some(ips(&["10.1.2.3", "fd00::5"]))
+        );
+        assert_eq!(
+            picked(&["169.254.1.1", "127.0.0.2", "0.0.0.0", "10.1.2.3"]),
+            Some(ips(&["10.1.2.3"]))
+        );
+        assert_eq!(
+            picked(&[
+                "fe80::9c84:4fff:fe39:fd2b",
+                "::ffff:10.1.2.3",
+                "::1",
+                "2001:db8::7"
+            ]),
+            Some(ips(&["2001:db8::7"]))
+        );
+        assert_eq!(picked(&["fe80::1", "127.0.0.1"]), None);
+        assert_eq!(picked(&[]), None);
+        // As the programs read them: IPv4 in network order, IPv6 as words.
+        let a = pod_addrs(&ips(&["10.1.2.3", "fd00::5"])).expect("both families");
+        assert_eq!(a.flags, POD_ADDR_V4 | POD_ADDR_V6);
+        assert_eq!(a.v4.to_ne_bytes(), [10, 1, 2, 3]);
+        assert_eq!(a.v6, ip_words("fd00::5".parse().expect("address")));
+        // And in a pod's entries.
+        let e = PodEntries::new(7, &LinkerdConfig::default(), &ips(&["10.1.2.3"]));
+        assert_eq!(e.pod_addrs.map(|a| addrs_of(&a)), Some(ips(&["10.1.2.3"])));
     }
 
     /// The port-by-port fill this module did before: the reference for the fill by range.

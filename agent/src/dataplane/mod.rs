@@ -731,9 +731,12 @@ fn load_program_btf(
         Hook::SockOps => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
         Hook::Getsockopt => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
         Hook::SkLookup => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
-        Hook::Connect4 | Hook::Connect6 | Hook::Getpeername4 | Hook::Getpeername6 => {
-            <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load())
-        }
+        Hook::Connect4
+        | Hook::Connect6
+        | Hook::Getpeername4
+        | Hook::Getpeername6
+        | Hook::Getsockname4
+        | Hook::Getsockname6 => <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load()),
     }
 }
 
@@ -836,6 +839,7 @@ mod tests {
             "ConnKey",
             "PodStats",
             "ListenerKey",
+            "PodAddrs",
         ] {
             assert!(
                 btf.id_by_type_name_kind(ty, aya_obj::btf::BtfKind::Struct)
@@ -892,6 +896,12 @@ mod tests {
                 },
                 Hook::Getpeername6 => ProgramSection::CgroupSockAddr {
                     attach_type: CgroupSockAddrAttachType::GetPeerName6,
+                },
+                Hook::Getsockname4 => ProgramSection::CgroupSockAddr {
+                    attach_type: CgroupSockAddrAttachType::GetSockName4,
+                },
+                Hook::Getsockname6 => ProgramSection::CgroupSockAddr {
+                    attach_type: CgroupSockAddrAttachType::GetSockName6,
                 },
                 Hook::SkLookup => ProgramSection::SkLookup,
                 Hook::IterTcp => ProgramSection::Iter { sleepable: false },

@@ -440,6 +440,8 @@ pub fn hook_name(hook: Hook) -> &'static str {
         Hook::Getsockopt => "BPF_CGROUP_GETSOCKOPT",
         Hook::Getpeername4 => "BPF_CGROUP_INET4_GETPEERNAME",
         Hook::Getpeername6 => "BPF_CGROUP_INET6_GETPEERNAME",
+        Hook::Getsockname4 => "BPF_CGROUP_INET4_GETSOCKNAME",
+        Hook::Getsockname6 => "BPF_CGROUP_INET6_GETSOCKNAME",
         Hook::SkLookup => "BPF_SK_LOOKUP",
         Hook::IterTcp => "BPF_TRACE_ITER",
     }

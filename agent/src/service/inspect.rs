@@ -200,6 +200,14 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
                     ips.join(", "),
                     addrs.join(", ")
                 );
+                let local = match view.local_addrs.as_slice() {
+                    [] => "none: redirected sockets keep 127.0.0.1 / ::1 (no pod address)".into(),
+                    local => {
+                        let local: Vec<String> = local.iter().map(ToString::to_string).collect();
+                        format!("[{}] (redirected sockets' local address)", local.join(", "))
+                    }
+                };
+                let _ = writeln!(out, "  getsockname: {local}");
                 let listener = match view.listener {
                     (false, false) => {
                         "MISSING (inbound connections are refused until the proxy listens)"

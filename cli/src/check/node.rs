@@ -214,7 +214,7 @@ pub fn tenant_results(t: &Tenants) -> Vec<CheckResult> {
             CATEGORY,
             "other cgroup programs on the pods' path",
             format!(
-                "{} found on {} (connect4/6, sock_ops, getsockopt, getpeername4/6)",
+                "{} found on {} (connect4/6, sock_ops, getsockopt, getpeername4/6, getsockname4/6)",
                 t.found.len(),
                 roots.join(" and ")
             ),
