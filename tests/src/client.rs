@@ -118,7 +118,7 @@ impl Options {
             [0, 0, 0, 0],
             crate::proxy::OUTBOUND_PORT,
         )));
-        opts.no_read = true;
+        // It reads: the token its listener writes is how it knows the dial came back.
         opts.timeout_ms = timeout.as_millis() as u64;
         opts.validator_exit_codes = true;
         opts
