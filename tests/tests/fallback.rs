@@ -129,13 +129,18 @@ fn read_ok(mut s: TcpStream) {
 #[test]
 fn outbound_goes_to_the_proxy_with_its_original_destination() {
     let ns = netns();
-    // A remote network reached through a non-loopback interface (a tun device nothing reads:
-    // no packet leaves the netns), so that connections to it are not "leaving through lo".
-    ns.exec("ip", ["tuntap", "add", "dev", "t0", "mode", "tun"])
-        .expect("tun");
-    ns.exec("ip", ["addr", "add", "10.9.0.2/24", "dev", "t0"])
+    // A remote network reached through a non-loopback interface (a veth pair with both ends
+    // in this netns: no packet leaves it; the guests' kernels have no /dev/net/tun), so that
+    // connections to it are not "leaving through lo".
+    ns.exec(
+        "ip",
+        ["link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+    )
+    .expect("veth");
+    ns.exec("ip", ["addr", "add", "10.9.0.2/24", "dev", "v0"])
         .expect("addr");
-    ns.exec("ip", ["link", "set", "t0", "up"]).expect("up");
+    ns.exec("ip", ["link", "set", "v0", "up"]).expect("up");
+    ns.exec("ip", ["link", "set", "v1", "up"]).expect("up");
     let config = LinkerdConfig {
         outbound_ports_to_ignore: vec![PortRange::single(5432)],
         ..LinkerdConfig::default()

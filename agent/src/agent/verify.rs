@@ -338,20 +338,33 @@ impl Verifier {
             self.report(uid, pod, problem, now);
         }
         // Problems that ended: said so when the pod is now registered (and not reported
-        // again above); forgotten when it is gone.
+        // again above); forgotten when the pod is gone. A pod without a registration that
+        // merely stopped being a candidate for a while (its pod object rewritten without its
+        // addresses, as a status update can) stays reported until it is registered or gone:
+        // forgetting it then would leave its last Event saying unredirected after the ADD.
+        let known = self.agent.known_pods().unwrap_or_default();
+        let alive: HashSet<&str> = cached
+            .iter()
+            .filter(|p| p.deletion_timestamp.is_none() && !p.terminated)
+            .filter_map(|p| p.uid.as_deref())
+            .collect();
         let ended: Vec<Reported> = {
             let mut state = self.lock();
             let gone: Vec<String> = state
                 .reported
-                .keys()
-                .filter(|uid| !still.contains(*uid))
-                .cloned()
+                .iter()
+                .filter(|(uid, r)| {
+                    !still.contains(*uid)
+                        && (r.problem != Problem::Unregistered
+                            || !alive.contains(uid.as_str())
+                            || known.contains(&r.pod.namespace, &r.pod.name, uid))
+                })
+                .map(|(uid, _)| uid.clone())
                 .collect();
             gone.into_iter()
                 .filter_map(|uid| state.reported.remove(&uid))
                 .collect()
         };
-        let known = self.agent.known_pods().unwrap_or_default();
         for r in ended {
             let uid = r.pod.uid.as_deref().unwrap_or_default();
             if known.contains(&r.pod.namespace, &r.pod.name, uid) {
