@@ -25,7 +25,7 @@ use linkerd_cni_k8s::names;
 use super::result::{CheckResult, Status};
 
 /// The category these checks are printed under.
-pub const CATEGORY: &str = "linkerd-cni-plugin";
+pub const CATEGORY: &str = super::result::CNI_PLUGIN_CATEGORY;
 
 /// How long a failing check that is retried waits before the next attempt (Linkerd's).
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);

@@ -128,7 +128,7 @@ pub fn judge(o: &Observed) -> CheckResult {
     if unredirected.is_empty() {
         let redirected = latest.len();
         return CheckResult::ok(
-            super::cluster::CATEGORY,
+            super::result::CNI_PLUGIN_CATEGORY,
             CHECK,
             format!("{redirected} meshed pod(s) with a linkerd-cni Event, none unredirected"),
         );
@@ -149,7 +149,12 @@ pub fn judge(o: &Observed) -> CheckResult {
         "\nsee: kubectl describe pod <pod>; delete such a pod to recreate it through the plugin \
          (the agent does so itself with repairController.enabled)",
     );
-    CheckResult::new(super::cluster::CATEGORY, CHECK, Status::Fail, detail)
+    CheckResult::new(
+        super::result::CNI_PLUGIN_CATEGORY,
+        CHECK,
+        Status::Fail,
+        detail,
+    )
 }
 
 /// Reads the Events of every namespace, then the pods they report unredirected.
@@ -187,7 +192,7 @@ pub async fn gather(client: &Client) -> Result<Observed, String> {
 pub async fn run(client: &Client) -> CheckResult {
     match gather(client).await {
         Ok(o) => judge(&o),
-        Err(e) => CheckResult::fail(super::cluster::CATEGORY, CHECK, e),
+        Err(e) => CheckResult::fail(super::result::CNI_PLUGIN_CATEGORY, CHECK, e),
     }
 }
 

@@ -10,6 +10,10 @@ use serde::Serialize;
 /// Where Linkerd documents each check; a check's hint is this plus its anchor.
 pub const HINT_BASE_URL: &str = "https://linkerd.io/2/checks/#";
 
+/// The category the linkerd-cni checks of the cluster are printed under (Linkerd's name): the
+/// DaemonSet's (`super::cluster`) and the pods' redirection (`super::redirection`).
+pub const CNI_PLUGIN_CATEGORY: &str = "linkerd-cni-plugin";
+
 /// Outcome of one check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
