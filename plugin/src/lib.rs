@@ -20,6 +20,7 @@ pub mod apiserver;
 pub mod cmd;
 pub mod env;
 pub mod error;
+mod inside;
 pub mod log;
 pub mod netconf;
 pub mod netns;

@@ -16,7 +16,7 @@ use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
+        fd::{AsRawFd, OwnedFd},
         unix::fs::{FileTypeExt, OpenOptionsExt},
     },
 };
@@ -158,33 +158,11 @@ pub fn userns_maps(netns: &File) -> io::Result<Option<linkerd_cni_proto::wire::U
 /// Enters `netns` on a thread of its own (which ends there: no other thread changes
 /// namespace) and makes what [`Inside`] holds.
 pub fn inside(netns: &File) -> io::Result<Inside> {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                // SAFETY: setns on a descriptor we hold open; affects this thread only.
-                if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: plain socket(2); the result is checked before use.
-                let fd = unsafe {
-                    libc::socket(
-                        libc::AF_NETLINK,
-                        libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                        libc::NETLINK_ROUTE,
-                    )
-                };
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: a new descriptor owned by nothing else.
-                let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-                Ok(Inside {
-                    socket,
-                    addrs: addresses()?,
-                })
-            })
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("the netns thread panicked")))
+    crate::inside::run_inside(netns, || {
+        Ok(Inside {
+            socket: crate::inside::netlink_socket(libc::NETLINK_ROUTE)?,
+            addrs: addresses()?,
+        })
     })
 }
 

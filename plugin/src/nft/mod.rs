@@ -18,7 +18,7 @@ pub mod ruleset;
 use std::{
     fs::File,
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, OwnedFd},
     sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
@@ -156,30 +156,10 @@ impl Socket {
     /// A socket created inside `netns` (on a thread that ends there: no other thread changes
     /// namespace); it answers for that namespace from any thread.
     fn inside(netns: &File) -> Result<Self, NftError> {
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    // SAFETY: setns on a descriptor we hold open; affects this thread only.
-                    if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    // SAFETY: plain socket(2); the result is checked before use.
-                    let fd = unsafe {
-                        libc::socket(
-                            libc::AF_NETLINK,
-                            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                            libc::NETLINK_NETFILTER,
-                        )
-                    };
-                    if fd < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    // SAFETY: a new descriptor owned by nothing else.
-                    Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
-                })
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("the netns thread panicked")))
+        crate::inside::run_inside(netns, || {
+            crate::inside::netlink_socket(libc::NETLINK_NETFILTER)
         })
+        .map(Self)
         .map_err(io_err(
             "a netfilter netlink socket in the pod's network namespace",
         ))
