@@ -92,18 +92,36 @@ impl Hook {
     }
 }
 
-/// One eBPF program: its name (the function's name in `ebpf/`), its hook, and whether it
-/// writes first.
+/// Where a program stands in the chain of state a redirected connection leaves behind it,
+/// which sets when the agent swaps its pinned links to a new generation of programs
+/// ([`Program::chain`]): the readers first, then the relays, then the writers. Each link
+/// update is atomic, so for the length of a swap a connection may meet old and new programs
+/// in any mix the order allows; a new program always understands what an old one upstream of
+/// it wrote (the new maps are filled, and the kept maps hold compatible entries), while an old
+/// program does not know a new one's state. So a program is swapped only after everything
+/// downstream of it runs the new generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Chain {
+    /// Answers the application or the proxy from state others wrote, and writes none that
+    /// another program reads (getsockopt's `SO_ORIGINAL_DST`, getpeername, getsockname).
+    Reader,
+    /// Reads what a writer left and writes what a reader takes (sockops hands a connection's
+    /// destination from the app's socket to the proxy's; `sk_lookup` hands inbound
+    /// connections to the proxy's listener).
+    Relay,
+    /// Writes the first state of a connection (the connect hooks save the original
+    /// destination at `connect()`).
+    Writer,
+}
+
+/// One eBPF program: its name (the function's name in `ebpf/`), its hook, and where it stands
+/// in a connection's chain of state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Program {
     pub name: &'static str,
     pub hook: Hook,
-    /// Whether the program writes the first state of a connection, which the others then read
-    /// (the connect hooks save the original destination at `connect()`; sockops, getsockopt,
-    /// getpeername, getsockname and sk_lookup read what was written before them). When the agent swaps
-    /// pinned links to a new generation of programs, the writers go last, so a connection
-    /// whose `connect()` ran an old writer finds its entry in the new maps.
-    pub writes_first: bool,
+    /// Its place in the chain of state, which orders the links' swap at an upgrade.
+    pub chain: Chain,
 }
 
 /// Every program of the object, with its hook: the cgroup ones in attach order, then the netns
@@ -112,47 +130,47 @@ pub const PROGRAMS: [Program; 9] = [
     Program {
         name: PROG_CONNECT4,
         hook: Hook::Connect4,
-        writes_first: true,
+        chain: Chain::Writer,
     },
     Program {
         name: PROG_CONNECT6,
         hook: Hook::Connect6,
-        writes_first: true,
+        chain: Chain::Writer,
     },
     Program {
         name: PROG_SOCKOPS,
         hook: Hook::SockOps,
-        writes_first: false,
+        chain: Chain::Relay,
     },
     Program {
         name: PROG_GETSOCKOPT,
         hook: Hook::Getsockopt,
-        writes_first: false,
+        chain: Chain::Reader,
     },
     Program {
         name: PROG_GETPEERNAME4,
         hook: Hook::Getpeername4,
-        writes_first: false,
+        chain: Chain::Reader,
     },
     Program {
         name: PROG_GETPEERNAME6,
         hook: Hook::Getpeername6,
-        writes_first: false,
+        chain: Chain::Reader,
     },
     Program {
         name: PROG_GETSOCKNAME4,
         hook: Hook::Getsockname4,
-        writes_first: false,
+        chain: Chain::Reader,
     },
     Program {
         name: PROG_GETSOCKNAME6,
         hook: Hook::Getsockname6,
-        writes_first: false,
+        chain: Chain::Reader,
     },
     Program {
         name: PROG_SK_LOOKUP,
         hook: Hook::SkLookup,
-        writes_first: false,
+        chain: Chain::Relay,
     },
 ];
 
@@ -161,7 +179,7 @@ pub const PROGRAMS: [Program; 9] = [
 pub const ITER_PROGRAMS: [Program; 1] = [Program {
     name: PROG_ITER_TCP,
     hook: Hook::IterTcp,
-    writes_first: false,
+    chain: Chain::Reader,
 }];
 
 /// Programs of the object that stand in for one of [`PROGRAMS`] on kernels lacking a feature

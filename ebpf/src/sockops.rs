@@ -5,12 +5,14 @@
 //!   loopback address with an original destination in its storage ([`APP_DST`], saved by
 //!   [`crate::connect`]) hands it to the 4-tuple map under the app side's address and port,
 //!   which is the peer of the proxy's accepted socket. Any other socket returns after the
-//!   address check or one storage lookup; the app socket asks for no state callback (its
-//!   storage goes with it).
+//!   address check, or after one storage lookup and one probe of [`SOCK_DST`] (empty but for
+//!   sockets connected under layout-2 programs); the app socket asks for no state callback
+//!   (its storage goes with it).
 //! - `TCP_CONNECT_CB`, for sockets that connected under layout-2 programs (an upgrade while
 //!   they connect; their destination is under their cookie in [`SOCK_DST`]): ask for state
 //!   callbacks so that entry is removed however the connection ends; `ACTIVE_ESTABLISHED_CB`
-//!   hands it over the same way.
+//!   hands it over the same way, and asks for them itself when the socket's `TCP_CONNECT_CB`
+//!   ran the previous generation's sockops.
 //! - `PASSIVE_ESTABLISHED_CB`: the proxy's side of a redirected outbound connection completed
 //!   its handshake: move the original destination from the 4-tuple map into the accepted
 //!   socket's own storage ([`ACC_DST`]), where `SO_ORIGINAL_DST` finds it for as long as that
@@ -99,16 +101,20 @@ unsafe fn sockops(ctx: &SockOpsContext) {
             }
             let dst = match unsafe { app_dst(ctx) } {
                 Some(dst) => dst,
-                // A layout-2 socket asked for state callbacks at `TCP_CONNECT_CB`.
-                None if ctx.cb_flags() & BPF_SOCK_OPS_STATE_CB_FLAG != 0 => {
+                // A layout-2 socket. Its `TCP_CONNECT_CB` may have run the previous
+                // generation's sockops (the links are swapped between the two callbacks),
+                // which asked for no state callbacks: ask now, so the entry goes with it.
+                None => {
                     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
                     // SAFETY: the value is copied out at once.
-                    match (unsafe { SOCK_DST.get(&cookie) }).copied() {
-                        Some(dst) => dst,
-                        None => return,
+                    let Some(dst) = (unsafe { SOCK_DST.get(&cookie) }).copied() else {
+                        return;
+                    };
+                    if ctx.cb_flags() & BPF_SOCK_OPS_STATE_CB_FLAG == 0 {
+                        watch_state(ctx);
                     }
+                    dst
                 }
-                None => return,
             };
             let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
             let tuple = unsafe { Tuple::read(ctx, netns_cookie) };

@@ -553,15 +553,17 @@ fn copy_keyed_entries(
     Ok(copied)
 }
 
-/// Programs in the order their links are swapped: first those that read what others write
-/// (sockops, getsockopt, getpeername, sk_lookup), then those that write first (the connect
-/// hooks: [`names::Program::writes_first`]), each group in [`names::PROGRAMS`] order. A
-/// connection whose `connect()` ran the old program finds its entry in the new maps because
-/// it was copied before the readers were swapped, or in the copy pass right after.
+/// Programs in the order their links are swapped: [`names::Chain`] order (the readers, then
+/// the relays, then the writers), each group in [`names::PROGRAMS`] order. A new program
+/// understands what an old one upstream of it wrote; an old one does not know a new one's
+/// state (layout 1's getsockopt reads no accepted socket's storage, which today's sockops
+/// fills), so no old program ever runs downstream of a new one. A connection whose
+/// `connect()` ran the old writer finds its entry in the new maps because it was copied before
+/// the readers were swapped, or in the copy pass right after.
 fn swap_order() -> Vec<&'static str> {
-    let (writers, readers): (Vec<_>, Vec<_>) =
-        names::PROGRAMS.into_iter().partition(|p| p.writes_first);
-    readers.into_iter().chain(writers).map(|p| p.name).collect()
+    let mut programs = names::PROGRAMS.to_vec();
+    programs.sort_by_key(|p| p.chain);
+    programs.into_iter().map(|p| p.name).collect()
 }
 
 /// Every directory of pinned links under `pin_root`: each pod's, and the shared one.
@@ -668,33 +670,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn readers_are_swapped_before_the_connect_hooks() {
+    fn readers_are_swapped_before_the_relays_and_the_relays_before_the_connect_hooks() {
         let order = swap_order();
         assert_eq!(order.len(), names::ALL_PROGRAMS.len());
         let pos = |p| order.iter().position(|n| *n == p).expect("listed");
+        // getsockopt before sockops: layout 1's getsockopt reads only the 4-tuple map, which
+        // today's sockops empties into the accepted socket's storage (swapped the other way
+        // round, the proxy's SO_ORIGINAL_DST failed under load in the 6.1 guest).
         for reader in [
-            names::PROG_SOCKOPS,
             names::PROG_GETSOCKOPT,
-            names::PROG_SK_LOOKUP,
+            names::PROG_GETPEERNAME4,
+            names::PROG_GETSOCKNAME4,
         ] {
-            assert!(pos(reader) < pos(names::PROG_CONNECT4), "{order:?}");
-            assert!(pos(reader) < pos(names::PROG_CONNECT6), "{order:?}");
+            assert!(pos(reader) < pos(names::PROG_SOCKOPS), "{order:?}");
+        }
+        // sockops before sk_lookup: today's sockops takes an inbound connection's
+        // destination from an old sk_lookup's entry or from the socket's own address.
+        assert!(pos(names::PROG_SOCKOPS) < pos(names::PROG_SK_LOOKUP), "{order:?}");
+        for relay in [names::PROG_SOCKOPS, names::PROG_SK_LOOKUP] {
+            assert!(pos(relay) < pos(names::PROG_CONNECT4), "{order:?}");
+            assert!(pos(relay) < pos(names::PROG_CONNECT6), "{order:?}");
         }
     }
 
-    /// The order derived from the program table is the one written out by name before it was
-    /// derived: the readers in table order, then the connect hooks.
+    /// The order derived from the program table, written out by name.
     #[test]
     fn swap_order_of_todays_programs() {
         assert_eq!(
             swap_order(),
             [
-                names::PROG_SOCKOPS,
                 names::PROG_GETSOCKOPT,
                 names::PROG_GETPEERNAME4,
                 names::PROG_GETPEERNAME6,
                 names::PROG_GETSOCKNAME4,
                 names::PROG_GETSOCKNAME6,
+                names::PROG_SOCKOPS,
                 names::PROG_SK_LOOKUP,
                 names::PROG_CONNECT4,
                 names::PROG_CONNECT6,
@@ -702,23 +712,19 @@ mod tests {
         );
     }
 
-    /// Every program that writes first comes after every program that does not.
+    /// No program of a later place in the chain comes before one of an earlier place.
     #[test]
-    fn writers_are_swapped_last() {
-        let order = swap_order();
-        let writes_first = |name: &str| {
+    fn the_swap_follows_the_chain() {
+        let chain = |name: &str| {
             names::PROGRAMS
                 .iter()
                 .find(|p| p.name == name)
                 .expect("listed")
-                .writes_first
+                .chain
         };
-        let first_writer = order
-            .iter()
-            .position(|n| writes_first(n))
-            .expect("a writer");
+        let order = swap_order();
         assert!(
-            order[first_writer..].iter().all(|n| writes_first(n)),
+            order.windows(2).all(|w| chain(w[0]) <= chain(w[1])),
             "{order:?}"
         );
     }
