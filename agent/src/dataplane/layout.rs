@@ -686,7 +686,10 @@ mod tests {
         }
         // sockops before sk_lookup: today's sockops takes an inbound connection's
         // destination from an old sk_lookup's entry or from the socket's own address.
-        assert!(pos(names::PROG_SOCKOPS) < pos(names::PROG_SK_LOOKUP), "{order:?}");
+        assert!(
+            pos(names::PROG_SOCKOPS) < pos(names::PROG_SK_LOOKUP),
+            "{order:?}"
+        );
         for relay in [names::PROG_SOCKOPS, names::PROG_SK_LOOKUP] {
             assert!(pos(relay) < pos(names::PROG_CONNECT4), "{order:?}");
             assert!(pos(relay) < pos(names::PROG_CONNECT6), "{order:?}");
