@@ -738,6 +738,71 @@ fn del_of_one_of_two_attachments_sharing_a_netns_keeps_the_entries() {
     assert!(!s.pod_by_ip.iter().any(|k| k.starts_with(&format!("{c}:"))));
 }
 
+/// Two registrations of one network namespace under the agent as the DaemonSet runs it (no
+/// CAP_SYS_ADMIN, so the kernel names no program by id to it): the second one's `sk_lookup`
+/// stub runs after the first one's, which is ours too and hands connections to the same
+/// program. Both ADDs and both CHECKs pass, and no reconcile pass reports a conflict.
+#[test]
+fn two_registrations_of_one_netns_pass_add_and_check_without_sys_admin() {
+    let mut node = start_node(&[namespace_manifest("shop", &[])]);
+    let required: Vec<&str> = linkerd_cni_agent::host::capabilities::CAPABILITIES
+        .iter()
+        .filter(|c| c.required)
+        .map(|c| c.name)
+        .collect();
+    assert!(!required.contains(&"SYS_ADMIN"), "{required:?}");
+    node.start_agent_confined(&required)
+        .unwrap_or_else(|e| panic!("the confined agent: {e}\n{}", node.diagnostics()));
+    let pod = node.added_pod(PodSpec::meshed("shop", "twice"));
+    let second = format!("{}-second", pod.container_id);
+    let out = plugin_as(&node, &pod, "ADD", &second);
+    assert!(
+        out.status.success(),
+        "second ADD: {}\n{}",
+        out.stderr,
+        node.diagnostics()
+    );
+    for id in [&pod.container_id, &second] {
+        let out = plugin_as(&node, &pod, "CHECK", id);
+        assert!(
+            out.status.success(),
+            "CHECK of {id}: {}\n{}",
+            out.stderr,
+            node.diagnostics()
+        );
+    }
+    // Two reconcile passes over both registrations: neither is reported as run behind
+    // another tenant's program.
+    let log_before = node.agent_log().len();
+    let passes = || {
+        node.agent()
+            .expect("agent running")
+            .metric("linkerd_cni_agent_reconcile_passes_total")
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    // Passes are counted when they start: two more means one began and ended after this.
+    let until = passes() + 2;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while passes() < until {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reconcile pass within 60 s\n{}",
+            node.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = node.agent_log();
+    assert!(
+        !log[log_before..].contains("runs before ours"),
+        "a stub of ours taken for another tenant's program:\n{}",
+        &log[log_before..]
+    );
+    for id in [&second, &pod.container_id] {
+        let out = plugin_as(&node, &pod, "DEL", id);
+        assert!(out.status.success(), "DEL of {id}: {}", out.stderr);
+    }
+}
+
 /// Per-ADD costs: the agent enters pod netns on the thread serving the ADD (no hand-off to
 /// another thread) and every thread is back in the agent's own netns afterwards, writes each
 /// record as one compact JSON line, and at debug level logs where each ADD's and DEL's time

@@ -951,7 +951,19 @@ impl Agent {
         let shared_netns = self
             .registry
             .other_redirected_with_cookie(&record.id, record.netns_cookie);
-        order::check_netns(&ns, &record.netns, ours, shared_netns)
+        if !shared_netns {
+            return order::check_netns(&ns, &record.netns, ours, false);
+        }
+        // Another registration of ours in the same network namespace: its `sk_lookup` stub,
+        // which may run ahead of this one's, is ours too. Known by its pinned link, since the
+        // kernel names a program by id only to CAP_SYS_ADMIN, which the DaemonSet's agent lacks.
+        let mut with_others = ours.clone();
+        let others = self
+            .registry
+            .other_redirected_ids_with_cookie(&record.id, record.netns_cookie);
+        let dirs: Vec<PathBuf> = others.iter().map(|id| self.pod_link_dir(id)).collect();
+        with_others.extend(Ours::in_dirs(dirs.iter().map(PathBuf::as_path)));
+        order::check_netns(&ns, &record.netns, &with_others, true)
     }
 
     /// CNI GC: drops every registration whose id is not in `valid`. Returns the dropped ids.
@@ -1014,6 +1026,14 @@ impl Agent {
     /// Every registration.
     pub fn pods(&self) -> Result<Vec<PodRecord>, AgentError> {
         Ok(self.registry.all()?)
+    }
+
+    /// The registrations on the shared attachment, cloned; the others are not copied (on a
+    /// node of 10,000 pods a copy of every record per pass is megabytes of short-lived
+    /// allocations, which raise the heap's high-water mark).
+    pub fn shared_pods(&self) -> Vec<PodRecord> {
+        self.registry
+            .filtered(|r| matches!(r.attachment, Attachment::Shared { .. }))
     }
 
     /// How many registrations there are (without copying them).

@@ -402,6 +402,11 @@ impl Registry {
         Ok(self.records().values().cloned().collect())
     }
 
+    /// The records that satisfy `f`, cloned, in id order (the others are not copied).
+    pub fn filtered(&self, f: impl Fn(&PodRecord) -> bool) -> Vec<PodRecord> {
+        self.records().values().filter(|r| f(r)).cloned().collect()
+    }
+
     /// `f` of every record, in id order, without cloning them (the registry is locked
     /// meanwhile: keep `f` short and free of I/O).
     pub fn map_each<T>(&self, mut f: impl FnMut(&PodRecord) -> T) -> Vec<T> {
@@ -457,6 +462,19 @@ impl Registry {
             .copied()
             .unwrap_or(0);
         all > records.own(id, |r| r.redirected() && r.netns_cookie == cookie)
+    }
+
+    /// The ids of the redirected records other than `id` with netns cookie `cookie`: the
+    /// count kept per cookie answers first, so only a shared cookie (rare) costs a walk.
+    pub fn other_redirected_ids_with_cookie(&self, id: &str, cookie: u64) -> Vec<String> {
+        if !self.other_redirected_with_cookie(id, cookie) {
+            return Vec::new();
+        }
+        self.records()
+            .values()
+            .filter(|r| r.id != id && r.redirected() && r.netns_cookie == cookie)
+            .map(|r| r.id.clone())
+            .collect()
     }
 
     /// A redirected record other than `id` with netns cookie `cookie`, if any: the count

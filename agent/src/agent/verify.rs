@@ -235,13 +235,14 @@ impl Verifier {
         // The pods first, the registry after (as the repair does): an ADD that completes in
         // between is seen as registered.
         let cached = pods.cached_pods();
-        let (known, records) = match (self.agent.known_pods(), self.agent.pods()) {
-            (Ok(k), Ok(r)) => (k, r),
-            (Err(error), _) | (_, Err(error)) => {
+        let known = match self.agent.known_pods() {
+            Ok(k) => k,
+            Err(error) => {
                 tracing::warn!(%error, "verify: reading the registry");
                 return;
             }
         };
+        let records = self.agent.shared_pods();
         let mut found: BTreeMap<String, (events::PodRef, Problem)> = BTreeMap::new();
         let mut shared_ids = HashSet::new();
         for record in &records {
