@@ -948,19 +948,16 @@ impl Agent {
             target: record.netns.clone(),
             source,
         })?;
-        let shared_netns = self
+        let others = self
             .registry
-            .other_redirected_with_cookie(&record.id, record.netns_cookie);
-        if !shared_netns {
+            .other_redirected_ids_with_cookie(&record.id, record.netns_cookie);
+        if others.is_empty() {
             return order::check_netns(&ns, &record.netns, ours, false);
         }
         // Another registration of ours in the same network namespace: its `sk_lookup` stub,
         // which may run ahead of this one's, is ours too. Known by its pinned link, since the
         // kernel names a program by id only to CAP_SYS_ADMIN, which the DaemonSet's agent lacks.
         let mut with_others = ours.clone();
-        let others = self
-            .registry
-            .other_redirected_ids_with_cookie(&record.id, record.netns_cookie);
         let dirs: Vec<PathBuf> = others.iter().map(|id| self.pod_link_dir(id)).collect();
         with_others.extend(Ours::in_dirs(dirs.iter().map(PathBuf::as_path)));
         order::check_netns(&ns, &record.netns, &with_others, true)
