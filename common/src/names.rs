@@ -43,46 +43,191 @@ pub const PROG_ITER_TCP: &str = "l5d_iter_tcp";
 pub const PROG_SK_LOOKUP_STUB: &str = "l5d_sk_pod";
 
 /// The kernel hook a program runs at, which also says what it is attached to: every hook but
-/// [`Hook::SkLookup`] is a cgroup hook.
+/// [`Hook::SkLookup`] and [`Hook::IterTcp`] is a cgroup hook. Each hook's facts (its ELF
+/// section, program type, attach type and their kernel names) are one row of
+/// [`Hook::row`]: every caller (the loader, the raw `bpf(2)` calls, the probes, the queries of
+/// other tenants' programs, the docs' tests) reads them there. A new hook is a variant, its
+/// row, and its program (in `ebpf/` and [`PROGRAMS`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hook {
-    /// `cgroup/connect4` (`BPF_CGROUP_INET4_CONNECT`).
+    /// `cgroup/connect4`.
     Connect4,
-    /// `cgroup/connect6` (`BPF_CGROUP_INET6_CONNECT`).
+    /// `cgroup/connect6`.
     Connect6,
-    /// `sockops` (`BPF_CGROUP_SOCK_OPS`).
+    /// `sockops`.
     SockOps,
-    /// `cgroup/getsockopt` (`BPF_CGROUP_GETSOCKOPT`).
+    /// `cgroup/getsockopt`.
     Getsockopt,
-    /// `cgroup/getpeername4` (`BPF_CGROUP_INET4_GETPEERNAME`).
+    /// `cgroup/getpeername4`.
     Getpeername4,
-    /// `cgroup/getpeername6` (`BPF_CGROUP_INET6_GETPEERNAME`).
+    /// `cgroup/getpeername6`.
     Getpeername6,
-    /// `cgroup/getsockname4` (`BPF_CGROUP_INET4_GETSOCKNAME`).
+    /// `cgroup/getsockname4`.
     Getsockname4,
-    /// `cgroup/getsockname6` (`BPF_CGROUP_INET6_GETSOCKNAME`).
+    /// `cgroup/getsockname6`.
     Getsockname6,
-    /// `sk_lookup` (`BPF_SK_LOOKUP`), attached to a network namespace.
+    /// `sk_lookup`, attached to a network namespace.
     SkLookup,
-    /// `iter/tcp` (`BPF_TRACE_ITER` on `bpf_iter_tcp`): attached to nothing, run on demand.
+    /// `iter/tcp` (`bpf_iter_tcp`): attached to nothing, run on demand.
     IterTcp,
 }
 
+/// The facts of one [`Hook`], as the kernel's UAPI (`include/uapi/linux/bpf.h`) and the ELF
+/// object name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HookRow {
+    /// The ELF section its programs are in (what the eBPF crate's macros write, aya reads and
+    /// the docs show).
+    pub section: &'static str,
+    /// `enum bpf_prog_type`.
+    pub prog_type: u32,
+    /// The program type as the kernel names it.
+    pub prog_type_name: &'static str,
+    /// `enum bpf_attach_type`: the attach type of its links and queries (and the expected
+    /// attach type its programs are loaded with).
+    pub attach_type: u32,
+    /// The attach type as the kernel names it.
+    pub attach_type_name: &'static str,
+    /// The attach type as `bpftool` names it (`bpftool cgroup show`, `bpftool cgroup detach`).
+    pub bpftool_name: &'static str,
+}
+
+/// `BPF_PROG_TYPE_CGROUP_SOCK_ADDR`: the connect, getpeername and getsockname hooks share it.
+const SOCK_ADDR: (u32, &str) = (18, "BPF_PROG_TYPE_CGROUP_SOCK_ADDR");
+
 impl Hook {
+    /// Every hook, in declaration order.
+    pub const ALL: [Hook; 10] = [
+        Hook::Connect4,
+        Hook::Connect6,
+        Hook::SockOps,
+        Hook::Getsockopt,
+        Hook::Getpeername4,
+        Hook::Getpeername6,
+        Hook::Getsockname4,
+        Hook::Getsockname6,
+        Hook::SkLookup,
+        Hook::IterTcp,
+    ];
+
+    /// The hook's facts: the one table of them.
+    pub const fn row(self) -> HookRow {
+        let (section, (prog_type, prog_type_name), attach_type, attach_type_name, bpftool_name) =
+            match self {
+                Hook::Connect4 => (
+                    "cgroup/connect4",
+                    SOCK_ADDR,
+                    10,
+                    "BPF_CGROUP_INET4_CONNECT",
+                    "connect4",
+                ),
+                Hook::Connect6 => (
+                    "cgroup/connect6",
+                    SOCK_ADDR,
+                    11,
+                    "BPF_CGROUP_INET6_CONNECT",
+                    "connect6",
+                ),
+                Hook::SockOps => (
+                    "sockops",
+                    (13, "BPF_PROG_TYPE_SOCK_OPS"),
+                    3,
+                    "BPF_CGROUP_SOCK_OPS",
+                    "sock_ops",
+                ),
+                Hook::Getsockopt => (
+                    "cgroup/getsockopt",
+                    (25, "BPF_PROG_TYPE_CGROUP_SOCKOPT"),
+                    21,
+                    "BPF_CGROUP_GETSOCKOPT",
+                    "getsockopt",
+                ),
+                Hook::Getpeername4 => (
+                    "cgroup/getpeername4",
+                    SOCK_ADDR,
+                    29,
+                    "BPF_CGROUP_INET4_GETPEERNAME",
+                    "getpeername4",
+                ),
+                Hook::Getpeername6 => (
+                    "cgroup/getpeername6",
+                    SOCK_ADDR,
+                    30,
+                    "BPF_CGROUP_INET6_GETPEERNAME",
+                    "getpeername6",
+                ),
+                Hook::Getsockname4 => (
+                    "cgroup/getsockname4",
+                    SOCK_ADDR,
+                    31,
+                    "BPF_CGROUP_INET4_GETSOCKNAME",
+                    "getsockname4",
+                ),
+                Hook::Getsockname6 => (
+                    "cgroup/getsockname6",
+                    SOCK_ADDR,
+                    32,
+                    "BPF_CGROUP_INET6_GETSOCKNAME",
+                    "getsockname6",
+                ),
+                Hook::SkLookup => (
+                    "sk_lookup",
+                    (30, "BPF_PROG_TYPE_SK_LOOKUP"),
+                    36,
+                    "BPF_SK_LOOKUP",
+                    "sk_lookup",
+                ),
+                Hook::IterTcp => (
+                    "iter/tcp",
+                    (26, "BPF_PROG_TYPE_TRACING"),
+                    28,
+                    "BPF_TRACE_ITER",
+                    "iter",
+                ),
+            };
+        HookRow {
+            section,
+            prog_type,
+            prog_type_name,
+            attach_type,
+            attach_type_name,
+            bpftool_name,
+        }
+    }
+
+    /// The ELF section of its programs.
+    pub const fn section(self) -> &'static str {
+        self.row().section
+    }
+
+    /// Its program type (`enum bpf_prog_type`).
+    pub const fn prog_type(self) -> u32 {
+        self.row().prog_type
+    }
+
+    /// Its attach type (`enum bpf_attach_type`).
+    pub const fn attach_type(self) -> u32 {
+        self.row().attach_type
+    }
+
+    /// The attach type as the kernel names it (`BPF_CGROUP_INET4_CONNECT`).
+    pub const fn attach_type_name(self) -> &'static str {
+        self.row().attach_type_name
+    }
+
     /// The attach type as `bpftool` names it (`bpftool cgroup show`, `bpftool cgroup detach`).
     pub const fn bpftool_name(self) -> &'static str {
-        match self {
-            Hook::Connect4 => "connect4",
-            Hook::Connect6 => "connect6",
-            Hook::SockOps => "sock_ops",
-            Hook::Getsockopt => "getsockopt",
-            Hook::Getpeername4 => "getpeername4",
-            Hook::Getpeername6 => "getpeername6",
-            Hook::Getsockname4 => "getsockname4",
-            Hook::Getsockname6 => "getsockname6",
-            Hook::SkLookup => "sk_lookup",
-            Hook::IterTcp => "iter",
-        }
+        self.row().bpftool_name
+    }
+
+    /// A program type as the kernel names it, when one of our hooks has it (another tenant's
+    /// program may have any).
+    pub fn prog_type_name(prog_type: u32) -> Option<&'static str> {
+        Hook::ALL
+            .into_iter()
+            .map(Hook::row)
+            .find(|r| r.prog_type == prog_type)
+            .map(|r| r.prog_type_name)
     }
 
     /// Whether programs of this hook attach to a cgroup (otherwise to a network namespace, or,
@@ -349,3 +494,41 @@ pub const MAX_ADDRS: u32 = 65536;
 /// proxy reads `SO_ORIGINAL_DST` right after accepting). LRU maps are preallocated: about
 /// 7 MiB each at this size.
 pub const MAX_CONNS: u32 = 65536;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`Hook::ALL`] lists every variant once, and no two rows share a section or an attach
+    /// type (each is how the kernel and the object tell one hook from another).
+    #[test]
+    fn every_hook_has_its_own_row() {
+        for (i, hook) in Hook::ALL.into_iter().enumerate() {
+            assert_eq!(
+                hook as usize, i,
+                "Hook::ALL out of declaration order at {hook:?}"
+            );
+            for other in &Hook::ALL[..i] {
+                let (a, b) = (hook.row(), other.row());
+                assert_ne!(a.section, b.section, "{hook:?} and {other:?}");
+                assert_ne!(a.attach_type, b.attach_type, "{hook:?} and {other:?}");
+                assert_ne!(
+                    a.attach_type_name, b.attach_type_name,
+                    "{hook:?} and {other:?}"
+                );
+                assert_ne!(a.bpftool_name, b.bpftool_name, "{hook:?} and {other:?}");
+                // One program type, one name.
+                assert_eq!(
+                    a.prog_type == b.prog_type,
+                    a.prog_type_name == b.prog_type_name,
+                    "{hook:?} and {other:?}"
+                );
+            }
+            assert_eq!(
+                Hook::prog_type_name(hook.prog_type()),
+                Some(hook.row().prog_type_name)
+            );
+        }
+        assert_eq!(Hook::prog_type_name(0), None);
+    }
+}

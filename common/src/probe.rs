@@ -20,7 +20,10 @@ use std::{
     vec::Vec,
 };
 
-use crate::kernel::{FEATURES, Feature, MissingList, Probe, SkLookupVariant, parse_release};
+use crate::{
+    kernel::{FEATURES, Feature, MissingList, Probe, SkLookupVariant, parse_release},
+    names::Hook,
+};
 
 /// What the kernel said about one feature.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,22 +180,23 @@ pub fn release() -> String {
 /// Asks the running kernel one question.
 pub fn ask(probe: Probe) -> Answer {
     match probe {
-        Probe::CgroupConnect => answer(load(&CONNECT4, &[R0_1, EXIT])),
-        Probe::CgroupGetsockopt => answer(load(&GETSOCKOPT, &[R0_1, EXIT])),
+        Probe::CgroupConnect => answer(load(Hook::Connect4, &[R0_1, EXIT])),
+        Probe::CgroupGetsockopt => answer(load(Hook::Getsockopt, &[R0_1, EXIT])),
         Probe::CgroupLink => answer(link_create_exists()),
         Probe::CgroupGetpeername => answer(
-            load(&GETPEERNAME4, &[R0_1, EXIT]).and_then(|_| load(&GETSOCKNAME4, &[R0_1, EXIT])),
+            load(Hook::Getpeername4, &[R0_1, EXIT])
+                .and_then(|_| load(Hook::Getsockname4, &[R0_1, EXIT])),
         ),
-        Probe::SkLookup => answer(load(&SK_LOOKUP, &[R0_1, EXIT])),
+        Probe::SkLookup => answer(load(Hook::SkLookup, &[R0_1, EXIT])),
         Probe::SoNetnsCookie => answer(netns_cookie()),
         Probe::NetnsCookieHelper => {
             let prog = [call(BPF_FUNC_GET_NETNS_COOKIE), R0_1, EXIT];
-            answer(load(&SOCK_OPS, &prog).and_then(|_| load(&GETSOCKOPT, &prog)))
+            answer(load(Hook::SockOps, &prog).and_then(|_| load(Hook::Getsockopt, &prog)))
         }
         Probe::SkLookupIngressIfindex => {
             // r2 = *(u32 *)(r1 + offsetof(struct bpf_sk_lookup, ingress_ifindex))
             let read = insn(BPF_LDX_MEM_W, 2, 1, SK_LOOKUP_INGRESS_IFINDEX, 0);
-            answer(load(&SK_LOOKUP, &[read, R0_1, EXIT]))
+            answer(load(Hook::SkLookup, &[read, R0_1, EXIT]))
         }
     }
 }
@@ -206,22 +210,10 @@ fn answer<T>(result: io::Result<T>) -> Answer {
     }
 }
 
-// bpf(2) commands, program and attach types, helper ids and opcodes from the kernel's UAPI
-// (include/uapi/linux/bpf.h).
+// bpf(2) commands, helper ids and opcodes from the kernel's UAPI (include/uapi/linux/bpf.h);
+// the program and attach types are the hooks' ([`Hook::row`]).
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
-
-const BPF_PROG_TYPE_SOCK_OPS: u32 = 13;
-const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
-const BPF_PROG_TYPE_CGROUP_SOCKOPT: u32 = 25;
-const BPF_PROG_TYPE_SK_LOOKUP: u32 = 30;
-
-const BPF_CGROUP_SOCK_OPS: u32 = 3;
-const BPF_CGROUP_INET4_CONNECT: u32 = 10;
-const BPF_CGROUP_GETSOCKOPT: u32 = 21;
-const BPF_CGROUP_INET4_GETPEERNAME: u32 = 29;
-const BPF_CGROUP_INET4_GETSOCKNAME: u32 = 31;
-const BPF_SK_LOOKUP: u32 = 36;
 
 const BPF_FUNC_GET_NETNS_COOKIE: i32 = 122;
 /// `offsetof(struct bpf_sk_lookup, ingress_ifindex)`.
@@ -263,37 +255,6 @@ const EXIT: Insn = insn(BPF_EXIT, 0, 0, 0, 0);
 const fn call(helper: i32) -> Insn {
     insn(BPF_CALL, 0, 0, 0, helper)
 }
-
-/// A program type with the attach type it is loaded for.
-struct Kind {
-    prog_type: u32,
-    attach_type: u32,
-}
-
-const CONNECT4: Kind = Kind {
-    prog_type: BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
-    attach_type: BPF_CGROUP_INET4_CONNECT,
-};
-const GETPEERNAME4: Kind = Kind {
-    prog_type: BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
-    attach_type: BPF_CGROUP_INET4_GETPEERNAME,
-};
-const GETSOCKNAME4: Kind = Kind {
-    prog_type: BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
-    attach_type: BPF_CGROUP_INET4_GETSOCKNAME,
-};
-const GETSOCKOPT: Kind = Kind {
-    prog_type: BPF_PROG_TYPE_CGROUP_SOCKOPT,
-    attach_type: BPF_CGROUP_GETSOCKOPT,
-};
-const SOCK_OPS: Kind = Kind {
-    prog_type: BPF_PROG_TYPE_SOCK_OPS,
-    attach_type: BPF_CGROUP_SOCK_OPS,
-};
-const SK_LOOKUP: Kind = Kind {
-    prog_type: BPF_PROG_TYPE_SK_LOOKUP,
-    attach_type: BPF_SK_LOOKUP,
-};
 
 /// The `BPF_PROG_LOAD` part of `union bpf_attr` (up to `expected_attach_type`, 4.17).
 #[repr(C)]
@@ -341,18 +302,19 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
 }
 
-/// Loads `insns` as a program of `kind`; the fd closes when the result drops.
-fn load(kind: &Kind, insns: &[Insn]) -> io::Result<OwnedFd> {
+/// Loads `insns` as a program of `hook` (its program type, and its attach type as the expected
+/// one); the fd closes when the result drops.
+fn load(hook: Hook, insns: &[Insn]) -> io::Result<OwnedFd> {
     let license = b"GPL\0";
     let mut name = [0u8; 16];
     name[..9].copy_from_slice(b"l5d_probe");
     let mut attr = ProgLoadAttr {
-        prog_type: kind.prog_type,
+        prog_type: hook.prog_type(),
         insn_cnt: insns.len() as u32,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
         prog_name: name,
-        expected_attach_type: kind.attach_type,
+        expected_attach_type: hook.attach_type(),
         ..Default::default()
     };
     bpf(BPF_PROG_LOAD, &mut attr)
@@ -361,12 +323,12 @@ fn load(kind: &Kind, insns: &[Insn]) -> io::Result<OwnedFd> {
 /// Whether `BPF_LINK_CREATE` takes cgroup programs: `EBADF` for the invalid cgroup fd means
 /// the kernel got as far as looking it up.
 fn link_create_exists() -> io::Result<()> {
-    let prog = load(&CONNECT4, &[R0_1, EXIT])?;
+    let prog = load(Hook::Connect4, &[R0_1, EXIT])?;
     use std::os::fd::AsRawFd;
     let mut attr = LinkCreateAttr {
         prog_fd: prog.as_raw_fd() as u32,
         target_fd: u32::MAX,
-        attach_type: BPF_CGROUP_INET4_CONNECT,
+        attach_type: Hook::Connect4.attach_type(),
         flags: 0,
     };
     match bpf(BPF_LINK_CREATE, &mut attr) {

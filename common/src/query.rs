@@ -33,7 +33,7 @@ pub const F_PREORDER: u32 = 1 << 6;
 /// `BPF_F_QUERY_EFFECTIVE`.
 const F_QUERY_EFFECTIVE: u32 = 1;
 /// `BPF_SK_LOOKUP`: netns queries take no per-program flags.
-const ATTACH_SK_LOOKUP: u32 = 36;
+const ATTACH_SK_LOOKUP: u32 = crate::names::Hook::SkLookup.attach_type();
 
 /// What `BPF_PROG_QUERY` says about one hook of a cgroup or netns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -246,23 +246,6 @@ pub fn kubepods(root: &Path) -> Option<PathBuf> {
     match found.as_slice() {
         [one] => Some(one.clone()),
         _ => None,
-    }
-}
-
-/// The kernel's attach type (`enum bpf_attach_type`) of a hook.
-pub const fn attach_type(hook: crate::names::Hook) -> u32 {
-    use crate::names::Hook;
-    match hook {
-        Hook::Connect4 => 10,
-        Hook::Connect6 => 11,
-        Hook::SockOps => 3,
-        Hook::Getsockopt => 21,
-        Hook::Getpeername4 => 29,
-        Hook::Getpeername6 => 30,
-        Hook::Getsockname4 => 31,
-        Hook::Getsockname6 => 32,
-        Hook::IterTcp => 28,
-        Hook::SkLookup => ATTACH_SK_LOOKUP,
     }
 }
 

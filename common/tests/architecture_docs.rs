@@ -41,22 +41,6 @@ fn table(text: &str, heading: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The ELF section, as the docs name a hook.
-fn section(hook: Hook) -> &'static str {
-    match hook {
-        Hook::Connect4 => "cgroup/connect4",
-        Hook::Connect6 => "cgroup/connect6",
-        Hook::SockOps => "sockops",
-        Hook::Getsockopt => "cgroup/getsockopt",
-        Hook::Getpeername4 => "cgroup/getpeername4",
-        Hook::Getpeername6 => "cgroup/getpeername6",
-        Hook::Getsockname4 => "cgroup/getsockname4",
-        Hook::Getsockname6 => "cgroup/getsockname6",
-        Hook::SkLookup => "sk_lookup",
-        Hook::IterTcp => "iter/tcp",
-    }
-}
-
 fn code(s: &str) -> String {
     format!("`{s}`")
 }
@@ -69,11 +53,11 @@ fn the_program_table_is_the_program_list() {
         .into_iter()
         .chain(ITER_PROGRAMS)
         .chain(variant_programs())
-        .map(|p| (code(p.name), code(section(p.hook)), p.hook.on_cgroup()))
+        .map(|p| (code(p.name), code(p.hook.section()), p.hook.on_cgroup()))
         .collect();
     want.push((
         code(PROG_SK_LOOKUP_STUB),
-        code(section(Hook::SkLookup)),
+        code(Hook::SkLookup.section()),
         false,
     ));
     let got: Vec<(String, String)> = rows

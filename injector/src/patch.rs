@@ -15,10 +15,11 @@
 //! must run before the proxy because it borrows the proxy's outbound port.
 
 use linkerd_cni_k8s::{
-    decision::{OverrideOrigin, override_value, quote_value as decision_quote},
     names,
+    overrides::{
+        Field, OverrideOrigin, POD_OVERRIDES, Parsed, override_value, quote_value as decision_quote,
+    },
 };
-use linkerd_cni_proto::config::{parse_cidr_list, parse_port_list};
 use serde_json::{Map, Value, json};
 
 use crate::{
@@ -42,7 +43,7 @@ pub enum InjectError {
         /// The annotation.
         key: &'static str,
         /// Its value, cut as the agent's decision cuts it
-        /// ([`linkerd_cni_k8s::decision::quote_value`]).
+        /// ([`linkerd_cni_k8s::overrides::quote_value`]).
         value: String,
         /// `pod` or `namespace`.
         source_object: &'static str,
@@ -113,16 +114,6 @@ fn invalid(
     }
 }
 
-/// Validates and normalises a comma list of ports/ranges.
-fn port_list(key: &'static str, value: &str, source: &'static str) -> Result<String, InjectError> {
-    let ports = parse_port_list(value).map_err(|e| invalid(key, value, source, e))?;
-    Ok(ports
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(","))
-}
-
 /// The settings injection resolves from the values and the overrides.
 struct Resolved {
     proxy_uid: i64,
@@ -135,62 +126,63 @@ struct Resolved {
     subnets_to_ignore: String,
 }
 
+/// The control plane's values with the pod's overrides applied: every row of
+/// [`POD_OVERRIDES`], read from the pod or its namespace and parsed by the row's parser.
 fn resolve(pod: &Value, ctx: &InjectContext<'_>) -> Result<Resolved, InjectError> {
     let v = ctx.values;
-    let id = |key: &'static str, default: i64| -> Result<i64, InjectError> {
-        match config_override(pod, ctx, key) {
-            None => Ok(default),
-            Some((s, src)) => s
-                .trim()
-                .parse::<u32>()
-                .map(i64::from)
-                .map_err(|_| invalid(key, s, src, "expected an integer ID (0-4294967295)")),
-        }
+    let mut r = Resolved {
+        proxy_uid: v.proxy.uid,
+        proxy_gid: Some(v.proxy.gid).filter(|g| *g >= 0),
+        proxy_image: v.proxy.image.name.trim().to_string(),
+        proxy_version: v.proxy_version().trim().to_string(),
+        proxy_log_level: v.proxy.log_level.trim().to_string(),
+        inbound_ports_to_ignore: v.proxy_init.ignore_inbound_ports.trim().to_string(),
+        outbound_ports_to_ignore: v.proxy_init.ignore_outbound_ports.trim().to_string(),
+        subnets_to_ignore: v.proxy_init.skip_subnets.trim().to_string(),
     };
-    let proxy_uid = id(names::PROXY_UID_ANNOTATION, v.proxy.uid)?;
-    let proxy_gid = Some(id(names::PROXY_GID_ANNOTATION, v.proxy.gid)?).filter(|g| *g >= 0);
-
-    let mut inbound = format!("{},{}", v.proxy.ports.control, v.proxy.ports.admin);
-    let extra_inbound = match config_override(pod, ctx, names::SKIP_INBOUND_PORTS_ANNOTATION) {
-        Some((s, src)) => port_list(names::SKIP_INBOUND_PORTS_ANNOTATION, s, src)?,
-        None => v.proxy_init.ignore_inbound_ports.trim().to_string(),
-    };
-    if !extra_inbound.is_empty() {
-        inbound.push(',');
-        inbound.push_str(&extra_inbound);
+    for row in &POD_OVERRIDES {
+        let Some((s, src)) = config_override(pod, ctx, row.annotation) else {
+            continue;
+        };
+        let parsed = row
+            .parse(s)
+            .map_err(|e| invalid(row.annotation, s, src, e))?;
+        let slot = match (row.field, &parsed) {
+            (Field::ProxyUid, Parsed::Id(id)) => {
+                r.proxy_uid = *id;
+                continue;
+            }
+            (Field::ProxyGid, Parsed::Id(id)) => {
+                // Negative: no GID, as in the values and the conflist.
+                r.proxy_gid = Some(*id).filter(|g| *g >= 0);
+                continue;
+            }
+            // `linkerd-init` is given the proxy's control and admin ports before these, as
+            // Linkerd's injector does: the annotation takes the place of the values' list.
+            (Field::InboundPortsToIgnore, Parsed::Ports(_)) => &mut r.inbound_ports_to_ignore,
+            (Field::OutboundPortsToIgnore, Parsed::Ports(_)) => &mut r.outbound_ports_to_ignore,
+            (Field::SubnetsToIgnore, Parsed::Cidrs(_)) => &mut r.subnets_to_ignore,
+            (Field::ProxyImage, Parsed::Text(_)) => &mut r.proxy_image,
+            (Field::ProxyVersion, Parsed::Text(_)) => &mut r.proxy_version,
+            (Field::ProxyLogLevel, Parsed::Text(_)) => &mut r.proxy_log_level,
+            (field, _) => {
+                return Err(invalid(
+                    row.annotation,
+                    s,
+                    src,
+                    format!("the injector has no place for {field:?} from this parser"),
+                ));
+            }
+        };
+        *slot = parsed.to_string();
     }
-    let outbound = match config_override(pod, ctx, names::SKIP_OUTBOUND_PORTS_ANNOTATION) {
-        Some((s, src)) => port_list(names::SKIP_OUTBOUND_PORTS_ANNOTATION, s, src)?,
-        None => v.proxy_init.ignore_outbound_ports.trim().to_string(),
-    };
-    let subnets = match config_override(pod, ctx, names::SKIP_SUBNETS_ANNOTATION) {
-        Some((s, src)) => {
-            let cidrs = parse_cidr_list(s)
-                .map_err(|e| invalid(names::SKIP_SUBNETS_ANNOTATION, s, src, e))?;
-            cidrs
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        }
-        None => v.proxy_init.skip_subnets.trim().to_string(),
-    };
-    let text = |key: &str, default: &str| {
-        config_override(pod, ctx, key)
-            .map_or(default, |(s, _)| s)
-            .trim()
-            .to_string()
-    };
-    Ok(Resolved {
-        proxy_uid,
-        proxy_gid,
-        proxy_image: text(names::PROXY_IMAGE_ANNOTATION, &v.proxy.image.name),
-        proxy_version: text(names::PROXY_VERSION_OVERRIDE_ANNOTATION, v.proxy_version()),
-        proxy_log_level: text(names::PROXY_LOG_LEVEL_ANNOTATION, &v.proxy.log_level),
-        inbound_ports_to_ignore: inbound,
-        outbound_ports_to_ignore: outbound,
-        subnets_to_ignore: subnets,
-    })
+    let mut inbound = format!("{},{}", v.proxy.ports.control, v.proxy.ports.admin);
+    if !r.inbound_ports_to_ignore.is_empty() {
+        inbound.push(',');
+        inbound.push_str(&r.inbound_ports_to_ignore);
+    }
+    r.inbound_ports_to_ignore = inbound;
+    Ok(r)
 }
 
 fn env(name: &str, value: impl Into<String>) -> Value {

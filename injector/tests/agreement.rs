@@ -13,7 +13,7 @@
 //! the same shape.
 
 use k8s_openapi::api::core::v1::Pod;
-use linkerd_cni_k8s::decision::decide;
+use linkerd_cni_k8s::{decision::decide, overrides::POD_OVERRIDES};
 use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
 use linkerd_injector::{injected_pod, values::Values};
 use serde_json::Value;
@@ -254,5 +254,68 @@ fn our_injector_output_has_linkerds_shape() {
     assert_eq!(
         ours["metadata"]["annotations"]["config.linkerd.io/skip-outbound-ports"],
         "5432"
+    );
+}
+
+/// The injector and the agent read every override of the one table alike: a value one
+/// accepts the other accepts, a value one refuses the other refuses (before the table, the
+/// injector refused `proxy-gid: "-1"`, which the agent and the conflist read as "no GID").
+#[test]
+fn every_override_is_accepted_or_refused_alike() {
+    let (name, app) = fixture_pods().into_iter().next().expect("a fixture");
+    let cni = Values {
+        cni_enabled: true,
+        ..Values::default()
+    };
+    let meshed = injected_pod(&app, &cni).unwrap_or_else(|e| panic!("{name}: inject: {e}"));
+    let annotate = |pod: &Value, key: &str, value: &str| {
+        let mut pod = pod.clone();
+        pod["metadata"]["annotations"][key] = Value::from(value);
+        pod
+    };
+    let values = [
+        "0",
+        "1337",
+        "-1",
+        "-5",
+        "4294967295",
+        "4294967296",
+        "8080,9000-9100",
+        "80,90-10",
+        "70000",
+        "http",
+        "10.0.0.0/8,fd00::/8",
+        "10.0.0.0/33",
+        " 3306 ",
+    ];
+    let rows: Vec<_> = POD_OVERRIDES.iter().filter(|r| r.redirects()).collect();
+    assert_eq!(rows.len(), 5, "the five redirect settings");
+    for row in rows {
+        for value in values {
+            let injector = injected_pod(&annotate(&app, row.annotation, value), &cni);
+            let agent = decide(
+                &as_pod(&annotate(&meshed, row.annotation, value)),
+                None,
+                None,
+                &LinkerdConfig::default(),
+            );
+            assert_eq!(
+                injector.is_ok(),
+                agent.is_ok(),
+                "{}: {value:?}: injector {:?}, agent {:?}",
+                row.annotation,
+                injector.as_ref().err().map(ToString::to_string),
+                agent.as_ref().err().map(ToString::to_string),
+            );
+        }
+    }
+    // A negative GID is no GID for both: the proxy gets no runAsGroup.
+    let pod = injected_pod(&annotate(&app, "config.linkerd.io/proxy-gid", "-1"), &cni)
+        .expect("a negative GID is accepted");
+    let proxy = init_container(&pod, "linkerd-proxy");
+    assert!(
+        proxy["securityContext"].get("runAsGroup").is_none(),
+        "{}",
+        proxy["securityContext"]
     );
 }

@@ -7,10 +7,9 @@
 //! - overrides come from the pod's annotation, or, when the pod does not carry that annotation
 //!   or carries it empty, from its namespace's (as Linkerd's plugin and injector do). An empty
 //!   value on both means "no override";
-//! - `config.linkerd.io/skip-outbound-ports` replaces the outbound ignore list,
-//!   `config.linkerd.io/skip-inbound-ports` is appended to the inbound ignore list,
-//!   `config.linkerd.io/skip-subnets` replaces the subnets to ignore,
-//!   `config.linkerd.io/proxy-uid` / `config.linkerd.io/proxy-gid` replace the configured IDs;
+//! - each override of [`crate::overrides::POD_OVERRIDES`] that sets the redirection's
+//!   configuration (`skip-outbound-ports`, `skip-inbound-ports`, `skip-subnets`, `proxy-uid`,
+//!   `proxy-gid`) replaces its conflist value or is appended to it, as its row says;
 //! - pods labelled `linkerd.io/control-plane-component` also skip (outbound) the `port` and the
 //!   integer `targetPort`s of the `default/kubernetes` Service, or 443 and 6443 when that Service
 //!   could not be read.
@@ -29,11 +28,11 @@ use k8s_openapi::{
     api::core::v1::{Namespace, Pod, Service},
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
-use linkerd_cni_proto::config::{self, LinkerdConfig, PortRange};
+use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
 
-use crate::names::{
-    CONTROL_PLANE_COMPONENT_LABEL, PROXY_CONTAINER, PROXY_GID_ANNOTATION, PROXY_UID_ANNOTATION,
-    SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION, SKIP_SUBNETS_ANNOTATION,
+use crate::{
+    names::{CONTROL_PLANE_COMPONENT_LABEL, PROXY_CONTAINER},
+    overrides::{OverrideOrigin, POD_OVERRIDES, override_value, quote_value},
 };
 
 /// Ports a control-plane pod skips when the `default/kubernetes` Service could not be read.
@@ -75,7 +74,7 @@ impl fmt::Display for AnnotationSource {
 pub struct AnnotationError {
     /// The annotation's key.
     pub annotation: &'static str,
-    /// Its value, as written, cut to [`MAX_QUOTED_VALUE`] characters (then `...` and its size
+    /// Its value, as written, cut to [`crate::overrides::MAX_QUOTED_VALUE`] characters (then `...` and its size
     /// in bytes): a pod may carry 256 KiB of annotations, and this message reaches the CNI
     /// error, the runtime's log and the pod's events.
     pub value: String,
@@ -83,30 +82,6 @@ pub struct AnnotationError {
     pub source_object: AnnotationSource,
     /// What is wrong with it.
     pub reason: String,
-}
-
-/// Which object an override was read from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OverrideOrigin {
-    /// The pod (or pod template) itself.
-    Pod,
-    /// The pod's namespace.
-    Namespace,
-}
-
-/// Linkerd's rule for `config.linkerd.io/*` overrides, shared by this decision and the proxy
-/// injector: the pod's annotation when it is set and not blank, else its namespace's
-/// (`on_namespace`, only called then), else none. Linkerd reads both with `!= ""`, so an empty
-/// value on the pod falls through to the namespace's rather than hiding it.
-pub fn override_value<'a>(
-    on_pod: Option<&'a str>,
-    on_namespace: impl FnOnce() -> Option<&'a str>,
-) -> Option<(&'a str, OverrideOrigin)> {
-    let set = |v: &&str| !v.trim().is_empty();
-    match on_pod.filter(set) {
-        Some(value) => Some((value, OverrideOrigin::Pod)),
-        None => Some((on_namespace().filter(set)?, OverrideOrigin::Namespace)),
-    }
 }
 
 /// Decides whether `pod` is redirected and computes its configuration from `base`.
@@ -137,54 +112,12 @@ pub fn decide(
     let mut config = base.clone();
     let mut applied = Vec::new();
 
-    if let Some((value, source)) = overrides.get(SKIP_OUTBOUND_PORTS_ANNOTATION) {
-        config.outbound_ports_to_ignore = ports(SKIP_OUTBOUND_PORTS_ANNOTATION, value, &source)?;
-        applied.push(format!("{SKIP_OUTBOUND_PORTS_ANNOTATION} from {source}"));
-    }
-    if let Some((value, source)) = overrides.get(SKIP_INBOUND_PORTS_ANNOTATION) {
-        config.inbound_ports_to_ignore.extend(ports(
-            SKIP_INBOUND_PORTS_ANNOTATION,
-            value,
-            &source,
-        )?);
-        applied.push(format!("{SKIP_INBOUND_PORTS_ANNOTATION} from {source}"));
-    }
-    if let Some((value, source)) = overrides.get(SKIP_SUBNETS_ANNOTATION) {
-        config.subnets_to_ignore = config::parse_cidr_list(value)
-            .map_err(|e| malformed(SKIP_SUBNETS_ANNOTATION, value, &source, e.to_string()))?;
-        applied.push(format!("{SKIP_SUBNETS_ANNOTATION} from {source}"));
-    }
-    if let Some((value, source)) = overrides.get(PROXY_UID_ANNOTATION) {
-        // A UID; 0 keeps Linkerd's meaning (no exemption). Negative values are refused: they
-        // would silently drop the exemption and loop the proxy's own traffic back to it.
-        let uid = value.trim().parse::<u32>().map_err(|_| {
-            malformed(
-                PROXY_UID_ANNOTATION,
-                value,
-                &source,
-                "expected an integer 0-4294967295".into(),
-            )
-        })?;
-        config.proxy_uid = i64::from(uid);
-        applied.push(format!("{PROXY_UID_ANNOTATION} from {source}"));
-    }
-    if let Some((value, source)) = overrides.get(PROXY_GID_ANNOTATION) {
-        // Negative means "no GID exemption", as in the conflist.
-        let gid = value
-            .trim()
-            .parse::<i64>()
-            .ok()
-            .filter(|g| *g <= i64::from(u32::MAX))
-            .ok_or_else(|| {
-                malformed(
-                    PROXY_GID_ANNOTATION,
-                    value,
-                    &source,
-                    "expected an integer <= 4294967295 (negative: none)".into(),
-                )
-            })?;
-        config.proxy_gid = gid;
-        applied.push(format!("{PROXY_GID_ANNOTATION} from {source}"));
+    for row in POD_OVERRIDES.iter().filter(|row| row.redirects()) {
+        if let Some((value, source)) = overrides.get(row.annotation) {
+            row.apply(&mut config, value)
+                .map_err(|e| malformed(row.annotation, value, &source, e.to_string()))?;
+            applied.push(format!("{} from {source}", row.annotation));
+        }
     }
 
     if is_control_plane(pod) {
@@ -297,26 +230,6 @@ impl<'a> Overrides<'a> {
             },
         };
         Some((value, source))
-    }
-}
-
-fn ports(
-    annotation: &'static str,
-    value: &str,
-    source: &AnnotationSource,
-) -> Result<Vec<PortRange>, AnnotationError> {
-    config::parse_port_list(value).map_err(|e| malformed(annotation, value, source, e.to_string()))
-}
-
-/// How many characters of a malformed annotation's value an error quotes.
-pub const MAX_QUOTED_VALUE: usize = 128;
-
-/// `value` as an error quotes it (the agent's decision and the proxy injector): whole when
-/// short, else its first [`MAX_QUOTED_VALUE`] characters, `...` and its size.
-pub fn quote_value(value: &str) -> String {
-    match value.char_indices().nth(MAX_QUOTED_VALUE) {
-        None => value.to_string(),
-        Some((at, _)) => format!("{}... ({} bytes)", &value[..at], value.len()),
     }
 }
 

@@ -7,6 +7,10 @@
 //!   the cache does not hold yet.
 //! - [`client::ClientBuilder`] builds the API client for every binary of the project;
 //!   [`client::client`] is the agent's (in-cluster, or from a kubeconfig file).
+//! - [`overrides`]: the pod overrides (`config.linkerd.io/*` annotations) in one table, with
+//!   their conflist keys, fields, replace or append, and parsers; the decision, the data
+//!   plane's per-pod limits and the proxy injector read it, `docs/operating/annotations.md`
+//!   shows it.
 //! - [`names`]: Linkerd's vocabulary (container names, annotation and label keys, object
 //!   names, defaults), shared with the proxy injector and the CLI.
 //! - [`events::EventRecorder`]: Events on pods (redirected, refused, repaired, unredirected),
@@ -22,6 +26,7 @@ pub mod decision;
 mod error;
 pub mod events;
 pub mod names;
+pub mod overrides;
 pub mod podcache;
 pub mod source;
 pub mod taint;

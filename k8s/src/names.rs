@@ -46,11 +46,14 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// Pod Security Admission level enforced on a namespace.
 pub const PSA_ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
 
-/// Inbound ports the proxy must not see (comma list; appended to the control and admin ports).
+// The `config.linkerd.io/*` overrides: what each sets, replace or append, its parser, in
+// `crate::overrides::POD_OVERRIDES`.
+
+/// Inbound ports the proxy must not see.
 pub const SKIP_INBOUND_PORTS_ANNOTATION: &str = "config.linkerd.io/skip-inbound-ports";
-/// Outbound ports the proxy must not see (comma list; replaces the configured list).
+/// Outbound ports the proxy must not see.
 pub const SKIP_OUTBOUND_PORTS_ANNOTATION: &str = "config.linkerd.io/skip-outbound-ports";
-/// Subnets whose inbound traffic is not redirected (comma list of CIDRs; replaces the list).
+/// Subnets whose inbound traffic is not redirected.
 pub const SKIP_SUBNETS_ANNOTATION: &str = "config.linkerd.io/skip-subnets";
 /// Overrides the proxy's UID.
 pub const PROXY_UID_ANNOTATION: &str = "config.linkerd.io/proxy-uid";

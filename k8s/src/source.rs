@@ -48,6 +48,7 @@ use tokio::task::JoinHandle;
 use crate::{
     decision::{self, Decision},
     error::K8sError,
+    overrides::POD_OVERRIDES,
     podcache::{CachedPod, PodCache},
 };
 
@@ -71,10 +72,6 @@ pub enum NamespaceOrigin {
     /// A direct GET (not cached yet, or the namespace watch is not synced or failed since).
     Get,
 }
-
-/// Annotation prefix of the overrides a decision reads from a namespace; the namespace cache
-/// keeps only these annotations.
-const OVERRIDE_PREFIX: &str = "config.linkerd.io/";
 
 /// Longest pause between two attempts of a failing namespace watch.
 const NAMESPACE_WATCH_MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -420,14 +417,19 @@ fn watch_namespaces(
     (store, fresh, task)
 }
 
-/// Keeps of a cached namespace only what a decision reads (its name and its
-/// `config.linkerd.io/*` annotations), so the cache stays small whatever else namespaces carry
-/// (labels, `kubectl`'s last-applied configuration, managed fields).
+/// Keeps of a cached namespace only what a decision reads (its name and the annotations of the
+/// overrides that set the redirection, [`crate::overrides::POD_OVERRIDES`]), so the cache
+/// stays small whatever else namespaces carry (labels, `kubectl`'s last-applied
+/// configuration, managed fields, the injector's own overrides).
 fn keep_override_annotations(ns: &mut PartialObjectMeta<Namespace>) {
     ns.metadata.managed_fields = None;
     ns.metadata.labels = None;
     if let Some(annotations) = ns.metadata.annotations.as_mut() {
-        annotations.retain(|k, _| k.starts_with(OVERRIDE_PREFIX));
+        annotations.retain(|k, _| {
+            POD_OVERRIDES
+                .iter()
+                .any(|row| row.redirects() && row.annotation == k)
+        });
     }
 }
 
@@ -446,5 +448,53 @@ impl<S: futures_util::Stream + Unpin> futures_util::Stream for Tagged<S> {
     ) -> std::task::Poll<Option<Self::Item>> {
         let site = self.site;
         in_site(site, || self.inner.poll_next_unpin(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    /// The namespace cache keeps exactly the annotations the decision reads.
+    #[test]
+    fn cached_namespaces_keep_only_the_redirect_overrides() {
+        let mut ns = PartialObjectMeta::<Namespace> {
+            metadata: ObjectMeta {
+                name: Some("emojivoto".into()),
+                annotations: Some(
+                    [
+                        ("config.linkerd.io/skip-subnets", "10.0.0.0/8"),
+                        ("config.linkerd.io/proxy-gid", "7"),
+                        ("config.linkerd.io/proxy-log-level", "debug"),
+                        ("linkerd.io/inject", "enabled"),
+                        ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ),
+                labels: Some([("a".to_string(), "b".to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            ..PartialObjectMeta::default()
+        };
+        keep_override_annotations(&mut ns);
+        let kept: Vec<&str> = ns
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                "config.linkerd.io/proxy-gid",
+                "config.linkerd.io/skip-subnets"
+            ]
+        );
+        assert_eq!(ns.metadata.labels, None);
     }
 }

@@ -19,7 +19,7 @@ use std::{
 use linkerd_cni_agent::{
     agent::registry::{Attachment, PodRecord, Registry},
     dataplane,
-    dataplane::bpf_sys::{self, AttachType, MapInfo},
+    dataplane::bpf_sys::{self, MapInfo},
     dataplane::maps::{Maps, PodEntries},
     host::kernel,
     host::netns::Netns,
@@ -155,12 +155,9 @@ pub fn previous_registers_with(
                 true => pin_root.join(paths::PIN_SHARED),
                 false => link_dir.clone(),
             };
-            (
-                bpf_sys::link_create(prog, &cgroup, AttachType::of(hook)),
-                dir,
-            )
+            (bpf_sys::link_create(prog, &cgroup, hook), dir)
         } else {
-            let link = bpf_sys::link_create(prog, ns.file(), AttachType::of(hook));
+            let link = bpf_sys::link_create(prog, ns.file(), hook);
             (link, link_dir.clone())
         };
         let link = link.map_err(missing(format!("attaching {name}")))?;

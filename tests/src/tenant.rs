@@ -17,7 +17,8 @@ use aya::{
     maps::Array,
     programs::{CgroupSockAddr, SkLookup},
 };
-use linkerd_cni_agent::dataplane::bpf_sys::{self, AttachType};
+use linkerd_cni_agent::dataplane::bpf_sys;
+use linkerd_cni_common::names::Hook;
 
 use crate::error::{Error, Result};
 
@@ -25,11 +26,11 @@ use crate::error::{Error, Result};
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("LINKERD_CNI_TENANT_OBJECT"));
 
 /// Its programs and hooks (`getpeername` shows the Service again for a translated socket).
-pub const PROGRAMS: [(&str, AttachType); 4] = [
-    ("tenant_sock4_connect", AttachType::CgroupInet4Connect),
-    ("tenant_connect6", AttachType::CgroupInet6Connect),
-    ("tenant_peer4", AttachType::CgroupInet4Getpeername),
-    ("tenant_peer6", AttachType::CgroupInet6Getpeername),
+pub const PROGRAMS: [(&str, Hook); 4] = [
+    ("tenant_sock4_connect", Hook::Connect4),
+    ("tenant_connect6", Hook::Connect6),
+    ("tenant_peer4", Hook::Getpeername4),
+    ("tenant_peer6", Hook::Getpeername6),
 ];
 
 /// How the tenant attaches its programs to a cgroup.
@@ -67,7 +68,7 @@ enum Attachment {
     Prog {
         cgroup: fs::File,
         prog: OwnedFd,
-        attach: AttachType,
+        attach: Hook,
     },
 }
 
@@ -189,7 +190,7 @@ impl SocketLb {
             .and_then(|p| p.try_into().ok())
             .ok_or_else(|| std::io::Error::other("tenant_lookup not loaded"))?;
         let fd = prog.fd().map_err(std::io::Error::other)?;
-        let link = bpf_sys::link_create(fd.as_fd(), netns, AttachType::SkLookup)?;
+        let link = bpf_sys::link_create(fd.as_fd(), netns, Hook::SkLookup)?;
         let id = bpf_sys::obj_id(fd.as_fd())?;
         self.attached.push(Attachment::Link(link));
         Ok(id)
@@ -257,7 +258,7 @@ impl Drop for SocketLb {
 /// What a loader that detaches "every program of this type" does at `cgroup` (Cilium's, with
 /// its socket LB off, at the root): `BPF_PROG_DETACH` of every program id the cgroup lists.
 /// A test's own cgroup only: nothing of anyone else's is there. Returns how many went.
-pub fn detach_every_program(cgroup: &Path, attach: AttachType) -> Result<usize> {
+pub fn detach_every_program(cgroup: &Path, attach: Hook) -> Result<usize> {
     let cg = fs::File::open(cgroup).map_err(|e| Error::io(format!("{}", cgroup.display()), e))?;
     let q = bpf_sys::prog_query(&cg, attach, false)
         .map_err(|e| Error::io(format!("querying {}", cgroup.display()), e))?;

@@ -18,11 +18,8 @@ use std::{
     time::Duration,
 };
 
-use linkerd_cni_agent::{
-    AgentError,
-    agent::registry::PodRecord,
-    dataplane::bpf_sys::{self, AttachType},
-};
+use linkerd_cni_agent::{AgentError, agent::registry::PodRecord, dataplane::bpf_sys};
+use linkerd_cni_common::names::Hook;
 use linkerd_cni_proto::config::LinkerdConfig;
 use linkerd_cni_tests::{
     AgentHarness, CgroupGuard, EchoServer, PodAndPeer, TestProxy, bins,
@@ -446,8 +443,8 @@ fn a_loader_detaching_every_program_of_a_type_leaves_our_links() {
     let record = h.register(&world.net.pod, LinkerdConfig::default(), false);
     let mut lb = world.tenant();
     lb.attach(root.path(), How::Multi).expect("tenant, multi");
-    let n = detach_every_program(root.path(), AttachType::CgroupInet4Connect)
-        .expect("detach every connect4 program");
+    let n =
+        detach_every_program(root.path(), Hook::Connect4).expect("detach every connect4 program");
     assert_eq!(n, 1, "the tenant's program went, our link's could not");
     h.agent().check(&record.id).expect("our links in force");
     h.agent().check_order(&record).expect("ours first");

@@ -17,15 +17,12 @@ use std::{
 };
 
 use linkerd_cni_agent::{
-    dataplane::{
-        self,
-        bpf_sys::{self, AttachType},
-    },
+    dataplane::{self, bpf_sys},
     host::netns,
 };
 use linkerd_cni_common::{
     kernel::{self, FEATURES, MissingList, Probe},
-    names::{self, Program},
+    names::{self, Hook, Program},
     paths,
     probe::{Answer, Findings},
     query,
@@ -316,8 +313,7 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
         .unwrap_or_else(|| panic!("l5d_connect4 did not load on {release}"));
     let cgroup = CgroupGuard::new().expect("test cgroup");
     let cg = fs::File::open(cgroup.path()).expect("open the test cgroup");
-    let link =
-        bpf_sys::link_create(connect4.as_fd(), &cg, AttachType::CgroupInet4Connect).map(drop);
+    let link = bpf_sys::link_create(connect4.as_fd(), &cg, Hook::Connect4).map(drop);
     report.push(format!("cgroup link: {link:?}"));
     if link.is_ok() != present(Probe::CgroupLink) {
         disagree.push(format!("cgroup link: {link:?}"));

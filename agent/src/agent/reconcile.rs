@@ -36,7 +36,7 @@ use super::{Agent, AgentError};
 use crate::{
     agent::registry::{Attachment, PodRecord},
     dataplane::DataplaneError,
-    dataplane::bpf_sys::{self, AttachType},
+    dataplane::bpf_sys,
     dataplane::maps::Maps,
     dataplane::order::{self, Conflict, Ours},
     host::kernel,
@@ -574,14 +574,14 @@ impl Agent {
             })?,
         };
         let old = bpf_sys::obj_get(&path).map_err(pin_err)?;
-        let new = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, AttachType::of(hook)).map_err(
-            |source| DataplaneError::Attach {
+        let new = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, hook).map_err(|source| {
+            DataplaneError::Attach {
                 program: name,
                 path: cgroup.clone(),
                 source,
                 hint: "",
-            },
-        )?;
+            }
+        })?;
         let mut tmp = path.as_os_str().to_owned();
         tmp.push("_new");
         let tmp = std::path::PathBuf::from(tmp);
@@ -643,7 +643,7 @@ impl Agent {
                     source,
                 })?,
             };
-            let link = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, AttachType::of(*hook))
+            let link = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, *hook)
                 .map_err(attach_err(&cgroup))?;
             (link, kind)
         } else {

@@ -43,53 +43,17 @@ const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_ITER_CREATE: libc::c_long = 33;
 const BPF_LINK_DETACH: libc::c_long = 34;
 
-/// Kernel attach types (`enum bpf_attach_type`) of the programs we attach.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum AttachType {
-    CgroupSockOps = 3,
-    CgroupInet4Connect = 10,
-    CgroupInet6Connect = 11,
-    CgroupGetsockopt = 21,
-    CgroupInet4Getpeername = 29,
-    CgroupInet6Getpeername = 30,
-    CgroupInet4Getsockname = 31,
-    CgroupInet6Getsockname = 32,
-    /// `BPF_TRACE_ITER`: an iterator program's link (attached to nothing).
-    TraceIter = 28,
-    SkLookup = 36,
-}
-
-impl AttachType {
-    /// The attach type of a program's hook.
-    pub const fn of(hook: Hook) -> Self {
-        // The same numbers as `linkerd_cni_common::query::attach_type` (checked in the tests).
-        match hook {
-            Hook::Connect4 => Self::CgroupInet4Connect,
-            Hook::Connect6 => Self::CgroupInet6Connect,
-            Hook::SockOps => Self::CgroupSockOps,
-            Hook::Getsockopt => Self::CgroupGetsockopt,
-            Hook::Getpeername4 => Self::CgroupInet4Getpeername,
-            Hook::Getpeername6 => Self::CgroupInet6Getpeername,
-            Hook::Getsockname4 => Self::CgroupInet4Getsockname,
-            Hook::Getsockname6 => Self::CgroupInet6Getsockname,
-            Hook::SkLookup => Self::SkLookup,
-            Hook::IterTcp => Self::TraceIter,
-        }
-    }
-}
-
 fn owned(fd: libc::c_long) -> OwnedFd {
     // SAFETY: the kernel just returned this new fd to us.
     unsafe { OwnedFd::from_raw_fd(fd as i32) }
 }
 
 /// `BPF_LINK_CREATE`: attaches `prog` to `target` (a cgroup or netns fd) as a bpf_link.
-pub fn link_create(prog: impl AsFd, target: impl AsFd, attach: AttachType) -> io::Result<OwnedFd> {
+pub fn link_create(prog: impl AsFd, target: impl AsFd, hook: Hook) -> io::Result<OwnedFd> {
     let mut attr = Attr::new();
     attr.put_u32(0, prog.as_fd().as_raw_fd() as u32)
         .put_u32(4, target.as_fd().as_raw_fd() as u32)
-        .put_u32(8, attach as u32);
+        .put_u32(8, hook.attach_type());
     bpf(BPF_LINK_CREATE, &mut attr).map(owned)
 }
 
@@ -98,13 +62,13 @@ pub fn link_create(prog: impl AsFd, target: impl AsFd, attach: AttachType) -> io
 pub fn link_create_flags(
     prog: impl AsFd,
     target: impl AsFd,
-    attach: AttachType,
+    hook: Hook,
     flags: u32,
 ) -> io::Result<OwnedFd> {
     let mut attr = Attr::new();
     attr.put_u32(0, prog.as_fd().as_raw_fd() as u32)
         .put_u32(4, target.as_fd().as_raw_fd() as u32)
-        .put_u32(8, attach as u32)
+        .put_u32(8, hook.attach_type())
         .put_u32(12, flags);
     bpf(BPF_LINK_CREATE, &mut attr).map(owned)
 }
@@ -116,14 +80,10 @@ static CGROUP_LINKS_ORDERED: std::sync::atomic::AtomicU8 = std::sync::atomic::At
 /// `BPF_LINK_CREATE` of a cgroup program, first among the cgroup's own programs of that hook
 /// (`BPF_F_BEFORE`) where the kernel orders cgroup links, else last (the kernel's order before
 /// that). Asked of the kernel at the first link: `EINVAL` for the flag means no.
-pub fn cgroup_link_create(
-    prog: impl AsFd,
-    cgroup: impl AsFd,
-    attach: AttachType,
-) -> io::Result<OwnedFd> {
+pub fn cgroup_link_create(prog: impl AsFd, cgroup: impl AsFd, hook: Hook) -> io::Result<OwnedFd> {
     use std::sync::atomic::Ordering;
     if CGROUP_LINKS_ORDERED.load(Ordering::Relaxed) != 2 {
-        match link_create_flags(prog.as_fd(), cgroup.as_fd(), attach, F_BEFORE) {
+        match link_create_flags(prog.as_fd(), cgroup.as_fd(), hook, F_BEFORE) {
             Ok(link) => {
                 CGROUP_LINKS_ORDERED.store(1, Ordering::Relaxed);
                 return Ok(link);
@@ -137,7 +97,7 @@ pub fn cgroup_link_create(
             Err(e) => return Err(e),
         }
     }
-    link_create(prog, cgroup, attach)
+    link_create(prog, cgroup, hook)
 }
 
 /// Whether cgroup links are made first on their cgroup ([`cgroup_link_create`]); `None`
@@ -157,37 +117,32 @@ pub const F_BEFORE: u32 = 1 << 3;
 /// `BPF_PROG_ATTACH` (the attachment the kernel keeps without a link) of `prog` to the cgroup
 /// `target` with `flags`. The agent never attaches this way: other tenants do (and the tests'
 /// stand-ins for them).
-pub fn prog_attach(
-    prog: impl AsFd,
-    target: impl AsFd,
-    attach: AttachType,
-    flags: u32,
-) -> io::Result<()> {
+pub fn prog_attach(prog: impl AsFd, target: impl AsFd, hook: Hook, flags: u32) -> io::Result<()> {
     let mut attr = Attr::new();
     attr.put_u32(0, target.as_fd().as_raw_fd() as u32)
         .put_u32(4, prog.as_fd().as_raw_fd() as u32)
-        .put_u32(8, attach as u32)
+        .put_u32(8, hook.attach_type())
         .put_u32(12, flags);
     bpf(BPF_PROG_ATTACH, &mut attr).map(drop)
 }
 
 /// `BPF_PROG_DETACH` of `prog` from the cgroup `target` (a `BPF_PROG_ATTACH` attachment).
-pub fn prog_detach(prog: impl AsFd, target: impl AsFd, attach: AttachType) -> io::Result<()> {
+pub fn prog_detach(prog: impl AsFd, target: impl AsFd, hook: Hook) -> io::Result<()> {
     let mut attr = Attr::new();
     attr.put_u32(0, target.as_fd().as_raw_fd() as u32)
         .put_u32(4, prog.as_fd().as_raw_fd() as u32)
-        .put_u32(8, attach as u32);
+        .put_u32(8, hook.attach_type());
     bpf(BPF_PROG_DETACH, &mut attr).map(drop)
 }
 
 pub use linkerd_cni_common::query::{ProgInfo, Query};
 
-/// `BPF_PROG_QUERY` of `attach` on `target` (a cgroup or a netns): with `effective`, the
+/// `BPF_PROG_QUERY` of `hook` on `target` (a cgroup or a netns): with `effective`, the
 /// programs that run for the target's sockets, in run order (cgroups only); without, the
 /// target's own programs with their flags. The one implementation is
 /// `linkerd_cni_common::query`, which `linkerd check --node` uses too.
-pub fn prog_query(target: impl AsFd, attach: AttachType, effective: bool) -> io::Result<Query> {
-    linkerd_cni_common::query::prog_query(target, attach as u32, effective)
+pub fn prog_query(target: impl AsFd, hook: Hook, effective: bool) -> io::Result<Query> {
+    linkerd_cni_common::query::prog_query(target, hook.attach_type(), effective)
 }
 
 /// `BPF_LINK_CREATE` for an iterator program (`BPF_TRACE_ITER`, no target, no parameters):
@@ -198,7 +153,7 @@ pub fn prog_query(target: impl AsFd, attach: AttachType, effective: bool) -> io:
 pub fn iter_link_create(prog: impl AsFd) -> io::Result<OwnedFd> {
     let mut attr = Attr::new();
     attr.put_u32(0, prog.as_fd().as_raw_fd() as u32)
-        .put_u32(8, AttachType::TraceIter as u32);
+        .put_u32(8, Hook::IterTcp.attach_type());
     bpf(BPF_LINK_CREATE, &mut attr).map(owned)
 }
 
@@ -243,7 +198,6 @@ const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
     }
 }
 
-const BPF_PROG_TYPE_SK_LOOKUP: u32 = 30;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
 const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
 const HELPER_TAIL_CALL: i32 = 12;
@@ -310,11 +264,11 @@ pub fn load_sk_lookup(name: &str, insns: &[Insn]) -> io::Result<OwnedFd> {
     let license = c"GPL";
     let load = |log: &mut [u8]| {
         let mut attr = Attr::new();
-        attr.put_u32(0, BPF_PROG_TYPE_SK_LOOKUP)
+        attr.put_u32(0, Hook::SkLookup.prog_type())
             .put_u32(4, insns.len() as u32)
             .put_u64(8, insns.as_ptr() as u64)
             .put_u64(16, license.as_ptr() as u64)
-            .put_u32(68, AttachType::SkLookup as u32);
+            .put_u32(68, Hook::SkLookup.attach_type());
         if !log.is_empty() {
             attr.put_u32(24, 1)
                 .put_u32(28, log.len() as u32)
@@ -652,16 +606,6 @@ mod tests {
     use std::os::fd::BorrowedFd;
 
     use super::*;
-
-    #[test]
-    fn attach_types_agree_with_common() {
-        for p in linkerd_cni_common::names::PROGRAMS {
-            assert_eq!(
-                AttachType::of(p.hook) as u32,
-                linkerd_cni_common::query::attach_type(p.hook)
-            );
-        }
-    }
 
     #[test]
     fn program_frees_pause_once_per_batch() {

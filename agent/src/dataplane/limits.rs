@@ -8,6 +8,9 @@
 //! clusters allow): such a pod is refused at ADD with an error naming the limit and the
 //! annotation, and the maps are never touched.
 //!
+//! An error names each list by its conflist key and the annotation that overrides it, from the
+//! pod overrides' table ([`linkerd_cni_k8s::overrides::sources_of`]).
+//!
 //! The limits bound the work as well as the result. An annotation's list is refused over
 //! 16 KiB or 1,024 entries before it is parsed (`linkerd_cni_proto::config::MAX_LIST_BYTES`,
 //! `MAX_LIST_ENTRIES`); [`check_config`] refuses a configuration with more ranges or subnets
@@ -19,9 +22,7 @@
 use linkerd_cni_common::{
     PORT_SET_INBOUND_REDIRECT, PORT_SET_INBOUND_SKIP, PORT_SET_OUTBOUND_SKIP,
 };
-use linkerd_cni_k8s::names::{
-    SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION, SKIP_SUBNETS_ANNOTATION,
-};
+use linkerd_cni_k8s::overrides::sources_of;
 
 use linkerd_cni_proto::config::{LinkerdConfig, MAX_LIST_ENTRIES};
 
@@ -64,16 +65,13 @@ pub fn check_config(cfg: &LinkerdConfig) -> Result<(), LimitError> {
     let mut range_sources = [
         (
             cfg.inbound_ports_to_ignore.len(),
-            format!("{SKIP_INBOUND_PORTS_ANNOTATION} / conflist inbound-ports-to-ignore"),
+            sources_of("inbound-ports-to-ignore"),
         ),
         (
             cfg.outbound_ports_to_ignore.len(),
-            format!("{SKIP_OUTBOUND_PORTS_ANNOTATION} / conflist outbound-ports-to-ignore"),
+            sources_of("outbound-ports-to-ignore"),
         ),
-        (
-            cfg.ports_to_redirect.len(),
-            "conflist ports-to-redirect".to_string(),
-        ),
+        (cfg.ports_to_redirect.len(), sources_of("ports-to-redirect")),
     ];
     range_sources.sort_by_key(|s| std::cmp::Reverse(s.0));
     over(
@@ -83,13 +81,10 @@ pub fn check_config(cfg: &LinkerdConfig) -> Result<(), LimitError> {
         &range_sources,
     )?;
     let mut subnet_sources = [
-        (
-            cfg.subnets_to_ignore.len(),
-            format!("{SKIP_SUBNETS_ANNOTATION} / conflist subnets-to-ignore"),
-        ),
+        (cfg.subnets_to_ignore.len(), sources_of("subnets-to-ignore")),
         (
             cfg.outbound_subnets_to_ignore.len(),
-            "conflist outbound-subnets-to-ignore".to_string(),
+            sources_of("outbound-subnets-to-ignore"),
         ),
     ];
     subnet_sources.sort_by_key(|s| std::cmp::Reverse(s.0));
@@ -107,15 +102,15 @@ pub fn check(entries: &PodEntries) -> Result<(), LimitError> {
     let mut port_sources = [
         (
             blocks(PORT_SET_INBOUND_SKIP),
-            format!("{SKIP_INBOUND_PORTS_ANNOTATION} / conflist inbound-ports-to-ignore"),
+            sources_of("inbound-ports-to-ignore"),
         ),
         (
             blocks(PORT_SET_OUTBOUND_SKIP),
-            format!("{SKIP_OUTBOUND_PORTS_ANNOTATION} / conflist outbound-ports-to-ignore"),
+            sources_of("outbound-ports-to-ignore"),
         ),
         (
             blocks(PORT_SET_INBOUND_REDIRECT),
-            "conflist ports-to-redirect".to_string(),
+            sources_of("ports-to-redirect"),
         ),
     ];
     port_sources.sort_by_key(|s| std::cmp::Reverse(s.0));
@@ -131,13 +126,10 @@ pub fn check(entries: &PodEntries) -> Result<(), LimitError> {
         .filter(|(_, k)| u32::from_be(k.set_be) == linkerd_cni_common::ADDR_INBOUND_SKIP_SOURCE)
         .count();
     let mut subnet_sources = [
-        (
-            inbound_sources,
-            format!("{SKIP_SUBNETS_ANNOTATION} / conflist subnets-to-ignore"),
-        ),
+        (inbound_sources, sources_of("subnets-to-ignore")),
         (
             entries.addrs.len() - inbound_sources,
-            "conflist outbound-subnets-to-ignore".to_string(),
+            sources_of("outbound-subnets-to-ignore"),
         ),
     ];
     subnet_sources.sort_by_key(|s| std::cmp::Reverse(s.0));

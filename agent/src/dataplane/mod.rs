@@ -35,8 +35,9 @@ use std::{
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    programs::{CgroupSockAddr, CgroupSockopt, Iter, SkLookup, SockOps},
+    programs::{Program as AyaProgram, ProgramError},
 };
+use aya_obj::generated::bpf_prog_type;
 use linkerd_cni_common::{
     kernel::SkLookupVariant,
     names::{self, Hook, Program},
@@ -44,7 +45,6 @@ use linkerd_cni_common::{
 };
 
 use self::{
-    bpf_sys::AttachType,
     capacity::MapSizes,
     iter::ListenerIter,
     layout::{Action, Carry, LayoutError, MapSpec, Plan},
@@ -215,7 +215,7 @@ impl Dataplane {
                 .ok_or(DataplaneError::MissingProgram(name))?;
             let loaded = match &vmlinux {
                 Ok(btf) => load_program_btf(program, hook, btf).map_err(|e| match e {
-                    aya::programs::ProgramError::LoadError { verifier_log, .. } => {
+                    ProgramError::LoadError { verifier_log, .. } => {
                         format!("loading {name}: the verifier refused it: {verifier_log}")
                     }
                     e => format!("loading {name}: {e}"),
@@ -490,7 +490,7 @@ impl Dataplane {
             if !hook.on_cgroup() {
                 continue;
             }
-            let attach = AttachType::of(hook);
+            let attach = hook;
             let link = bpf_sys::cgroup_link_create(self.prog_fd(name)?, cg, attach).map_err(|source| {
                 let eperm = source.raw_os_error() == Some(libc::EPERM);
                 // The program in the way, named from the attach flags of the cgroup and its
@@ -589,7 +589,7 @@ impl Dataplane {
         };
         let stub = self.sk_lookup_stub(netns_cookie)?;
         mark("stub_load");
-        let link = bpf_sys::link_create(&stub, &netns, AttachType::SkLookup).map_err(attach_err)?;
+        let link = bpf_sys::link_create(&stub, &netns, Hook::SkLookup).map_err(attach_err)?;
         mark("netns_link");
         pin_new(link.as_fd(), &link_dir.join(name))?;
         mark("netns_pin");
@@ -701,55 +701,56 @@ pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<order::Ours,
     Ok(ours)
 }
 
-/// Loads one program of an object into the kernel as the program type of its `hook`.
+/// Loads one program of an object into the kernel, checking that aya found it of the program
+/// type of its `hook`'s row.
 ///
 /// Used for the object the agent embeds and, by the tests, for an earlier version's object.
 /// An iterator is loaded against the kernel's BTF, read here for it.
-pub fn load_program(
-    program: &mut aya::programs::Program,
-    hook: Hook,
-) -> Result<(), aya::programs::ProgramError> {
-    match hook {
-        Hook::IterTcp => {
-            let btf = Btf::from_sys_fs().map_err(|e| {
-                aya::programs::ProgramError::IOError(io::Error::other(e.to_string()))
-            })?;
+pub fn load_program(program: &mut AyaProgram, hook: Hook) -> Result<(), ProgramError> {
+    match program {
+        AyaProgram::Iter(_) => {
+            let btf = Btf::from_sys_fs()
+                .map_err(|e| ProgramError::IOError(io::Error::other(e.to_string())))?;
             load_program_btf(program, hook, &btf)
         }
         _ => load_program_btf(program, hook, &Btf::new()),
     }
 }
 
-/// [`load_program`] with the kernel's BTF already read (`vmlinux`, used by iterators only).
+/// [`load_program`] with the kernel's BTF already read (`vmlinux`, used by iterators only,
+/// for the target their section names: `iter/tcp`).
 fn load_program_btf(
-    program: &mut aya::programs::Program,
+    program: &mut AyaProgram,
     hook: Hook,
     vmlinux: &Btf,
-) -> Result<(), aya::programs::ProgramError> {
-    match hook {
-        Hook::IterTcp => <&mut Iter>::try_from(program).and_then(|p| p.load("tcp", vmlinux)),
-        Hook::SockOps => <&mut SockOps>::try_from(program).and_then(|p| p.load()),
-        Hook::Getsockopt => <&mut CgroupSockopt>::try_from(program).and_then(|p| p.load()),
-        Hook::SkLookup => <&mut SkLookup>::try_from(program).and_then(|p| p.load()),
-        Hook::Connect4
-        | Hook::Connect6
-        | Hook::Getpeername4
-        | Hook::Getpeername6
-        | Hook::Getsockname4
-        | Hook::Getsockname6 => <&mut CgroupSockAddr>::try_from(program).and_then(|p| p.load()),
+) -> Result<(), ProgramError> {
+    if bpf_prog_type::from(program.prog_type()) as u32 != hook.prog_type() {
+        return Err(ProgramError::UnexpectedProgramType);
+    }
+    match program {
+        AyaProgram::Iter(p) => {
+            let target = hook.section().strip_prefix("iter/").unwrap_or_default();
+            p.load(target, vmlinux)
+        }
+        AyaProgram::SockOps(p) => p.load(),
+        AyaProgram::CgroupSockopt(p) => p.load(),
+        AyaProgram::SkLookup(p) => p.load(),
+        AyaProgram::CgroupSockAddr(p) => p.load(),
+        _ => Err(ProgramError::UnexpectedProgramType),
     }
 }
 
 #[cfg(test)]
 mod tests {
     //! The eBPF side names its maps in string literals (the map macro takes nothing else) and
-    //! its programs by function name: these tests hold the built object to `common`'s names.
+    //! its programs by function name: these tests hold the built object to `common`'s names,
+    //! and each hook's row (section, program and attach types) to the object as aya reads it.
 
-    use std::collections::BTreeSet;
+    use std::{collections::BTreeSet, str::FromStr};
 
     use aya_obj::{
         EbpfSectionKind, Object, ProgramSection,
-        programs::{CgroupSockAddrAttachType, CgroupSockoptAttachType},
+        generated::{bpf_attach_type, bpf_prog_type},
     };
 
     use super::*;
@@ -872,6 +873,7 @@ mod tests {
             names::VARIANT_PROGRAMS.len(),
             "each variant stands for a program of PROGRAMS"
         );
+        let mut seen = Vec::new();
         for Program { name, hook, .. } in names::PROGRAMS
             .into_iter()
             .chain(names::ITER_PROGRAMS)
@@ -880,37 +882,62 @@ mod tests {
             let Some(program) = object.programs.get(name) else {
                 continue; // `object_programs_are_common_programs` reports it.
             };
-            let expected = match hook {
-                Hook::Connect4 => ProgramSection::CgroupSockAddr {
-                    attach_type: CgroupSockAddrAttachType::Connect4,
-                },
-                Hook::Connect6 => ProgramSection::CgroupSockAddr {
-                    attach_type: CgroupSockAddrAttachType::Connect6,
-                },
-                Hook::SockOps => ProgramSection::SockOps,
-                Hook::Getsockopt => ProgramSection::CgroupSockopt {
-                    attach_type: CgroupSockoptAttachType::Get,
-                },
-                Hook::Getpeername4 => ProgramSection::CgroupSockAddr {
-                    attach_type: CgroupSockAddrAttachType::GetPeerName4,
-                },
-                Hook::Getpeername6 => ProgramSection::CgroupSockAddr {
-                    attach_type: CgroupSockAddrAttachType::GetPeerName6,
-                },
-                Hook::Getsockname4 => ProgramSection::CgroupSockAddr {
-                    attach_type: CgroupSockAddrAttachType::GetSockName4,
-                },
-                Hook::Getsockname6 => ProgramSection::CgroupSockAddr {
-                    attach_type: CgroupSockAddrAttachType::GetSockName6,
-                },
-                Hook::SkLookup => ProgramSection::SkLookup,
-                Hook::IterTcp => ProgramSection::Iter { sleepable: false },
-            };
+            let expected = ProgramSection::from_str(hook.section()).unwrap_or_else(|e| {
+                panic!("{name}: aya reads no section {:?}: {e}", hook.section())
+            });
             assert_eq!(
                 format!("{:?}", program.section),
                 format!("{expected:?}"),
                 "program {name}: section of the object vs its hook in common"
             );
+            let (prog_type, attach_type) = aya_types(&program.section);
+            let row = hook.row();
+            assert_eq!(
+                (prog_type as u32, format!("{prog_type:?}")),
+                (row.prog_type, row.prog_type_name.to_string()),
+                "program {name}: program type as aya sees it vs {hook:?}'s row"
+            );
+            assert_eq!(
+                (attach_type as u32, format!("{attach_type:?}")),
+                (row.attach_type, row.attach_type_name.to_string()),
+                "program {name}: attach type as aya sees it vs {hook:?}'s row"
+            );
+            seen.push(hook);
+        }
+        for hook in Hook::ALL {
+            assert!(
+                seen.contains(&hook),
+                "no program of the object has hook {hook:?}"
+            );
+        }
+    }
+
+    /// The program type of the `Program` aya's loader makes of a section, and the attach type
+    /// it loads and attaches that program with (aya's own numbers and names of the kernel's
+    /// enums).
+    fn aya_types(section: &ProgramSection) -> (bpf_prog_type, bpf_attach_type) {
+        match section {
+            ProgramSection::CgroupSockAddr { attach_type } => (
+                bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+                (*attach_type).into(),
+            ),
+            ProgramSection::CgroupSockopt { attach_type } => (
+                bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCKOPT,
+                (*attach_type).into(),
+            ),
+            ProgramSection::SockOps => (
+                bpf_prog_type::BPF_PROG_TYPE_SOCK_OPS,
+                bpf_attach_type::BPF_CGROUP_SOCK_OPS,
+            ),
+            ProgramSection::SkLookup => (
+                bpf_prog_type::BPF_PROG_TYPE_SK_LOOKUP,
+                bpf_attach_type::BPF_SK_LOOKUP,
+            ),
+            ProgramSection::Iter { .. } => (
+                bpf_prog_type::BPF_PROG_TYPE_TRACING,
+                bpf_attach_type::BPF_TRACE_ITER,
+            ),
+            other => panic!("no hook of ours has a section aya reads as {other:?}"),
         }
     }
 }

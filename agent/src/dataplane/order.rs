@@ -28,7 +28,7 @@ use std::{
 
 use linkerd_cni_common::names::{self, Hook, Program};
 
-use super::bpf_sys::{self, AttachType};
+use super::bpf_sys;
 
 /// Our program ids per attach type: the programs of the links a pod runs.
 #[derive(Clone, Debug, Default)]
@@ -66,9 +66,9 @@ impl Ours {
         }
     }
 
-    fn contains(&self, attach: AttachType, id: u32) -> bool {
+    fn contains(&self, hook: Hook, id: u32) -> bool {
         self.0
-            .get(&(attach as u32))
+            .get(&hook.attach_type())
             .is_some_and(|ids| ids.contains(&id))
     }
 }
@@ -143,7 +143,7 @@ impl fmt::Display for Tenant {
             self.id,
             self.name,
             prog_type_name(self.prog_type),
-            hook_name(self.hook)
+            self.hook.attach_type_name()
         )?;
         match &self.cgroup {
             Some(c) => write!(
@@ -182,10 +182,10 @@ pub enum Conflict {
     #[error("{tenant} is exclusive: the kernel lets no other program of its attach type attach at or below it; re-attach it with BPF_F_ALLOW_MULTI or as a bpf_link (Cilium >= 1.14 and Calico do), or detach it ({})", detach_command(.tenant))]
     Exclusive { tenant: Tenant },
     /// Our program is missing from the effective array.
-    #[error("our {} program is not among the programs that run for {}", hook_name(*.hook), .cgroup.display())]
+    #[error("our {} program is not among the programs that run for {}", .hook.attach_type_name(), .cgroup.display())]
     Absent { hook: Hook, cgroup: PathBuf },
     /// The kernel could not be asked.
-    #[error("reading the {} programs of {}: {source}", hook_name(*.hook), .target.display())]
+    #[error("reading the {} programs of {}: {source}", .hook.attach_type_name(), .target.display())]
     Query {
         hook: Hook,
         target: PathBuf,
@@ -261,16 +261,15 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours, parents: &mut Parents) -> Result
         if !hook.on_cgroup() {
             continue;
         }
-        let attach = AttachType::of(hook);
         let query = |fd: &fs::File, target: &Path| {
-            bpf_sys::prog_query(fd.as_fd(), attach, true).map_err(|source| Conflict::Query {
+            bpf_sys::prog_query(fd.as_fd(), hook, true).map_err(|source| Conflict::Query {
                 hook,
                 target: target.into(),
                 source,
             })
         };
         let effective = query(&cg, cgroup)?.ids;
-        let Some(first_ours) = effective.iter().position(|id| ours.contains(attach, *id)) else {
+        let Some(first_ours) = effective.iter().position(|id| ours.contains(hook, *id)) else {
             return Err(Conflict::Absent {
                 hook,
                 cgroup: cgroup.into(),
@@ -278,7 +277,7 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours, parents: &mut Parents) -> Result
         };
         if must_be_first(hook) && first_ours > 0 {
             let id = effective[0];
-            let mut at = locate(id, attach, cgroup);
+            let mut at = locate(id, hook, cgroup);
             // The kernel does not report a program's own flags (the query's per-program
             // flags are the cgroup's): an ancestor's program runs before a descendant's only
             // when it was attached with BPF_F_PREORDER.
@@ -289,7 +288,7 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours, parents: &mut Parents) -> Result
             }
             let also = effective[1..first_ours]
                 .iter()
-                .map(|&id| Tenant::describe(id, hook, locate(id, attach, cgroup)))
+                .map(|&id| Tenant::describe(id, hook, locate(id, hook, cgroup)))
                 .collect();
             return Err(Conflict::Ahead {
                 tenant: Tenant::describe(id, hook, at),
@@ -299,7 +298,7 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours, parents: &mut Parents) -> Result
             });
         }
         if let Some(parent_path) = parent_path {
-            let key = (parent_path.to_path_buf(), attach as u32);
+            let key = (parent_path.to_path_buf(), hook.attach_type());
             let above = match parents.0.get(&key) {
                 Some(ids) => ids.clone(),
                 None => {
@@ -315,7 +314,7 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours, parents: &mut Parents) -> Result
             };
             if let Some(id) = above.into_iter().find(|id| !effective.contains(id)) {
                 return Err(Conflict::Shadowed {
-                    tenant: Tenant::describe(id, hook, locate(id, attach, parent_path)),
+                    tenant: Tenant::describe(id, hook, locate(id, hook, parent_path)),
                     attached_to: cgroup.into(),
                 });
             }
@@ -334,9 +333,8 @@ pub fn check_netns(
     ours: &Ours,
     shared_netns: bool,
 ) -> Result<(), Conflict> {
-    let attach = AttachType::SkLookup;
     let hook = Hook::SkLookup;
-    let ids = bpf_sys::prog_query(netns, attach, false)
+    let ids = bpf_sys::prog_query(netns, hook, false)
         .map_err(|source| Conflict::Query {
             hook,
             target: netns_path.into(),
@@ -344,7 +342,7 @@ pub fn check_netns(
         })?
         .ids;
     let is_ours = |id: u32| {
-        ours.contains(attach, id)
+        ours.contains(hook, id)
             || (shared_netns
                 && bpf_sys::prog_by_id(id)
                     .and_then(bpf_sys::prog_name)
@@ -371,10 +369,9 @@ pub fn check_netns(
 /// The program that makes attaching `hook` at `cgroup` fail with `EPERM`: one attached
 /// without `BPF_F_ALLOW_MULTI` to `cgroup` itself, or exclusively (flags 0) to an ancestor.
 pub fn exclusive_above(cgroup: &Path, hook: Hook) -> Option<Tenant> {
-    let attach = AttachType::of(hook);
     let mut at = Some(cgroup);
     while let Some(dir) = at.filter(|d| is_cgroup(d)) {
-        if let Ok(q) = fs::File::open(dir).and_then(|f| bpf_sys::prog_query(&f, attach, false)) {
+        if let Ok(q) = fs::File::open(dir).and_then(|f| bpf_sys::prog_query(&f, hook, false)) {
             let blocks = match dir == cgroup {
                 true => q.flags & bpf_sys::F_ALLOW_MULTI == 0,
                 false => q.flags & (bpf_sys::F_ALLOW_MULTI | bpf_sys::F_ALLOW_OVERRIDE) == 0,
@@ -393,13 +390,13 @@ pub fn exclusive_above(cgroup: &Path, hook: Hook) -> Option<Tenant> {
     None
 }
 
-/// Where program `id` is attached for `attach`, from `from` up: the cgroup, its flags for the
+/// Where program `id` is attached for `hook`, from `from` up: the cgroup, its flags for the
 /// hook and the program's own flags.
-fn locate(id: u32, attach: AttachType, from: &Path) -> Option<(PathBuf, u32, u32)> {
+fn locate(id: u32, hook: Hook, from: &Path) -> Option<(PathBuf, u32, u32)> {
     let mut at = Some(from);
     while let Some(dir) = at.filter(|d| is_cgroup(d)) {
         let found = fs::File::open(dir)
-            .and_then(|f| bpf_sys::prog_query(&f, attach, false))
+            .and_then(|f| bpf_sys::prog_query(&f, hook, false))
             .ok()
             .and_then(|q| {
                 let i = q.ids.iter().position(|x| *x == id)?;
@@ -431,33 +428,14 @@ pub fn flag_words(flags: u32, prog_flags: u32) -> String {
     words.join(" + ")
 }
 
-/// The attach type as the kernel names it.
-pub fn hook_name(hook: Hook) -> &'static str {
-    match hook {
-        Hook::Connect4 => "BPF_CGROUP_INET4_CONNECT",
-        Hook::Connect6 => "BPF_CGROUP_INET6_CONNECT",
-        Hook::SockOps => "BPF_CGROUP_SOCK_OPS",
-        Hook::Getsockopt => "BPF_CGROUP_GETSOCKOPT",
-        Hook::Getpeername4 => "BPF_CGROUP_INET4_GETPEERNAME",
-        Hook::Getpeername6 => "BPF_CGROUP_INET6_GETPEERNAME",
-        Hook::Getsockname4 => "BPF_CGROUP_INET4_GETSOCKNAME",
-        Hook::Getsockname6 => "BPF_CGROUP_INET6_GETSOCKNAME",
-        Hook::SkLookup => "BPF_SK_LOOKUP",
-        Hook::IterTcp => "BPF_TRACE_ITER",
-    }
-}
-
-/// The program types of the hooks we use, as the kernel names them.
+/// A program type as the kernel names it: the name of our hooks' types, else its number.
 fn prog_type_name(t: u32) -> String {
-    match t {
-        13 => "BPF_PROG_TYPE_SOCK_OPS".into(),
-        18 => "BPF_PROG_TYPE_CGROUP_SOCK_ADDR".into(),
-        25 => "BPF_PROG_TYPE_CGROUP_SOCKOPT".into(),
-        30 => "BPF_PROG_TYPE_SK_LOOKUP".into(),
+    match Hook::prog_type_name(t) {
+        Some(name) => name.into(),
         // BPF_PROG_TYPE_UNSPEC: no loaded program has it; what is said of one that could
         // not be opened ([`unnamed`]).
-        0 => "unknown".into(),
-        t => format!("{t}"),
+        None if t == 0 => "unknown".into(),
+        None => format!("{t}"),
     }
 }
 
@@ -483,7 +461,7 @@ mod tests {
         let tenant = Tenant {
             id: 42,
             name: "cil_sock4_conne".into(),
-            prog_type: 18,
+            prog_type: Hook::Connect4.prog_type(),
             hook: Hook::Connect4,
             cgroup: Some("/sys/fs/cgroup".into()),
             flags: 0,

@@ -87,7 +87,7 @@ impl Tenants {
                 }
             };
             for program in names::PROGRAMS.iter().filter(|p| p.hook.on_cgroup()) {
-                let q = match query::prog_query(&file, query::attach_type(program.hook), false) {
+                let q = match query::prog_query(&file, program.hook.attach_type(), false) {
                     Ok(q) => q,
                     Err(e) => {
                         out.errors.push(format!(

@@ -1,9 +1,14 @@
 //! Unit tests of the meshing decision: every rule, and the messages of malformed or oversized
 //! annotations.
 
+use linkerd_cni_proto::config;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::names::{
+    PROXY_GID_ANNOTATION, PROXY_UID_ANNOTATION, SKIP_INBOUND_PORTS_ANNOTATION,
+    SKIP_OUTBOUND_PORTS_ANNOTATION, SKIP_SUBNETS_ANNOTATION,
+};
 
 fn pod(containers: &[&str], init_containers: &[&str], annotations: Value, labels: Value) -> Pod {
     let names = |n: &[&str]| {
