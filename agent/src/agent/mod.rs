@@ -1007,13 +1007,10 @@ impl Agent {
         let expected = entries_of(&record).config;
         let found = match self.lock().as_ref() {
             Some(maps) => maps.pod_config(record.netns_cookie),
+            // A pod an earlier eBPF agent meshed, on a node of the fallback with no maps left.
             None => {
-                return Err(not_in_force(
-                    self.dataplane()
-                        .err()
-                        .map(|e| e.to_string())
-                        .unwrap_or_default(),
-                ));
+                let why = AgentError::NoDataplane(self.choice.reason.clone());
+                return Err(not_in_force(why.to_string()));
             }
         };
         match found {
