@@ -134,12 +134,14 @@ struct RunArgs {
     /// This node's name (pods are watched with spec.nodeName=<name>).
     #[arg(long, env = "LINKERD_CNI_AGENT_NODE_NAME")]
     node_name: Option<String>,
-    /// How meshed pods are redirected: `ebpf` (the eBPF data plane), `iptables` (Linkerd's
-    /// own rules, one nftables table in each meshed pod's network namespace, written by the
-    /// plugin over netlink: docs/design/nftables.md), or `auto`: eBPF, refused where the
-    /// kernel probes fail (the fallback is chosen only when forced, for now).
+    /// How meshed pods are redirected: `auto` (the kernel probes choose at start: the eBPF
+    /// data plane where the kernel has every feature it needs, else the per-node fallback,
+    /// naming the missing features), `ebpf` (the eBPF data plane, refused below the floor), or
+    /// `iptables` (the fallback: Linkerd's own rules, one nftables table in each meshed pod's
+    /// network namespace, written by the plugin over netlink: docs/design/nftables.md; no eBPF
+    /// program is loaded).
     #[arg(long, env = "LINKERD_CNI_AGENT_MODE", default_value = "auto", value_parser = parse_mode)]
-    mode: Mode,
+    mode: ModeFlag,
     /// Cgroup of the shared attachment used for pods without a cgroup v2 of their own
     /// (default: kubelet's kubepods cgroup, `kubepods.slice` or `kubepods`; the cgroup2 root
     /// when there is no single one).
@@ -309,12 +311,16 @@ impl RunArgs {
     }
 }
 
-/// `--mode`: `auto` is the eBPF data plane (refused below the floor, as before the fallback).
-fn parse_mode(s: &str) -> Result<Mode, String> {
+/// `--mode`: `None` is `auto` (chosen by the kernel probes at start).
+#[derive(Clone, Copy)]
+struct ModeFlag(Option<Mode>);
+
+fn parse_mode(s: &str) -> Result<ModeFlag, String> {
     match s {
-        "auto" | "ebpf" => Ok(Mode::Ebpf),
-        "iptables" => Ok(Mode::Iptables),
-        _ => Err(format!("{s:?}: one of auto, ebpf, iptables")),
+        "auto" => Ok(ModeFlag(None)),
+        _ => Mode::of_name(s)
+            .map(|m| ModeFlag(Some(m)))
+            .ok_or_else(|| format!("{s:?}: one of auto, ebpf, iptables")),
     }
 }
 
@@ -385,9 +391,10 @@ fn main() -> anyhow::Result<()> {
         })
         .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
     }
-    // The two commands that pin: neither mounts a bpffs of its own when told the host's is
-    // the one (`mount-bpffs` is the command that mounts it).
-    if cli.bpffs_from_host && matches!(cli.command, Command::Load | Command::Run(_)) {
+    // The commands that pin: neither mounts a bpffs of its own when told the host's is the
+    // one (`mount-bpffs` is the command that mounts it). `run` checks once its mode is chosen
+    // (`Agent::start`): the fallback pins nothing.
+    if cli.bpffs_from_host && matches!(cli.command, Command::Load) {
         kernel::require_bpffs(&cli.pin_root)?;
     }
     match cli.command {
@@ -433,6 +440,11 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Load => {
+            // The command that loads the programs: the eBPF data plane or nothing.
+            let config = AgentConfig {
+                mode: Some(Mode::Ebpf),
+                ..config
+            };
             Agent::start(config)?;
             println!(
                 "programs loaded and pinned under {}",
@@ -448,7 +460,7 @@ fn main() -> anyhow::Result<()> {
                     netns_dirs: args.netns_dirs.clone(),
                     pod_cgroup_trees: args.pod_cgroup_trees.clone(),
                 },
-                mode: args.mode,
+                mode: args.mode.0,
                 ..config
             };
             service::run(config, args.options(cli.bpffs))

@@ -121,7 +121,7 @@ fn registry(
 
 fn mode(s: &str) -> Result<String, String> {
     match s {
-        values::MODE_EBPF | values::MODE_IPTABLES => Ok(s.to_string()),
+        s if values::MODES.contains(&s) => Ok(s.to_string()),
         other => Err(ValuesError::Mode(other.to_string()).to_string()),
     }
 }
@@ -129,10 +129,12 @@ fn mode(s: &str) -> Result<String, String> {
 /// The flags of `linkerd install-cni`. Defaults are the chart's (a test checks they agree).
 #[derive(Args, Debug, Clone)]
 pub struct InstallCniArgs {
-    /// Redirection mode: "ebpf" (the eBPF data plane), or "iptables": Linkerd's own rules,
-    /// one nftables table in each meshed pod's network namespace, written by the plugin over
+    /// Redirection mode: "auto" (each node's agent asks its kernel's feature probes: the eBPF
+    /// data plane where the kernel has every feature it needs, else Linkerd's rules), "ebpf"
+    /// (the eBPF data plane; refused below the floor), or "iptables": Linkerd's own rules, one
+    /// nftables table in each meshed pod's network namespace, written by the plugin over
     /// netlink (no host binary), on every node.
-    #[arg(long, env = "LINKERD_INSTALL_CNI_MODE", default_value = "ebpf", value_parser = mode)]
+    #[arg(long, env = "LINKERD_INSTALL_CNI_MODE", default_value = "auto", value_parser = mode)]
     pub mode: String,
     /// UID of the proxy: its sockets are never redirected.
     #[arg(long, env = "LINKERD_INSTALL_CNI_PROXY_UID", default_value_t = i64::from(linkerd_cni_k8s::names::DEFAULT_PROXY_UID), value_parser = clap::value_parser!(i64).range(0..=i64::from(u32::MAX)))]

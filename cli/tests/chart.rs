@@ -140,7 +140,7 @@ fn both_render_iptables_mode_and_refuse_unknown_ones() {
     let go = chart_render(&[&file]).expect_err("the chart must fail for mode nft");
     let cli = linkerd(&["install-cni", "-f", &file.display().to_string()], &[]);
     let cli_err = String::from_utf8_lossy(&cli.stderr);
-    let sentence = "mode \"nft\" is not supported: use mode \"ebpf\" or \"iptables\"";
+    let sentence = "mode \"nft\" is not supported: use mode \"auto\", \"ebpf\" or \"iptables\"";
     assert!(go.contains(sentence), "chart error: {go}");
     assert!(cli_err.contains(sentence), "CLI error: {cli_err}");
 }

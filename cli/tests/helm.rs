@@ -268,7 +268,7 @@ fn helm_refuses_unknown_mode() {
     assert!(!out.status.success(), "helm rendered mode nft");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("use mode \"ebpf\" or \"iptables\""),
+        stderr.contains("use mode \"auto\", \"ebpf\" or \"iptables\""),
         "{stderr}"
     );
 }

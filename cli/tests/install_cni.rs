@@ -531,7 +531,7 @@ fn flags_change_what_they_should() {
 
     type Row<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, Vec<(String, Json)>);
     let rows: Vec<Row> = vec![
-        (vec!["--mode=ebpf"], vec![], vec![]),
+        (vec!["--mode=auto"], vec![], vec![]),
         (
             vec!["--proxy-uid=3000"],
             vec![],
@@ -853,7 +853,7 @@ fn flags_change_what_they_should() {
                 ),
                 (
                     format!("{ds}/spec/containers/0/env/20/value"),
-                    json!("ebpf"),
+                    json!("auto"),
                 ),
             ],
         ),
@@ -900,7 +900,7 @@ fn flags_change_what_they_should() {
                 ),
                 (
                     format!("{ds}/spec/containers/0/env/20/value"),
-                    json!("ebpf"),
+                    json!("auto"),
                 ),
             ],
         ),
@@ -995,7 +995,8 @@ fn agent_env_vars() {
 }
 
 /// `--mode` (flag, `--set`, values file) reaches the agent as `LINKERD_CNI_AGENT_MODE`, and
-/// that is all it changes: one DaemonSet for both modes.
+/// that is all it changes: one DaemonSet for every mode (`auto`, the default, `ebpf`,
+/// `iptables`).
 #[test]
 fn mode_reaches_the_agent() {
     let mode_of = |rendered: &str| {
@@ -1012,16 +1013,17 @@ fn mode_reaches_the_agent() {
             .expect("LINKERD_CNI_AGENT_MODE")
     };
     let default = install_cni(&[], &[]);
-    assert_eq!(mode_of(&default), "ebpf");
+    assert_eq!(mode_of(&default), "auto");
     let ipt = temp_file("mode-iptables.yaml", "mode: iptables\n");
     let ipt = ipt.display().to_string();
-    for args in [
-        &["--mode=iptables"][..],
-        &["--set", "mode=iptables"],
-        &["-f", &ipt],
+    for (args, want) in [
+        (&["--mode=iptables"][..], "iptables"),
+        (&["--set", "mode=iptables"], "iptables"),
+        (&["-f", &ipt], "iptables"),
+        (&["--mode=ebpf"], "ebpf"),
     ] {
         let rendered = install_cni(args, &[]);
-        assert_eq!(mode_of(&rendered), "iptables", "{args:?}");
+        assert_eq!(mode_of(&rendered), want, "{args:?}");
         let changed = changed(&default, &rendered);
         let keys: Vec<&String> = changed.keys().collect();
         assert_eq!(

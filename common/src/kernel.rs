@@ -161,6 +161,36 @@ impl fmt::Display for SkLookupVariant {
     }
 }
 
+/// How a node's meshed pods are redirected: the eBPF data plane where the kernel has every
+/// required feature, else the per-node fallback (Linkerd's own rules, one nftables table in
+/// each meshed pod's network namespace, written by the plugin). The agent chooses at start
+/// (`crate::probe::Findings::choose`, its `--mode`), and `linkerd check --node` says which.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The eBPF data plane (programs on the pod's cgroup and netns).
+    #[default]
+    Ebpf,
+    /// The per-node fallback: Linkerd's rules in the pod's network namespace, no program.
+    Iptables,
+}
+
+impl Mode {
+    /// The mode's name, as `--mode`, the chart and the metrics' label say it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Ebpf => "ebpf",
+            Self::Iptables => "iptables",
+        }
+    }
+
+    /// The mode named `name` ([`Self::name`]).
+    pub fn of_name(name: &str) -> Option<Self> {
+        [Self::Ebpf, Self::Iptables]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
+}
+
 /// Every feature, oldest first.
 pub const FEATURES: &[Feature] = &[
     Feature {

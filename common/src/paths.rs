@@ -36,6 +36,10 @@ pub const AGENT_SOCKET: &str = "/run/linkerd-cni/agent.sock";
 /// The agent's registry of pods (one JSON file per pod). Lives in /run like the pins: both
 /// vanish at reboot, when every pod netns is gone too.
 pub const STATE_DIR: &str = "/run/linkerd-cni/pods";
+/// The file in the agent's state directory that says which mode the node runs and why (a
+/// `probe::Choice`, written at every start): read by `inspect` and `linkerd check --node`.
+/// Not a pod record (those end in `.json`).
+pub const MODE_FILE: &str = "mode";
 
 /// Host directory of CNI network configs (Linkerd's `DEST_CNI_NET_DIR` default).
 pub const CNI_NET_DIR: &str = "/etc/cni/net.d";

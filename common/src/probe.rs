@@ -21,7 +21,7 @@ use std::{
 };
 
 use crate::{
-    kernel::{FEATURES, Feature, MissingList, Probe, SkLookupVariant, parse_release},
+    kernel::{FEATURES, Feature, MissingList, Mode, Probe, SkLookupVariant, parse_release},
     names::Hook,
 };
 
@@ -136,6 +136,92 @@ impl Findings {
             self.release,
             stand_ins.join("; ")
         ))
+    }
+}
+
+/// The mode a node runs, and why: what the agent chose at start ([`Findings::choose`]), kept
+/// in a small file of its state ([`Choice::render`], [`Choice::parse`]) where `inspect` and
+/// `linkerd check --node` read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Choice {
+    pub mode: Mode,
+    /// Whether `--mode` forced it (`ebpf` or `iptables`) rather than the probes (`auto`).
+    pub forced: bool,
+    /// Why, in one line: the kernel's verdict, naming the missing features, or the flag.
+    pub reason: String,
+}
+
+impl Choice {
+    /// The file's text: `<mode>\n<auto|forced>\n<reason>\n`.
+    pub fn render(&self) -> String {
+        let how = match self.forced {
+            true => "forced",
+            false => "auto",
+        };
+        let reason = self.reason.replace('\n', " ");
+        format!("{}\n{how}\n{reason}\n", self.mode.name())
+    }
+
+    /// Reads [`Self::render`]'s text back (`None`: not such a text).
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut lines = text.lines();
+        let mode = Mode::of_name(lines.next()?)?;
+        let forced = match lines.next()? {
+            "forced" => true,
+            "auto" => false,
+            _ => return None,
+        };
+        let reason = lines.next()?.to_string();
+        Some(Self {
+            mode,
+            forced,
+            reason,
+        })
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let how = match self.forced {
+            true => "forced by --mode",
+            false => "chosen by the kernel probes",
+        };
+        write!(f, "{} ({how}): {}", self.mode.name(), self.reason)
+    }
+}
+
+impl Findings {
+    /// The mode a node runs for `asked` (`--mode`; `None` is `auto`):
+    /// - `iptables`: the fallback, whatever the kernel;
+    /// - `ebpf`: the eBPF data plane, or the verdict's error (each missing feature named);
+    /// - `auto`: the eBPF data plane where [`Self::verdict`] accepts the kernel, the fallback
+    ///   where the kernel refused a required feature (the reason names them), and the
+    ///   verdict's error where the kernel could not be asked (no answer is no reason to run
+    ///   either).
+    pub fn choose(&self, asked: Option<Mode>) -> Result<Choice, String> {
+        let forced = asked.is_some();
+        match (asked, self.verdict()) {
+            (Some(Mode::Iptables), _) => Ok(Choice {
+                mode: Mode::Iptables,
+                forced,
+                reason: "--mode=iptables: Linkerd's rules in each meshed pod's network namespace"
+                    .into(),
+            }),
+            (_, Ok(verdict)) => Ok(Choice {
+                mode: Mode::Ebpf,
+                forced,
+                reason: format!("kernel {verdict}"),
+            }),
+            (None, Err(why)) if !self.missing().is_empty() => Ok(Choice {
+                mode: Mode::Iptables,
+                forced,
+                reason: format!(
+                    "{why}: the per-node fallback (Linkerd's rules in each meshed pod's \
+                     network namespace) serves this node"
+                ),
+            }),
+            (_, Err(why)) => Err(why),
+        }
     }
 }
 
@@ -390,6 +476,55 @@ mod tests {
             release: "5.14.0-503.el9.x86_64".into(),
             answers: FEATURES.iter().zip(answers.iter().cloned()).collect(),
         }
+    }
+
+    /// `auto` runs eBPF where the verdict accepts the kernel and the fallback where a
+    /// required feature is missing (named in the reason); an unasked kernel is refused by
+    /// `auto` and `ebpf`; `iptables` runs the fallback on any kernel; the state file reads
+    /// back as written.
+    #[test]
+    fn the_mode_is_chosen_by_the_verdict_unless_forced() {
+        let all = vec![Answer::Present; FEATURES.len()];
+        let auto = findings(&all).choose(None).expect("auto on a full kernel");
+        assert_eq!((auto.mode, auto.forced), (Mode::Ebpf, false));
+        assert_eq!(
+            auto.reason,
+            "kernel 5.14.0-503.el9.x86_64: every feature present"
+        );
+
+        // 5.10: no SO_NETNS_COOKIE, no bpf_get_netns_cookie in sock_ops/sockopt.
+        let mut old = all.clone();
+        for (i, f) in FEATURES.iter().enumerate() {
+            if matches!(f.probe, Probe::SoNetnsCookie | Probe::NetnsCookieHelper) {
+                old[i] = Answer::Absent("Invalid argument".into());
+            }
+        }
+        let old = findings(&old);
+        let fallback = old.choose(None).expect("auto below the floor");
+        assert_eq!((fallback.mode, fallback.forced), (Mode::Iptables, false));
+        let refused = old.verdict().expect_err("below the floor");
+        assert!(fallback.reason.starts_with(&refused), "{}", fallback.reason);
+        assert!(
+            fallback.reason.contains("SO_NETNS_COOKIE (5.14+)"),
+            "{}",
+            fallback.reason
+        );
+        assert_eq!(old.choose(Some(Mode::Ebpf)), Err(refused));
+        let forced = old.choose(Some(Mode::Iptables)).expect("forced");
+        assert_eq!((forced.mode, forced.forced), (Mode::Iptables, true));
+        let ebpf = findings(&all)
+            .choose(Some(Mode::Ebpf))
+            .expect("forced eBPF");
+        assert_eq!((ebpf.mode, ebpf.forced), (Mode::Ebpf, true));
+
+        let mut unasked = all.clone();
+        unasked[0] = Answer::CannotAsk("Operation not permitted".into());
+        assert!(findings(&unasked).choose(None).is_err());
+
+        for choice in [auto, fallback, forced] {
+            assert_eq!(Choice::parse(&choice.render()), Some(choice.clone()));
+        }
+        assert_eq!(Choice::parse("nftables\nauto\nwhy\n"), None);
     }
 
     #[test]

@@ -9,13 +9,17 @@
 //!   connection is not redirected, a skipped outbound port and loopback go direct; inbound TCP
 //!   from another netns reaches the inbound port with its original destination, a skipped
 //!   inbound port and a skipped source subnet go direct;
-//! - end to end, forced (`--mode=iptables`): libcni runs the real plugin, the agent runs as a
-//!   process; a meshed client's request reaches the server through its proxy (which reads
-//!   `SO_ORIGINAL_DST`), the proxy UID and a skipped outbound port go direct; a meshed
-//!   server's proxy gets inbound connections on 4143 with their original destination, its
-//!   admin port and a skipped source subnet go direct; CHECK passes, also after the agent's
-//!   restart (which leaves the pods redirected), and fails (100) once the table is deleted;
-//!   DEL leaves the netns without our table.
+//! - end to end, forced (`--mode=iptables`) and as the probes choose (`--mode=auto`: eBPF on
+//!   the host, the fallback on 5.10, asserted as this test's own probes say): libcni runs the
+//!   real plugin, the agent runs as a process and says its mode and why (`inspect`, the
+//!   metric; the fallback pins nothing); a meshed client's request reaches the server through
+//!   its proxy (which reads `SO_ORIGINAL_DST`), the proxy UID and a skipped outbound port go
+//!   direct; a meshed server's proxy gets inbound connections on 4143 with their original
+//!   destination, its admin port and a skipped source subnet go direct; CHECK passes, also
+//!   after the agent's restart (which leaves the pods redirected), and in the fallback fails
+//!   (100) once the table is deleted; DEL leaves the netns without our table;
+//! - an agent restarted in the mode its kernel now gets (a node upgraded above the floor):
+//!   running pods keep their rules until their DEL removes them, new pods get the new mode.
 //!
 //! Run: `cargo build --bins && cargo test -p linkerd-cni-tests --test fallback -- --test-threads=1`
 
@@ -25,6 +29,11 @@ use std::{
     time::Duration,
 };
 
+use linkerd_cni_common::{
+    kernel::Mode,
+    paths,
+    probe::{Choice as ModeChoice, Findings},
+};
 use linkerd_cni_plugin::nft;
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
 use linkerd_cni_tests::{
@@ -171,13 +180,24 @@ fn outbound_goes_to_the_proxy_with_its_original_destination() {
 const APP_UID: u32 = 1000;
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(15);
 
-fn forced_node() -> SimNode {
+/// A node whose agent runs with `args` (`--mode iptables`, or none: `auto`).
+fn node_with(args: &[&str]) -> SimNode {
     let opts = NodeOptions {
-        agent_args: vec!["--mode".into(), "iptables".into()],
+        agent_args: args.iter().map(|a| a.to_string()).collect(),
         ..NodeOptions::default()
     };
     SimNode::start(opts, &[namespace_manifest("shop", &[])])
         .unwrap_or_else(|e| panic!("starting the simulated node: {e}"))
+}
+
+const FORCED: &[&str] = &["--mode", "iptables"];
+
+/// The mode `--mode=auto` gets on this kernel: what the probes say (eBPF on the host and the
+/// guests above the floor, the fallback on 5.10).
+fn probed() -> ModeChoice {
+    Findings::probe()
+        .choose(None)
+        .unwrap_or_else(|e| panic!("the probes choose no mode: {e}"))
 }
 
 /// The client's report, after checking the server's answer came back.
@@ -210,21 +230,40 @@ fn assert_direct(report: &Report, server: &EchoServer, before: usize) {
     );
 }
 
-/// The pod's configuration as the agent recorded it (what the plugin wrote the rules from).
-fn recorded_config(node: &SimNode, pod: &SimPod) -> LinkerdConfig {
+/// What the agent recorded of `pod`'s redirection, held to `mode`: in the fallback, Linkerd's
+/// rules (`rules: true`, no attachment, no link, the pod's table as its config makes it); in
+/// eBPF mode, programs (an attachment, its links, no table). Returns the recorded config.
+fn recorded(node: &SimNode, pod: &SimPod, mode: Mode) -> LinkerdConfig {
     let st = node
         .state()
         .unwrap_or_else(|e| panic!("the agent's state: {e}"));
     let rec = st
         .record(&pod.container_id)
         .unwrap_or_else(|| panic!("no record of {}", pod.spec.name));
-    assert_eq!(rec["rules"], true, "recorded in the fallback: {rec}");
-    assert_eq!(rec["attachment"]["mode"], "none", "no programs: {rec}");
-    assert!(
-        st.links_of(&pod.container_id).is_empty(),
-        "no pinned links for a pod of the fallback"
-    );
-    serde_json::from_value(rec["config"].clone()).expect("the recorded config")
+    let config: LinkerdConfig =
+        serde_json::from_value(rec["config"].clone()).expect("the recorded config");
+    let table = nft::list(&pod_netns(pod)).expect("listing");
+    match mode {
+        Mode::Iptables => {
+            assert_eq!(rec["rules"], true, "recorded in the fallback: {rec}");
+            assert_eq!(rec["attachment"]["mode"], "none", "no programs: {rec}");
+            assert!(
+                st.links_of(&pod.container_id).is_empty(),
+                "no pinned links for a pod of the fallback"
+            );
+            assert_eq!(table, nft::expected(&config), "the pod's table");
+        }
+        Mode::Ebpf => {
+            assert_ne!(rec["rules"], true, "recorded in eBPF mode: {rec}");
+            assert_ne!(rec["attachment"]["mode"], "none", "programs: {rec}");
+            assert!(
+                !st.links_of(&pod.container_id).is_empty(),
+                "pinned links for a pod of eBPF mode"
+            );
+            assert_eq!(table, [], "no table of ours in eBPF mode");
+        }
+    }
+    config
 }
 
 fn pod_netns(pod: &SimPod) -> std::fs::File {
@@ -242,9 +281,44 @@ fn cni_code(out: &linkerd_cni_tests::cniruntime::Outcome) -> Option<u64> {
         .as_u64()
 }
 
-#[test]
-fn forced_fallback_meshes_pods_with_linkerds_rules_end_to_end() {
-    let mut node = forced_node();
+/// The agent says which mode it runs and why: `inspect`'s mode line and the metric (what
+/// chose it), and, in the fallback, nothing of eBPF under its pin root.
+fn assert_mode_shown(node: &SimNode, choice: &ModeChoice) {
+    let inspect = node.inspect().expect("inspect");
+    assert!(
+        inspect.starts_with(&format!("mode: {choice}\n")),
+        "inspect says the mode and why ({choice}):\n{inspect}"
+    );
+    let health = node.agent().expect("the agent").health_addr();
+    let (_, metrics) = http_get(health, "/metrics", Duration::from_secs(5)).expect("metrics");
+    let chosen_by = match choice.forced {
+        true => "flag",
+        false => "probes",
+    };
+    let line = format!(
+        "linkerd_cni_agent_mode{{mode=\"{}\",chosen_by=\"{chosen_by}\"}} 1",
+        choice.mode.name()
+    );
+    assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    if choice.mode == Mode::Iptables {
+        for sub in paths::PIN_DIRS {
+            let dir = node.pin_root().join(sub);
+            assert!(
+                !dir.exists(),
+                "the fallback pins nothing, yet {} exists",
+                dir.display()
+            );
+        }
+    }
+}
+
+/// Meshed pods on `node`, whose agent runs `mode`, end to end: outbound through the client's
+/// proxy (which reads `SO_ORIGINAL_DST`), the proxy UID and a skipped outbound port direct;
+/// inbound to a meshed server's proxy on 4143 with the dialled address, its admin port and a
+/// skipped source subnet direct; CHECK, also after the agent's restart (pods stay
+/// redirected); in the fallback, CHECK fails (100) once the table is deleted; DEL leaves the
+/// netns without our table and the registry without the pod.
+fn meshes_pods_end_to_end(node: &mut SimNode, mode: Mode) {
     let (_server_pod, server) = node.echo_pod("shop", "server", 8080);
     let (_skipped_pod, skipped) = node.echo_pod("shop", "db", 5432);
     let dst = server.addr();
@@ -253,24 +327,17 @@ fn forced_fallback_meshes_pods_with_linkerds_rules_end_to_end() {
     let client = node.added_pod(
         PodSpec::meshed("shop", "client").annotate("config.linkerd.io/skip-outbound-ports", "5432"),
     );
-    let config = recorded_config(&node, &client);
+    let config = recorded(node, &client, mode);
     assert_eq!(config.outbound_ports_to_ignore, [PortRange::single(5432)]);
-    assert_eq!(
-        nft::list(&pod_netns(&client)).expect("listing"),
-        nft::expected(&config)
-    );
     let proxy = client.start_proxy().expect("the client's proxy");
-    let inspect = node.inspect().expect("inspect");
-    assert!(
-        inspect.contains("mode: iptables") && inspect.contains("outbound ports [5432]"),
-        "inspect shows the pod's mode and rules' config:\n{inspect}"
-    );
-    let health = node.agent().expect("the agent").health_addr();
-    let (_, metrics) = http_get(health, "/metrics", Duration::from_secs(5)).expect("metrics");
-    assert!(
-        metrics.contains("linkerd_cni_agent_mode{mode=\"iptables\"} 1"),
-        "{metrics}"
-    );
+    if mode == Mode::Iptables {
+        let inspect = node.inspect().expect("inspect");
+        assert!(
+            inspect.contains("mode: iptables (no programs")
+                && inspect.contains("outbound ports [5432]"),
+            "inspect shows the pod's mode and rules' config:\n{inspect}"
+        );
+    }
 
     let before = server.received().len();
     request(
@@ -313,7 +380,7 @@ fn forced_fallback_meshes_pods_with_linkerds_rules_end_to_end() {
         .expect("pod");
     node.add(&mut meshed_server)
         .expect("ADD of the meshed server");
-    let config = recorded_config(&node, &meshed_server);
+    let config = recorded(node, &meshed_server, mode);
     assert_eq!(config.subnets_to_ignore.len(), 1);
     let api_ip = meshed_server.ip().expect("ip");
     let api = EchoServer::bind_in(
@@ -347,11 +414,11 @@ fn forced_fallback_meshes_pods_with_linkerds_rules_end_to_end() {
         "one proxied"
     );
 
-    // CHECK passes; the agent restarted keeps the pods redirected (the rules are the netns's).
+    // CHECK passes; the agent restarted keeps the pods redirected.
     assert!(
-        check(&node, &client).ok(),
+        check(node, &client).ok(),
         "CHECK: {}",
-        check(&node, &client).stdout
+        check(node, &client).stdout
     );
     node.kill_agent();
     node.start_agent().expect("the agent again");
@@ -362,16 +429,18 @@ fn forced_fallback_meshes_pods_with_linkerds_rules_end_to_end() {
         "after the restart\n",
     );
     assert_eq!(accepted_on(&proxy, OUTBOUND_PORT), [dst, dst]);
-    let out = check(&node, &client);
+    let out = check(node, &client);
     assert!(out.ok(), "CHECK after the restart: {}", out.stdout);
 
-    // CHECK fails once the table is gone (not in force, 100).
-    nft::remove(&pod_netns(&client)).expect("deleting the table behind the plugin's back");
-    let out = check(&node, &client);
-    assert!(!out.ok(), "CHECK without the rules must fail");
-    assert_eq!(cni_code(&out), Some(100), "{}", out.stdout);
+    if mode == Mode::Iptables {
+        // CHECK fails once the table is gone (not in force, 100).
+        nft::remove(&pod_netns(&client)).expect("deleting the table behind the plugin's back");
+        let out = check(node, &client);
+        assert!(!out.ok(), "CHECK without the rules must fail");
+        assert_eq!(cni_code(&out), Some(100), "{}", out.stdout);
+    }
 
-    // DEL leaves the netns without our table.
+    // DEL leaves the netns without our table, the registry without the pod.
     let out = node.cni(Verb::Del, &meshed_server).expect("DEL");
     assert!(out.ok(), "DEL: {}", out.stdout);
     assert_eq!(nft::list(&pod_netns(&meshed_server)).expect("listing"), []);
@@ -380,4 +449,85 @@ fn forced_fallback_meshes_pods_with_linkerds_rules_end_to_end() {
         st.record(&meshed_server.container_id).is_none(),
         "unregistered"
     );
+}
+
+#[test]
+fn forced_fallback_meshes_pods_with_linkerds_rules_end_to_end() {
+    let mut node = node_with(FORCED);
+    let forced = Findings::probe()
+        .choose(Some(Mode::Iptables))
+        .expect("iptables is forced on any kernel");
+    assert_mode_shown(&node, &forced);
+    meshes_pods_end_to_end(&mut node, Mode::Iptables);
+}
+
+/// `--mode=auto` (the default): the agent asks the kernel probes at start and runs what they
+/// choose, which this test asks of the same probes: the eBPF data plane on the host and the
+/// guests above the floor, the fallback on 5.10 (its reason naming the missing features); the
+/// agent says which, and meshed pods are redirected end to end in it.
+#[test]
+fn the_probes_choose_the_mode_and_meshed_pods_are_redirected_in_it() {
+    let choice = probed();
+    eprintln!("this kernel gets: {choice}");
+    if choice.mode == Mode::Iptables {
+        let missing = Findings::probe().missing();
+        assert!(!missing.is_empty(), "the fallback only below the floor");
+        for f in missing {
+            assert!(
+                choice.reason.contains(f.name),
+                "{} names {}",
+                choice.reason,
+                f.name
+            );
+        }
+    }
+    let mut node = node_with(&[]);
+    assert_mode_shown(&node, &choice);
+    meshes_pods_end_to_end(&mut node, choice.mode);
+}
+
+/// A node whose agent restarts in the mode its kernel now gets (`auto`; on the host, eBPF: a
+/// node upgraded above the floor, or `--mode=iptables` dropped): a pod meshed by the fallback
+/// keeps its rules and its record (`rules: true`) until it ends, still redirected and CHECK
+/// passing, and its DEL removes its table; a new pod gets the new mode. Where the kernel is
+/// still below the floor (5.10), the new agent runs the fallback too, and the same holds.
+#[test]
+fn running_pods_keep_their_rules_when_the_agent_restarts_in_another_mode() {
+    let mut node = node_with(FORCED);
+    let (_server_pod, server) = node.echo_pod("shop", "server", 8080);
+    let dst = server.addr();
+    let old = node.added_pod(PodSpec::meshed("shop", "old"));
+    recorded(&node, &old, Mode::Iptables);
+    let old_proxy = old.start_proxy().expect("the old pod's proxy");
+    request(&old.container(APP_UID), &server, dst, "before\n");
+    assert_eq!(accepted_on(&old_proxy, OUTBOUND_PORT), [dst]);
+
+    let now = probed();
+    node.kill_agent();
+    node.set_agent_args(Vec::new());
+    node.start_agent().expect("the agent in auto mode");
+    assert_mode_shown(&node, &now);
+
+    // The running pod: its rules and record as they were, still redirected, CHECK passes.
+    recorded(&node, &old, Mode::Iptables);
+    request(&old.container(APP_UID), &server, dst, "after\n");
+    assert_eq!(accepted_on(&old_proxy, OUTBOUND_PORT), [dst, dst]);
+    let out = check(&node, &old);
+    assert!(out.ok(), "CHECK of the running pod: {}", out.stdout);
+
+    // A new pod: the mode the kernel gets now.
+    let new = node.added_pod(PodSpec::meshed("shop", "new"));
+    recorded(&node, &new, now.mode);
+    let new_proxy = new.start_proxy().expect("the new pod's proxy");
+    request(&new.container(APP_UID), &server, dst, "new\n");
+    assert_eq!(accepted_on(&new_proxy, OUTBOUND_PORT), [dst]);
+
+    // The old pod ends: its DEL removes its table and its record.
+    let out = node.cni(Verb::Del, &old).expect("DEL");
+    assert!(out.ok(), "DEL: {}", out.stdout);
+    assert_eq!(nft::list(&pod_netns(&old)).expect("listing"), []);
+    let st = node.state().expect("state");
+    assert!(st.record(&old.container_id).is_none(), "unregistered");
+    let out = node.cni(Verb::Del, &new).expect("DEL");
+    assert!(out.ok(), "DEL of the new pod: {}", out.stdout);
 }

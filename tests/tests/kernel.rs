@@ -2,8 +2,10 @@
 //! kernel of `cargo xtask vmtest`): the feature probes (`linkerd_cni_common::probe`, one per
 //! row of `linkerd_cni_common::kernel::FEATURES`) say yes exactly when the real programs and
 //! calls that need each feature work (the verifier's own word, with the agent's check
-//! bypassed), the agent's start-up check and `linkerd check --node` accept or refuse the kernel
-//! together naming the same missing features, a kernel that reports a low version number
+//! bypassed), the agent's start-up check (`load`, the eBPF data plane) and `linkerd check
+//! --node` accept or refuse the kernel together naming the same missing features (where it is
+//! refused, `check --node` warns and says the per-node fallback serves the node, and the
+//! agent in `auto` mode starts in the fallback), a kernel that reports a low version number
 //! (`UNAME26`: `uname` says 2.6.x) is judged the same way, and probing leaves no fd behind.
 //!
 //! Run: `cargo test -p linkerd-cni-tests --test kernel -- --test-threads=1`
@@ -17,6 +19,7 @@ use std::{
 };
 
 use linkerd_cni_agent::{
+    agent::{Agent, AgentConfig, Mode},
     dataplane::{self, bpf_sys},
     host::netns,
 };
@@ -51,6 +54,8 @@ struct Verdicts {
     agent_err: String,
     /// The kernel line of `check --node`, with its detail lines joined to it.
     check_line: String,
+    /// The mode line of `check --node`, with its detail lines joined to it.
+    mode_line: String,
     check_ok: bool,
 }
 
@@ -89,13 +94,11 @@ fn verdicts(uname26: bool) -> Verdicts {
     with_personality(&mut check);
     let check = check.output().expect("run linkerd check --node");
     let check_out = String::from_utf8_lossy(&check.stdout);
-    let check_line: String = {
-        let mut lines = check_out
-            .lines()
-            .skip_while(|l| !l.contains("kernel has every feature"));
+    let line_of = |name: &str| {
+        let mut lines = check_out.lines().skip_while(|l| !l.contains(name));
         let first = lines
             .next()
-            .unwrap_or_else(|| panic!("no kernel line in check --node:\n{check_out}"));
+            .unwrap_or_else(|| panic!("no line {name:?} in check --node:\n{check_out}"));
         let detail: Vec<&str> = lines
             .take_while(|l| l.starts_with(' '))
             .map(str::trim)
@@ -105,7 +108,8 @@ fn verdicts(uname26: bool) -> Verdicts {
     Verdicts {
         agent,
         agent_err,
-        check_line,
+        check_line: line_of("kernel has every feature"),
+        mode_line: line_of("the node's redirection mode"),
         check_ok: check.status.success(),
     }
 }
@@ -133,12 +137,26 @@ fn assert_verdicts(v: &Verdicts, verdict: &Result<String, String>, release: &str
                 "the agent's refusal on {release} is not {refused:?}:\n{}",
                 v.agent_err
             );
+            // `auto` (no agent recorded another mode here) runs the fallback on a kernel that
+            // lacks a feature: check --node warns, naming the same features, and says so.
             assert!(
-                !v.check_line.starts_with('√') && v.check_line.contains(refused.as_str()),
-                "check --node on {release} does not say {refused:?}: {}",
+                v.check_line.starts_with("√ kernel has every feature")
+                    && v.check_line.contains("(warning: ")
+                    && v.check_line.contains(refused.as_str()),
+                "check --node on {release} does not warn {refused:?}: {}",
                 v.check_line
             );
-            assert!(!v.check_ok, "check --node passed on {release}");
+            assert!(
+                v.mode_line
+                    .contains("iptables (chosen by the kernel probes)")
+                    && v.mode_line.contains(refused.as_str()),
+                "check --node on {release} does not say the fallback serves it: {}",
+                v.mode_line
+            );
+            assert!(
+                v.check_ok,
+                "check --node failed on {release} (the fallback serves it)"
+            );
         }
     }
 }
@@ -160,6 +178,33 @@ fn the_agent_and_check_node_accept_or_refuse_this_kernel_naming_the_same_feature
         findings.unasked()
     );
     assert_verdicts(&verdicts(false), &verdict, &findings.release);
+    assert_auto_mode(&verdict);
+}
+
+/// The agent started in `auto` mode (the default) runs the eBPF data plane where the verdict
+/// accepts the kernel, and the per-node fallback, pinning nothing, where it refuses it (on
+/// 5.10): started in process, as `run` starts it.
+fn assert_auto_mode(verdict: &Result<String, String>) {
+    let pins = PinRoot(PathBuf::from(paths::BPFFS).join(unique_name()));
+    let state = TempDir::new().expect("state dir");
+    let config = AgentConfig {
+        pin_root: pins.0.clone(),
+        state_dir: state.path().to_path_buf(),
+        mode: None,
+        ..AgentConfig::default()
+    };
+    let agent = Agent::start(config).unwrap_or_else(|e| panic!("auto mode refused: {e}"));
+    let choice = agent.mode_choice().clone();
+    drop(agent);
+    match verdict {
+        Ok(_) => assert_eq!(choice.mode, Mode::Ebpf, "{choice}"),
+        Err(refused) => {
+            assert_eq!(choice.mode, Mode::Iptables, "{choice}");
+            assert!(choice.reason.contains(refused.as_str()), "{choice}");
+            assert!(!pins.0.exists(), "the fallback pinned {}", pins.0.display());
+        }
+    }
+    assert!(!choice.forced);
 }
 
 /// A kernel that says it is 2.6 (`UNAME26`, as `setarch --uname-2.6` sets) is judged by its

@@ -11,6 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub use linkerd_cni_common::{kernel::Mode, probe::Choice as ModeChoice};
 use linkerd_cni_common::{kernel::SkLookupVariant, names, paths};
 use linkerd_cni_proto::{config::LinkerdConfig, escape::Escaped, wire::PodRef};
 
@@ -65,34 +66,14 @@ pub struct AgentConfig {
     pub peer: PeerPlaces,
     /// The `sk_lookup` program forced (`--sk-lookup`); `None`: chosen by the kernel probes.
     pub sk_lookup: Option<SkLookupVariant>,
-    /// How meshed pods are redirected on this node (`--mode`).
-    pub mode: Mode,
+    /// How meshed pods are redirected on this node (`--mode`); `None` (`auto`): chosen by the
+    /// kernel probes at start ([`ModeChoice`]).
+    pub mode: Option<Mode>,
 }
 
 /// Why a pod of the per-node fallback is redirected, in words.
 pub const RULES_REASON: &str =
     "redirected by Linkerd's rules (nftables table inet linkerd in the pod's network namespace)";
-
-/// How the agent has meshed pods redirected.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Mode {
-    /// The eBPF data plane (programs on the pod's cgroup and netns).
-    #[default]
-    Ebpf,
-    /// The per-node fallback: Linkerd's own rules, one nftables table in the pod's network
-    /// namespace, written by the plugin (`docs/design/nftables.md`).
-    Iptables,
-}
-
-impl Mode {
-    /// The mode's name, as `--mode`, the chart and the metrics' label say it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Ebpf => "ebpf",
-            Self::Iptables => "iptables",
-        }
-    }
-}
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -105,7 +86,7 @@ impl Default for AgentConfig {
             bpffs_from_host: false,
             peer: PeerPlaces::default(),
             sk_lookup: None,
-            mode: Mode::Ebpf,
+            mode: None,
         }
     }
 }
@@ -173,6 +154,10 @@ pub enum AgentError {
     /// running ([`order`]): the pod is not meshed.
     #[error("{id} cannot be meshed: {conflict}")]
     Order { id: String, conflict: Box<Conflict> },
+    /// The node runs the per-node fallback ([`Mode::Iptables`]): no eBPF program is loaded,
+    /// so nothing can be attached or written to a map (the mode's reason).
+    #[error("no eBPF data plane on this node: it runs the per-node fallback ({0})")]
+    NoDataplane(String),
     /// CHECK: nothing is registered under this id.
     #[error("no registration for container {0}")]
     UnknownContainer(String),
@@ -191,10 +176,17 @@ pub enum AgentError {
 /// The node agent.
 pub struct Agent {
     config: AgentConfig,
-    dataplane: Dataplane,
+    /// The mode this node runs and why, chosen at start.
+    choice: ModeChoice,
+    /// The loaded programs: in [`Mode::Ebpf`] only. The per-node fallback loads, pins and
+    /// attaches nothing; every operation that needs programs says so
+    /// ([`AgentError::NoDataplane`]) and every other one works without them.
+    dataplane: Option<Dataplane>,
     registry: Registry,
-    /// Serialises updates: maps, links and registry change together.
-    maps: MapsLock<Maps>,
+    /// Serialises updates: maps, links and registry change together. The maps are open in
+    /// [`Mode::Ebpf`], and in the fallback only where an earlier eBPF agent left them pinned
+    /// (its pods' DEL takes their entries out).
+    maps: MapsLock<Option<Maps>>,
     /// The cgroup2 root the pods' cgroups are found under.
     cgroup_root: PathBuf,
     shared_cgroup: PathBuf,
@@ -216,7 +208,103 @@ impl Agent {
     /// ([`Self::register`]).
     pub fn start(config: AgentConfig) -> Result<Self, AgentError> {
         capabilities::check()?;
+        // The mode: `--mode`, or the kernel's answers (`auto`). Below the floor in `auto`,
+        // the fallback, with the missing features as the reason; `--mode=ebpf` there is
+        // refused naming them.
+        let findings = kernel::Findings::probe();
+        let choice = findings
+            .choose(config.mode)
+            .map_err(|why| DataplaneError::Kernel(kernel::KernelUnfit(why)))?;
         let registry = Registry::open(&config.state_dir)?;
+        let (dataplane, maps) = match choice.mode {
+            Mode::Ebpf => {
+                let (dataplane, maps) = Self::load_dataplane(&config, &registry, &findings)?;
+                (Some(dataplane), Some(maps))
+            }
+            Mode::Iptables => (None, leftover_maps(&config.pin_root)),
+        };
+        let cgroup_root = match (
+            kernel::cgroup2_mount(config.host_root.as_deref()),
+            &dataplane,
+        ) {
+            (Ok(root), _) => root,
+            (Err(e), Some(_)) => return Err(e.into()),
+            // The fallback attaches nothing to cgroups: where none is mounted, the path cgroup
+            // v2 would have is only looked in (and found empty).
+            (Err(e), None) => {
+                let root = config.host_root.as_deref().unwrap_or(Path::new("/"));
+                let guess = root.join("sys/fs/cgroup");
+                tracing::warn!(error = %e, cgroup_root = %guess.display(), "no cgroup2 filesystem: the per-node fallback does without");
+                guess
+            }
+        };
+        // The lowest cgroup that holds every pod: below the cgroup2 root, where other
+        // tenants' socket load balancers attach, so that ours run before theirs.
+        let shared_cgroup = match &config.shared_cgroup {
+            Some(c) => c.clone(),
+            None => cgroup::kubepods(&cgroup_root).unwrap_or_else(|| {
+                if dataplane.is_some() {
+                    tracing::warn!(
+                        root = %cgroup_root.display(),
+                        "no single kubepods cgroup (kubepods.slice or kubepods) under the \
+                         cgroup2 root: the shared attachment goes on the root, after any \
+                         program already there unless the kernel orders cgroup links"
+                    );
+                }
+                cgroup_root.clone()
+            }),
+        };
+        let mut agent = Self {
+            config,
+            choice,
+            dataplane,
+            registry,
+            maps: MapsLock::new(maps),
+            cgroup_root,
+            shared_cgroup,
+            netns_index: Default::default(),
+        };
+        let dirs = podnetns::runtime_dirs(&agent.config.peer.netns_dirs, |p| agent.host_path(p));
+        agent.netns_index = std::sync::Mutex::new(podnetns::NetnsIndex::new(dirs));
+        agent.check_recorded_cgroups();
+        agent.attach_added_programs();
+        agent.record_mode();
+        let registered = agent.registry.len();
+        let (mode, forced, reason) = (
+            agent.choice.mode.name(),
+            agent.choice.forced,
+            agent.choice.reason.as_str(),
+        );
+        match &agent.dataplane {
+            Some(_) => {
+                tracing::info!(mode, forced, %reason, pods = registered, pin_root = %agent.config.pin_root.display(), "data plane loaded")
+            }
+            None => tracing::info!(
+                mode,
+                forced,
+                %reason,
+                pods = registered,
+                "per-node fallback: no eBPF program loaded; meshed pods get Linkerd's rules from \
+                 the plugin at ADD"
+            ),
+        }
+        Ok(agent)
+    }
+
+    /// The eBPF side of [`Self::start`]: loads the programs (reusing pinned maps, migrating
+    /// registered pods' entries when a layout change replaces them), then opens the maps.
+    fn load_dataplane(
+        config: &AgentConfig,
+        registry: &Registry,
+        findings: &kernel::Findings,
+    ) -> Result<(Dataplane, Maps), AgentError> {
+        // A bpffs mounted here would be this container's only: the host's must be there.
+        if config.bpffs_from_host {
+            kernel::require_bpffs(&config.pin_root).map_err(|source| DataplaneError::PinDir {
+                path: config.pin_root.clone(),
+                source,
+            })?;
+        }
         // Redirected pods, for maps a layout migration replaces (the registry is the source of
         // truth for per-pod config), each with the entries its registration wrote, within
         // today's per-pod limits or not.
@@ -232,42 +320,41 @@ impl Agent {
             let dir = pod_link_dir(&config.pin_root, &r.id);
             pods.push((dir, r.netns_cookie, entries));
         }
-        let dataplane =
-            Dataplane::load_with(&config.pin_root, &config.map_sizes, config.sk_lookup)?;
+        let dataplane = Dataplane::load_probed(
+            &config.pin_root,
+            &config.map_sizes,
+            config.sk_lookup,
+            findings,
+        )?;
         dataplane.finish_load(&pods)?;
         drop(pods);
         let maps = Maps::open(&config.pin_root.join(paths::PIN_MAPS))?;
-        let cgroup_root = kernel::cgroup2_mount(config.host_root.as_deref())?;
-        // The lowest cgroup that holds every pod: below the cgroup2 root, where other
-        // tenants' socket load balancers attach, so that ours run before theirs.
-        let shared_cgroup = match &config.shared_cgroup {
-            Some(c) => c.clone(),
-            None => cgroup::kubepods(&cgroup_root).unwrap_or_else(|| {
-                tracing::warn!(
-                    root = %cgroup_root.display(),
-                    "no single kubepods cgroup (kubepods.slice or kubepods) under the cgroup2 \
-                     root: the shared attachment goes on the root, after any program already \
-                     there unless the kernel orders cgroup links"
-                );
-                cgroup_root.clone()
-            }),
-        };
-        let mut agent = Self {
-            config,
-            dataplane,
-            registry,
-            maps: MapsLock::new(maps),
-            cgroup_root,
-            shared_cgroup,
-            netns_index: Default::default(),
-        };
-        let dirs = podnetns::runtime_dirs(&agent.config.peer.netns_dirs, |p| agent.host_path(p));
-        agent.netns_index = std::sync::Mutex::new(podnetns::NetnsIndex::new(dirs));
-        agent.check_recorded_cgroups();
-        agent.attach_added_programs();
-        let adopted = agent.registry.all()?;
-        tracing::info!(pods = adopted.len(), pin_root = %agent.config.pin_root.display(), "data plane loaded");
-        Ok(agent)
+        Ok((dataplane, maps))
+    }
+
+    /// Writes the mode and its reason where `inspect` and `linkerd check --node` read them
+    /// ([`paths::MODE_FILE`] in the state directory); a failure is logged (the agent serves
+    /// either way).
+    fn record_mode(&self) {
+        let path = self.config.state_dir.join(paths::MODE_FILE);
+        let tmp = path.with_extension("tmp");
+        let written =
+            std::fs::write(&tmp, self.choice.render()).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            tracing::warn!(path = %path.display(), error = %e, "recording the mode for inspect and check --node");
+        }
+    }
+
+    /// The mode this node runs, and why.
+    pub fn mode_choice(&self) -> &ModeChoice {
+        &self.choice
+    }
+
+    /// The loaded programs, or why there are none (the fallback).
+    fn dataplane(&self) -> Result<&Dataplane, AgentError> {
+        self.dataplane
+            .as_ref()
+            .ok_or_else(|| AgentError::NoDataplane(self.choice.reason.clone()))
     }
 
     /// Records of earlier agents name their pod's cgroup by the path as it was sent, which may
@@ -307,13 +394,20 @@ impl Agent {
     }
 
     /// The maps, for an ADD, a DEL or anything a caller waits for.
-    fn lock(&self) -> std::sync::MutexGuard<'_, Maps> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Maps>> {
         self.maps.lock()
     }
 
     /// The maps, for a background pass (reconcile, adoption): after any waiting ADD or DEL.
-    fn lock_background(&self) -> std::sync::MutexGuard<'_, Maps> {
+    fn lock_background(&self) -> std::sync::MutexGuard<'_, Option<Maps>> {
         self.maps.lock_background()
+    }
+
+    /// The maps behind `guard`, or why there are none (the fallback).
+    fn maps_in<'g>(&self, guard: &'g mut Option<Maps>) -> Result<&'g mut Maps, AgentError> {
+        guard
+            .as_mut()
+            .ok_or_else(|| AgentError::NoDataplane(self.choice.reason.clone()))
     }
 
     fn pod_link_dir(&self, id: &str) -> PathBuf {
@@ -470,6 +564,8 @@ impl Agent {
     ) -> Result<PodRecord, AgentError> {
         let id = reg.id.clone();
         let mut phases = Phases::new("add", &id);
+        // No programs (the fallback): refused before anything is done.
+        self.dataplane()?;
         // Lists longer than a pod may have are refused before any work is done for them.
         limits::check_config(&reg.config)?;
         let ns = self.open_netns(&mut reg, origin)?;
@@ -556,13 +652,14 @@ impl Agent {
             cgroup_hint,
         };
 
-        let mut maps = self.lock();
+        let mut guard = self.lock();
+        let maps = self.maps_in(&mut guard)?;
         phases.mark("lock");
         match self.registry.get(&record.id)? {
             Some(old) if old.redirected() && old.netns_cookie == netns_cookie => {
-                return self.update_in_place(&mut maps, old, record, &ns, cgroup, &entries);
+                return self.update_in_place(maps, old, record, &ns, cgroup, &entries);
             }
-            Some(old) => self.unregister_locked(&mut maps, &old)?,
+            Some(old) => self.unregister_locked(Some(&mut *maps), &old)?,
             None => {}
         }
         // Links left by a crash between steps of an earlier registration of this id.
@@ -570,7 +667,7 @@ impl Agent {
         phases.mark("leftovers");
         maps.write_pod(netns_cookie, &entries)?;
         phases.mark("maps");
-        let result = self.attach_and_record(&mut maps, record, &ns, cgroup, &entries, &mut phases);
+        let result = self.attach_and_record(maps, record, &ns, cgroup, &entries, &mut phases);
         phases.done();
         result
     }
@@ -589,7 +686,7 @@ impl Agent {
         let attached = self.attach(&record, cgroup).and_then(|a| {
             phases.mark("attach_cgroup");
             // Inbound: the netns link lives with the pod's links whatever the cgroup mode.
-            self.dataplane.attach_netns_marked(
+            self.dataplane()?.attach_netns_marked(
                 ns.file(),
                 record.netns_cookie,
                 &self.pod_link_dir(&record.id),
@@ -619,7 +716,7 @@ impl Agent {
         }
         record.reason = record.attachment.describe().into();
         if let Err(e) = self.registry.put(&record) {
-            let _ = self.unregister_locked(maps, &record);
+            let _ = self.unregister_locked(Some(maps), &record);
             return Err(e.into());
         }
         phases.mark("registry");
@@ -731,7 +828,7 @@ impl Agent {
 
     /// The mode meshed pods are redirected in (`--mode`).
     pub fn mode(&self) -> Mode {
-        self.config.mode
+        self.choice.mode
     }
 
     fn record_unredirected_from(
@@ -744,13 +841,21 @@ impl Agent {
     ) -> Result<PodRecord, AgentError> {
         let ns = self.open_netns(&mut reg, origin)?;
         let netns_ino = ns.ino;
-        let netns_cookie = match &inside {
-            Some(p) => p.cookie_of(&ns)?,
-            None => self.cookie_and_addresses(&ns, origin, None)?.0,
+        // The cookie keys the eBPF maps: the fallback has none to key, and a kernel below the
+        // floor may not say it (`SO_NETNS_COOKIE`, 5.14): 0. The plugin's socket must still be
+        // inside the netns it names.
+        let netns_cookie = match (&inside, &self.dataplane) {
+            (Some(p), Some(_)) => p.cookie_of(&ns)?,
+            (None, Some(_)) => self.cookie_and_addresses(&ns, origin, None)?.0,
+            (Some(p), None) => {
+                p.check_inside(&ns)?;
+                0
+            }
+            (None, None) => 0,
         };
         let mut maps = self.lock();
         if let Some(old) = self.registry.get(&reg.id)? {
-            self.unregister_locked(&mut maps, &old)?;
+            self.unregister_locked(maps.as_mut(), &old)?;
         }
         let record = PodRecord {
             id: reg.id,
@@ -803,7 +908,7 @@ impl Agent {
         match cgroup {
             Some(cgroup) => {
                 let cg = self.open_pod_cgroup(&cgroup, record)?;
-                self.dataplane
+                self.dataplane()?
                     .attach_opened(&cg, &cgroup, &self.pod_link_dir(id))?;
                 Ok(Attachment::PerPod { cgroup })
             }
@@ -811,7 +916,7 @@ impl Agent {
                 let dir = self.shared_link_dir();
                 if dataplane::links_in_force(&dir, &names::CGROUP_PROGRAMS).is_err() {
                     let _ = dataplane::detach(&dir);
-                    self.dataplane.attach(&self.shared_cgroup, &dir)?;
+                    self.dataplane()?.attach(&self.shared_cgroup, &dir)?;
                 }
                 Ok(Attachment::Shared {
                     cgroup: self.shared_cgroup.clone(),
@@ -831,7 +936,7 @@ impl Agent {
         let mut maps = self.lock();
         match self.registry.get(id)? {
             Some(record) => {
-                self.unregister_locked(&mut maps, &record)?;
+                self.unregister_locked(maps.as_mut(), &record)?;
                 tracing::info!(id, "pod unregistered");
                 Ok(true)
             }
@@ -843,7 +948,13 @@ impl Agent {
         }
     }
 
-    fn unregister_locked(&self, maps: &mut Maps, record: &PodRecord) -> Result<(), AgentError> {
+    /// [`Self::unregister`] with the lock held: `maps` is `None` in the fallback when no
+    /// earlier eBPF agent left maps (then a record of its has no entries to take out either).
+    fn unregister_locked(
+        &self,
+        maps: Option<&mut Maps>,
+        record: &PodRecord,
+    ) -> Result<(), AgentError> {
         let mut phases = Phases::new("del", &record.id);
         dataplane::detach(&self.pod_link_dir(&record.id)).map_err(|source| {
             DataplaneError::Pin {
@@ -852,8 +963,11 @@ impl Agent {
             }
         })?;
         phases.mark("detach");
-        if record.redirected() {
-            self.release_entries(maps, &record.id, record.netns_cookie, &entries_of(record))?;
+        match maps {
+            Some(maps) if record.redirected() => {
+                self.release_entries(maps, &record.id, record.netns_cookie, &entries_of(record))?
+            }
+            _ => {}
         }
         phases.mark("maps");
         self.registry.remove(&record.id)?;
@@ -891,7 +1005,15 @@ impl Agent {
             return Ok(record);
         }
         let expected = entries_of(&record).config;
-        match self.lock().pod_config(record.netns_cookie) {
+        let found = match self.lock().as_ref() {
+            Some(maps) => maps.pod_config(record.netns_cookie),
+            // A pod an earlier eBPF agent meshed, on a node of the fallback with no maps left.
+            None => {
+                let why = AgentError::NoDataplane(self.choice.reason.clone());
+                return Err(not_in_force(why.to_string()));
+            }
+        };
+        match found {
             None => {
                 return Err(not_in_force(
                     "its pod config entry is missing from the maps".into(),
@@ -1042,6 +1164,9 @@ impl Agent {
     /// redirected, SO_ORIGINAL_DST answers). Walks the maps through handles of its own, so a
     /// metrics scrape never holds up a registration.
     pub fn stats_totals(&self) -> Result<(u64, u64), AgentError> {
+        if self.dataplane.is_none() {
+            return Ok((0, 0));
+        }
         let maps = Maps::open(&self.config.pin_root.join(paths::PIN_MAPS))?;
         let (mut redirected, mut answered) = (0, 0);
         for cookie in maps.pods() {
@@ -1055,12 +1180,16 @@ impl Agent {
     /// How full each node-wide map is. Walks the maps through handles of its own, so a
     /// metrics scrape never holds up a registration.
     pub fn fill_levels(&self) -> Result<Vec<crate::dataplane::maps::Fill>, AgentError> {
+        if self.dataplane.is_none() {
+            return Ok(Vec::new());
+        }
         Ok(Maps::open(&self.config.pin_root.join(paths::PIN_MAPS))?.fill_levels())
     }
 
-    /// Runs `f` with the maps (for inspection and tests).
-    pub fn with_maps<T>(&self, f: impl FnOnce(&Maps) -> T) -> T {
-        f(&self.lock())
+    /// Runs `f` with the maps (for inspection and tests): `None` in the fallback (unless an
+    /// earlier eBPF agent left them).
+    pub fn with_maps<T>(&self, f: impl FnOnce(Option<&Maps>) -> T) -> T {
+        f(self.lock().as_ref())
     }
 
     /// The pin directory of a registration's own links (cgroup links when attached per pod,
@@ -1073,6 +1202,19 @@ impl Agent {
     pub fn links_of(&self, record: &PodRecord) -> Vec<(PathBuf, &'static [&'static str])> {
         links_of(&self.config.pin_root, record)
     }
+}
+
+/// The maps an earlier eBPF agent left pinned under `pin_root`, opened as they are (nothing
+/// mounted, loaded or pinned): the fallback takes its pods' entries out at their DEL. `None`
+/// where there are none, or they cannot be opened (logged).
+fn leftover_maps(pin_root: &Path) -> Option<Maps> {
+    let dir = pin_root.join(paths::PIN_MAPS);
+    if !dir.is_dir() {
+        return None;
+    }
+    Maps::open(&dir)
+        .inspect_err(|e| tracing::warn!(maps = %dir.display(), error = %e, "maps an earlier agent pinned cannot be opened: its pods' entries stay until they are gone"))
+        .ok()
 }
 
 /// The map entries of `record` when its configuration is within the per-pod limits a fresh

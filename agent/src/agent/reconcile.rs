@@ -409,7 +409,11 @@ impl Reconciler {
 impl Agent {
     /// Makes sure bpffs is mounted and the map and program pins exist, mounting and pinning
     /// again what is missing.
+    /// The fallback pins nothing: nothing to restore.
     pub fn restore_pins(&self, bpffs: &Path) -> Result<Vec<Repair>, AgentError> {
+        let Some(dataplane) = &self.dataplane else {
+            return Ok(Vec::new());
+        };
         let pin_root = &self.config.pin_root;
         let complete = pin_root.join(paths::PIN_PODS).is_dir()
             && names::MAPS
@@ -436,7 +440,7 @@ impl Agent {
             }
             kernel::ensure_bpffs(pin_root).map_err(pin_dir)?;
         }
-        let made = self.dataplane.restore_pins()?;
+        let made = dataplane.restore_pins()?;
         Ok(vec![Repair {
             kind: RepairKind::Pins,
             what: format!(
@@ -460,8 +464,16 @@ impl Agent {
                 ..Verified::default()
             });
         }
+        // The fallback cannot put back what an earlier eBPF agent made: such a pod keeps the
+        // links and entries it has until it ends.
+        let (Some(maps), Some(_)) = (maps.as_mut(), &self.dataplane) else {
+            return Ok(Verified {
+                record: Some(record),
+                ..Verified::default()
+            });
+        };
         let mut repairs = Vec::new();
-        if let Some(r) = repair_entries(&mut maps, &record)? {
+        if let Some(r) = repair_entries(maps, &record)? {
             repairs.push(r);
         }
         let mut ours = Some(Ours::default());
@@ -495,7 +507,11 @@ impl Agent {
     /// no link at all is left to the reconcile passes (a repair, counted as such). A link that
     /// cannot be made (the pod's cgroup is going away) is logged; the pod keeps the links it
     /// has. Returns how many links were made.
+    /// The fallback attaches nothing.
     pub(super) fn attach_added_programs(&self) -> usize {
+        if self.dataplane.is_none() {
+            return 0;
+        }
         let _guard = self.lock_background();
         let records = match self.registry.all() {
             Ok(records) => records,
@@ -660,7 +676,7 @@ impl Agent {
             // The netns gets its own stub carrying the pod's cookie (see
             // `Dataplane::attach_netns`), never the shared program itself, which would not
             // know which pod it runs for.
-            self.dataplane
+            self.dataplane()?
                 .attach_netns(ns.file(), record.netns_cookie, dir)?;
             return Ok(RepairKind::NetnsLink);
         };

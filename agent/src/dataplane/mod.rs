@@ -163,8 +163,18 @@ impl Dataplane {
         sizes: &MapSizes,
         sk_lookup: Option<SkLookupVariant>,
     ) -> Result<Self, DataplaneError> {
-        let findings = kernel::Findings::probe();
-        let kernel = kernel::check(&findings)?;
+        Self::load_probed(pin_root, sizes, sk_lookup, &kernel::Findings::probe())
+    }
+
+    /// [`Self::load_with`] on a kernel whose probes already answered `findings` (the agent
+    /// asked them to choose its mode): refused, each missing feature named, below the floor.
+    pub fn load_probed(
+        pin_root: &Path,
+        sizes: &MapSizes,
+        sk_lookup: Option<SkLookupVariant>,
+        findings: &kernel::Findings,
+    ) -> Result<Self, DataplaneError> {
+        let kernel = kernel::check(findings)?;
         let sk_lookup = sk_lookup.unwrap_or_else(|| findings.sk_lookup_variant());
         tracing::info!("kernel {kernel}; sk_lookup program: {sk_lookup}");
         let pin_dir = |path: PathBuf| move |source| DataplaneError::PinDir { path, source };

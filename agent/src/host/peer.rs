@@ -246,6 +246,33 @@ impl PeerNetns {
     /// The cookie of `ns` (opened from the path the peer named), read from the passed socket
     /// once the socket is shown to belong to `ns`: nothing enters the namespace.
     pub fn cookie_of(&self, ns: &Netns) -> Result<u64, PeerError> {
+        self.check_inside(ns)?;
+        let sock_err = |source: io::Error| PeerError::Socket {
+            path: ns.path.display().to_string(),
+            source,
+        };
+        let mut cookie: u64 = 0;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: getsockopt into a u64 we own, with its size.
+        let ret = unsafe {
+            libc::getsockopt(
+                self.socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_NETNS_COOKIE,
+                (&raw mut cookie).cast(),
+                &mut len,
+            )
+        };
+        if ret < 0 {
+            return Err(sock_err(io::Error::last_os_error()));
+        }
+        Ok(cookie)
+    }
+
+    /// Fails unless the socket was made inside `ns` (`SIOCGSKNS`: the socket's network
+    /// namespace is the same nsfs inode as `ns`), on any kernel (the fallback's check,
+    /// where the cookie is not needed and may not exist).
+    pub fn check_inside(&self, ns: &Netns) -> Result<(), PeerError> {
         let shown = || ns.path.display().to_string();
         let sock_err = |source: io::Error| PeerError::Socket {
             path: shown(),
@@ -269,22 +296,7 @@ impl PeerNetns {
                 path_ino: b.ino(),
             });
         }
-        let mut cookie: u64 = 0;
-        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-        // SAFETY: getsockopt into a u64 we own, with its size.
-        let ret = unsafe {
-            libc::getsockopt(
-                self.socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_NETNS_COOKIE,
-                (&raw mut cookie).cast(),
-                &mut len,
-            )
-        };
-        if ret < 0 {
-            return Err(sock_err(io::Error::last_os_error()));
-        }
-        Ok(cookie)
+        Ok(())
     }
 }
 

@@ -186,9 +186,14 @@ impl Health {
             "# HELP linkerd_cni_agent_dataplane_ready Whether the data plane's pins are in place (1) or cannot be restored (0).\n# TYPE linkerd_cni_agent_dataplane_ready gauge\nlinkerd_cni_agent_dataplane_ready {}\n",
             u8::from(self.reconciler.not_ready().is_none())
         ));
+        let choice = self.server.agent.mode_choice();
         out.push_str(&format!(
-            "# HELP linkerd_cni_agent_mode How meshed pods are redirected on this node (1 for the mode in force).\n# TYPE linkerd_cni_agent_mode gauge\nlinkerd_cni_agent_mode{{mode=\"{}\"}} 1\n",
-            self.server.agent.mode().name()
+            "# HELP linkerd_cni_agent_mode How meshed pods are redirected on this node (1 for the mode in force), and what chose it: the kernel probes (--mode=auto) or the flag.\n# TYPE linkerd_cni_agent_mode gauge\nlinkerd_cni_agent_mode{{mode=\"{}\",chosen_by=\"{}\"}} 1\n",
+            choice.mode.name(),
+            match choice.forced {
+                true => "flag",
+                false => "probes",
+            }
         ));
         out
     }

@@ -8,8 +8,8 @@ use linkerd_cni_common::{
 };
 
 use crate::{
-    agent,
     agent::registry::Registry,
+    agent::{self, Mode, ModeChoice},
     dataplane,
     dataplane::maps::{Maps, MapsError},
 };
@@ -50,10 +50,25 @@ fn sk_lookup_program(pin_root: &Path) -> String {
     }
 }
 
-/// Renders the state under `pin_root` and `state_dir` for humans.
+/// The mode the agent last started in, and why ([`paths::MODE_FILE`] in `state_dir`), if it
+/// recorded one.
+pub fn recorded_mode(state_dir: &Path) -> Option<ModeChoice> {
+    let text = std::fs::read_to_string(state_dir.join(paths::MODE_FILE)).ok()?;
+    ModeChoice::parse(&text)
+}
+
+/// Renders the state under `pin_root` and `state_dir` for humans: the node's mode and why,
+/// then every registered pod (in the fallback, with no eBPF maps or programs to show).
 pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
+    let mode = recorded_mode(state_dir);
+    let mode_line = match &mode {
+        Some(choice) => format!("mode: {choice}\n"),
+        None => String::new(),
+    };
+    let fallback = mode.as_ref().is_some_and(|c| c.mode == Mode::Iptables);
     let maps_dir = pin_root.join(paths::PIN_MAPS);
-    if std::fs::symlink_metadata(&maps_dir).is_err() {
+    let pinned = std::fs::symlink_metadata(&maps_dir).is_ok();
+    if !pinned && !fallback {
         // Only a registry that exists is read (opening one creates its directory).
         let registered = if state_dir.is_dir() {
             Registry::open(state_dir)
@@ -63,32 +78,47 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
         } else {
             0
         };
-        return Ok(nothing_installed(pin_root, state_dir, registered));
+        return Ok(mode_line + &nothing_installed(pin_root, state_dir, registered));
     }
-    let maps = Maps::open(&maps_dir)?;
+    let maps = match pinned {
+        true => Some(Maps::open(&maps_dir)?),
+        false => None,
+    };
     let records = Registry::open(state_dir)
         .and_then(|r| r.all())
         .unwrap_or_default();
-    let mut out = String::new();
-    let (sock, conn) = maps.orig_dst_entries();
+    let mut out = mode_line;
     let _ = writeln!(
         out,
         "pin root: {}   registry: {}",
         pin_root.display(),
         state_dir.display()
     );
-    let _ = writeln!(
-        out,
-        "registered attachments: {}   original-destination entries: {sock} sockets, {conn} connections",
-        records.len()
-    );
-    let fill: Vec<String> = maps
-        .fill_levels()
-        .iter()
-        .map(|f| format!("{} {}/{}", f.name, f.entries, f.max_entries))
-        .collect();
-    let _ = writeln!(out, "map fill (entries/max): {}", fill.join("  "));
-    let _ = writeln!(out, "sk_lookup program: {}", sk_lookup_program(pin_root));
+    match &maps {
+        Some(maps) => {
+            let (sock, conn) = maps.orig_dst_entries();
+            let _ = writeln!(
+                out,
+                "registered attachments: {}   original-destination entries: {sock} sockets, {conn} connections",
+                records.len()
+            );
+            let fill: Vec<String> = maps
+                .fill_levels()
+                .iter()
+                .map(|f| format!("{} {}/{}", f.name, f.entries, f.max_entries))
+                .collect();
+            let _ = writeln!(out, "map fill (entries/max): {}", fill.join("  "));
+            let _ = writeln!(out, "sk_lookup program: {}", sk_lookup_program(pin_root));
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "registered attachments: {}   no eBPF maps or programs (the per-node fallback \
+                 pins nothing)",
+                records.len()
+            );
+        }
+    }
     for r in &records {
         let pod = r
             .pod
@@ -142,6 +172,9 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
             };
             let _ = writeln!(out, "  links: {} ({state})", dir.display());
         }
+        let Some(maps) = &maps else {
+            continue;
+        };
         let view = maps.view(r.netns_cookie);
         match view.config {
             None if r.redirected() => {
@@ -240,7 +273,9 @@ pub fn render(pin_root: &Path, state_dir: &Path) -> Result<String, MapsError> {
         }
     }
     let orphans: Vec<u64> = maps
-        .pods()
+        .as_ref()
+        .map(Maps::pods)
+        .unwrap_or_default()
         .into_iter()
         .filter(|c| !records.iter().any(|r| r.netns_cookie == *c))
         .collect();

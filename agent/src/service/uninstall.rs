@@ -182,9 +182,10 @@ fn remove_registry(dir: &Path, removal: &mut Removal) -> Result<(), UninstallErr
         let name = entry.file_name();
         let name = name.to_string_lossy();
         let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-        if is_file && (name.ends_with(".json") || name.ends_with(".json.tmp")) {
+        let mode_file = name == paths::MODE_FILE;
+        if is_file && (name.ends_with(".json") || name.ends_with(".json.tmp") || mode_file) {
             fs::remove_file(entry.path()).map_err(io_err("removing", &entry.path()))?;
-            records += 1;
+            records += usize::from(!mode_file);
         }
     }
     if records > 0 {

@@ -9,8 +9,10 @@
 use std::path::{Path, PathBuf};
 
 use linkerd_cni_common::{
+    kernel::Mode,
     names::{self, Hook},
-    probe::Findings,
+    paths,
+    probe::{Choice, Findings},
     query::{self, F_ALLOW_MULTI, F_ALLOW_OVERRIDE, F_PREORDER},
 };
 
@@ -24,11 +26,18 @@ pub const CATEGORY: &str = "linkerd-cni-node";
 /// start-up check runs the same).
 pub const KERNEL_CHECK: &str = "kernel has every feature the eBPF mode needs";
 
+/// The name of the mode check: which mode this node runs (the eBPF data plane or the per-node
+/// fallback) and why.
+pub const MODE_CHECK: &str = "the node's redirection mode";
+
 /// What the node checks look at (tests pass their own).
 #[derive(Clone, Debug, Default)]
 pub struct NodeFacts {
     /// The running kernel's answers to the feature probes.
     pub kernel: Option<Findings>,
+    /// The mode the agent recorded at its last start (`None`: no agent ran here since the
+    /// node booted; `auto` is judged from the probes).
+    pub mode: Option<Choice>,
     /// `/proc/self/mountinfo`.
     pub mountinfo: Option<String>,
     /// `/proc/filesystems`.
@@ -250,8 +259,12 @@ impl NodeFacts {
             let m = mountinfo.as_deref()?;
             mounts_of_type(m, "cgroup2").first().map(PathBuf::from)
         });
+        let mode = std::fs::read_to_string(Path::new(paths::STATE_DIR).join(paths::MODE_FILE))
+            .ok()
+            .and_then(|text| Choice::parse(&text));
         Self {
             kernel: Some(Findings::probe()),
+            mode,
             mountinfo,
             filesystems: read("/proc/filesystems"),
             tenants: root.map(|r| Tenants::read(&r)),
@@ -303,9 +316,25 @@ pub fn filesystem_supported(filesystems: &str, fstype: &str) -> bool {
         .any(|l| l.split_whitespace().last() == Some(fstype))
 }
 
-/// Runs the node checks on `facts`.
+/// The mode this node runs: the one the agent recorded, else the one `--mode=auto` (the
+/// chart's default) chooses from the probes; or why none can be said.
+fn node_mode(facts: &NodeFacts) -> Result<(Choice, &'static str), String> {
+    match (&facts.mode, &facts.kernel) {
+        (Some(recorded), _) => Ok((recorded.clone(), "as the agent chose at its start")),
+        (None, Some(findings)) => findings
+            .choose(None)
+            .map(|c| (c, "no agent has started here: what --mode=auto chooses")),
+        (None, None) => Err("the kernel was not probed".into()),
+    }
+}
+
+/// Runs the node checks on `facts`. On a node of the per-node fallback, the eBPF checks that
+/// cannot apply there say so (skipped) instead of failing: the kernel's missing features are a
+/// warning, bpffs, cgroup v2 and other tenants' cgroup programs do not matter.
 pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
     let mut results = Vec::new();
+    let mode = node_mode(facts);
+    let fallback = matches!(&mode, Ok((c, _)) if c.mode == Mode::Iptables);
     let verdict = facts
         .kernel
         .as_ref()
@@ -317,9 +346,39 @@ pub fn run(facts: &NodeFacts) -> Vec<CheckResult> {
             KERNEL_CHECK,
             format!("{present}; sk_lookup program: {sk_lookup}"),
         ),
+        Some((Err(why), _)) if fallback => CheckResult::new(
+            CATEGORY,
+            KERNEL_CHECK,
+            Status::Warn,
+            format!("{why}; the eBPF mode does not apply: this node runs the per-node fallback"),
+        ),
         Some((Err(why), _)) => CheckResult::fail(CATEGORY, KERNEL_CHECK, why),
         None => CheckResult::fail(CATEGORY, KERNEL_CHECK, "the kernel was not probed"),
     });
+    results.push(match mode {
+        Ok((choice, source)) => {
+            CheckResult::ok(CATEGORY, MODE_CHECK, format!("{choice} ({source})"))
+        }
+        Err(why) => CheckResult::fail(CATEGORY, MODE_CHECK, why),
+    });
+    let mut rest = ebpf_node_checks(facts);
+    if fallback {
+        for r in rest.iter_mut().filter(|r| r.status == Status::Fail) {
+            r.status = Status::Skipped;
+            r.detail = format!(
+                "does not apply: the per-node fallback loads no eBPF program ({})",
+                r.detail
+            );
+        }
+    }
+    results.extend(rest);
+    results
+}
+
+/// The checks of what the eBPF data plane needs besides the kernel's features: bpffs, cgroup
+/// v2, other tenants' programs on the pods' path.
+fn ebpf_node_checks(facts: &NodeFacts) -> Vec<CheckResult> {
+    let mut results = Vec::new();
 
     let Some(mountinfo) = facts.mountinfo.as_deref() else {
         results.push(CheckResult::fail(
@@ -405,8 +464,9 @@ mod tests {
         }
     }
 
-    /// The kernel's answers decide, not its number: a 5.14 with every feature passes, a 6.1
-    /// that refused two fails naming exactly those, one line.
+    /// The kernel's answers decide, not its number: a 5.14 with every feature passes; a 6.1
+    /// that refused two names exactly those, one line: a warning where no agent recorded a
+    /// mode (`auto` runs the fallback there, and the mode line says so).
     #[test]
     fn kernel_answers() {
         let cases: &[(&str, &[usize], Option<&str>)] = &[
@@ -428,6 +488,7 @@ mod tests {
                 mountinfo: Some(MOUNTINFO.into()),
                 filesystems: None,
                 tenants: None,
+                mode: None,
             };
             let results = run(&facts);
             let failed: Vec<_> = results.iter().filter(|r| !r.passed()).collect();
@@ -453,12 +514,72 @@ mod tests {
                     assert_eq!(results[0].detail, want);
                 }
                 Some(line) => {
-                    assert_eq!(failed.len(), 1, "kernel {release}: {failed:?}");
-                    assert_eq!(failed[0].name, KERNEL_CHECK);
-                    assert_eq!(failed[0].detail, *line);
+                    assert!(failed.is_empty(), "kernel {release}: {failed:?}");
+                    assert_eq!(results[0].name, KERNEL_CHECK);
+                    assert_eq!(results[0].status, Status::Warn);
+                    assert_eq!(
+                        results[0].detail,
+                        format!(
+                            "{line}; the eBPF mode does not apply: this node runs the per-node \
+                             fallback"
+                        )
+                    );
+                    assert_eq!(results[1].name, MODE_CHECK);
+                    assert!(
+                        results[1].detail.starts_with(&format!(
+                            "iptables (chosen by the kernel probes): {line}"
+                        )),
+                        "{}",
+                        results[1].detail
+                    );
                 }
             }
         }
+    }
+
+    /// The mode line says what the agent recorded (forced or chosen) and why; on a node of the
+    /// fallback, what only eBPF needs (bpffs, cgroup v2) is skipped, not failed; forcing
+    /// eBPF on a kernel below the floor is failed.
+    #[test]
+    fn the_mode_line_and_what_the_fallback_does_not_need() {
+        let no_mounts = "22 1 0:21 / /sys rw - sysfs sysfs rw\n";
+        let forced = Choice {
+            mode: Mode::Iptables,
+            forced: true,
+            reason: "--mode=iptables".into(),
+        };
+        let facts = NodeFacts {
+            kernel: Some(findings("6.18.0", &[])),
+            mountinfo: Some(no_mounts.into()),
+            filesystems: Some("nodev\tsysfs\n".into()),
+            tenants: None,
+            mode: Some(forced),
+        };
+        let results = run(&facts);
+        assert!(results.iter().all(CheckResult::passed), "{results:?}");
+        let mode = results.iter().find(|r| r.name == MODE_CHECK).expect("mode");
+        assert_eq!(
+            mode.detail,
+            "iptables (forced by --mode): --mode=iptables (as the agent chose at its start)"
+        );
+        let skipped: Vec<&str> = results
+            .iter()
+            .filter(|r| r.status == Status::Skipped)
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(
+            skipped,
+            ["bpffs is mounted or mountable", "cgroup v2 is mounted"]
+        );
+
+        // The same node in eBPF mode fails them.
+        let facts = NodeFacts {
+            mode: None,
+            ..facts
+        };
+        let results = run(&facts);
+        let failed = results.iter().filter(|r| !r.passed()).count();
+        assert_eq!(failed, 2, "{results:?}");
     }
 
     #[test]
@@ -475,6 +596,7 @@ mod tests {
                 mountinfo: Some(mountinfo.to_string()),
                 filesystems: filesystems.map(str::to_string),
                 tenants: None,
+                mode: None,
             };
             let results = run(&facts);
             let by_name = |n: &str| {

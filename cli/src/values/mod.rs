@@ -34,13 +34,15 @@ pub use yaml::parse_yaml;
 /// The chart's `values.yaml`.
 pub const CHART_VALUES_YAML: &str = include_str!("../../../deploy/charts/linkerd2-cni/values.yaml");
 
+/// Each node's agent chooses from its kernel's feature probes (the default).
+pub const MODE_AUTO: &str = "auto";
 /// The eBPF data plane.
 pub const MODE_EBPF: &str = "ebpf";
 /// The per-node fallback: Linkerd's own rules as nftables in each meshed pod's netns
 /// (`docs/design/nftables.md`), forced for the whole cluster.
 pub const MODE_IPTABLES: &str = "iptables";
 /// Every mode the chart renders (the agent's `--mode` takes each).
-pub const MODES: [&str; 2] = [MODE_EBPF, MODE_IPTABLES];
+pub const MODES: [&str; 3] = [MODE_AUTO, MODE_EBPF, MODE_IPTABLES];
 
 /// Why values could not be read, merged or accepted.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +62,7 @@ pub enum ValuesError {
         reason: String,
     },
     /// `mode` names a mode that does not exist.
-    #[error("mode {0:?} is not supported: use mode \"ebpf\" or \"iptables\"")]
+    #[error("mode {0:?} is not supported: use mode \"auto\", \"ebpf\" or \"iptables\"")]
     Mode(String),
 }
 

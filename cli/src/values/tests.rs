@@ -9,7 +9,7 @@ use super::*;
 fn chart_defaults_are_valid_and_contractual() {
     let d = chart_defaults().expect("the chart's values.yaml parses");
     let v = validate(&d, &Origins::default()).expect("the chart's defaults validate");
-    assert_eq!(v.mode, "ebpf");
+    assert_eq!(v.mode, "auto");
     assert_eq!((v.inbound_proxy_port, v.outbound_proxy_port), (4143, 4140));
     assert_eq!((v.proxy_admin_port, v.proxy_control_port), (4191, 4190));
     assert_eq!((v.proxy_uid, v.proxy_gid), (2102, -1));

@@ -450,6 +450,12 @@ impl SimNode {
         Ok(())
     }
 
+    /// The agent's own arguments from its next start on (`NodeOptions::agent_args`): an agent
+    /// upgraded or reconfigured in place, e.g. another `--mode`.
+    pub fn set_agent_args(&mut self, args: Vec<String>) {
+        self.opts.agent_args = args;
+    }
+
     /// SIGKILLs the agent (no clean-up of any kind, like a crash or an OOM kill).
     pub fn kill_agent(&mut self) {
         if let Some(mut a) = self.agent.take() {

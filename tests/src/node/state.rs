@@ -133,6 +133,10 @@ pub fn read_state(pin_root: &Path, state_dir: &Path) -> Result<AgentState> {
         walk(pin_root, &pin_root.join(sub), &mut state.links);
     }
     let maps_dir = pin_root.join(paths::PIN_MAPS);
+    // The per-node fallback pins no map: its state is the registry alone.
+    if !maps_dir.exists() {
+        return Ok(state);
+    }
     let maps = Maps::open(&maps_dir)
         .map_err(|e| Error::Missing(format!("opening the maps in {}: {e}", maps_dir.display())))?;
     for cookie in maps.pod_config.keys().filter_map(|k| k.ok()) {

@@ -169,7 +169,16 @@ impl Agent {
     /// Why running pods cannot be adopted on this node (the `iter/tcp` program cannot be
     /// used, or this process may not enter a pod's network namespace), or `None` when they can.
     pub fn adoption_unavailable(&self) -> Option<String> {
-        if let Err(e) = self.dataplane.listener_iter() {
+        let Some(dataplane) = &self.dataplane else {
+            // The plugin writes the fallback's rules at ADD: a running pod gets them only by
+            // being recreated (repair by deletion).
+            return Some(format!(
+                "this node runs the per-node fallback ({}): Linkerd's rules are written by the \
+                 plugin at a pod's ADD, so a running pod cannot be adopted in place",
+                self.choice.reason
+            ));
+        };
+        if let Err(e) = dataplane.listener_iter() {
             return Some(e.to_string());
         }
         // setns(CLONE_NEWNET) needs CAP_SYS_ADMIN (the chart's agent.sysAdmin).
@@ -234,7 +243,7 @@ impl Agent {
             netns_ino,
         } = self.running_pod(&uid, ips, scan)?;
         let iter = self
-            .dataplane
+            .dataplane()?
             .listener_iter()
             .map_err(|why| AdoptError::NoIterator(why.to_string()))?;
         // Registry paths are host paths.
@@ -349,8 +358,10 @@ impl Agent {
         // `sockops`: look once more now that every later `listen()` is.
         if !inbound {
             let maps = self.lock_background();
-            let missing = !maps.has_listener(netns_cookie, AF_INET)
-                && !maps.has_listener(netns_cookie, AF_INET6);
+            let missing = maps.as_ref().is_some_and(|maps| {
+                !maps.has_listener(netns_cookie, AF_INET)
+                    && !maps.has_listener(netns_cookie, AF_INET6)
+            });
             if missing {
                 let late = register_listener(&ns, iter, &args, in_port)?;
                 if late.iter().any(|l| l.registered == 0) {
@@ -363,7 +374,10 @@ impl Agent {
 
     /// Removes the pod's listener entries (an adoption that did not go through).
     fn remove_listeners(&self, netns_cookie: u64) {
-        let mut maps = self.lock_background();
+        let mut guard = self.lock_background();
+        let Some(maps) = guard.as_mut() else {
+            return;
+        };
         for family in [AF_INET, AF_INET6] {
             let _ = maps.listeners.remove(&ListenerKey {
                 netns_cookie,
