@@ -9,6 +9,9 @@
 //!   connection is not redirected, a skipped outbound port and loopback go direct; inbound TCP
 //!   from another netns reaches the inbound port with its original destination, a skipped
 //!   inbound port and a skipped source subnet go direct;
+//! - the same for IPv6 between two test netns (`ipv6: true`: outbound to `[::1]:4140` and
+//!   inbound to 4143 with `IP6T_SO_ORIGINAL_DST` answering the dialled address, skipped ports
+//!   direct), and IPv6 left alone in both directions without it (Linkerd's default);
 //! - end to end, forced (`--mode=iptables`) and as the probes choose (`--mode=auto`: eBPF on
 //!   the host, the fallback on 5.10, asserted as this test's own probes say): libcni runs the
 //!   real plugin, the agent runs as a process and says its mode and why (`inspect`, the
@@ -172,6 +175,144 @@ fn outbound_goes_to_the_proxy_with_its_original_destination() {
         client.join().expect("client");
     })
     .expect("in the netns");
+}
+
+/// A listener in `ns` (its socket stays in that netns whichever thread uses it later).
+fn listen_in(ns: &NetnsGuard, addr: SocketAddr) -> TcpListener {
+    ns.run_in(move || listen(addr)).expect("in the netns")
+}
+
+/// A connection from `ns` to `to`, once the kernel completed its handshake (the listener's
+/// backlog holds it: no `accept` is needed for `connect` to return).
+fn connect_from(ns: &NetnsGuard, to: SocketAddr) -> TcpStream {
+    ns.run_in(move || connect(to)).expect("in the netns")
+}
+
+/// The peer address of the one connection waiting on `l` (within 3 s), or `None`.
+fn waiting(l: &TcpListener) -> Option<SocketAddr> {
+    l.set_nonblocking(true).expect("non-blocking");
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match l.accept() {
+            Ok((_, peer)) => return Some(peer),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if std::time::Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+#[test]
+fn ipv6_is_redirected_both_ways_when_enabled_and_left_alone_when_not() {
+    use std::net::Ipv6Addr;
+    // The pod's netns and a peer's, joined by a veth pair (addresses without duplicate
+    // address detection, so they are usable at once).
+    let pod = netns();
+    let peer = netns();
+    pod.exec(
+        "ip",
+        [
+            "link",
+            "add",
+            "p0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "r0",
+            "netns",
+            peer.name(),
+        ],
+    )
+    .expect("veth");
+    pod.exec(
+        "ip",
+        ["-6", "addr", "add", "fd09::2/64", "dev", "p0", "nodad"],
+    )
+    .expect("pod addr");
+    peer.exec(
+        "ip",
+        ["-6", "addr", "add", "fd09::1/64", "dev", "r0", "nodad"],
+    )
+    .expect("peer addr");
+    pod.exec("ip", ["link", "set", "p0", "up"]).expect("up");
+    peer.exec("ip", ["link", "set", "r0", "up"]).expect("up");
+    let pod_ip = Ipv6Addr::new(0xfd09, 0, 0, 0, 0, 0, 0, 2);
+    let peer_ip = Ipv6Addr::new(0xfd09, 0, 0, 0, 0, 0, 0, 1);
+    let at = |ip: Ipv6Addr, port: u16| SocketAddr::from((ip, port));
+
+    let v6 = LinkerdConfig {
+        ipv6: true,
+        outbound_ports_to_ignore: vec![PortRange::single(5432)],
+        ..LinkerdConfig::default()
+    };
+    nft::apply(&open(&pod), &v6).unwrap_or_else(|e| panic!("writing the table: {e}"));
+    // The proxy's ports as Linkerd's proxy binds them with IPv6: outbound on loopback (where
+    // REDIRECT sends a locally made connection), inbound on every address.
+    let outbound = listen_in(&pod, at(Ipv6Addr::LOCALHOST, OUTBOUND_PORT));
+    let inbound = listen_in(&pod, at(Ipv6Addr::UNSPECIFIED, INBOUND_PORT));
+
+    // Outbound: the app's connection to the peer (nothing listens there) reaches the proxy,
+    // which reads the dialled address with IP6T_SO_ORIGINAL_DST.
+    let dialled = at(peer_ip, 8080);
+    let app = connect_from(&pod, dialled);
+    assert_eq!(accept_original(&outbound), dialled, "outbound original dst");
+    read_ok(app);
+    // A skipped outbound port goes direct to the peer.
+    let db = listen_in(&peer, at(peer_ip, 5432));
+    let _conn = connect_from(&pod, at(peer_ip, 5432));
+    assert_eq!(
+        waiting(&db).map(|p| p.ip()),
+        Some(pod_ip.into()),
+        "5432 direct"
+    );
+    assert_eq!(waiting(&outbound), None, "5432 not proxied");
+
+    // Inbound: the peer's connection to the pod reaches the inbound port with its dialled
+    // address; the admin port (4191, ignored by default) goes direct.
+    let dialled = at(pod_ip, 8080);
+    let from_peer = connect_from(&peer, dialled);
+    assert_eq!(accept_original(&inbound), dialled, "inbound original dst");
+    read_ok(from_peer);
+    let admin = listen_in(&pod, at(pod_ip, 4191));
+    let _conn = connect_from(&peer, at(pod_ip, 4191));
+    assert_eq!(
+        waiting(&admin).map(|p| p.ip()),
+        Some(peer_ip.into()),
+        "4191 direct"
+    );
+    assert_eq!(waiting(&inbound), None, "4191 not proxied");
+
+    // Without `ipv6: true` (Linkerd's default) IPv6 is not touched: both directions direct.
+    let v4_only = LinkerdConfig {
+        ipv6: false,
+        ..v6.clone()
+    };
+    nft::apply(&open(&pod), &v4_only).unwrap_or_else(|e| panic!("replacing the table: {e}"));
+    assert_eq!(
+        nft::list(&open(&pod)).expect("listing"),
+        nft::expected(&v4_only)
+    );
+    let out_direct = listen_in(&peer, at(peer_ip, 8081));
+    let _conn = connect_from(&pod, at(peer_ip, 8081));
+    assert_eq!(
+        waiting(&out_direct).map(|p| p.ip()),
+        Some(pod_ip.into()),
+        "outbound direct"
+    );
+    let in_direct = listen_in(&pod, at(pod_ip, 8082));
+    let _conn = connect_from(&peer, at(pod_ip, 8082));
+    assert_eq!(
+        waiting(&in_direct).map(|p| p.ip()),
+        Some(peer_ip.into()),
+        "inbound direct"
+    );
+    assert_eq!(waiting(&outbound), None, "nothing proxied outbound");
+    assert_eq!(waiting(&inbound), None, "nothing proxied inbound");
 }
 
 // End to end: the real plugin through libcni, the agent as a process in forced
