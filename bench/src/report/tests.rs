@@ -31,6 +31,18 @@ fn cpu_sample(round: usize, busy_us: f64) -> Sample {
     .unwrap()
 }
 
+/// A row of `mode` in `scenario` with one connection sample per round, round `i` at `cpu[i]`
+/// µs per connection.
+fn rounds_row(scenario: Scenario, mode: Mode, cpu: &[f64]) -> TrafficRow {
+    let mut r = cpu_row(scenario, mode, s(cpu[0], cpu[0], cpu[0]));
+    r.samples = cpu
+        .iter()
+        .enumerate()
+        .map(|(i, c)| cpu_sample(i, *c))
+        .collect();
+    r
+}
+
 fn cpu_row(scenario: Scenario, mode: Mode, cpu: Summary) -> TrafficRow {
     TrafficRow {
         scenario,
@@ -150,15 +162,7 @@ fn baseline_rows_only_in_a_run_with_a_baseline() {
 #[test]
 fn overhead_share_is_judged_on_paired_medians() {
     let sc = Scenario::OutboundConnections;
-    let with = |mode: Mode, cpu: &[f64]| {
-        let mut r = cpu_row(sc, mode, s(cpu[0], cpu[0], cpu[0]));
-        r.samples = cpu
-            .iter()
-            .enumerate()
-            .map(|(i, c)| cpu_sample(i, *c))
-            .collect();
-        r
-    };
+    let with = |mode: Mode, cpu: &[f64]| rounds_row(sc, mode, cpu);
     // Floor 100, 200, 100, 200, 100, 200; ebpf 2 % over it, iptables-nft 10 % over it,
     // but in round 5 iptables-nft only at the floor (no share that round).
     let floor = [100.0, 200.0, 100.0, 200.0, 100.0, 200.0];
@@ -636,15 +640,7 @@ fn the_goals_are_judged_only_when_the_control_was_caught() {
 #[test]
 fn the_fallback_row_shows_its_overhead_beside_ebpf_and_iptables_nft() {
     let sc = Scenario::OutboundConnections;
-    let with = |mode: Mode, cpu: &[f64]| {
-        let mut r = cpu_row(sc, mode, s(cpu[0], cpu[0], cpu[0]));
-        r.samples = cpu
-            .iter()
-            .enumerate()
-            .map(|(i, c)| cpu_sample(i, *c))
-            .collect();
-        r
-    };
+    let with = |mode: Mode, cpu: &[f64]| rounds_row(sc, mode, cpu);
     let floor = [100.0, 200.0, 100.0, 200.0];
     let times = |k: f64| -> Vec<f64> { floor.iter().map(|c| c * k).collect() };
     let mut rows = vec![

@@ -322,6 +322,29 @@ fn add_meshed_pod(
     Ok(())
 }
 
+/// Sends the CNI DEL of the pod [`add_meshed_pod`] registered as `id`.
+fn del_pod(
+    cni: &Cni,
+    id: &str,
+    netns: &std::path::Path,
+    cgroup: Option<&std::path::Path>,
+    ip: Ipv4Addr,
+) -> anyhow::Result<()> {
+    let uid = format!("{id}-uid");
+    cni.invoke(
+        "DEL",
+        &CniPod {
+            id,
+            name: id,
+            uid: &uid,
+            netns,
+            cgroup,
+            ip,
+        },
+    )?;
+    Ok(())
+}
+
 impl Topology {
     /// Builds the node; registers the ebpf pod through `cni` (the agent must be running), and
     /// one pod without a cgroup of its own so that the agent attaches to `shared_cgroup`.
@@ -748,67 +771,29 @@ impl Topology {
         Ok(r.ok > 0 && after.inbound - before.inbound >= r.ok)
     }
 
-    /// Unregisters the ebpf pod, the ebpf-baseline pod (through the baseline plugin) and the
-    /// shared-attachment pod (CNI DEL), before the pods go.
+    /// Unregisters the ebpf pod, the fallback pod and the ebpf-baseline pod (each through its
+    /// agent's plugin) and the shared-attachment pod (CNI DEL), before the pods go.
     pub fn teardown(self, cni: &Cni) -> anyhow::Result<()> {
-        let p = self.pod(Mode::Fallback)?;
-        let id = fallback_pod_id();
-        let uid = format!("{id}-uid");
-        self.fallback_cni.invoke(
-            "DEL",
-            &CniPod {
-                id: &id,
-                name: &id,
-                uid: &uid,
-                netns: p.pod.netns.path(),
-                cgroup: Some(p.pod.cgroup.path()),
-                ip: p.ip,
-            },
-        )?;
+        let of_mode = |mode: Mode| -> anyhow::Result<_> {
+            let p = self.pod(mode)?;
+            Ok((p.pod.netns.path(), Some(p.pod.cgroup.path()), p.ip))
+        };
+        let (netns, cgroup, ip) = of_mode(Mode::Fallback)?;
+        del_pod(&self.fallback_cni, &fallback_pod_id(), netns, cgroup, ip)?;
         if let Some(b) = &self.baseline {
-            let p = self.pod(Mode::EbpfBaseline)?;
-            let id = baseline_pod_id();
-            let uid = format!("{id}-uid");
-            b.cni.invoke(
-                "DEL",
-                &CniPod {
-                    id: &id,
-                    name: &id,
-                    uid: &uid,
-                    netns: p.pod.netns.path(),
-                    cgroup: Some(p.pod.cgroup.path()),
-                    ip: p.ip,
-                },
-            )?;
+            let (netns, cgroup, ip) = of_mode(Mode::EbpfBaseline)?;
+            del_pod(&b.cni, &baseline_pod_id(), netns, cgroup, ip)?;
         }
-        let id = shared_pod_id();
-        let uid = format!("{id}-uid");
-        cni.invoke(
-            "DEL",
-            &CniPod {
-                id: &id,
-                name: &id,
-                uid: &uid,
-                netns: self.shared_pod.path(),
-                cgroup: None,
-                ip: Ipv4Addr::new(10, 244, 0, 250),
-            },
+        let shared_ip = Ipv4Addr::new(10, 244, 0, 250);
+        del_pod(
+            cni,
+            &shared_pod_id(),
+            self.shared_pod.path(),
+            None,
+            shared_ip,
         )?;
-        let p = self.pod(Mode::Ebpf)?;
-        let id = ebpf_pod_id();
-        let uid = format!("{id}-uid");
-        cni.invoke(
-            "DEL",
-            &CniPod {
-                id: &id,
-                name: &id,
-                uid: &uid,
-                netns: p.pod.netns.path(),
-                cgroup: Some(p.pod.cgroup.path()),
-                ip: p.ip,
-            },
-        )?;
-        Ok(())
+        let (netns, cgroup, ip) = of_mode(Mode::Ebpf)?;
+        del_pod(cni, &ebpf_pod_id(), netns, cgroup, ip)
     }
 
     /// Checks that the floor's netns (`direct`) has no netfilter rule and tracks no connection:
