@@ -290,6 +290,9 @@ fn baseline_pod_id() -> String {
     format!("bench-baseline-{}", std::process::id())
 }
 
+/// The address the pod registered on the shared attachment claims (nothing runs in it).
+const SHARED_POD_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 250);
+
 /// The CNI container id of the pod registered on the shared attachment.
 fn shared_pod_id() -> String {
     format!("bench-shared-{}", std::process::id())
@@ -306,25 +309,15 @@ fn add_meshed_pod(
     cgroup: Option<&std::path::Path>,
     ip: Ipv4Addr,
 ) -> anyhow::Result<()> {
-    let uid = format!("{id}-uid");
-    api.add_pod_on(id, &uid, node)?;
-    cni.invoke(
-        "ADD",
-        &CniPod {
-            id,
-            name: id,
-            uid: &uid,
-            netns,
-            cgroup,
-            ip,
-        },
-    )?;
-    Ok(())
+    api.add_pod_on(id, &format!("{id}-uid"), node)?;
+    invoke_for(cni, "ADD", id, netns, cgroup, ip)
 }
 
-/// Sends the CNI DEL of the pod [`add_meshed_pod`] registered as `id`.
-fn del_pod(
+/// Sends CNI `command` for the pod registered as `id` (uid `<id>-uid`, as [`add_meshed_pod`]
+/// serves it).
+fn invoke_for(
     cni: &Cni,
+    command: &str,
     id: &str,
     netns: &std::path::Path,
     cgroup: Option<&std::path::Path>,
@@ -332,7 +325,7 @@ fn del_pod(
 ) -> anyhow::Result<()> {
     let uid = format!("{id}-uid");
     cni.invoke(
-        "DEL",
+        command,
         &CniPod {
             id,
             name: id,
@@ -397,7 +390,7 @@ impl Topology {
             &shared_pod_id(),
             shared_pod.path(),
             None,
-            Ipv4Addr::new(10, 244, 0, 250),
+            SHARED_POD_IP,
         )?;
 
         let node_root = CgroupGuard::new()?;
@@ -779,21 +772,28 @@ impl Topology {
             Ok((p.pod.netns.path(), Some(p.pod.cgroup.path()), p.ip))
         };
         let (netns, cgroup, ip) = of_mode(Mode::Fallback)?;
-        del_pod(&self.fallback_cni, &fallback_pod_id(), netns, cgroup, ip)?;
+        invoke_for(
+            &self.fallback_cni,
+            "DEL",
+            &fallback_pod_id(),
+            netns,
+            cgroup,
+            ip,
+        )?;
         if let Some(b) = &self.baseline {
             let (netns, cgroup, ip) = of_mode(Mode::EbpfBaseline)?;
-            del_pod(&b.cni, &baseline_pod_id(), netns, cgroup, ip)?;
+            invoke_for(&b.cni, "DEL", &baseline_pod_id(), netns, cgroup, ip)?;
         }
-        let shared_ip = Ipv4Addr::new(10, 244, 0, 250);
-        del_pod(
+        invoke_for(
             cni,
+            "DEL",
             &shared_pod_id(),
             self.shared_pod.path(),
             None,
-            shared_ip,
+            SHARED_POD_IP,
         )?;
         let (netns, cgroup, ip) = of_mode(Mode::Ebpf)?;
-        del_pod(cni, &ebpf_pod_id(), netns, cgroup, ip)
+        invoke_for(cni, "DEL", &ebpf_pod_id(), netns, cgroup, ip)
     }
 
     /// Checks that the floor's netns (`direct`) has no netfilter rule and tracks no connection:
