@@ -52,7 +52,7 @@ pub fn sockets_with_storage(
     netns: &NetnsGuard,
     map: &Path,
 ) -> Result<Vec<(SocketAddr, SocketAddr)>> {
-    let map = linkerd_cni_agent::dataplane::bpf_sys::obj_get(map)
+    let map = linkerd_cni_sys::bpf::obj_get(map)
         .map_err(|e| Error::io(format!("opening map {}", map.display()), e))?;
     let fd = map.as_raw_fd() as u32;
     netns
