@@ -189,9 +189,11 @@ pub(crate) mod tests {
     use super::{Attr, Cmd};
 
     type Answer = Box<dyn FnMut(Cmd, &Attr) -> io::Result<libc::c_long>>;
+    /// The double's answer, and every call it answered (command, attribute as passed).
+    type State = Option<(Answer, Vec<(Cmd, [u8; 128])>)>;
 
     thread_local! {
-        static DOUBLE: RefCell<Option<(Answer, Vec<(Cmd, [u8; 128])>)>> = const { RefCell::new(None) };
+        static DOUBLE: RefCell<State> = const { RefCell::new(None) };
     }
 
     /// The test double of [`super::bpf`]: while it lives, every call on its thread is
