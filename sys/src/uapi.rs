@@ -117,6 +117,25 @@ pub const SK_LOOKUP_FAMILY: i16 = 8;
 /// `offsetof(struct bpf_sk_lookup, ingress_ifindex)`.
 pub const SK_LOOKUP_INGRESS_IFINDEX: i16 = 64;
 
+/// Netlink header flags (`NLM_F_*`).
+pub const NLM_F_REQUEST: u16 = 0x1;
+pub const NLM_F_ACK: u16 = 0x4;
+pub const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_EXCL: u16 = 0x200;
+pub const NLM_F_CREATE: u16 = 0x400;
+pub const NLM_F_APPEND: u16 = 0x800;
+/// `NLA_F_NESTED`: set on nested attributes.
+pub const NLA_F_NESTED: u16 = 0x8000;
+/// `struct nlmsghdr`'s length.
+pub const NLMSG_HDRLEN: usize = 16;
+/// `struct nfgenmsg`'s length.
+pub const NFGENMSG_LEN: usize = 4;
+pub const NLMSG_ERROR: u16 = 2;
+pub const NLMSG_DONE: u16 = 3;
+/// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME` (`enum nft_chain_attributes`).
+pub const NFTA_CHAIN_TABLE: u16 = 1;
+pub const NFTA_CHAIN_NAME: u16 = 3;
+
 /// `SO_NETNS_COOKIE` (asm-generic, as x86_64 and arm64 use; not in every libc release yet):
 /// a socket's network namespace cookie, 5.14.
 pub const SO_NETNS_COOKIE: libc::c_int = 71;
