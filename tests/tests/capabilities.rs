@@ -7,7 +7,10 @@
 
 use std::process::{Command, Output};
 
-use linkerd_cni_agent::host::{capabilities::CAPABILITIES, kernel};
+use linkerd_cni_agent::host::{
+    capabilities::{CAPABILITIES, required_names},
+    kernel,
+};
 use linkerd_cni_tests::{
     AgentHarness,
     cniruntime::Verb,
@@ -40,22 +43,14 @@ fn load_with(caps: &[&str]) -> Output {
         .expect("setpriv (util-linux) runs the agent")
 }
 
-fn required() -> Vec<&'static str> {
-    CAPABILITIES
-        .iter()
-        .filter(|c| c.required)
-        .map(|c| c.name)
-        .collect()
-}
-
 #[test]
 fn the_required_capabilities_are_enough_to_load_and_pin() {
-    let out = load_with(&required());
+    let out = load_with(&required_names());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
         "with {:?} only: {}\n{stderr}",
-        required(),
+        required_names(),
         out.status
     );
     assert!(
@@ -71,8 +66,11 @@ fn the_required_capabilities_are_enough_to_load_and_pin() {
 
 #[test]
 fn each_missing_required_capability_is_named_at_start_in_one_line() {
-    for missing in required() {
-        let caps: Vec<_> = required().into_iter().filter(|c| *c != missing).collect();
+    for missing in required_names() {
+        let caps: Vec<_> = required_names()
+            .into_iter()
+            .filter(|c| *c != missing)
+            .collect();
         let out = load_with(&caps);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "without CAP_{missing}: {stderr}");
@@ -112,8 +110,8 @@ fn cap_eff(pid: u32) -> u64 {
 fn the_required_capabilities_serve_add_check_and_del() {
     let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
         .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
-    node.start_agent_with_capabilities(&required())
-        .unwrap_or_else(|e| panic!("the agent with {:?} only: {e}", required()));
+    node.start_agent_with_capabilities(&required_names())
+        .unwrap_or_else(|e| panic!("the agent with {:?} only: {e}", required_names()));
     let pid = node.agent().expect("agent running").pid();
     let held = cap_eff(pid);
     let want: u64 = CAPABILITIES
@@ -138,8 +136,8 @@ fn the_required_capabilities_serve_add_check_and_del() {
     // A restart on the same capabilities: without CAP_SYS_ADMIN the pod's inbound stub
     // cannot be opened by ID, so it is replaced (not kept); the pod stays registered, linked
     // and in force.
-    node.start_agent_with_capabilities(&required())
-        .unwrap_or_else(|e| panic!("restarting the agent with {:?} only: {e}", required()));
+    node.start_agent_with_capabilities(&required_names())
+        .unwrap_or_else(|e| panic!("restarting the agent with {:?} only: {e}", required_names()));
     let st = node.state().expect("state");
     assert!(
         st.registered().contains(&pod.container_id),

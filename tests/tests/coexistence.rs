@@ -505,11 +505,7 @@ fn without_sys_admin_the_refused_add_says_why_the_tenant_has_no_name() {
     let mut node = SimNode::start(NodeOptions::default(), &[namespace_manifest("shop", &[])])
         .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
     node.kill_agent();
-    let required: Vec<&str> = linkerd_cni_agent::host::capabilities::CAPABILITIES
-        .iter()
-        .filter(|c| c.required)
-        .map(|c| c.name)
-        .collect();
+    let required = linkerd_cni_agent::host::capabilities::required_names();
     assert!(!required.contains(&"SYS_ADMIN"), "{required:?}");
     node.start_agent_with_capabilities(&required)
         .unwrap_or_else(|e| panic!("agent with {required:?}: {e}\n{}", node.diagnostics()));

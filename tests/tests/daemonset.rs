@@ -37,7 +37,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use linkerd_cni_agent::host::capabilities::CAPABILITIES;
+use linkerd_cni_agent::host::capabilities::{CAPABILITIES, required_names};
 use linkerd_cni_common::paths;
 use linkerd_cni_tests::{
     EchoServer, Placement,
@@ -828,10 +828,8 @@ fn assert_rendered_least_privilege(install: &Install, mount_bpffs: bool, extra: 
         .as_array()
         .and_then(|c| c.iter().find(|c| c["name"] == AGENT_CONTAINER))
         .expect("the agent container");
-    let required: Vec<&str> = CAPABILITIES
-        .iter()
-        .filter(|c| c.required)
-        .map(|c| c.name)
+    let required: Vec<&str> = required_names()
+        .into_iter()
         .chain(extra.iter().copied())
         .collect();
     assert_eq!(

@@ -17,7 +17,7 @@
 
 use std::{net::IpAddr, path::Path, time::Duration};
 
-use linkerd_cni_agent::host::capabilities::CAPABILITIES;
+use linkerd_cni_agent::host::capabilities::required_names;
 use linkerd_cni_tests::{
     CgroupGuard,
     node::{
@@ -30,15 +30,6 @@ use serde_json::Value;
 const APP_UID: u32 = 1000;
 /// Only turns a verification loop whose passes stopped into a failure.
 const HANG: Duration = Duration::from_secs(120);
-
-/// The capabilities the DaemonSet's agent container holds (no `CAP_SYS_ADMIN`: no adoption).
-fn required() -> Vec<&'static str> {
-    CAPABILITIES
-        .iter()
-        .filter(|c| c.required)
-        .map(|c| c.name)
-        .collect()
-}
 
 fn options(shared: &CgroupGuard, grace: Duration, refresh: Duration) -> NodeOptions {
     NodeOptions {
@@ -254,7 +245,7 @@ fn a_meshed_pod_without_redirection_is_reported_while_it_lasts_then_cleared() {
     let mut manifest = host.manifest_running(NODE_NAME, &[IpAddr::from([192, 0, 2, 10])]);
     manifest["spec"]["hostNetwork"] = true.into();
     node.apply(&[manifest]).expect("a hostNetwork pod");
-    node.start_agent_with_capabilities(&required())
+    node.start_agent_with_capabilities(&required_names())
         .unwrap_or_else(|e| panic!("agent: {e}\n{}", node.diagnostics()));
     // And a pod on the shared attachment whose cgroup never appears.
     let never_rel = format!("{}/pod-never", relative(&shared));

@@ -518,11 +518,7 @@ fn addresses_a_peer_claims_that_another_pod_holds_are_ignored() {
 fn addresses_a_peer_claims_that_its_netns_does_not_hold_are_ignored_without_sys_admin() {
     let mut node = start(NodeOptions::default());
     node.kill_agent();
-    let required: Vec<&str> = linkerd_cni_agent::host::capabilities::CAPABILITIES
-        .iter()
-        .filter(|c| c.required)
-        .map(|c| c.name)
-        .collect();
+    let required = linkerd_cni_agent::host::capabilities::required_names();
     node.start_agent_with_capabilities(&required)
         .unwrap_or_else(|e| panic!("agent: {e}\n{}", node.diagnostics()));
     let unheld: IpAddr = "198.51.100.7".parse().expect("an address");

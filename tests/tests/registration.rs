@@ -576,11 +576,7 @@ fn user_namespaced_pods_proxy_is_exempt_through_the_uid_map() {
 #[test]
 fn user_namespaced_pod_is_added_by_a_confined_agent_without_sys_admin() {
     let mut node = start_node(&[namespace_manifest("shop", &[])]);
-    let required: Vec<&str> = linkerd_cni_agent::host::capabilities::CAPABILITIES
-        .iter()
-        .filter(|c| c.required)
-        .map(|c| c.name)
-        .collect();
+    let required = linkerd_cni_agent::host::capabilities::required_names();
     node.start_agent_confined(&required)
         .unwrap_or_else(|e| panic!("the confined agent: {e}\n{}", node.diagnostics()));
     let sandbox = UsernsPod::new().expect("user-namespaced sandbox");
@@ -745,11 +741,7 @@ fn del_of_one_of_two_attachments_sharing_a_netns_keeps_the_entries() {
 #[test]
 fn two_registrations_of_one_netns_pass_add_and_check_without_sys_admin() {
     let mut node = start_node(&[namespace_manifest("shop", &[])]);
-    let required: Vec<&str> = linkerd_cni_agent::host::capabilities::CAPABILITIES
-        .iter()
-        .filter(|c| c.required)
-        .map(|c| c.name)
-        .collect();
+    let required = linkerd_cni_agent::host::capabilities::required_names();
     assert!(!required.contains(&"SYS_ADMIN"), "{required:?}");
     node.start_agent_confined(&required)
         .unwrap_or_else(|e| panic!("the confined agent: {e}\n{}", node.diagnostics()));

@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use linkerd_cni_agent::host::capabilities::CAPABILITIES;
+use linkerd_cni_agent::host::capabilities::required_names;
 use linkerd_cni_tests::{
     ChildGuard,
     node::{
@@ -36,15 +36,6 @@ const APP_UID: u32 = 1000;
 const GRACE: Duration = Duration::from_secs(2);
 /// Only turns a repair loop whose passes stopped into a failure.
 const HANG: Duration = Duration::from_secs(120);
-
-/// The capabilities the DaemonSet's agent container holds (no `CAP_SYS_ADMIN`).
-fn required() -> Vec<&'static str> {
-    CAPABILITIES
-        .iter()
-        .filter(|c| c.required)
-        .map(|c| c.name)
-        .collect()
-}
 
 fn options(repair: bool) -> NodeOptions {
     NodeOptions {
@@ -162,7 +153,7 @@ fn meshed_pods_without_registration_are_deleted_at_the_default_capabilities() {
     let host = host_network_pod(&node);
 
     let started = Instant::now();
-    node.start_agent_with_capabilities(&required())
+    node.start_agent_with_capabilities(&required_names())
         .unwrap_or_else(|e| panic!("agent: {e}\n{}", node.diagnostics()));
     past_the_grace(&node);
     let early = [pod_path(&early_a.spec), pod_path(&early_b.spec)];
@@ -257,7 +248,7 @@ fn nothing_is_deleted_with_repair_off() {
         .unwrap_or_else(|e| panic!("starting the simulated node: {e}"));
     node.kill_agent();
     let (early, _app) = early_pod(&node, PodSpec::meshed("shop", "early"));
-    node.start_agent_with_capabilities(&required())
+    node.start_agent_with_capabilities(&required_names())
         .unwrap_or_else(|e| panic!("agent: {e}\n{}", node.diagnostics()));
     // No repair loop runs: nothing to count passes of. Three times what the repair above
     // needs (the grace and two passes) on an idle machine; a negative result, so a slow

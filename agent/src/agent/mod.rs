@@ -301,10 +301,7 @@ impl Agent {
     ) -> Result<(Dataplane, Maps), AgentError> {
         // A bpffs mounted here would be this container's only: the host's must be there.
         if config.bpffs_from_host {
-            kernel::require_bpffs(&config.pin_root).map_err(|source| DataplaneError::PinDir {
-                path: config.pin_root.clone(),
-                source,
-            })?;
+            kernel::require_bpffs(&config.pin_root).map_err(DataplaneError::NoHostBpffs)?;
         }
         // Redirected pods, for maps a layout migration replaces (the registry is the source of
         // truth for per-pod config), each with the entries its registration wrote, within

@@ -472,7 +472,7 @@ impl Registry {
         }
         self.records()
             .values()
-            .filter(|r| r.id != id && r.redirected() && r.netns_cookie == cookie)
+            .filter(|r| redirected_other(r, id, cookie))
             .map(|r| r.id.clone())
             .collect()
     }
@@ -485,7 +485,7 @@ impl Registry {
         }
         self.records()
             .values()
-            .find(|r| r.id != id && r.redirected() && r.netns_cookie == cookie)
+            .find(|r| redirected_other(r, id, cookie))
             .cloned()
     }
 
@@ -494,6 +494,11 @@ impl Registry {
         let records = self.records();
         records.shared > records.own(id, |r| matches!(r.attachment, Attachment::Shared { .. }))
     }
+}
+
+/// Whether `r` is a redirected registration other than `id` in the netns of cookie `cookie`.
+fn redirected_other(r: &PodRecord, id: &str, cookie: u64) -> bool {
+    r.id != id && r.redirected() && r.netns_cookie == cookie
 }
 
 #[cfg(test)]

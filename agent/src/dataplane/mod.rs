@@ -67,6 +67,11 @@ pub enum DataplaneError {
     /// bpffs or the pin directories could not be set up.
     #[error("preparing the pin directory {path}: {source}")]
     PinDir { path: PathBuf, source: io::Error },
+    /// No bpffs at or above the pin root where the agent was told to use the node's
+    /// (`--bpffs-from-host`): the error names the pin root and the fix, in one line (the
+    /// agent's exit prints it once, not again as its own cause).
+    #[error(transparent)]
+    NoHostBpffs(io::Error),
     /// The pinned state has a layout this agent will not touch, or migrating it failed.
     #[error(transparent)]
     Layout(Box<LayoutError>),

@@ -120,6 +120,16 @@ fn parse_cap_eff(status: &str) -> Option<u64> {
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
 }
 
+/// The names (without `CAP_`) of the required capabilities: the set the DaemonSet's agent
+/// container is granted, and all it holds.
+pub fn required_names() -> Vec<&'static str> {
+    CAPABILITIES
+        .iter()
+        .filter(|c| c.required)
+        .map(|c| c.name)
+        .collect()
+}
+
 /// The capabilities of [`CAPABILITIES`] missing from the set `effective`: required ones first.
 pub fn missing(effective: u64) -> (Vec<Capability>, Vec<Capability>) {
     CAPABILITIES
@@ -165,6 +175,18 @@ mod tests {
                 1u64 << cap.bit
             })
             .fold(0, |a, b| a | b)
+    }
+
+    #[test]
+    fn the_required_names_are_the_set_that_misses_nothing_required() {
+        let names = required_names();
+        assert!(!names.contains(&"SYS_ADMIN"), "{names:?}");
+        assert!(
+            names.contains(&"BPF") && names.contains(&"NET_ADMIN"),
+            "{names:?}"
+        );
+        let (required, _) = missing(set(&names));
+        assert!(required.is_empty(), "{required:?}");
     }
 
     #[test]

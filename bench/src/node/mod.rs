@@ -533,6 +533,52 @@ impl Baseline {
     }
 }
 
+/// The node the fallback agent watches: its pods are scheduled there.
+pub const FALLBACK_NODE_NAME: &str = "bench-node-fallback";
+
+/// A second agent of this build, forced into the per-node fallback (`--mode iptables`: the
+/// plugin writes Linkerd's rules as an nftables table in the pod's netns, no program), with
+/// its own registry, socket, health port and node name, and this build's plugin: the
+/// `fallback` mode's pod is registered through it as a node below the eBPF floor registers
+/// every pod. Killed and removed on drop.
+pub struct FallbackAgent {
+    pub agent: AgentProc,
+    pub cni: Cni,
+    _shared_cgroup: CgroupGuard,
+}
+
+impl FallbackAgent {
+    /// Starts `agent_bin` in the fallback and waits until it answers on its socket.
+    pub fn start(
+        agent_bin: &Path,
+        plugin: &Path,
+        kubeconfig: &Path,
+        max_pods: u32,
+    ) -> anyhow::Result<Self> {
+        let shared_cgroup = CgroupGuard::new()?;
+        let mut agent = AgentProc::stopped(
+            agent_bin,
+            kubeconfig,
+            shared_cgroup.path(),
+            FALLBACK_NODE_NAME,
+            max_pods,
+        )?;
+        agent
+            .command
+            .extra_args
+            .extend(["--mode".to_string(), "iptables".to_string()]);
+        agent.spawn().context("starting the fallback agent")?;
+        Ok(Self {
+            cni: Cni {
+                plugin: plugin.into(),
+                socket: agent.socket().to_path_buf(),
+            },
+            agent,
+            _shared_cgroup: shared_cgroup,
+        })
+    }
+}
+
 /// A status request over the agent's registration socket `socket`: the number of registered
 /// pods.
 fn status(socket: &Path) -> anyhow::Result<usize> {

@@ -621,7 +621,10 @@ pub fn markdown(r: &Results) -> String {
          configured upstream. `iptables-nft` / `iptables-legacy`: Linkerd proxy-init's chains \
          `PROXY_INIT_REDIRECT` (PREROUTING) and `PROXY_INIT_OUTPUT` (OUTPUT: proxy UID, `lo`, then \
          REDIRECT) in the pod netns. `ebpf`: the pod registered through the real `linkerd-cni` \
-         plugin with the real agent process.\n\
+         plugin with the real agent process. `fallback`: the pod registered through the same \
+         plugin with a second agent of this build in `--mode iptables` (the per-node fallback \
+         below the eBPF floor): the plugin writes Linkerd's rules as the nftables table \
+         `inet linkerd` in the pod netns over netlink, no program.\n\
          - Every measurement checks the proxy's accept counter: a connection that bypassed the \
          proxy fails the run.\n\
          - Clients are a separate process in the client pod (netns, cgroup, UID 1000), threads \

@@ -8,11 +8,12 @@ use crate::{
     scenario::traffic::{Mode, Scenario},
 };
 
-const COLORS: [(&str, Mode); 5] = [
+const COLORS: [(&str, Mode); 6] = [
     ("#9e9e9e", Mode::Direct),
     ("#e6862e", Mode::IptablesNft),
     ("#c0392b", Mode::IptablesLegacy),
     ("#2e86de", Mode::Ebpf),
+    ("#27ae60", Mode::Fallback),
     ("#85c1e9", Mode::EbpfBaseline),
 ];
 
@@ -138,11 +139,15 @@ pub fn svg(r: &Results) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif">"#
     );
     let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    // The chart's modes: the ebpf-baseline one only in a run that has it.
+    // The chart's modes: ebpf-baseline and fallback only in a run that has them (results
+    // from before the fallback existed keep their chart).
     let modes: Vec<Mode> = COLORS
         .iter()
         .map(|(_, m)| *m)
-        .filter(|m| Mode::ALL.contains(m) || r.traffic.iter().any(|x| x.mode == *m))
+        .filter(|m| {
+            (Mode::ALL.contains(m) && *m != Mode::Fallback)
+                || r.traffic.iter().any(|x| x.mode == *m)
+        })
         .collect();
     let traffic = |scenario: Scenario,
                    f: fn(&TrafficRow) -> Summary|
@@ -251,11 +256,7 @@ pub fn svg(r: &Results) -> String {
     // Legends.
     for (i, &m) in modes.iter().enumerate() {
         let c = color(m);
-        let step = if modes.len() > Mode::ALL.len() {
-            110.0
-        } else {
-            130.0
-        };
+        let step = if modes.len() > 4 { 110.0 } else { 130.0 };
         let lx = 20.0 + step * i as f64;
         let _ = writeln!(
             s,

@@ -630,3 +630,42 @@ fn the_goals_are_judged_only_when_the_control_was_caught() {
         assert_eq!(goals[0].met, Some(false), "{:?}", goals[0]);
     }
 }
+
+/// The fallback's row puts its overhead beside ebpf's and iptables-nft's, paired per round,
+/// and judges nothing; without the fallback's samples it says so.
+#[test]
+fn the_fallback_row_shows_its_overhead_beside_ebpf_and_iptables_nft() {
+    let sc = Scenario::OutboundConnections;
+    let with = |mode: Mode, cpu: &[f64]| {
+        let mut r = cpu_row(sc, mode, s(cpu[0], cpu[0], cpu[0]));
+        r.samples = cpu
+            .iter()
+            .enumerate()
+            .map(|(i, c)| cpu_sample(i, *c))
+            .collect();
+        r
+    };
+    let floor = [100.0, 200.0, 100.0, 200.0];
+    let times = |k: f64| -> Vec<f64> { floor.iter().map(|c| c * k).collect() };
+    let mut rows = vec![
+        with(Mode::Direct, &floor),
+        with(Mode::Ebpf, &times(1.02)),
+        with(Mode::IptablesNft, &times(1.10)),
+    ];
+    let missing = fallback_rows(&rows);
+    assert_eq!(missing.len(), 2, "outbound and inbound");
+    assert_eq!(missing[0].observed, "not measured");
+    rows.push(with(Mode::Fallback, &times(1.08)));
+    let out = &fallback_rows(&rows)[0];
+    assert!(
+        out.goal.starts_with("outbound: the fallback's CPU"),
+        "{}",
+        out.goal
+    );
+    assert_eq!(out.met, None, "information only");
+    assert_eq!(
+        out.observed,
+        "fallback +8.0 %, ebpf +2.0 %, iptables-nft +10.0 % over the floor (paired medians \
+         over 4 rounds, the processes' own CPU); the fallback at 0.80 × iptables-nft's overhead"
+    );
+}

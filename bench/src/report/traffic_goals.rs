@@ -367,6 +367,67 @@ pub fn baseline_goals(rows: &[TrafficRow]) -> Vec<Goal> {
     out
 }
 
+/// The per-node fallback's CPU per redirected connection over the floor, beside eBPF's and
+/// iptables-nft's, the four modes measured in the same rounds (information, not a goal: the
+/// fallback serves nodes where eBPF cannot run, and is expected to cost what iptables-nft
+/// costs: the same netfilter NAT and conntrack path).
+pub fn fallback_rows(rows: &[TrafficRow]) -> Vec<Goal> {
+    let mut out = Vec::new();
+    for (scenario, dir) in [
+        (Scenario::OutboundConnections, "outbound"),
+        (Scenario::InboundConnections, "inbound"),
+    ] {
+        let measured = |mode| row(rows, scenario, mode).filter(|r| r.cpu_us.median > 0.0);
+        let goal = format!(
+            "{dir}: the fallback's CPU per connection over the floor, beside ebpf's and \
+             iptables-nft's (information; paired per round)"
+        );
+        let (Some(f), Some(e), Some(d), Some(n)) = (
+            measured(Mode::Fallback),
+            measured(Mode::Ebpf),
+            measured(Mode::Direct),
+            measured(Mode::IptablesNft),
+        ) else {
+            out.push(Goal {
+                goal,
+                observed: "not measured".into(),
+                met: None,
+            });
+            continue;
+        };
+        let fallback = OverheadShare::of(f, d, n);
+        let ebpf = OverheadShare::of(e, d, n);
+        let pct = |v: &[f64]| 100.0 * crate::measure::stats::percentile(v, 0.5);
+        let observed = if fallback.ours.is_empty() || ebpf.ours.is_empty() {
+            "no round measured the four modes".into()
+        } else {
+            format!(
+                "fallback {:+.1} %, ebpf {:+.1} %, iptables-nft {:+.1} % over the floor \
+                 (paired medians over {} rounds{}, the processes' own CPU); the fallback at {}",
+                pct(&fallback.ours),
+                pct(&ebpf.ours),
+                pct(&fallback.theirs),
+                fallback.ours.len(),
+                if fallback.quiet {
+                    ", BPF statistics off"
+                } else {
+                    ""
+                },
+                match fallback.share().0 {
+                    Some(v) => format!("{v:.2} × iptables-nft's overhead"),
+                    None => "iptables-nft not above the floor: no share".into(),
+                },
+            )
+        };
+        out.push(Goal {
+            goal,
+            observed,
+            met: None,
+        });
+    }
+    out
+}
+
 /// The goals judged on CPU per connection (machine-wide busy time, medians of one run), and
 /// the unmeshed pods' overhead.
 pub fn cpu_goals(rows: &[TrafficRow]) -> Vec<Goal> {

@@ -66,7 +66,7 @@ pub struct RunArgs {
     /// CPU per connection with it.
     #[arg(long)]
     baseline_bins: Option<PathBuf>,
-    /// Rounds of just the compared modes (direct, iptables-nft, ebpf, ebpf-baseline and the
+    /// Rounds of just the compared modes (direct, iptables-nft, ebpf, fallback, ebpf-baseline and the
     /// two unmeshed pods) in the two connection scenarios after the main rounds, with the
     /// kernel's BPF statistics off: the CPU goal rows are judged on their per-round pairs
     /// (default 6 quick, 15 full, 0 with `--traffic-only`).
@@ -115,6 +115,7 @@ fn print_cpu(rows: &[report::TrafficRow], paired: &[report::TrafficRow], floor_c
         );
     }
     eprint_goals(&report::cpu_goals(paired));
+    eprint_goals(&report::fallback_rows(paired));
     eprint_goals(&report::baseline_goals(paired));
     eprint_goals(&report::long_lived_goals(paired));
     eprintln!("floor: {floor_check}");
@@ -253,6 +254,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&pods)?);
         return Ok(());
     }
+    // The per-node fallback's pod is registered with a second agent of this build in
+    // `--mode iptables` (issue 46: the fallback's CPU per connection beside eBPF's).
+    let fallback = node::FallbackAgent::start(
+        &bins.agent,
+        &bins.plugin,
+        &api.kubeconfig,
+        scale::BENCH_MAX_PODS,
+    )?;
     let baseline = match &args.baseline_bins {
         Some(dir) => {
             let b = node::Baseline::start(dir, &api.kubeconfig, scale::BENCH_MAX_PODS)
@@ -275,6 +284,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             &cni,
             shared_cgroup.path(),
             agent.pin_root(),
+            &fallback,
             baseline.as_ref(),
         )
         .context("building the simulated node")?;
@@ -357,7 +367,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Ok((traffic, paired, floor_check, Some((restart, upgrade, pods))))
     })();
     let outcome = outcome.map_err(|e| {
-        let mut msg = format!("{e:#}\nagent log (last lines):\n{}", agent.log_tail());
+        let mut msg = format!(
+            "{e:#}\nagent log (last lines):\n{}\nfallback agent log (last lines):\n{}",
+            agent.log_tail(),
+            fallback.agent.log_tail()
+        );
         if let Some(b) = &baseline {
             msg.push_str(&format!(
                 "\nbaseline agent log (last lines):\n{}",
@@ -402,6 +416,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let rows = report::traffic_rows(&traffic);
     let mut goals = report::cpu_goals(&paired);
+    goals.extend(report::fallback_rows(&paired));
     goals.extend(report::baseline_goals(&paired));
     goals.extend(report::long_lived_goals(&paired));
     goals.extend(report::goals(&rows, &pods, &restart));

@@ -8,6 +8,9 @@
 //! - `direct`: nothing intercepts; clients dial the proxy itself (the floor);
 //! - `iptables-nft` / `iptables-legacy`: Linkerd's proxy-init rules in the pod netns;
 //! - `ebpf`: the pod registered with the real agent through the real CNI plugin;
+//! - `fallback`: the pod registered through the real plugin with a second agent of this
+//!   build forced into the per-node fallback (`--mode iptables`): the plugin's nftables table
+//!   in the pod netns, Linkerd's rules, no program (a node below the eBPF floor);
 //! - `ebpf-baseline` (only with `--baseline-bins`): the same, through an earlier build's plugin
 //!   and agent, a second agent process beside ours with its own pins, registry, socket, shared
 //!   cgroup and node name. Each agent's programs are checked not to run in the other's windows.
@@ -34,8 +37,8 @@ use crate::{
         cpu::{self, CpuWindow},
     },
     node::{
-        APP_UID, Api, BASELINE_NODE_NAME, Cni, CniPod, Daemon, NODE_NAME, run_load,
-        run_load_window, tune, v4,
+        APP_UID, Api, BASELINE_NODE_NAME, Cni, CniPod, Daemon, FALLBACK_NODE_NAME, NODE_NAME,
+        run_load, run_load_window, tune, v4,
     },
     workload::load::{Kind, LoadArgs},
 };
@@ -51,6 +54,9 @@ pub enum Mode {
     IptablesNft,
     IptablesLegacy,
     Ebpf,
+    /// The per-node fallback: Linkerd's rules written by the plugin as an nftables table,
+    /// registered with an agent in `--mode iptables`.
+    Fallback,
     /// The ebpf pod's twin, registered through the baseline build's plugin with the baseline
     /// agent (`--baseline-bins`).
     EbpfBaseline,
@@ -63,11 +69,12 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 4] = [
+    pub const ALL: [Mode; 5] = [
         Mode::Direct,
         Mode::IptablesNft,
         Mode::IptablesLegacy,
         Mode::Ebpf,
+        Mode::Fallback,
     ];
 
     pub fn label(self) -> &'static str {
@@ -76,6 +83,7 @@ impl Mode {
             Mode::IptablesNft => "iptables-nft",
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::Ebpf => "ebpf",
+            Mode::Fallback => "fallback",
             Mode::EbpfBaseline => "ebpf-baseline",
             Mode::Unmeshed => "unmeshed",
             Mode::UnmeshedShared => "unmeshed-shared",
@@ -246,6 +254,8 @@ struct BaselineSide {
 /// The node and its pods.
 pub struct Topology {
     pods: Vec<ModePod>,
+    /// The fallback agent's plugin and socket (the fallback pod's DEL).
+    fallback_cni: Cni,
     baseline: Option<BaselineSide>,
     upstream_server: Daemon,
     /// The pod registered without a cgroup of its own, so that the agent attaches its
@@ -268,6 +278,11 @@ pub struct Topology {
 /// The CNI container id of a mode's pod.
 pub fn ebpf_pod_id() -> String {
     format!("bench-traffic-{}", std::process::id())
+}
+
+/// The CNI container id of the fallback agent's pod.
+fn fallback_pod_id() -> String {
+    format!("bench-fallback-{}", std::process::id())
 }
 
 /// The CNI container id of the baseline agent's pod.
@@ -310,13 +325,15 @@ fn add_meshed_pod(
 impl Topology {
     /// Builds the node; registers the ebpf pod through `cni` (the agent must be running), and
     /// one pod without a cgroup of its own so that the agent attaches to `shared_cgroup`.
-    /// With `baseline`, registers the ebpf-baseline pod through its plugin and agent too.
+    /// Registers the fallback pod through `fallback`'s plugin and agent. With `baseline`,
+    /// registers the ebpf-baseline pod through its plugin and agent too.
     pub fn build(
         me: &std::path::Path,
         api: &Api,
         cni: &Cni,
         shared_cgroup: &std::path::Path,
         pin_root: &std::path::Path,
+        fallback: &crate::node::FallbackAgent,
         baseline: Option<&crate::node::Baseline>,
     ) -> anyhow::Result<Self> {
         let node = NetnsGuard::new()?;
@@ -409,6 +426,18 @@ impl Topology {
                         ip,
                     )?;
                 }
+                Mode::Fallback => {
+                    add_meshed_pod(
+                        api,
+                        &fallback.cni,
+                        FALLBACK_NODE_NAME,
+                        &fallback_pod_id(),
+                        pod.netns.path(),
+                        Some(pod.cgroup.path()),
+                        ip,
+                    )
+                    .context("registering the fallback pod with the fallback agent")?;
+                }
                 Mode::EbpfBaseline => {
                     let b = baseline.context("no baseline agent")?;
                     add_meshed_pod(
@@ -472,6 +501,7 @@ impl Topology {
         }
         Ok(Self {
             pods,
+            fallback_cni: fallback.cni.clone(),
             baseline,
             upstream_server,
             shared_pod,
@@ -721,6 +751,20 @@ impl Topology {
     /// Unregisters the ebpf pod, the ebpf-baseline pod (through the baseline plugin) and the
     /// shared-attachment pod (CNI DEL), before the pods go.
     pub fn teardown(self, cni: &Cni) -> anyhow::Result<()> {
+        let p = self.pod(Mode::Fallback)?;
+        let id = fallback_pod_id();
+        let uid = format!("{id}-uid");
+        self.fallback_cni.invoke(
+            "DEL",
+            &CniPod {
+                id: &id,
+                name: &id,
+                uid: &uid,
+                netns: p.pod.netns.path(),
+                cgroup: Some(p.pod.cgroup.path()),
+                ip: p.ip,
+            },
+        )?;
         if let Some(b) = &self.baseline {
             let p = self.pod(Mode::EbpfBaseline)?;
             let id = baseline_pod_id();
@@ -857,6 +901,7 @@ impl Only {
                 Mode::Direct,
                 Mode::IptablesNft,
                 Mode::Ebpf,
+                Mode::Fallback,
                 Mode::EbpfBaseline,
                 Mode::Unmeshed,
                 Mode::UnmeshedShared,

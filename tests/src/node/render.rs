@@ -28,7 +28,9 @@ pub const HELM: &str = "/usr/local/bin/helm";
 pub enum Renderer {
     /// `linkerd install-cni --mode=ebpf -f <values>`.
     Cli,
-    /// `helm template linkerd-cni deploy/charts/linkerd2-cni -n linkerd-cni -f <values>`.
+    /// `helm template linkerd-cni deploy/charts/linkerd2-cni -n linkerd-cni --set mode=ebpf
+    /// -f <values>` (the chart's default mode is `auto`; the CLI's line names `ebpf`, so the
+    /// two render the same DaemonSet).
     Helm,
 }
 
@@ -36,7 +38,7 @@ impl fmt::Display for Renderer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Renderer::Cli => "linkerd install-cni --mode=ebpf",
-            Renderer::Helm => "helm template",
+            Renderer::Helm => "helm template --set mode=ebpf",
         })
     }
 }
@@ -70,7 +72,7 @@ pub fn render(renderer: Renderer, values: &str, work: &Path) -> Result<Vec<Value
                 Command::new(HELM)
                     .args(["template", RELEASE])
                     .arg(chart_dir())
-                    .args(["--namespace", NAMESPACE, "-f"])
+                    .args(["--namespace", NAMESPACE, "--set", "mode=ebpf", "-f"])
                     .arg(&values_file)
                     .env("HELM_CACHE_HOME", work.join("helm/cache"))
                     .env("HELM_CONFIG_HOME", work.join("helm/config"))

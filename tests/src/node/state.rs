@@ -121,8 +121,9 @@ pub fn read_state(pin_root: &Path, state_dir: &Path) -> Result<AgentState> {
     if let Ok(entries) = fs::read_dir(state_dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            // The agent's mark on a directory it made (not a registration).
-            if name == paths::OWNED_MARKER {
+            // The agent's mark on a directory it made and the mode it last started in (not
+            // registrations).
+            if name == paths::OWNED_MARKER || name == paths::MODE_FILE {
                 continue;
             }
             let content = fs::read_to_string(e.path()).unwrap_or_default();
