@@ -6,24 +6,25 @@
 
 use std::{os::fd::AsFd, time::Instant};
 
-use linkerd_cni_agent::dataplane::bpf_sys;
-
-const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
-const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+use linkerd_cni_agent::dataplane::stub;
+use linkerd_cni_sys::{
+    bpf,
+    uapi::{MAP_TYPE_PERCPU_ARRAY, MAP_TYPE_PROG_ARRAY},
+};
 
 fn main() -> std::io::Result<()> {
     let n: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(10_000);
-    let scratch = bpf_sys::map_create(BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 1, 0, "l5dx_scratch", None)?;
-    let progs = bpf_sys::map_create(BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 1, 0, "l5dx_progs", None)?;
+    let scratch = bpf::map_create(MAP_TYPE_PERCPU_ARRAY, 4, 8, 1, 0, "l5dx_scratch", None)?;
+    let progs = bpf::map_create(MAP_TYPE_PROG_ARRAY, 4, 4, 1, 0, "l5dx_progs", None)?;
     let mut stubs = Vec::with_capacity(n);
     let mut times = Vec::with_capacity(1000);
     for i in 0..n {
-        let insns = bpf_sys::sk_lookup_stub(i as u64 + 1, scratch.as_fd(), progs.as_fd());
+        let insns = stub::sk_lookup_stub(i as u64 + 1, scratch.as_fd(), progs.as_fd());
         let start = Instant::now();
-        stubs.push(bpf_sys::load_sk_lookup("l5dx_stub", &insns)?);
+        stubs.push(bpf::load_sk_lookup("l5dx_stub", &insns)?);
         times.push(start.elapsed().as_micros());
         if times.len() == 1000 || i + 1 == n {
             times.sort_unstable();
@@ -40,7 +41,7 @@ fn main() -> std::io::Result<()> {
     // Freed one at a time with the agent's pacing, as `dataplane::detach` frees a pod's stub.
     for stub in stubs {
         drop(stub);
-        bpf_sys::pace_program_frees(1);
+        bpf::pace_program_frees(1);
     }
     println!(
         "freed {n} stubs in {:.0} ms",

@@ -15,8 +15,9 @@
 //! - [`dataplane`]: the eBPF side: loading the object, pinning, attaching; the pinned maps
 //!   ([`dataplane::maps`]) and their layout across versions ([`dataplane::layout`]); how large
 //!   the maps are ([`dataplane::capacity`]) and how much of them one pod may take
-//!   ([`dataplane::limits`]); the raw `bpf(2)` commands aya does not offer
-//!   ([`dataplane::bpf_sys`]).
+//!   ([`dataplane::limits`]); each pod's `sk_lookup` stub ([`dataplane::stub`]). The raw
+//!   `bpf(2)` commands aya does not offer, the kernel probes and the socket calls are
+//!   `linkerd_cni_sys`'s.
 //! - [`host`]: facts read from the kernel and the filesystem: a pod's netns, cgroup and user
 //!   namespace, a running pod as the host sees it, the kernel's features.
 

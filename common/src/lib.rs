@@ -5,19 +5,15 @@
 //!
 //! Every struct here has no implicit padding (explicit `_pad` fields, `u32` flags instead of
 //! `bool`) and a size assertion, so the kernel and user sides can never disagree on layout.
+//!
+//! The raw calls to the kernel (`bpf(2)`, the probes, socket options) are not here but in
+//! `linkerd-cni-sys`, which builds on this crate: only the numbers the eBPF programs need too
+//! (each hook's program and attach types, `SO_ORIGINAL_DST`) are defined here.
 #![no_std]
 
 pub mod kernel;
 pub mod names;
 pub mod paths;
-#[cfg(feature = "probe")]
-pub mod probe;
-#[cfg(feature = "query")]
-pub mod query;
-#[cfg(any(feature = "probe", feature = "query"))]
-pub mod sys;
 pub mod types;
-#[cfg(feature = "userns")]
-pub mod userns;
 
 pub use types::*;

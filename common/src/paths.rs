@@ -102,7 +102,7 @@ pub const FOREIGN_TREES: [(&str, &str); 18] = [
 pub const FOREIGN_BPFFS_DIRS: [&str; 6] = ["tc", "xdp", "ip", "cilium", "calico", "globals"];
 
 #[cfg(feature = "std")]
-pub use check::{NodePaths, PathConflict, check_node_paths, foreign_tree, normalize};
+pub use check::{NodePaths, PathConflict, check_node_paths, foreign_tree, kubepods, normalize};
 
 /// The checks of [`FOREIGN_TREES`] and [`FOREIGN_BPFFS_DIRS`] (std only).
 #[cfg(feature = "std")]
@@ -130,6 +130,22 @@ mod check {
             }
         }
         out
+    }
+
+    /// kubelet's cgroup of every pod under `root` (the cgroup2 mount): `kubepods.slice`
+    /// (systemd driver) or `kubepods` (cgroupfs driver), whichever exists; `None` when neither
+    /// or both do.
+    pub fn kubepods(root: &Path) -> Option<PathBuf> {
+        let found: std::vec::Vec<PathBuf> = super::POD_CGROUP_TREES
+            .iter()
+            .rev()
+            .map(|d| root.join(d))
+            .filter(|p| p.is_dir())
+            .collect();
+        match found.as_slice() {
+            [one] => Some(one.clone()),
+            _ => None,
+        }
     }
 
     /// A configured path inside another component's tree.

@@ -117,6 +117,17 @@ pub const ADDR_KEY_FIXED_BITS: u32 = 96;
 /// Full prefix length of one exact IPv6 address.
 pub const ADDR_KEY_FULL_BITS: u32 = ADDR_KEY_FIXED_BITS + 128;
 
+/// `SOL_IP`: the level of `getsockopt(SO_ORIGINAL_DST)` on an IPv4 socket.
+pub const SOL_IP: i32 = 0;
+/// `SOL_IPV6`: the level of `getsockopt(IP6T_SO_ORIGINAL_DST)` on an IPv6 socket.
+pub const SOL_IPV6: i32 = 41;
+/// `SO_ORIGINAL_DST` (netfilter, `SOL_IP` level): the option the proxy asks and
+/// `l5d_getsockopt` answers.
+pub const SO_ORIGINAL_DST: i32 = 80;
+/// `IP6T_SO_ORIGINAL_DST` (netfilter, `SOL_IPV6` level): the same number as
+/// [`SO_ORIGINAL_DST`].
+pub const IP6T_SO_ORIGINAL_DST: i32 = SO_ORIGINAL_DST;
+
 /// `AF_INET`, as the kernel gives a socket's family to eBPF programs (`u32` fields).
 pub const AF_INET: u32 = 2;
 /// `AF_INET6`.

@@ -23,17 +23,16 @@ use aya_ebpf::{
     macros::cgroup_sockopt,
     programs::SockoptContext,
 };
-use linkerd_cni_common::{AF_INET, AF_INET6, ConnKey, FAMILY_V4, OrigDst, v4_mapped_words};
+use linkerd_cni_common::{
+    AF_INET, AF_INET6, ConnKey, FAMILY_V4, OrigDst, SO_ORIGINAL_DST, SOL_IP, SOL_IPV6,
+    v4_mapped_words,
+};
 
 use crate::{
     addr::read_ip6,
     maps::{ACC_DST, CONN_DST, count, store_dst},
 };
 
-const SOL_IP: i32 = 0;
-const SOL_IPV6: i32 = 41;
-/// `SO_ORIGINAL_DST` and `IP6T_SO_ORIGINAL_DST` share the number.
-const SO_ORIGINAL_DST: i32 = 80;
 /// Beyond one page the program sees a truncated buffer and must hand the kernel's answer back.
 const PAGE_SIZE: i32 = 4096;
 

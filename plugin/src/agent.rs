@@ -129,39 +129,15 @@ impl AgentClient for UnixAgent {
 /// Sends the start of `frame` with `fd` attached (`SCM_RIGHTS`); returns how many bytes
 /// went (at least one: the descriptor travels with the first byte).
 fn send_with_fd(stream: &UnixStream, frame: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
-    let raw = fd.as_raw_fd();
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
-    // u64s: the control buffer must be aligned for cmsghdr.
-    let mut control = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: frame.as_ptr() as *mut libc::c_void,
-        iov_len: frame.len(),
-    };
-    // SAFETY: msghdr is plain data; all zeroes is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer holds one cmsghdr with room for one descriptor (CMSG_SPACE),
-    // aligned; CMSG_FIRSTHDR of it is non-null.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), raw);
-    }
     loop {
-        // SAFETY: `msg` points to live buffers for the duration of the call.
-        let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match linkerd_cni_sys::sock::send_with_fds(
+            stream,
+            frame,
+            &[fd.as_raw_fd()],
+            libc::MSG_NOSIGNAL,
+        ) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            sent => return sent,
         }
     }
 }

@@ -23,11 +23,6 @@ use std::{
 
 use crate::error::PluginError;
 
-/// `NSFS_MAGIC` from `linux/magic.h`.
-const NSFS_MAGIC: i64 = 0x6e73_6673;
-/// `NS_GET_NSTYPE` from `linux/nsfs.h`: `_IO(0xb7, 0x3)`.
-const NS_GET_NSTYPE: u64 = 0xb703;
-
 /// Opens `path` when it is a network namespace; says precisely what it is otherwise.
 pub fn check(path: &str) -> Result<File, PluginError> {
     // std adds O_CLOEXEC itself; O_NONBLOCK keeps a FIFO from blocking the open.
@@ -72,7 +67,7 @@ pub fn check(path: &str) -> Result<File, PluginError> {
         reason = "f_type's width differs between libcs"
     )]
     let magic = st.f_type as i64;
-    if magic != NSFS_MAGIC {
+    if !linkerd_cni_sys::ns::is_nsfs(magic) {
         let meta = file.metadata().map_err(|e| io_err("inspecting", e))?;
         let ft = meta.file_type();
         let what = if ft.is_dir() {
@@ -94,17 +89,16 @@ pub fn check(path: &str) -> Result<File, PluginError> {
         });
     }
 
-    // SAFETY: `fd` is open (owned by `file`); NS_GET_NSTYPE takes no argument and returns the
-    // namespace type or -1.
-    let kind = unsafe { libc::ioctl(fd, NS_GET_NSTYPE as _) };
-    if kind == -1 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            // Kernel before 4.11: the file is on nsfs, that is all we can know.
-            Some(libc::ENOTTY | libc::EINVAL) => Ok(file),
-            _ => Err(io_err("querying the namespace type of", e)),
-        };
-    }
+    let kind = match linkerd_cni_sys::ns::ns_type(&file) {
+        Ok(kind) => kind,
+        Err(e) => {
+            return match e.raw_os_error() {
+                // Kernel before 4.11: the file is on nsfs, that is all we can know.
+                Some(libc::ENOTTY | libc::EINVAL) => Ok(file),
+                _ => Err(io_err("querying the namespace type of", e)),
+            };
+        }
+    };
     if kind != libc::CLONE_NEWNET {
         let name = match kind {
             libc::CLONE_NEWNS => "mount",
@@ -139,7 +133,7 @@ pub struct Inside {
 /// (see [`linkerd_cni_proto::wire::UsernsMaps`]); `None` when the netns belongs to this
 /// process's user namespace.
 pub fn userns_maps(netns: &File) -> io::Result<Option<linkerd_cni_proto::wire::UsernsMaps>> {
-    use linkerd_cni_common::userns;
+    use linkerd_cni_sys::ns as userns;
     let owner = userns::owner(netns)?;
     if userns::is_own(&owner)? {
         return Ok(None);

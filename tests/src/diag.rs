@@ -3,6 +3,7 @@
 //! through the map itself (`bpftool map dump` gets `EOPNOTSUPP`), and this iproute2's `ss` is
 //! built without `--bpf-maps`.
 
+use linkerd_cni_sys::uapi::{NLA_F_NESTED, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR};
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
@@ -14,14 +15,9 @@ use std::{
 use crate::{Error, NetnsGuard, Result};
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const INET_DIAG_REQ_SK_BPF_STORAGES: u16 = 2;
 const SK_DIAG_BPF_STORAGE_REQ_MAP_FD: u16 = 1;
 const INET_DIAG_SK_BPF_STORAGES: u16 = 20;
-const NLA_F_NESTED: u16 = 1 << 15;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 /// `struct nlmsghdr` + `struct inet_diag_req_v2`.
 const HDR: usize = 16;
@@ -52,7 +48,7 @@ pub fn sockets_with_storage(
     netns: &NetnsGuard,
     map: &Path,
 ) -> Result<Vec<(SocketAddr, SocketAddr)>> {
-    let map = linkerd_cni_agent::dataplane::bpf_sys::obj_get(map)
+    let map = linkerd_cni_sys::bpf::obj_get(map)
         .map_err(|e| Error::io(format!("opening map {}", map.display()), e))?;
     let fd = map.as_raw_fd() as u32;
     netns

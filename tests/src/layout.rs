@@ -19,7 +19,6 @@ use std::{
 use linkerd_cni_agent::{
     agent::registry::{Attachment, PodRecord, Registry},
     dataplane,
-    dataplane::bpf_sys::{self, MapInfo},
     dataplane::maps::{Maps, PodEntries},
     host::kernel,
     host::netns::Netns,
@@ -30,6 +29,7 @@ use linkerd_cni_common::{
     paths,
 };
 use linkerd_cni_proto::config::LinkerdConfig;
+use linkerd_cni_sys::bpf::{self, MapInfo};
 
 use crate::{Error, Result};
 
@@ -64,7 +64,7 @@ pub fn previous_loads(pin_root: &Path) -> Result<aya::Ebpf> {
             .ok_or_else(|| Error::Missing(format!("{name} not in the previous object")))?;
         dataplane::load_program(program, hook).map_err(|e| other(format!("loading {name}"), e))?;
         let prog = program_fd(&ebpf, name)?;
-        bpf_sys::obj_pin(prog, &pin_root.join(paths::PIN_PROGS).join(name))
+        bpf::obj_pin(prog, &pin_root.join(paths::PIN_PROGS).join(name))
             .map_err(missing(format!("pinning {name}")))?;
     }
     Ok(ebpf)
@@ -155,13 +155,13 @@ pub fn previous_registers_with(
                 true => pin_root.join(paths::PIN_SHARED),
                 false => link_dir.clone(),
             };
-            (bpf_sys::link_create(prog, &cgroup, hook), dir)
+            (bpf::link_create(prog, &cgroup, hook), dir)
         } else {
-            let link = bpf_sys::link_create(prog, ns.file(), hook);
+            let link = bpf::link_create(prog, ns.file(), hook);
             (link, link_dir.clone())
         };
         let link = link.map_err(missing(format!("attaching {name}")))?;
-        bpf_sys::obj_pin(&link, &dir.join(name)).map_err(missing(format!("pinning {name}")))?;
+        bpf::obj_pin(&link, &dir.join(name)).map_err(missing(format!("pinning {name}")))?;
     }
     let cgroup = pod.cgroup.into();
     let attachment = match pod.shared {
@@ -194,8 +194,8 @@ pub fn previous_registers_with(
 
 /// The kernel's description of the map pinned at `path`.
 pub fn map_info(path: &Path) -> Result<MapInfo> {
-    let fd = bpf_sys::obj_get(path).map_err(missing(format!("opening {}", path.display())))?;
-    bpf_sys::map_info(fd).map_err(missing(format!("inspecting {}", path.display())))
+    let fd = bpf::obj_get(path).map_err(missing(format!("opening {}", path.display())))?;
+    bpf::map_info(fd).map_err(missing(format!("inspecting {}", path.display())))
 }
 
 /// The layout record pinned under `pin_root`, if any.
@@ -206,12 +206,12 @@ pub fn meta(pin_root: &Path) -> Result<Option<LayoutMeta>> {
 
 /// Overwrites the layout record pinned under `pin_root`.
 pub fn set_meta(pin_root: &Path, version: u32, oldest_reader: u32) -> Result<()> {
-    let fd = bpf_sys::obj_get(&pin_root.join(paths::PIN_MAPS).join(names::MAP_META))
+    let fd = bpf::obj_get(&pin_root.join(paths::PIN_MAPS).join(names::MAP_META))
         .map_err(missing("opening the meta map"))?;
     let mut value = [0u8; 8];
     value[..4].copy_from_slice(&version.to_ne_bytes());
     value[4..].copy_from_slice(&oldest_reader.to_ne_bytes());
-    bpf_sys::map_update(fd, &0u32.to_ne_bytes(), &value).map_err(missing("writing the meta map"))
+    bpf::map_update(fd, &0u32.to_ne_bytes(), &value).map_err(missing("writing the meta map"))
 }
 
 /// Makes the (stopped) agent's state under `pin_root` look like a newer layout that declares
@@ -222,7 +222,7 @@ pub fn make_newer_readable_layout(pin_root: &Path) -> Result<()> {
     set_meta(pin_root, LAYOUT_VERSION + 1, LAYOUT_VERSION)?;
     let pin = pin_root.join(paths::PIN_MAPS).join(names::MAP_POD_CONFIG);
     let info = map_info(&pin)?;
-    let newer = bpf_sys::map_create(
+    let newer = bpf::map_create(
         info.map_type,
         info.key_size,
         info.value_size,
@@ -233,7 +233,7 @@ pub fn make_newer_readable_layout(pin_root: &Path) -> Result<()> {
     )
     .map_err(missing("creating a map of the newer layout"))?;
     fs::remove_file(&pin).map_err(missing("unpinning the pod config map"))?;
-    bpf_sys::obj_pin(&newer, &pin).map_err(missing("pinning the newer layout's map"))
+    bpf::obj_pin(&newer, &pin).map_err(missing("pinning the newer layout's map"))
 }
 
 /// Every pinned object under `pin_root` (maps, programs, links) → its kernel id, and for
@@ -249,13 +249,12 @@ pub fn pinned_ids(pin_root: &Path) -> Result<BTreeMap<PathBuf, (u32, Option<u32>
                 dirs.push(path);
                 continue;
             }
-            let fd =
-                bpf_sys::obj_get(&path).map_err(missing(format!("opening {}", path.display())))?;
-            let id = bpf_sys::obj_id(&fd).map_err(missing("object id"))?;
+            let fd = bpf::obj_get(&path).map_err(missing(format!("opening {}", path.display())))?;
+            let id = bpf::obj_id(&fd).map_err(missing("object id"))?;
             let is_link = path.starts_with(pin_root.join(paths::PIN_PODS))
                 || path.starts_with(pin_root.join(paths::PIN_SHARED));
             let prog = is_link
-                .then(|| bpf_sys::link_info(&fd).ok().map(|l| l.prog_id))
+                .then(|| bpf::link_info(&fd).ok().map(|l| l.prog_id))
                 .flatten();
             out.insert(path, (id, prog));
         }
@@ -317,9 +316,9 @@ pub fn pinned_programs(pin_root: &Path) -> Result<BTreeMap<String, u32>> {
     names::ALL_PROGRAMS
         .into_iter()
         .map(|name| {
-            let fd = bpf_sys::obj_get(&pin_root.join(paths::PIN_PROGS).join(name))
+            let fd = bpf::obj_get(&pin_root.join(paths::PIN_PROGS).join(name))
                 .map_err(missing(format!("opening program {name}")))?;
-            let id = bpf_sys::obj_id(fd).map_err(missing("program id"))?;
+            let id = bpf::obj_id(fd).map_err(missing("program id"))?;
             Ok((name.to_string(), id))
         })
         .collect()

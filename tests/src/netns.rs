@@ -25,10 +25,6 @@ use crate::{
 
 pub use crate::hostfs::NETNS_RUN_DIR;
 
-/// `SO_NETNS_COOKIE` (Linux 5.14+): the socket's netns cookie, the value
-/// `bpf_get_netns_cookie` returns for it.
-pub const SO_NETNS_COOKIE: libc::c_int = 71;
-
 /// A named network namespace with `lo` up, deleted on drop.
 #[derive(Debug)]
 pub struct NetnsGuard {
@@ -143,27 +139,8 @@ impl Drop for NetnsGuard {
 /// The netns cookie of the calling thread's network namespace, read with
 /// `getsockopt(SO_NETNS_COOKIE)` on a socket made here.
 pub fn current_netns_cookie() -> Result<u64> {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)
-        .ctx(|| "creating a socket to read the netns cookie")?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: cookie is a valid, writable u64 and len says its size.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(Error::io(
-            "getsockopt(SO_NETNS_COOKIE)",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(cookie)
+    linkerd_cni_sys::sock::current_netns_cookie()
+        .map_err(|e| Error::io("getsockopt(SO_NETNS_COOKIE)", e))
 }
 
 /// Names of the netns `ip netns list` shows.

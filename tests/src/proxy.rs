@@ -47,10 +47,8 @@ pub use linkerd_cni_proto::config::{
     DEFAULT_INBOUND_PORT as INBOUND_PORT, DEFAULT_OUTBOUND_PORT as OUTBOUND_PORT,
     DEFAULT_PROXY_UID as PROXY_UID,
 };
-/// `SO_ORIGINAL_DST` (netfilter, `SOL_IP` level).
-pub const SO_ORIGINAL_DST: libc::c_int = 80;
-/// `IP6T_SO_ORIGINAL_DST` (netfilter, `SOL_IPV6` level).
-pub const IP6T_SO_ORIGINAL_DST: libc::c_int = 80;
+/// The options (and their levels) the proxy asks for the original destination.
+use linkerd_cni_sys::uapi::{IP6T_SO_ORIGINAL_DST, SO_ORIGINAL_DST, SOL_IP, SOL_IPV6};
 
 /// Command line of `linkerd-cni-test-proxy`.
 #[derive(Debug, Clone, clap::Parser)]
@@ -519,13 +517,7 @@ pub fn original_dst(sock: &TcpStream) -> io::Result<SocketAddr> {
             let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
             // SAFETY: sa is writable and len says its size.
             let rc = unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::SOL_IP,
-                    SO_ORIGINAL_DST,
-                    (&raw mut sa).cast(),
-                    &mut len,
-                )
+                libc::getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, (&raw mut sa).cast(), &mut len)
             };
             if rc != 0 {
                 return Err(io::Error::last_os_error());
@@ -550,7 +542,7 @@ pub fn original_dst(sock: &TcpStream) -> io::Result<SocketAddr> {
             let rc = unsafe {
                 libc::getsockopt(
                     fd,
-                    libc::SOL_IPV6,
+                    SOL_IPV6,
                     IP6T_SO_ORIGINAL_DST,
                     (&raw mut sa).cast(),
                     &mut len,

@@ -5,6 +5,7 @@
 //! type. Always on test cgroups standing in for the cgroup2 root: everything it attached is
 //! detached on drop, and nothing it did not attach is ever touched.
 
+use linkerd_cni_sys::uapi;
 use std::{
     fs,
     net::{Ipv4Addr, SocketAddrV4},
@@ -17,8 +18,8 @@ use aya::{
     maps::Array,
     programs::{CgroupSockAddr, SkLookup},
 };
-use linkerd_cni_agent::dataplane::bpf_sys;
 use linkerd_cni_common::names::Hook;
+use linkerd_cni_sys::bpf;
 
 use crate::error::{Error, Result};
 
@@ -55,10 +56,10 @@ impl How {
     fn flags(self) -> u32 {
         match self {
             How::Link | How::Exclusive => 0,
-            How::LinkFirst => bpf_sys::F_BEFORE,
-            How::Override => bpf_sys::F_ALLOW_OVERRIDE,
-            How::Multi => bpf_sys::F_ALLOW_MULTI,
-            How::Preorder => bpf_sys::F_ALLOW_MULTI | bpf_sys::F_PREORDER,
+            How::LinkFirst => uapi::F_BEFORE,
+            How::Override => uapi::F_ALLOW_OVERRIDE,
+            How::Multi => uapi::F_ALLOW_MULTI,
+            How::Preorder => uapi::F_ALLOW_MULTI | uapi::F_PREORDER,
         }
     }
 }
@@ -165,11 +166,11 @@ impl SocketLb {
             let cg = fs::File::open(cgroup)?;
             match how {
                 How::Link | How::LinkFirst => {
-                    let link = bpf_sys::link_create_flags(&prog, &cg, attach, how.flags())?;
+                    let link = bpf::link_create_flags(&prog, &cg, attach, how.flags())?;
                     self.attached.push(Attachment::Link(link));
                 }
                 _ => {
-                    bpf_sys::prog_attach(&prog, &cg, attach, how.flags())?;
+                    bpf::prog_attach(&prog, &cg, attach, how.flags())?;
                     self.attached.push(Attachment::Prog {
                         cgroup: cg,
                         prog,
@@ -190,8 +191,8 @@ impl SocketLb {
             .and_then(|p| p.try_into().ok())
             .ok_or_else(|| std::io::Error::other("tenant_lookup not loaded"))?;
         let fd = prog.fd().map_err(std::io::Error::other)?;
-        let link = bpf_sys::link_create(fd.as_fd(), netns, Hook::SkLookup)?;
-        let id = bpf_sys::obj_id(fd.as_fd())?;
+        let link = bpf::link_create(fd.as_fd(), netns, Hook::SkLookup)?;
+        let id = bpf::obj_id(fd.as_fd())?;
         self.attached.push(Attachment::Link(link));
         Ok(id)
     }
@@ -208,7 +209,7 @@ impl SocketLb {
         PROGRAMS
             .iter()
             .filter_map(|(name, _)| self.prog(name).ok())
-            .filter_map(|fd| bpf_sys::obj_id(&fd).ok())
+            .filter_map(|fd| bpf::obj_id(&fd).ok())
             .collect()
     }
 
@@ -216,7 +217,7 @@ impl SocketLb {
     pub fn connect4_id(&self) -> u32 {
         self.prog("tenant_sock4_connect")
             .ok()
-            .and_then(|fd| bpf_sys::obj_id(&fd).ok())
+            .and_then(|fd| bpf::obj_id(&fd).ok())
             .unwrap_or(0)
     }
 
@@ -237,14 +238,14 @@ impl SocketLb {
 fn detach(a: Attachment) {
     match a {
         Attachment::Link(link) => {
-            let _ = bpf_sys::link_detach(&link);
+            let _ = bpf::link_detach(&link);
         }
         Attachment::Prog {
             cgroup,
             prog,
             attach,
         } => {
-            let _ = bpf_sys::prog_detach(&prog, &cgroup, attach);
+            let _ = bpf::prog_detach(&prog, &cgroup, attach);
         }
     }
 }
@@ -260,12 +261,12 @@ impl Drop for SocketLb {
 /// A test's own cgroup only: nothing of anyone else's is there. Returns how many went.
 pub fn detach_every_program(cgroup: &Path, attach: Hook) -> Result<usize> {
     let cg = fs::File::open(cgroup).map_err(|e| Error::io(format!("{}", cgroup.display()), e))?;
-    let q = bpf_sys::prog_query(&cg, attach, false)
+    let q = bpf::prog_query(&cg, attach, false)
         .map_err(|e| Error::io(format!("querying {}", cgroup.display()), e))?;
     let mut n = 0;
     for id in q.ids {
-        let prog = bpf_sys::prog_by_id(id).map_err(|e| Error::io(format!("program id {id}"), e))?;
-        match bpf_sys::prog_detach(&prog, &cg, attach) {
+        let prog = bpf::prog_by_id(id).map_err(|e| Error::io(format!("program id {id}"), e))?;
+        match bpf::prog_detach(&prog, &cg, attach) {
             Ok(()) => n += 1,
             // A link's program: PROG_DETACH cannot take it off, the link stays.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}

@@ -12,13 +12,14 @@
 //!
 //! Run: `cargo test -p linkerd-cni-tests --test coexistence -- --test-threads=1`
 
+use linkerd_cni_sys::bpf;
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4},
     path::Path,
     time::Duration,
 };
 
-use linkerd_cni_agent::{AgentError, agent::registry::PodRecord, dataplane::bpf_sys};
+use linkerd_cni_agent::{AgentError, agent::registry::PodRecord};
 use linkerd_cni_common::names::Hook;
 use linkerd_cni_proto::config::LinkerdConfig;
 use linkerd_cni_tests::{
@@ -217,7 +218,7 @@ fn shared_attachment_after_the_tenant_on_its_cgroup_goes_first_or_is_refused_nam
     let h = AgentHarness::new(Some(root.path()));
     let added = h.try_register(&world.net.pod, LinkerdConfig::default(), false);
     // Asked of the kernel (by the agent's first link), not of its version.
-    if bpf_sys::cgroup_links_ordered() == Some(true) {
+    if bpf::cgroup_links_ordered() == Some(true) {
         // It orders cgroup links: ours were made first (BPF_F_BEFORE) on the tenant's cgroup.
         let record = added.expect("meshed, ours first");
         h.agent().check_order(&record).expect("ours first");
@@ -268,7 +269,7 @@ fn a_tenant_link_made_first_after_ours_is_put_behind_ours_by_the_next_reconcile_
     // Asked of the kernel: before cgroup links could be ordered, it refuses the flag.
     match lb.attach(root.path(), How::LinkFirst) {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            assert_ne!(bpf_sys::cgroup_links_ordered(), Some(true));
+            assert_ne!(bpf::cgroup_links_ordered(), Some(true));
             eprintln!(
                 "this kernel refuses BPF_F_BEFORE on cgroup links: no link can go ahead of ours"
             );

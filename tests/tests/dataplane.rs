@@ -8,15 +8,13 @@
 //!
 //! Run: `cargo test -p linkerd-cni-tests --test dataplane -- --test-threads=1`
 
+use linkerd_cni_sys::bpf;
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     time::{Duration, Instant},
 };
 
-use linkerd_cni_agent::{
-    agent::registry::Attachment,
-    dataplane::{bpf_sys, maps},
-};
+use linkerd_cni_agent::{agent::registry::Attachment, dataplane::maps};
 use linkerd_cni_common::{POD_ADDR_V4, PodAddrs, names};
 use linkerd_cni_proto::config::LinkerdConfig;
 use linkerd_cni_tests::{
@@ -117,8 +115,8 @@ fn detach_link(
     program: &str,
 ) {
     let dir = h.agent().link_dir(record).expect("per-pod link dir");
-    let link = bpf_sys::obj_get(&dir.join(program)).expect("the pinned link");
-    bpf_sys::link_detach(&link).expect("detach the link");
+    let link = bpf::obj_get(&dir.join(program)).expect("the pinned link");
+    bpf::link_detach(&link).expect("detach the link");
 }
 
 /// A connection went straight to `server`, not through the proxy: the server saw the pod's

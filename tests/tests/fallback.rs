@@ -32,13 +32,10 @@ use std::{
     time::Duration,
 };
 
-use linkerd_cni_common::{
-    kernel::Mode,
-    paths,
-    probe::{Choice as ModeChoice, Findings},
-};
+use linkerd_cni_common::{kernel::Mode, paths};
 use linkerd_cni_plugin::nft;
 use linkerd_cni_proto::config::{Cidr, LinkerdConfig, PortRange};
+use linkerd_cni_sys::probe::{Choice as ModeChoice, Findings};
 use linkerd_cni_tests::{
     EchoServer, NetnsGuard, Placement,
     client::{Options, Report, run_client},

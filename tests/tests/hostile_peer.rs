@@ -180,38 +180,10 @@ fn read_answer(mut conn: UnixStream) -> Value {
 
 /// `sendmsg` of `bytes` with `fds` in one `SCM_RIGHTS` message (none: a plain send).
 fn send_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) {
-    let len = std::mem::size_of_val(fds) as u32;
-    // SAFETY: pure computations.
-    let (space, cmsg_len) = unsafe { (libc::CMSG_SPACE(len), libc::CMSG_LEN(len)) };
-    let mut control = vec![0u64; (space as usize).div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut _,
-        iov_len: bytes.len(),
-    };
-    // SAFETY: plain data, filled in below with live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: one control message, within `control`.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = cmsg_len as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast(), fds.len());
-        }
-    }
-    // SAFETY: `msg` points to live buffers.
-    let sent = unsafe { libc::sendmsg(sock, &msg, 0) };
-    assert_eq!(
-        sent,
-        bytes.len() as isize,
-        "sendmsg: {}",
-        std::io::Error::last_os_error()
-    );
+    // SAFETY: the test's socket, open for the duration of the call.
+    let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(sock) };
+    let sent = linkerd_cni_sys::sock::send_with_fds(sock, bytes, fds, 0);
+    assert_eq!(sent.expect("sendmsg"), bytes.len());
 }
 
 /// An ADD as the plugin would send it for `pod`, with its netns, id and cgroup replaced.

@@ -11,9 +11,9 @@ use std::{
     time::Duration,
 };
 
-use linkerd_cni_agent::dataplane::bpf_sys;
 use linkerd_cni_common::{kernel::SkLookupVariant, names, paths};
 use linkerd_cni_proto::config::{LinkerdConfig, PortRange};
+use linkerd_cni_sys::bpf;
 use linkerd_cni_tests::{
     AgentHarness, Bridge, EchoServer, IfAddr, NetnsGuard, Placement, Pod, PodAndPeer, TestProxy,
     client::{Options as ClientOptions, Report, run_client},
@@ -444,10 +444,9 @@ fn original_destination_survives_a_5s_late_accept() {
 /// The id of the program the pod's inbound link runs (its stub).
 fn stub_of(h: &AgentHarness, record: &linkerd_cni_agent::agent::registry::PodRecord) -> u32 {
     let link_dir = h.agent().link_dir(record).expect("per-pod link dir");
-    let link =
-        linkerd_cni_agent::dataplane::bpf_sys::obj_get(&link_dir.join(names::PROG_SK_LOOKUP))
-            .expect("pinned netns link");
-    linkerd_cni_agent::dataplane::bpf_sys::link_info(&link)
+    let link = linkerd_cni_sys::bpf::obj_get(&link_dir.join(names::PROG_SK_LOOKUP))
+        .expect("pinned netns link");
+    linkerd_cni_sys::bpf::link_info(&link)
         .expect("link info")
         .prog_id
 }
@@ -651,8 +650,8 @@ fn sk_lookup_decisions(variant: SkLookupVariant) -> Vec<(&'static str, Taker)> {
         .pin_root
         .join(paths::PIN_PROGS)
         .join(names::PROG_SK_LOOKUP);
-    let name = bpf_sys::obj_get(&pinned)
-        .and_then(bpf_sys::prog_name)
+    let name = bpf::obj_get(&pinned)
+        .and_then(bpf::prog_name)
         .expect("the pinned sk_lookup program's name");
     assert_eq!(name, variant.program());
 
@@ -835,8 +834,8 @@ fn pinned_sk_lookup(h: &AgentHarness) -> String {
         .pin_root
         .join(paths::PIN_PROGS)
         .join(names::PROG_SK_LOOKUP);
-    bpf_sys::obj_get(&pinned)
-        .and_then(bpf_sys::prog_name)
+    bpf::obj_get(&pinned)
+        .and_then(bpf::prog_name)
         .expect("the pinned sk_lookup program's name")
 }
 
@@ -897,7 +896,7 @@ fn the_sk_lookup_choice_survives_restarts_and_follows_the_probes() {
     h.kill();
     h.config_mut().sk_lookup = None;
     h.start_again();
-    let probed = linkerd_cni_common::probe::Findings::probe().sk_lookup_variant();
+    let probed = linkerd_cni_sys::probe::Findings::probe().sk_lookup_variant();
     assert_eq!(pinned_sk_lookup(&h), probed.program(), "the probes' choice");
     let line = format!("sk_lookup program: {probed}");
     assert!(inspect().contains(&line), "{}", inspect());

@@ -1,5 +1,5 @@
 //! The kernel is judged by its own answers on the kernel this runs on (the host, and each
-//! kernel of `cargo xtask vmtest`): the feature probes (`linkerd_cni_common::probe`, one per
+//! kernel of `cargo xtask vmtest`): the feature probes (`linkerd_cni_sys::probe`, one per
 //! row of `linkerd_cni_common::kernel::FEATURES`) say yes exactly when the real programs and
 //! calls that need each feature work (the verifier's own word, with the agent's check
 //! bypassed), the agent's start-up check (`load`, the eBPF data plane) and `linkerd check
@@ -20,15 +20,17 @@ use std::{
 
 use linkerd_cni_agent::{
     agent::{Agent, AgentConfig, Mode},
-    dataplane::{self, bpf_sys},
+    dataplane::{self, stub},
     host::netns,
 };
 use linkerd_cni_common::{
     kernel::{self, FEATURES, MissingList, Probe},
     names::{self, Hook, Program},
     paths,
+};
+use linkerd_cni_sys::{
+    bpf,
     probe::{Answer, Findings},
-    query,
 };
 use linkerd_cni_tests::{
     bins,
@@ -252,7 +254,7 @@ fn probing_is_cheap_and_leaves_no_fd_behind() {
     took.sort();
     eprintln!(
         "kernel {}: one round of every probe took {:?} (median of 21; min {:?}, max {:?})",
-        linkerd_cni_common::probe::release(),
+        linkerd_cni_sys::probe::release(),
         took[10],
         took[0],
         took[20]
@@ -324,7 +326,7 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
             // Which code the kernel runs: the JIT's (the arm64 guest's claim "through the
             // arm64 JIT" rests on this) or the interpreter's.
             let fd = program.fd().expect("a loaded program has an fd");
-            let info = query::prog_info(fd.as_fd()).expect("the loaded program's info");
+            let info = bpf::prog_info(fd.as_fd()).expect("the loaded program's info");
             report.push(format!("{name}: loaded, {} bytes JITed", info.jited_len));
             if jit && info.jited_len == 0 {
                 not_jited.push(name);
@@ -341,10 +343,10 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
     }
 
     // The per-pod stub, built and loaded as the agent does.
-    let scratch = bpf_sys::map_create(6, 4, 8, 1, 0, "l5d_t_ns", None).expect("percpu array");
-    let progs = bpf_sys::map_create(3, 4, 4, 1, 0, "l5d_t_prog", None).expect("prog array");
-    let insns = bpf_sys::sk_lookup_stub(1, scratch.as_fd(), progs.as_fd());
-    let stub = bpf_sys::load_sk_lookup(names::PROG_SK_LOOKUP_STUB, &insns).map(drop);
+    let scratch = bpf::map_create(6, 4, 8, 1, 0, "l5d_t_ns", None).expect("percpu array");
+    let progs = bpf::map_create(3, 4, 4, 1, 0, "l5d_t_prog", None).expect("prog array");
+    let insns = stub::sk_lookup_stub(1, scratch.as_fd(), progs.as_fd());
+    let stub = bpf::load_sk_lookup(names::PROG_SK_LOOKUP_STUB, &insns).map(drop);
     report.push(format!("{}: {stub:?}", names::PROG_SK_LOOKUP_STUB));
     if stub.is_ok() != expected(names::PROG_SK_LOOKUP_STUB) {
         disagree.push(format!("the sk_lookup stub: {stub:?}"));
@@ -358,7 +360,7 @@ fn every_program_and_call_works_exactly_when_the_probes_say_so() {
         .unwrap_or_else(|| panic!("l5d_connect4 did not load on {release}"));
     let cgroup = CgroupGuard::new().expect("test cgroup");
     let cg = fs::File::open(cgroup.path()).expect("open the test cgroup");
-    let link = bpf_sys::link_create(connect4.as_fd(), &cg, Hook::Connect4).map(drop);
+    let link = bpf::link_create(connect4.as_fd(), &cg, Hook::Connect4).map(drop);
     report.push(format!("cgroup link: {link:?}"));
     if link.is_ok() != present(Probe::CgroupLink) {
         disagree.push(format!("cgroup link: {link:?}"));

@@ -8,6 +8,7 @@
 //!
 //! Run: `cargo test -p linkerd-cni-tests --test layout -- --test-threads=1`
 
+use linkerd_cni_sys::{bpf, uapi};
 use std::{
     collections::BTreeMap,
     fs,
@@ -23,7 +24,7 @@ use std::{
 };
 
 use linkerd_cni_agent::{
-    Agent, AgentConfig, agent::registry::PodRecord, dataplane::bpf_sys, dataplane::maps::PodEntries,
+    Agent, AgentConfig, agent::registry::PodRecord, dataplane::maps::PodEntries,
 };
 use linkerd_cni_common::{
     LAYOUT_VERSION, LayoutMeta,
@@ -156,7 +157,7 @@ fn bpftool_dump(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn map_info(path: &Path) -> bpf_sys::MapInfo {
+fn map_info(path: &Path) -> bpf::MapInfo {
     layout::map_info(path).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -597,7 +598,7 @@ fn a_socket_map_whose_sockets_cannot_be_carried_over_is_refused() {
     let pin = pin_root.join(paths::PIN_MAPS).join(names::MAP_LISTENERS);
     // A listener map of another key layout, holding a listening socket.
     let info = map_info(&pin);
-    let other = bpf_sys::map_create(
+    let other = bpf::map_create(
         info.map_type,
         info.key_size + 8,
         info.value_size,
@@ -610,10 +611,10 @@ fn a_socket_map_whose_sockets_cannot_be_carried_over_is_refused() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
     let key = vec![0u8; (info.key_size + 8) as usize];
     let fd = std::os::fd::AsRawFd::as_raw_fd(&listener) as u32;
-    bpf_sys::map_update(&other, &key, &fd.to_ne_bytes()).expect("insert the listener");
-    let original = bpf_sys::obj_get(&pin).expect("open the original map");
+    bpf::map_update(&other, &key, &fd.to_ne_bytes()).expect("insert the listener");
+    let original = bpf::obj_get(&pin).expect("open the original map");
     fs::remove_file(&pin).expect("unpin");
-    bpf_sys::obj_pin(&other, &pin).expect("pin the other layout's map");
+    bpf::obj_pin(&other, &pin).expect("pin the other layout's map");
     let before = pinned_ids(&pin_root);
 
     let err = match Agent::start(h.config().clone()) {
@@ -627,7 +628,7 @@ fn a_socket_map_whose_sockets_cannot_be_carried_over_is_refused() {
     assert_eq!(pinned_ids(&pin_root), before, "pinned state changed");
     // Put the original back so the harness cleans up with an agent.
     fs::remove_file(&pin).expect("unpin");
-    bpf_sys::obj_pin(&original, &pin).expect("pin the original map back");
+    bpf::obj_pin(&original, &pin).expect("pin the original map back");
     h.start_again();
 }
 
@@ -641,32 +642,29 @@ fn copying_a_hash_map_whose_entries_come_and_go_ends_and_keeps_the_steady_ones()
     use linkerd_cni_agent::dataplane::layout::{MapSpec, copy_entries};
     const STEADY: u32 = 20_000;
     let create = |name: &str| {
-        bpf_sys::map_create(bpf_sys::MAP_TYPE_HASH, 4, 8, 65536, 0, name, None)
-            .expect("create a hash map")
+        bpf::map_create(uapi::MAP_TYPE_HASH, 4, 8, 65536, 0, name, None).expect("create a hash map")
     };
     let (from, to) = (create("l5dt_from"), create("l5dt_to"));
 
     // The kernel's key-by-key walk: a deleted key in hand restarts it.
     for k in [1u32, 2, 3] {
-        bpf_sys::map_update(&from, &k.to_ne_bytes(), &u64::from(k).to_ne_bytes()).expect("insert");
+        bpf::map_update(&from, &k.to_ne_bytes(), &u64::from(k).to_ne_bytes()).expect("insert");
     }
     let mut first = [0u8; 4];
-    assert!(bpf_sys::map_next_key(&from, None, &mut first).expect("first key"));
+    assert!(bpf::map_next_key(&from, None, &mut first).expect("first key"));
     let mut second = [0u8; 4];
-    assert!(bpf_sys::map_next_key(&from, Some(&first), &mut second).expect("second key"));
+    assert!(bpf::map_next_key(&from, Some(&first), &mut second).expect("second key"));
     assert_ne!(first, second);
-    bpf_sys::map_delete(&from, &second).expect("delete the key in hand");
+    bpf::map_delete(&from, &second).expect("delete the key in hand");
     let mut after = [0u8; 4];
-    assert!(
-        bpf_sys::map_next_key(&from, Some(&second), &mut after).expect("next of a deleted key")
-    );
+    assert!(bpf::map_next_key(&from, Some(&second), &mut after).expect("next of a deleted key"));
     assert_eq!(after, first, "the walk went back to the first key");
     for k in [1u32, 2, 3] {
-        let _ = bpf_sys::map_delete(&from, &k.to_ne_bytes());
+        let _ = bpf::map_delete(&from, &k.to_ne_bytes());
     }
 
     for k in 0..STEADY {
-        bpf_sys::map_update(&from, &k.to_ne_bytes(), &u64::from(k).to_ne_bytes()).expect("insert");
+        bpf::map_update(&from, &k.to_ne_bytes(), &u64::from(k).to_ne_bytes()).expect("insert");
     }
     let stop = Arc::new(AtomicBool::new(false));
     let (churning, churn_started) = std::sync::mpsc::channel();
@@ -677,11 +675,11 @@ fn copying_a_hash_map_whose_entries_come_and_go_ends_and_keeps_the_steady_ones()
         thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 for k in STEADY..STEADY + 1000 {
-                    bpf_sys::map_update(&from, &k.to_ne_bytes(), &0u64.to_ne_bytes())
+                    bpf::map_update(&from, &k.to_ne_bytes(), &0u64.to_ne_bytes())
                         .expect("churn insert");
                 }
                 for k in STEADY..STEADY + 1000 {
-                    bpf_sys::map_delete(&from, &k.to_ne_bytes()).expect("churn delete");
+                    bpf::map_delete(&from, &k.to_ne_bytes()).expect("churn delete");
                 }
                 let _ = churning.send(());
             }
@@ -690,7 +688,7 @@ fn copying_a_hash_map_whose_entries_come_and_go_ends_and_keeps_the_steady_ones()
     churn_started.recv().expect("the churn thread runs");
     let spec = MapSpec {
         name: "l5dt_from".into(),
-        map_type: bpf_sys::MAP_TYPE_HASH,
+        map_type: uapi::MAP_TYPE_HASH,
         key_size: 4,
         value_size: 8,
         max_entries: 65536,
@@ -717,7 +715,7 @@ fn copying_a_hash_map_whose_entries_come_and_go_ends_and_keeps_the_steady_ones()
     for k in 0..STEADY {
         let mut value = [0u8; 8];
         assert!(
-            bpf_sys::map_lookup(&to, &k.to_ne_bytes(), &mut value).expect("lookup"),
+            bpf::map_lookup(&to, &k.to_ne_bytes(), &mut value).expect("lookup"),
             "steady key {k} was not copied"
         );
         assert_eq!(u64::from_ne_bytes(value), u64::from(k));

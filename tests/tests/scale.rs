@@ -4,10 +4,11 @@
 //! entries), a reconcile pass verifies a bounded share of the pods, round-robin, and makes a
 //! bounded number of `bpf()` calls per pod (counted with strace).
 
+use linkerd_cni_sys::bpf;
 use std::{path::Path, sync::Arc};
 
 use linkerd_cni_agent::{
-    Agent, AgentConfig, Registration, agent::reconcile::Reconciler, dataplane, dataplane::bpf_sys,
+    Agent, AgentConfig, Registration, agent::reconcile::Reconciler, dataplane,
     dataplane::capacity::MapSizes,
 };
 use linkerd_cni_common::{names, paths};
@@ -16,8 +17,8 @@ use linkerd_cni_tests::{AgentHarness, Pod, strace};
 
 fn max_entries(pin_root: &Path, map: &str) -> u32 {
     let path = pin_root.join(paths::PIN_MAPS).join(map);
-    let fd = bpf_sys::obj_get(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    bpf_sys::map_info(fd).expect("map info").max_entries
+    let fd = bpf::obj_get(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    bpf::map_info(fd).expect("map info").max_entries
 }
 
 #[test]

@@ -1,5 +1,8 @@
 //! The workspace's layered crates call only downwards, each by its own table of layers: the
 //! agent ([`AGENT_LAYERS`]), the benchmark ([`BENCH_LAYERS`]) and xtask ([`XTASK_LAYERS`]).
+//! The crates at the bottom import only what is below them ([`BOTTOM_CRATES`]): `common`, the
+//! `no_std` contract with the eBPF programs, nothing of ours; `sys`, the kernel's raw
+//! interface, nothing of ours but `common`.
 //!
 //! Reads each crate's module graph (`modgraph/mod.rs`: every `crate::` and `super::` path,
 //! `crate::{...}` groups included) and fails on any module that names one in a layer above its
@@ -85,6 +88,57 @@ const CRATES: &[Layered] = &[
     },
 ];
 
+/// The crates at the bottom of the workspace, each with the only crates of ours it may depend
+/// on (in its `Cargo.toml`, and by name in its sources).
+const BOTTOM_CRATES: &[(&str, &[&str])] = &[("common", &[]), ("sys", &["linkerd-cni-common"])];
+
+/// The crates of ours `package` names: its `Cargo.toml`'s `linkerd-*` dependencies (every
+/// table), and the `linkerd_*` crates its sources' code names (its own left out).
+fn our_imports(package: &str) -> Vec<String> {
+    let dir = workspace().join(package);
+    let manifest = fs::read_to_string(dir.join("Cargo.toml"))
+        .unwrap_or_else(|e| panic!("reading {package}/Cargo.toml: {e}"));
+    let own = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("name = \""))
+        .and_then(|n| n.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("{package}/Cargo.toml names its package"))
+        .to_string();
+    let mut found: Vec<String> = manifest
+        .lines()
+        .filter_map(|l| l.split_once(" = ").map(|(k, _)| k.trim()))
+        .filter(|k| k.starts_with("linkerd-"))
+        .map(String::from)
+        .collect();
+    let mut stack = vec![dir];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).unwrap_or_else(|e| panic!("listing {}: {e}", d.display())) {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+                // Code only: a comment may name any crate.
+                for line in text.lines() {
+                    let code = line.split("//").next().unwrap_or("");
+                    for (i, _) in code.match_indices("linkerd_") {
+                        let name: String = code[i..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        found.push(name.replace('_', "-"));
+                    }
+                }
+            }
+        }
+    }
+    found.retain(|c| *c != own);
+    found.sort();
+    found.dedup();
+    found
+}
+
 /// The rank of `module`'s layer (0 is the top) by the longest entry it is or is inside of.
 fn rank(layers: Layers, module: &str) -> Option<usize> {
     layers
@@ -156,6 +210,26 @@ fn no_module_names_one_in_a_layer_above_it() {
         }
     }
     assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+#[test]
+fn the_bottom_crates_import_only_what_is_below_them() {
+    for (package, allowed) in BOTTOM_CRATES {
+        let imports = our_imports(package);
+        let above: Vec<&String> = imports
+            .iter()
+            .filter(|c| !allowed.contains(&c.as_str()))
+            .collect();
+        assert!(
+            above.is_empty(),
+            "{package} may import nothing of ours but {allowed:?}; it imports {above:?}"
+        );
+    }
+    // The check sees imports: the agent names both bottom crates, and more.
+    let agent = our_imports("agent");
+    for c in ["linkerd-cni-common", "linkerd-cni-sys", "linkerd-cni-proto"] {
+        assert!(agent.iter().any(|a| a == c), "{c} not seen in {agent:?}");
+    }
 }
 
 #[test]

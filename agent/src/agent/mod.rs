@@ -11,9 +11,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use linkerd_cni_common::{kernel::Mode, probe::Choice as ModeChoice};
+pub use linkerd_cni_common::kernel::Mode;
 use linkerd_cni_common::{kernel::SkLookupVariant, names, paths};
 use linkerd_cni_proto::{config::LinkerdConfig, escape::Escaped, wire::PodRef};
+pub use linkerd_cni_sys::probe::Choice as ModeChoice;
 
 use crate::{
     agent::registry::{Attachment, CgroupSeen, PodRecord, Registry},

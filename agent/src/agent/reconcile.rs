@@ -15,6 +15,7 @@
 //! repair is logged with the pod and counted per [`RepairKind`]; while the pins cannot be
 //! restored, [`Reconciler::not_ready`] says why, so `/ready` fails.
 
+use linkerd_cni_sys::bpf;
 use std::{
     collections::HashMap,
     os::fd::AsFd,
@@ -36,7 +37,6 @@ use super::{Agent, AgentError};
 use crate::{
     agent::registry::{Attachment, PodRecord},
     dataplane::DataplaneError,
-    dataplane::bpf_sys,
     dataplane::maps::Maps,
     dataplane::order::{self, Conflict, Ours},
     host::kernel,
@@ -357,7 +357,7 @@ impl Reconciler {
             };
             if !(tenant.hook.on_cgroup()
                 && tenant.cgroup.as_deref() == Some(attached_to.as_path())
-                && bpf_sys::cgroup_links_ordered() == Some(true))
+                && bpf::cgroup_links_ordered() == Some(true))
             {
                 break;
             }
@@ -580,7 +580,7 @@ impl Agent {
             path: path.clone(),
             source,
         };
-        let prog = bpf_sys::obj_get(&self.config.pin_root.join(paths::PIN_PROGS).join(name))
+        let prog = bpf::obj_get(&self.config.pin_root.join(paths::PIN_PROGS).join(name))
             .map_err(pin_err)?;
         let cg = match kind {
             RepairKind::CgroupLink => self.open_pod_cgroup(&cgroup, &record)?,
@@ -589,8 +589,8 @@ impl Agent {
                 source,
             })?,
         };
-        let old = bpf_sys::obj_get(&path).map_err(pin_err)?;
-        let new = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, hook).map_err(|source| {
+        let old = bpf::obj_get(&path).map_err(pin_err)?;
+        let new = bpf::cgroup_link_create(prog.as_fd(), &cg, hook).map_err(|source| {
             DataplaneError::Attach {
                 program: name,
                 path: cgroup.clone(),
@@ -602,14 +602,13 @@ impl Agent {
         tmp.push("_new");
         let tmp = std::path::PathBuf::from(tmp);
         let _ = std::fs::remove_file(&tmp);
-        let pinned =
-            bpf_sys::obj_pin(new.as_fd(), &tmp).and_then(|()| std::fs::rename(&tmp, &path));
+        let pinned = bpf::obj_pin(new.as_fd(), &tmp).and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = pinned {
-            let _ = bpf_sys::link_detach(&new);
+            let _ = bpf::link_detach(&new);
             let _ = std::fs::remove_file(&tmp);
             return Err(pin_err(e).into());
         }
-        let _ = bpf_sys::link_detach(&old);
+        let _ = bpf::link_detach(&old);
         Ok(kind)
     }
 
@@ -635,7 +634,7 @@ impl Agent {
         let Some(Program { hook, .. }) = names::PROGRAMS.iter().find(|p| p.name == name) else {
             return Err(DataplaneError::MissingProgram(name).into());
         };
-        let prog = bpf_sys::obj_get(&self.config.pin_root.join(paths::PIN_PROGS).join(name))
+        let prog = bpf::obj_get(&self.config.pin_root.join(paths::PIN_PROGS).join(name))
             .map_err(pin_err)?;
         let attach_err = |target: &Path| {
             let target = target.to_path_buf();
@@ -659,8 +658,8 @@ impl Agent {
                     source,
                 })?,
             };
-            let link = bpf_sys::cgroup_link_create(prog.as_fd(), &cg, *hook)
-                .map_err(attach_err(&cgroup))?;
+            let link =
+                bpf::cgroup_link_create(prog.as_fd(), &cg, *hook).map_err(attach_err(&cgroup))?;
             (link, kind)
         } else {
             let ns = Netns::open(&record.netns)?;
@@ -680,7 +679,7 @@ impl Agent {
                 .attach_netns(ns.file(), record.netns_cookie, dir)?;
             return Ok(RepairKind::NetnsLink);
         };
-        bpf_sys::obj_pin(link.as_fd(), &path).map_err(pin_err)?;
+        bpf::obj_pin(link.as_fd(), &path).map_err(pin_err)?;
         Ok(kind)
     }
 }

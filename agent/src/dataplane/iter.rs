@@ -22,7 +22,7 @@ use std::{
 
 use linkerd_cni_common::{IterArgs, IterListener, names};
 
-use super::bpf_sys;
+use linkerd_cni_sys::bpf;
 
 /// The iterator program, ready to run.
 #[derive(Debug)]
@@ -36,7 +36,7 @@ impl ListenerIter {
     /// From the loaded program `prog` and the argument map `args` ([`names::MAP_ITER_ARGS`]).
     pub fn new(prog: impl AsFd, args: OwnedFd) -> io::Result<Self> {
         Ok(Self {
-            link: bpf_sys::iter_link_create(prog)?,
+            link: bpf::iter_link_create(prog)?,
             args,
             runs: Mutex::new(()),
         })
@@ -53,10 +53,10 @@ impl ListenerIter {
                 size_of::<IterArgs>(),
             )
         };
-        bpf_sys::map_update(&self.args, &0u32.to_ne_bytes(), bytes).map_err(|e| {
+        bpf::map_update(&self.args, &0u32.to_ne_bytes(), bytes).map_err(|e| {
             io::Error::new(e.kind(), format!("writing {}: {e}", names::MAP_ITER_ARGS))
         })?;
-        let iter = bpf_sys::iter_create(&self.link).map_err(|e| {
+        let iter = bpf::iter_create(&self.link).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("creating a {} iterator: {e}", names::PROG_ITER_TCP),

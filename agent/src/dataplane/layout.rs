@@ -22,6 +22,7 @@
 //! programs wrote meanwhile, moves the new maps over the old pins and records the version. A
 //! crash half way leaves the old pins in place: the next start plans and migrates again.
 
+use linkerd_cni_sys::uapi;
 use std::{
     fs, io,
     os::fd::{AsFd, BorrowedFd, OwnedFd},
@@ -30,7 +31,7 @@ use std::{
 
 use linkerd_cni_common::{LAYOUT_OLDEST_READER, LAYOUT_VERSION, LayoutMeta, names, paths};
 
-use crate::dataplane::bpf_sys::{self, MapInfo};
+use linkerd_cni_sys::bpf::{self, MapInfo};
 
 /// Earlier layouts whose entries mean what ours mean when key and value sizes match (their
 /// entries are copied). Layout 1 differs from 2 only by the missing BTF; 3 and 4 only add a
@@ -142,10 +143,7 @@ impl MapSpec {
                     max_entries: map.max_entries(),
                     map_flags: map.map_flags(),
                     typed: map.section_kind() == aya_obj::EbpfSectionKind::BtfMaps
-                        && !matches!(
-                            map_type,
-                            bpf_sys::MAP_TYPE_SOCKMAP | bpf_sys::MAP_TYPE_SOCKHASH
-                        ),
+                        && !matches!(map_type, uapi::MAP_TYPE_SOCKMAP | uapi::MAP_TYPE_SOCKHASH),
                 }
             })
             .collect();
@@ -171,7 +169,7 @@ impl MapSpec {
     fn is_socket_map(&self) -> bool {
         matches!(
             self.map_type,
-            bpf_sys::MAP_TYPE_SOCKMAP | bpf_sys::MAP_TYPE_SOCKHASH
+            uapi::MAP_TYPE_SOCKMAP | uapi::MAP_TYPE_SOCKHASH
         )
     }
 }
@@ -257,14 +255,14 @@ impl Plan {
 /// Reads the meta map under `pin_root`, if pinned.
 pub fn read_meta(pin_root: &Path) -> Result<Option<LayoutMeta>, LayoutError> {
     let path = meta_path(pin_root);
-    let fd = match bpf_sys::obj_get(&path) {
+    let fd = match bpf::obj_get(&path) {
         Ok(fd) => fd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(sys("opening", &path)(e)),
     };
     let mut value = [0u8; 8];
     let found =
-        bpf_sys::map_lookup(&fd, &0u32.to_ne_bytes(), &mut value).map_err(sys("reading", &path))?;
+        bpf::map_lookup(&fd, &0u32.to_ne_bytes(), &mut value).map_err(sys("reading", &path))?;
     let word = |o: usize| u32::from_ne_bytes([value[o], value[o + 1], value[o + 2], value[o + 3]]);
     Ok(found.then(|| LayoutMeta {
         version: word(0),
@@ -321,18 +319,18 @@ fn meta_btf() -> Vec<u8> {
 /// Records this agent's layout in the meta map (created and pinned if missing).
 pub fn write_meta(pin_root: &Path) -> Result<(), LayoutError> {
     let path = meta_path(pin_root);
-    let fd = match bpf_sys::obj_get(&path) {
+    let fd = match bpf::obj_get(&path) {
         Ok(fd) => fd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             // Typed like every other map, so `bpftool map dump` prints the version by name.
-            let btf = bpf_sys::btf_load(&meta_btf()).map_err(sys("loading the BTF of", &path))?;
-            let typed = bpf_sys::MapBtf {
+            let btf = bpf::btf_load(&meta_btf()).map_err(sys("loading the BTF of", &path))?;
+            let typed = bpf::MapBtf {
                 btf: btf.as_fd(),
                 key_type_id: 1,
                 value_type_id: 2,
             };
-            let fd = bpf_sys::map_create(
-                bpf_sys::MAP_TYPE_ARRAY,
+            let fd = bpf::map_create(
+                uapi::MAP_TYPE_ARRAY,
                 4,
                 8,
                 1,
@@ -341,7 +339,7 @@ pub fn write_meta(pin_root: &Path) -> Result<(), LayoutError> {
                 Some(typed),
             )
             .map_err(sys("creating", &path))?;
-            bpf_sys::obj_pin(&fd, &path).map_err(sys("pinning", &path))?;
+            bpf::obj_pin(&fd, &path).map_err(sys("pinning", &path))?;
             fd
         }
         Err(e) => return Err(sys("opening", &path)(e)),
@@ -349,7 +347,7 @@ pub fn write_meta(pin_root: &Path) -> Result<(), LayoutError> {
     let mut value = [0u8; 8];
     value[..4].copy_from_slice(&LAYOUT_VERSION.to_ne_bytes());
     value[4..].copy_from_slice(&LAYOUT_OLDEST_READER.to_ne_bytes());
-    bpf_sys::map_update(&fd, &0u32.to_ne_bytes(), &value).map_err(sys("writing", &path))
+    bpf::map_update(&fd, &0u32.to_ne_bytes(), &value).map_err(sys("writing", &path))
 }
 
 /// Decides, without changing anything, what to do with the state pinned under `pin_root`
@@ -359,9 +357,9 @@ pub fn plan(pin_root: &Path, specs: &[MapSpec]) -> Result<Plan, LayoutError> {
     let mut pinned = Vec::new();
     for spec in specs {
         let path = maps_dir.join(&spec.name);
-        match bpf_sys::obj_get(&path) {
+        match bpf::obj_get(&path) {
             Ok(fd) => {
-                let info = bpf_sys::map_info(&fd).map_err(sys("inspecting", &path))?;
+                let info = bpf::map_info(&fd).map_err(sys("inspecting", &path))?;
                 pinned.push(Some((fd, info)));
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => pinned.push(None),
@@ -436,7 +434,7 @@ pub fn plan(pin_root: &Path, specs: &[MapSpec]) -> Result<Plan, LayoutError> {
 }
 
 fn is_socket_map_type(t: u32) -> bool {
-    matches!(t, bpf_sys::MAP_TYPE_SOCKMAP | bpf_sys::MAP_TYPE_SOCKHASH)
+    matches!(t, uapi::MAP_TYPE_SOCKMAP | uapi::MAP_TYPE_SOCKHASH)
 }
 
 fn count_entries(map: impl AsFd, key_size: u32) -> io::Result<u64> {
@@ -444,7 +442,7 @@ fn count_entries(map: impl AsFd, key_size: u32) -> io::Result<u64> {
     let mut next = vec![0u8; key_size as usize];
     let mut n = 0;
     let mut first = true;
-    while bpf_sys::map_next_key(map.as_fd(), (!first).then_some(&key[..]), &mut next)? {
+    while bpf::map_next_key(map.as_fd(), (!first).then_some(&key[..]), &mut next)? {
         n += 1;
         first = false;
         std::mem::swap(&mut key, &mut next);
@@ -466,9 +464,7 @@ fn count_entries(map: impl AsFd, key_size: u32) -> io::Result<u64> {
 pub fn copy_entries(from: impl AsFd, to: impl AsFd, spec: &MapSpec) -> io::Result<u64> {
     let per_cpu = matches!(
         spec.map_type,
-        bpf_sys::MAP_TYPE_PERCPU_HASH
-            | bpf_sys::MAP_TYPE_PERCPU_ARRAY
-            | bpf_sys::MAP_TYPE_LRU_PERCPU_HASH
+        uapi::MAP_TYPE_PERCPU_HASH | uapi::MAP_TYPE_PERCPU_ARRAY | uapi::MAP_TYPE_LRU_PERCPU_HASH
     );
     let value_len = if per_cpu {
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
@@ -478,10 +474,10 @@ pub fn copy_entries(from: impl AsFd, to: impl AsFd, spec: &MapSpec) -> io::Resul
     };
     let hash = matches!(
         spec.map_type,
-        bpf_sys::MAP_TYPE_HASH
-            | bpf_sys::MAP_TYPE_LRU_HASH
-            | bpf_sys::MAP_TYPE_PERCPU_HASH
-            | bpf_sys::MAP_TYPE_LRU_PERCPU_HASH
+        uapi::MAP_TYPE_HASH
+            | uapi::MAP_TYPE_LRU_HASH
+            | uapi::MAP_TYPE_PERCPU_HASH
+            | uapi::MAP_TYPE_LRU_PERCPU_HASH
     );
     if hash {
         copy_hash_entries(from.as_fd(), to.as_fd(), spec.key_size as usize, value_len)
@@ -505,19 +501,19 @@ fn copy_hash_entries(
     let mut cursor = None;
     let mut copied = 0;
     loop {
-        let (n, next) =
-            match bpf_sys::map_lookup_batch(from, cursor, key_size, &mut keys, &mut values)? {
-                bpf_sys::Batch::More { n, next } => (n, Some(next)),
-                bpf_sys::Batch::Done { n } => (n, None),
-                bpf_sys::Batch::NoRoom => {
-                    room *= 2;
-                    keys.resize(room * key_size, 0);
-                    values.resize(room * value_len, 0);
-                    continue;
-                }
-            };
+        let (n, next) = match bpf::map_lookup_batch(from, cursor, key_size, &mut keys, &mut values)?
+        {
+            bpf::Batch::More { n, next } => (n, Some(next)),
+            bpf::Batch::Done { n } => (n, None),
+            bpf::Batch::NoRoom => {
+                room *= 2;
+                keys.resize(room * key_size, 0);
+                values.resize(room * value_len, 0);
+                continue;
+            }
+        };
         for i in 0..n {
-            bpf_sys::map_update(
+            bpf::map_update(
                 to,
                 &keys[i * key_size..(i + 1) * key_size],
                 &values[i * value_len..(i + 1) * value_len],
@@ -542,11 +538,11 @@ fn copy_keyed_entries(
     let mut value = vec![0u8; value_len];
     let mut copied = 0;
     let mut first = true;
-    while bpf_sys::map_next_key(from, (!first).then_some(&key[..]), &mut next)? {
+    while bpf::map_next_key(from, (!first).then_some(&key[..]), &mut next)? {
         first = false;
         std::mem::swap(&mut key, &mut next);
-        if bpf_sys::map_lookup(from, &key, &mut value)? {
-            bpf_sys::map_update(to, &key, &value)?;
+        if bpf::map_lookup(from, &key, &mut value)? {
+            bpf::map_update(to, &key, &value)?;
             copied += 1;
         }
     }
@@ -588,7 +584,7 @@ pub enum Swap {
     /// Swap to this program; the old one is shared with other links (not freed by this swap).
     Shared(OwnedFd),
     /// Swap to this program; this link held the only reference to the old one (a pod's stub),
-    /// so the swap frees a program and is paced ([`bpf_sys::pace_program_frees`]).
+    /// so the swap frees a program and is paced ([`bpf::pace_program_frees`]).
     Private(OwnedFd),
 }
 
@@ -607,7 +603,7 @@ pub struct Swapped {
 /// it has nothing for (`None`) is left as it is, with a warning.
 pub fn swap_links(
     pin_root: &Path,
-    prog_for: impl Fn(&Path, &str, &bpf_sys::LinkInfo) -> Option<Swap>,
+    prog_for: impl Fn(&Path, &str, &bpf::LinkInfo) -> Option<Swap>,
 ) -> Result<Swapped, LayoutError> {
     let order = swap_order();
     let mut done = Swapped::default();
@@ -625,10 +621,10 @@ pub fn swap_links(
         names_here.sort_by_key(|n| order.iter().position(|p| p == n).unwrap_or(usize::MAX));
         for name in names_here {
             let path = dir.join(&name);
-            let Ok(link) = bpf_sys::obj_get(&path) else {
+            let Ok(link) = bpf::obj_get(&path) else {
                 continue;
             };
-            let info = bpf_sys::link_info(&link).unwrap_or_default();
+            let info = bpf::link_info(&link).unwrap_or_default();
             let (prog, frees_old) = match prog_for(&dir, &name, &info) {
                 Some(Swap::Keep) => {
                     done.kept += 1;
@@ -641,11 +637,11 @@ pub fn swap_links(
                     continue;
                 }
             };
-            match bpf_sys::link_update(&link, &prog) {
+            match bpf::link_update(&link, &prog) {
                 Ok(()) => {
                     done.swapped += 1;
                     if frees_old {
-                        bpf_sys::pace_program_frees(1);
+                        bpf::pace_program_frees(1);
                     }
                 }
                 // A link whose cgroup or netns is gone cannot be updated; the pod's
@@ -662,7 +658,7 @@ pub fn swap_links(
 /// Opens the pin of `name` under `dir`.
 pub fn open_pin(dir: &Path, name: &str) -> Result<OwnedFd, LayoutError> {
     let path = dir.join(name);
-    bpf_sys::obj_get(&path).map_err(sys("opening", &path))
+    bpf::obj_get(&path).map_err(sys("opening", &path))
 }
 
 #[cfg(test)]

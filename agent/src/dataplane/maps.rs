@@ -1,6 +1,7 @@
 //! The pinned maps, opened by path: the only way the agent (and `inspect`) reads or writes
 //! per-pod state, whether it loaded the programs itself or adopted them from a previous run.
 
+use linkerd_cni_sys::uapi;
 use std::{
     collections::BTreeMap,
     net::IpAddr,
@@ -317,9 +318,6 @@ pub struct PodView {
     pub listener: (bool, bool),
 }
 
-/// `BPF_NOEXIST`: insert only if the key is absent.
-const BPF_NOEXIST: u64 = 1;
-
 /// One journalled write of [`Maps::update_pod`] and what it replaced (`None`: nothing).
 enum Undo {
     Stats(u64),
@@ -459,7 +457,10 @@ impl Maps {
         for (prefix, k) in &entries.addrs {
             // A trie's lookup is longest-prefix, not exact: ask the insert whether the exact
             // key was there (the value is always 1, nothing to restore).
-            match self.addrs.insert(&Key::new(*prefix, *k), 1, BPF_NOEXIST) {
+            match self
+                .addrs
+                .insert(&Key::new(*prefix, *k), 1, uapi::BPF_NOEXIST)
+            {
                 Ok(()) => undo.push(Undo::Addr(*prefix, *k)),
                 Err(MapError::SyscallError(e))
                     if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}

@@ -15,10 +15,10 @@
 //!
 //! Below it: [`maps`] (the pinned maps, opened by path: every read and write of per-pod
 //! state), [`maps_lock`] (ADDs and DELs before background passes), [`capacity`] and
-//! [`limits`] (how large the maps are, how much one pod may take), [`bpf_sys`] (the `bpf(2)`
-//! commands issued directly), [`iter`] (running the iterator).
+//! [`limits`] (how large the maps are, how much one pod may take), [`stub`] (each pod's
+//! `sk_lookup` stub), [`iter`] (running the iterator). The `bpf(2)` commands aya does not make
+//! the way the agent needs them are `linkerd_cni_sys::bpf`'s.
 
-pub mod bpf_sys;
 pub mod capacity;
 pub mod iter;
 pub mod layout;
@@ -26,7 +26,9 @@ pub mod limits;
 pub mod maps;
 pub mod maps_lock;
 pub mod order;
+pub mod stub;
 
+use linkerd_cni_sys::bpf;
 use std::{
     fs, io,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
@@ -271,7 +273,7 @@ impl Dataplane {
                 false => &next_dir,
             };
             let path = dir.join(name);
-            bpf_sys::obj_get(&path).map_err(|source| DataplaneError::Pin { path, source })
+            bpf::obj_get(&path).map_err(|source| DataplaneError::Pin { path, source })
         };
         let listener_iter = match iter_error {
             Some(e) => Err(e),
@@ -336,14 +338,14 @@ impl Dataplane {
         // shared program: a swap for every stub at once, done only now that the maps the new
         // program reads are filled.
         let main = self.prog_fd(names::PROG_SK_LOOKUP)?;
-        bpf_sys::map_update_u32(&self.lookup_prog, 0, main.as_raw_fd() as u32).map_err(
-            |source| DataplaneError::Attach {
+        bpf::map_update_u32(&self.lookup_prog, 0, main.as_raw_fd() as u32).map_err(|source| {
+            DataplaneError::Attach {
                 program: names::PROG_SK_LOOKUP,
                 path: maps_dir.join(names::MAP_LOOKUP_PROG),
                 source,
                 hint: "",
-            },
-        )?;
+            }
+        })?;
         // Inbound links run a per-pod stub (or, left by agents before stubs, the shared
         // program itself). A stub refers to nothing of a generation but the cookie slot and
         // the program array; while both are the pinned ones, it already hands its pod to this
@@ -364,8 +366,8 @@ impl Dataplane {
                 // Opening a program by ID needs CAP_SYS_ADMIN (agent.sysAdmin): without it
                 // what the link runs is unknown, so it is never kept, and its swap is paced as
                 // a stub's is (a stub's is the likely case; pacing a shared one costs a pause).
-                let runs_stub = bpf_sys::prog_by_id(link.prog_id)
-                    .and_then(bpf_sys::prog_name)
+                let runs_stub = bpf::prog_by_id(link.prog_id)
+                    .and_then(bpf::prog_name)
                     .map(|n| n == names::PROG_SK_LOOKUP_STUB)
                     .ok();
                 if runs_stub == Some(true) && stubs_stay {
@@ -506,7 +508,7 @@ impl Dataplane {
                 continue;
             }
             let attach = hook;
-            let link = bpf_sys::cgroup_link_create(self.prog_fd(name)?, cg, attach).map_err(|source| {
+            let link = bpf::cgroup_link_create(self.prog_fd(name)?, cg, attach).map_err(|source| {
                 let eperm = source.raw_os_error() == Some(libc::EPERM);
                 // The program in the way, named from the attach flags of the cgroup and its
                 // ancestors.
@@ -604,7 +606,7 @@ impl Dataplane {
         };
         let stub = self.sk_lookup_stub(netns_cookie)?;
         mark("stub_load");
-        let link = bpf_sys::link_create(&stub, &netns, Hook::SkLookup).map_err(attach_err)?;
+        let link = bpf::link_create(&stub, &netns, Hook::SkLookup).map_err(attach_err)?;
         mark("netns_link");
         pin_new(link.as_fd(), &link_dir.join(name))?;
         mark("netns_pin");
@@ -615,12 +617,12 @@ impl Dataplane {
 impl Dataplane {
     /// Loads a pod's `sk_lookup` stub: hands `netns_cookie` to the shared program.
     fn sk_lookup_stub(&self, netns_cookie: u64) -> Result<OwnedFd, DataplaneError> {
-        let insns = bpf_sys::sk_lookup_stub(
+        let insns = stub::sk_lookup_stub(
             netns_cookie,
             self.lookup_ns.as_fd(),
             self.lookup_prog.as_fd(),
         );
-        bpf_sys::load_sk_lookup(names::PROG_SK_LOOKUP_STUB, &insns).map_err(|source| {
+        bpf::load_sk_lookup(names::PROG_SK_LOOKUP_STUB, &insns).map_err(|source| {
             DataplaneError::Program {
                 program: names::PROG_SK_LOOKUP_STUB,
                 source: aya::programs::ProgramError::IOError(source),
@@ -632,7 +634,7 @@ impl Dataplane {
 /// Pins a new link. A pod's link directory starts empty (re-registration detaches the old
 /// one first), so there is nothing to replace.
 fn pin_new(fd: BorrowedFd<'_>, path: &Path) -> Result<(), DataplaneError> {
-    bpf_sys::obj_pin(fd, path).map_err(|source| DataplaneError::Pin {
+    bpf::obj_pin(fd, path).map_err(|source| DataplaneError::Pin {
         path: path.into(),
         source,
     })
@@ -649,7 +651,7 @@ fn replace_pin(fd: BorrowedFd<'_>, path: &Path) -> Result<(), DataplaneError> {
         path: path.into(),
         source,
     };
-    bpf_sys::obj_pin(fd, &tmp).map_err(err)?;
+    bpf::obj_pin(fd, &tmp).map_err(err)?;
     fs::rename(&tmp, path).map_err(err)
 }
 
@@ -674,7 +676,7 @@ pub fn pin_name(id: &str) -> String {
 
 /// Detaches and unpins every link in `link_dir`, then removes the directory. Detaching first
 /// makes the effect immediate even if some process still holds a link fd. Dropping a pod's
-/// stub is paced ([`bpf_sys::pace_program_frees`]): reaping thousands of pods at once must not
+/// stub is paced ([`bpf::pace_program_frees`]): reaping thousands of pods at once must not
 /// leave thousands of program frees pending in the kernel.
 pub fn detach(link_dir: &Path) -> io::Result<()> {
     let entries = match fs::read_dir(link_dir) {
@@ -684,13 +686,13 @@ pub fn detach(link_dir: &Path) -> io::Result<()> {
     };
     for entry in entries {
         let path = entry?.path();
-        if let Ok(link) = bpf_sys::obj_get(&path) {
-            let _ = bpf_sys::link_detach(&link);
+        if let Ok(link) = bpf::obj_get(&path) {
+            let _ = bpf::link_detach(&link);
         }
         fs::remove_file(&path)?;
         // A pod's inbound link held the only reference to its stub.
         if path.file_name() == Some(names::PROG_SK_LOOKUP.as_ref()) {
-            bpf_sys::pace_program_frees(1);
+            bpf::pace_program_frees(1);
         }
     }
     fs::remove_dir(link_dir)
@@ -705,9 +707,8 @@ pub fn links_in_force(link_dir: &Path, programs: &[&str]) -> Result<order::Ours,
     for name in programs {
         let path = link_dir.join(name);
         let link =
-            bpf_sys::obj_get(&path).map_err(|e| format!("link {} is gone: {e}", path.display()))?;
-        let info =
-            bpf_sys::link_info(&link).map_err(|e| format!("link {}: {e}", path.display()))?;
+            bpf::obj_get(&path).map_err(|e| format!("link {} is gone: {e}", path.display()))?;
+        let info = bpf::link_info(&link).map_err(|e| format!("link {}: {e}", path.display()))?;
         if info.target == 0 {
             return Err(format!("link {} is detached", path.display()));
         }

@@ -19,6 +19,7 @@
 //! Each finding names the other program (id, name, type, attach type, the cgroup it is attached
 //! to, its flags) and what to change, in a [`Conflict`].
 
+use linkerd_cni_sys::uapi;
 use std::{
     collections::{HashMap, HashSet},
     fmt, fs, io,
@@ -28,7 +29,7 @@ use std::{
 
 use linkerd_cni_common::names::{self, Hook, Program};
 
-use super::bpf_sys;
+use linkerd_cni_sys::bpf;
 
 /// Our program ids per attach type: the programs of the links a pod runs.
 #[derive(Clone, Debug, Default)]
@@ -43,10 +44,10 @@ impl Ours {
                 continue;
             };
             for entry in entries.flatten() {
-                let Ok(link) = bpf_sys::obj_get(&entry.path()) else {
+                let Ok(link) = bpf::obj_get(&entry.path()) else {
                     continue;
                 };
-                if let Ok(info) = bpf_sys::link_info(&link) {
+                if let Ok(info) = bpf::link_info(&link) {
                     ours.add(info.attach_type, info.prog_id);
                 }
             }
@@ -95,9 +96,9 @@ pub struct Tenant {
 
 impl Tenant {
     fn describe(id: u32, hook: Hook, at: Option<(PathBuf, u32, u32)>) -> Self {
-        let info = bpf_sys::prog_by_id(id).and_then(|fd| {
-            let info = bpf_sys::prog_info(&fd)?;
-            Ok((bpf_sys::prog_full_name(&fd)?, info.prog_type))
+        let info = bpf::prog_by_id(id).and_then(|fd| {
+            let info = bpf::prog_info(&fd)?;
+            Ok((bpf::prog_full_name(&fd)?, info.prog_type))
         });
         let (name, prog_type) = match info {
             Ok(found) => found,
@@ -119,7 +120,7 @@ impl Tenant {
     }
 
     fn preorder(&self) -> bool {
-        self.prog_flags & bpf_sys::F_PREORDER != 0
+        self.prog_flags & uapi::F_PREORDER != 0
     }
 }
 
@@ -262,7 +263,7 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours, parents: &mut Parents) -> Result
             continue;
         }
         let query = |fd: &fs::File, target: &Path| {
-            bpf_sys::prog_query(fd.as_fd(), hook, true).map_err(|source| Conflict::Query {
+            bpf::prog_query(fd.as_fd(), hook, true).map_err(|source| Conflict::Query {
                 hook,
                 target: target.into(),
                 source,
@@ -284,7 +285,7 @@ pub fn check_cgroup(cgroup: &Path, ours: &Ours, parents: &mut Parents) -> Result
             if let Some((dir, _, prog_flags)) = &mut at
                 && dir != cgroup
             {
-                *prog_flags |= bpf_sys::F_PREORDER;
+                *prog_flags |= uapi::F_PREORDER;
             }
             let also = effective[1..first_ours]
                 .iter()
@@ -334,7 +335,7 @@ pub fn check_netns(
     shared_netns: bool,
 ) -> Result<(), Conflict> {
     let hook = Hook::SkLookup;
-    let ids = bpf_sys::prog_query(netns, hook, false)
+    let ids = bpf::prog_query(netns, hook, false)
         .map_err(|source| Conflict::Query {
             hook,
             target: netns_path.into(),
@@ -344,8 +345,8 @@ pub fn check_netns(
     let is_ours = |id: u32| {
         ours.contains(hook, id)
             || (shared_netns
-                && bpf_sys::prog_by_id(id)
-                    .and_then(bpf_sys::prog_name)
+                && bpf::prog_by_id(id)
+                    .and_then(bpf::prog_name)
                     .is_ok_and(|n| n == names::PROG_SK_LOOKUP_STUB))
     };
     match ids.iter().position(|id| is_ours(*id)) {
@@ -371,10 +372,10 @@ pub fn check_netns(
 pub fn exclusive_above(cgroup: &Path, hook: Hook) -> Option<Tenant> {
     let mut at = Some(cgroup);
     while let Some(dir) = at.filter(|d| is_cgroup(d)) {
-        if let Ok(q) = fs::File::open(dir).and_then(|f| bpf_sys::prog_query(&f, hook, false)) {
+        if let Ok(q) = fs::File::open(dir).and_then(|f| bpf::prog_query(&f, hook, false)) {
             let blocks = match dir == cgroup {
-                true => q.flags & bpf_sys::F_ALLOW_MULTI == 0,
-                false => q.flags & (bpf_sys::F_ALLOW_MULTI | bpf_sys::F_ALLOW_OVERRIDE) == 0,
+                true => q.flags & uapi::F_ALLOW_MULTI == 0,
+                false => q.flags & (uapi::F_ALLOW_MULTI | uapi::F_ALLOW_OVERRIDE) == 0,
             };
             if let Some(&id) = q.ids.first().filter(|_| blocks) {
                 let prog_flags = q.prog_flags.first().copied().unwrap_or(0);
@@ -396,7 +397,7 @@ fn locate(id: u32, hook: Hook, from: &Path) -> Option<(PathBuf, u32, u32)> {
     let mut at = Some(from);
     while let Some(dir) = at.filter(|d| is_cgroup(d)) {
         let found = fs::File::open(dir)
-            .and_then(|f| bpf_sys::prog_query(&f, hook, false))
+            .and_then(|f| bpf::prog_query(&f, hook, false))
             .ok()
             .and_then(|q| {
                 let i = q.ids.iter().position(|x| *x == id)?;
@@ -417,12 +418,12 @@ fn is_cgroup(dir: &Path) -> bool {
 
 /// The attach flags in the kernel's words.
 pub fn flag_words(flags: u32, prog_flags: u32) -> String {
-    let mut words = match flags & (bpf_sys::F_ALLOW_MULTI | bpf_sys::F_ALLOW_OVERRIDE) {
+    let mut words = match flags & (uapi::F_ALLOW_MULTI | uapi::F_ALLOW_OVERRIDE) {
         0 => vec!["flags 0 (exclusive)"],
-        f if f & bpf_sys::F_ALLOW_MULTI != 0 => vec!["BPF_F_ALLOW_MULTI (or a bpf_link)"],
+        f if f & uapi::F_ALLOW_MULTI != 0 => vec!["BPF_F_ALLOW_MULTI (or a bpf_link)"],
         _ => vec!["BPF_F_ALLOW_OVERRIDE"],
     };
-    if prog_flags & bpf_sys::F_PREORDER != 0 {
+    if prog_flags & uapi::F_PREORDER != 0 {
         words.push("BPF_F_PREORDER");
     }
     words.join(" + ")
@@ -447,11 +448,11 @@ mod tests {
     fn flags_are_named_as_the_kernel_names_them() {
         assert_eq!(flag_words(0, 0), "flags 0 (exclusive)");
         assert_eq!(
-            flag_words(bpf_sys::F_ALLOW_OVERRIDE, 0),
+            flag_words(uapi::F_ALLOW_OVERRIDE, 0),
             "BPF_F_ALLOW_OVERRIDE"
         );
         assert_eq!(
-            flag_words(bpf_sys::F_ALLOW_MULTI, bpf_sys::F_PREORDER),
+            flag_words(uapi::F_ALLOW_MULTI, uapi::F_PREORDER),
             "BPF_F_ALLOW_MULTI (or a bpf_link) + BPF_F_PREORDER"
         );
     }
@@ -485,8 +486,8 @@ mod tests {
         }
         let text = Conflict::Ahead {
             tenant: Tenant {
-                flags: bpf_sys::F_ALLOW_MULTI,
-                prog_flags: bpf_sys::F_PREORDER,
+                flags: uapi::F_ALLOW_MULTI,
+                prog_flags: uapi::F_PREORDER,
                 ..tenant.clone()
             },
             also: vec![Tenant {

@@ -199,7 +199,7 @@ pub fn candidates_for_uid(uid: &str) -> Vec<PathBuf> {
 
 /// kubelet's cgroup of every pod under `root` (the cgroup2 mount): `kubepods.slice` or
 /// `kubepods`, whichever exists alone (shared with `linkerd check --node`).
-pub use linkerd_cni_common::query::kubepods;
+pub use linkerd_cni_common::paths::kubepods;
 
 /// Resolves the pod's cgroup under `root` (the cgroup2 mount): the runtime's hint first, then
 /// the pod UID. `None` means no per-pod cgroup v2 exists (the shared attachment applies).

@@ -10,7 +10,7 @@ use std::{
 use linkerd_cni_common::paths;
 
 pub use linkerd_cni_common::kernel::{FEATURES, Feature, SkLookupVariant, parse_release};
-pub use linkerd_cni_common::probe::Findings;
+pub use linkerd_cni_sys::probe::Findings;
 
 /// The kernel lacks features the data plane needs, or could not be asked (the one line of
 /// [`Findings::verdict`], the one `linkerd check --node` prints too).

@@ -19,6 +19,9 @@
 //! Both need `CAP_NET_ADMIN` over the namespace, which the agent holds. A kernel without
 //! `ip_tables` or `nf_tables` has no such rules: that is an empty answer, not an error.
 
+use linkerd_cni_sys::uapi::{
+    NFGENMSG_LEN, NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
+};
 use std::{fs, io, mem::size_of};
 
 /// The chains Linkerd's proxy-init creates in the `nat` table.
@@ -188,13 +191,6 @@ fn user_chains(entries: &[u8], legacy: &Legacy) -> Vec<String> {
 
 /// `NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETCHAIN`.
 const NFT_GETCHAIN: u16 = (10 << 8) | 4;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-/// `NFTA_CHAIN_TABLE`, `NFTA_CHAIN_NAME`.
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NLMSG_HDR: usize = 16;
-const NFGENMSG: usize = 4;
 
 /// Every nftables chain of the namespace: (family, table, chain).
 fn nft_chains() -> io::Result<Vec<(u8, String, String)>> {
@@ -204,8 +200,8 @@ fn nft_chains() -> io::Result<Vec<(u8, String, String)>> {
         Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    let mut request = [0u8; NLMSG_HDR + NFGENMSG];
-    request[0..4].copy_from_slice(&((NLMSG_HDR + NFGENMSG) as u32).to_ne_bytes());
+    let mut request = [0u8; NLMSG_HDRLEN + NFGENMSG_LEN];
+    request[0..4].copy_from_slice(&((NLMSG_HDRLEN + NFGENMSG_LEN) as u32).to_ne_bytes());
     request[4..6].copy_from_slice(&NFT_GETCHAIN.to_ne_bytes());
     let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
     request[6..8].copy_from_slice(&flags.to_ne_bytes());
@@ -241,13 +237,13 @@ enum Dump {
 
 /// Adds the chains of one datagram of an `NFT_MSG_GETCHAIN` dump to `chains`.
 fn parse_chain_dump(mut data: &[u8], chains: &mut Vec<(u8, String, String)>) -> Dump {
-    while data.len() >= NLMSG_HDR {
+    while data.len() >= NLMSG_HDRLEN {
         let len = u32::from_ne_bytes(word(data, 0)) as usize;
         let kind = half(data, 4).unwrap_or(0) as u16;
-        if len < NLMSG_HDR || len > data.len() {
+        if len < NLMSG_HDRLEN || len > data.len() {
             return Dump::Error(libc::EBADMSG);
         }
-        let body = &data[NLMSG_HDR..len];
+        let body = &data[NLMSG_HDRLEN..len];
         match kind {
             NLMSG_DONE => return Dump::Done,
             NLMSG_ERROR => {
@@ -258,10 +254,10 @@ fn parse_chain_dump(mut data: &[u8], chains: &mut Vec<(u8, String, String)>) -> 
                     Dump::Error(-errno)
                 };
             }
-            NFT_GETCHAIN_REPLY if body.len() >= NFGENMSG => {
+            NFT_GETCHAIN_REPLY if body.len() >= NFGENMSG_LEN => {
                 let family = body[0];
                 let (mut table, mut name) = (None, None);
-                let mut attrs = &body[NFGENMSG..];
+                let mut attrs = &body[NFGENMSG_LEN..];
                 while attrs.len() >= 4 {
                     let alen = half(attrs, 0).unwrap_or(0);
                     let atype = half(attrs, 2).unwrap_or(0) as u16 & 0x3fff;
@@ -425,7 +421,7 @@ mod tests {
 
     fn message(kind: u16, body: &[u8]) -> Vec<u8> {
         let mut m = Vec::new();
-        m.extend(((NLMSG_HDR + body.len()) as u32).to_ne_bytes());
+        m.extend(((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
         m.extend(kind.to_ne_bytes());
         m.extend([0u8; 10]);
         m.extend(body);

@@ -17,21 +17,12 @@ use std::{
     fs::File,
     io,
     net::IpAddr,
-    os::{
-        fd::{AsRawFd, OwnedFd},
-        unix::fs::MetadataExt,
-    },
+    os::{fd::OwnedFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
 };
 
+use linkerd_cni_sys::ns;
 use nix::sched::{CloneFlags, setns};
-
-/// `SO_NETNS_COOKIE` (not in every libc release yet).
-const SO_NETNS_COOKIE: libc::c_int = 71;
-/// `NSFS_MAGIC`: the filesystem of `/proc/<pid>/ns/*` and their bind mounts.
-const NSFS_MAGIC: i64 = 0x6e73_6673;
-/// `NS_GET_NSTYPE`: `_IO(0xb7, 0x3)`, the `CLONE_NEW*` type of a namespace file.
-const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 
 /// Why a path does not lead to a usable network namespace.
 #[derive(Debug, thiserror::Error)]
@@ -93,12 +84,10 @@ impl Netns {
     pub fn from_file(path: &Path, file: File) -> Result<Self, NetnsError> {
         let fs =
             nix::sys::statfs::fstatfs(&file).map_err(|e| NetnsError::from_io(path, e.into()))?;
-        if fs.filesystem_type().0 as i64 != NSFS_MAGIC {
+        if !ns::is_nsfs(fs.filesystem_type().0 as i64) {
             return Err(NetnsError::NotNetns { path: path.into() });
         }
-        // SAFETY: an ioctl without argument on a file we hold open.
-        let kind = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE as _) };
-        if kind != libc::CLONE_NEWNET {
+        if ns::ns_type(&file).ok() != Some(libc::CLONE_NEWNET) {
             return Err(NetnsError::NotNetns { path: path.into() });
         }
         let ino = file
@@ -199,27 +188,7 @@ pub fn current_addresses() -> io::Result<Vec<IpAddr>> {
 }
 
 /// The cookie of the calling thread's network namespace.
-pub fn current_netns_cookie() -> io::Result<u64> {
-    // SAFETY: plain socket syscalls on a socket we own and close.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut cookie: u64 = 0;
-        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-        let ret = libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &mut len,
-        );
-        let err = io::Error::last_os_error();
-        libc::close(fd);
-        if ret < 0 { Err(err) } else { Ok(cookie) }
-    }
-}
+pub use linkerd_cni_sys::sock::current_netns_cookie;
 
 /// Whether `path` still names the namespace whose inode was `ino` when registered.
 ///

@@ -23,10 +23,7 @@ use std::{
     fs::File,
     io,
     net::IpAddr,
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::fs::MetadataExt,
-    },
+    os::{fd::OwnedFd, unix::fs::MetadataExt},
     path::{Component, Path, PathBuf},
 };
 
@@ -237,11 +234,6 @@ pub struct PeerNetns {
     pub userns: Option<linkerd_cni_proto::wire::UsernsMaps>,
 }
 
-/// `SIOCGSKNS`: a descriptor of a socket's network namespace (`CAP_NET_ADMIN` over it).
-const SIOCGSKNS: libc::c_ulong = 0x894c;
-/// `SO_NETNS_COOKIE` (not in every libc release yet).
-const SO_NETNS_COOKIE: libc::c_int = 71;
-
 impl PeerNetns {
     /// The cookie of `ns` (opened from the path the peer named), read from the passed socket
     /// once the socket is shown to belong to `ns`: nothing enters the namespace.
@@ -251,22 +243,7 @@ impl PeerNetns {
             path: ns.path.display().to_string(),
             source,
         };
-        let mut cookie: u64 = 0;
-        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-        // SAFETY: getsockopt into a u64 we own, with its size.
-        let ret = unsafe {
-            libc::getsockopt(
-                self.socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_NETNS_COOKIE,
-                (&raw mut cookie).cast(),
-                &mut len,
-            )
-        };
-        if ret < 0 {
-            return Err(sock_err(io::Error::last_os_error()));
-        }
-        Ok(cookie)
+        linkerd_cni_sys::sock::netns_cookie(&self.socket).map_err(sock_err)
     }
 
     /// Fails unless the socket was made inside `ns` (`SIOCGSKNS`: the socket's network
@@ -278,13 +255,7 @@ impl PeerNetns {
             path: shown(),
             source,
         };
-        // SAFETY: an ioctl on a socket we own; on success it returns a new descriptor.
-        let raw = unsafe { libc::ioctl(self.socket.as_raw_fd(), SIOCGSKNS as _) };
-        if raw < 0 {
-            return Err(sock_err(io::Error::last_os_error()));
-        }
-        // SAFETY: a new descriptor owned by nothing else.
-        let socket_ns = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        let socket_ns = linkerd_cni_sys::sock::socket_netns(&self.socket).map_err(sock_err)?;
         let (a, b) = (
             socket_ns.metadata().map_err(sock_err)?,
             ns.file().metadata().map_err(sock_err)?,

@@ -8,6 +8,7 @@
 //! number are read, whatever else sits in the queue; the descriptor's blocking mode (shared
 //! with the peer) is never relied on: every wait is a `poll` with a deadline.
 
+use linkerd_cni_sys::uapi::{NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN};
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -18,14 +19,10 @@ use std::{
 
 /// How long the whole dump may take (a pod's namespace has a handful of addresses).
 const DEADLINE: Duration = Duration::from_secs(2);
-/// Netlink message header length.
-const NLMSG_HDRLEN: usize = 16;
 /// `struct ifaddrmsg` length.
 const IFADDRMSG_LEN: usize = 8;
 const RTM_NEWADDR: u16 = 20;
 const RTM_GETADDR: u16 = 22;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
 

@@ -8,15 +8,15 @@
 //! of the proxy in the pod's config, so the programs keep their plain comparison.
 //!
 //! The maps come from the plugin, which read them at ADD
-//! ([`linkerd_cni_common::userns::read_maps`]: a child that entered the namespace), when they
+//! ([`linkerd_cni_sys::ns::read_maps`]: a child that entered the namespace), when they
 //! name the user namespace that owns the netns the agent was handed; otherwise (an older
 //! plugin, adoption) the agent reads them the same way, which the runtime's default seccomp
 //! profile allows its container only with `CAP_SYS_ADMIN`.
 
 use std::{fs::File, io};
 
-use linkerd_cni_common::userns as common;
 use linkerd_cni_proto::wire::UsernsMaps;
+use linkerd_cni_sys::ns as common;
 use serde::{Deserialize, Serialize};
 
 /// Why a pod's user namespace could not be read or the proxy's IDs have no host ID.

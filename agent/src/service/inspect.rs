@@ -40,7 +40,7 @@ pub fn nothing_installed(pin_root: &Path, state_dir: &Path, registered: usize) -
 /// tail-calls), from the kernel's name of it, with its rule; or why that cannot be said.
 fn sk_lookup_program(pin_root: &Path) -> String {
     let path = pin_root.join(paths::PIN_PROGS).join(names::PROG_SK_LOOKUP);
-    let name = dataplane::bpf_sys::obj_get(&path).and_then(dataplane::bpf_sys::prog_name);
+    let name = linkerd_cni_sys::bpf::obj_get(&path).and_then(linkerd_cni_sys::bpf::prog_name);
     match name {
         Ok(name) => match SkLookupVariant::of_program(&name) {
             Some(v) => v.to_string(),

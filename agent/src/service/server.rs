@@ -16,7 +16,7 @@
 use std::{
     io,
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        fd::{AsRawFd, OwnedFd, RawFd},
         unix::fs::PermissionsExt,
     },
     path::Path,
@@ -658,49 +658,10 @@ const MAX_RECEIVED_FDS: usize = 16;
 /// (`MSG_CTRUNC`: more descriptors than [`MAX_RECEIVED_FDS`], which the kernel closes) is an
 /// error, after what did arrive is closed.
 fn recv_with_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    let fds_len = (MAX_RECEIVED_FDS * std::mem::size_of::<libc::c_int>()) as u32;
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(fds_len) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: msghdr is plain data; all zeroes is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: `msg` points to live buffers for the duration of the call.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut received = Vec::new();
-    // SAFETY: walking the control messages the kernel wrote into `control`, within
-    // `msg_controllen`; an SCM_RIGHTS message's data holds descriptors now ours, as many as
-    // fit in its length.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg);
-                let header = data.offset_from(cmsg.cast::<u8>()) as usize;
-                let count = ((*cmsg).cmsg_len as usize).saturating_sub(header)
-                    / std::mem::size_of::<libc::c_int>();
-                for i in 0..count {
-                    let raw = std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
-                    if raw >= 0 {
-                        received.push(OwnedFd::from_raw_fd(raw));
-                    }
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        drop(received);
+    let received =
+        linkerd_cni_sys::sock::recv_with_fds(fd, buf, MAX_RECEIVED_FDS, libc::MSG_DONTWAIT)?;
+    if received.truncated {
+        drop(received.fds);
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
@@ -708,9 +669,9 @@ fn recv_with_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>
             ),
         ));
     }
-    let mut received = received.into_iter();
+    let mut fds = received.fds.into_iter();
     // Any after the first are closed here (dropped with the iterator).
-    Ok((n as usize, received.next()))
+    Ok((received.len, fds.next()))
 }
 
 /// The span every log line of an ADD carries: the attachment and pod as the plugin named them,
@@ -780,6 +741,7 @@ mod tests {
     use linkerd_cni_proto::{config::LinkerdConfig, wire::PodRef};
 
     use super::*;
+    use std::os::fd::{BorrowedFd, FromRawFd};
 
     /// A log sink the test reads back.
     #[derive(Clone, Default)]
@@ -850,30 +812,10 @@ mod tests {
 
     /// Sends `bytes` with `fds` in one `SCM_RIGHTS` message.
     fn send_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) {
-        let len = std::mem::size_of_val(fds) as u32;
-        // SAFETY: CMSG_SPACE and CMSG_LEN are pure computations.
-        let (space, cmsg_len) = unsafe { (libc::CMSG_SPACE(len), libc::CMSG_LEN(len)) };
-        let mut control = vec![0u64; (space as usize).div_ceil(8)];
-        let mut iov = libc::iovec {
-            iov_base: bytes.as_ptr() as *mut _,
-            iov_len: bytes.len(),
-        };
-        // SAFETY: plain data, filled in below with live buffers.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: one control message, within `control`.
-        let sent = unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = cmsg_len as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast(), fds.len());
-            libc::sendmsg(sock, &msg, 0)
-        };
-        assert_eq!(sent, bytes.len() as isize, "{}", io::Error::last_os_error());
+        // SAFETY: the test's socket, open for the duration of the call.
+        let sock = unsafe { BorrowedFd::borrow_raw(sock) };
+        let sent = linkerd_cni_sys::sock::send_with_fds(sock, bytes, fds, 0);
+        assert_eq!(sent.expect("sendmsg"), bytes.len());
     }
 
     /// A pipe: (read end, write end).

@@ -30,6 +30,7 @@
 //!
 //! Every step is idempotent: a pass on a clean node changes nothing.
 
+use linkerd_cni_sys::bpf;
 use std::{
     fs, io,
     os::unix::fs::FileTypeExt,
@@ -42,7 +43,7 @@ use linkerd_cni_common::{names, paths};
 pub use crate::host::owned::Removal;
 use crate::{
     agent::{pod_link_dir, registry::Registry},
-    dataplane::{self, bpf_sys},
+    dataplane,
     host::owned,
 };
 
@@ -253,8 +254,8 @@ fn remove_ended_pods(opts: &Options) -> Result<Vec<String>, UninstallError> {
 /// error (no `CAP_BPF`, say) is reported, never taken for "ended".
 fn acts_on_a_running_pod(dir: &Path) -> io::Result<bool> {
     let attached = |path: &Path| -> io::Result<Option<bool>> {
-        match bpf_sys::obj_get(path) {
-            Ok(link) => Ok(Some(bpf_sys::link_info(&link)?.target != 0)),
+        match bpf::obj_get(path) {
+            Ok(link) => Ok(Some(bpf::link_info(&link)?.target != 0)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }

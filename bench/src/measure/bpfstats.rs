@@ -65,7 +65,7 @@ pub fn program_ids(pin_root: &Path) -> BTreeSet<u32> {
 /// The program of a pinned program or link: the `prog_id` its fd shows in
 /// `/proc/self/fdinfo` (a link's fdinfo carries its program's id too; a map's has none).
 fn pinned_prog_id(path: &Path) -> Option<u32> {
-    let fd = linkerd_cni_agent::dataplane::bpf_sys::obj_get(path).ok()?;
+    let fd = linkerd_cni_sys::bpf::obj_get(path).ok()?;
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
     info.lines()
         .find_map(|l| l.strip_prefix("prog_id:"))

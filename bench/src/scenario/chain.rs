@@ -13,7 +13,7 @@
 //! Rounds with the kernel's BPF statistics on give both sides' program run time; rounds with
 //! them off give the CPU figures (as for the harness's other ratios).
 //!
-//! **The probes** (issue 38): `linkerd_cni_common::probe::Findings::probe()` run N times in
+//! **The probes** (issue 38): `linkerd_cni_sys::probe::Findings::probe()` run N times in
 //! this process, wall-clock and this thread's CPU time per run.
 
 use std::{collections::BTreeSet, net::SocketAddrV4, time::Instant};
@@ -151,7 +151,7 @@ fn thread_cpu_ns() -> u64 {
 
 /// Runs the probes `runs` times (after one untimed run).
 pub fn probe_cost(runs: usize) -> ProbeCost {
-    use linkerd_cni_common::probe::Findings;
+    use linkerd_cni_sys::probe::Findings;
     let first = Findings::probe();
     let mut wall = Vec::new();
     let mut cpu = Vec::new();

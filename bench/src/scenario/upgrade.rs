@@ -39,9 +39,9 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use linkerd_cni_agent::dataplane::bpf_sys;
 use linkerd_cni_common::{LAYOUT_VERSION, paths};
 use linkerd_cni_proto::config;
+use linkerd_cni_sys::bpf;
 use linkerd_cni_tests::{Bridge, IfAddr, NetnsGuard, Placement, Pod, layout, link::PodPort};
 use serde::{Deserialize, Serialize};
 
@@ -314,8 +314,8 @@ struct SwapWatch {
 
 /// The program the link pinned at `path` runs.
 fn link_program(path: &Path) -> Option<u32> {
-    let fd = bpf_sys::obj_get(path).ok()?;
-    bpf_sys::link_info(fd).ok().map(|l| l.prog_id)
+    let fd = bpf::obj_get(path).ok()?;
+    bpf::link_info(fd).ok().map(|l| l.prog_id)
 }
 
 fn watch_links(before: &BTreeMap<PathBuf, u32>, stop: &AtomicBool) -> SwapWatch {
@@ -503,8 +503,8 @@ fn check_state(pin_root: &Path, before: &BTreeMap<PathBuf, u32>) -> anyhow::Resu
 
 /// Whether the program with id `prog` is a pod's `sk_lookup` stub.
 fn runs_stub(prog: u32) -> bool {
-    bpf_sys::prog_by_id(prog)
-        .and_then(bpf_sys::prog_name)
+    bpf::prog_by_id(prog)
+        .and_then(bpf::prog_name)
         .is_ok_and(|n| n == linkerd_cni_common::names::PROG_SK_LOOKUP_STUB)
 }
 

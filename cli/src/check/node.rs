@@ -1,6 +1,6 @@
 //! Checks of the machine this runs on, as a node of the eBPF mode: the kernel has every feature
 //! the agent's programs need (asked of the running kernel by the probes the agent runs at
-//! start, `linkerd_cni_common::probe`; its version number is only reported), bpffs is mounted
+//! start, `linkerd_cni_sys::probe`; its version number is only reported), bpffs is mounted
 //! (or can be), and cgroup v2 is mounted somewhere (found in mountinfo; its place differs
 //! between hosts); and the other tenants' cgroup programs on the pods' path ([`Tenants`]:
 //! the cgroup2 root and kubelet's kubepods cgroup, each hook our programs use), each with what
@@ -12,8 +12,11 @@ use linkerd_cni_common::{
     kernel::Mode,
     names::{self, Hook},
     paths,
+};
+use linkerd_cni_sys::{
+    bpf,
     probe::{Choice, Findings},
-    query::{self, F_ALLOW_MULTI, F_ALLOW_OVERRIDE, F_PREORDER},
+    uapi::{F_ALLOW_MULTI, F_ALLOW_OVERRIDE, F_PREORDER},
 };
 
 use super::result::{CheckResult, Status};
@@ -22,7 +25,7 @@ use super::result::{CheckResult, Status};
 pub const CATEGORY: &str = "linkerd-cni-node";
 
 /// The name of the kernel check: one line, failing with every missing feature named (the
-/// table is `linkerd_cni_common::kernel`, the probes `linkerd_cni_common::probe`: the agent's
+/// table is `linkerd_cni_common::kernel`, the probes `linkerd_cni_sys::probe`: the agent's
 /// start-up check runs the same).
 pub const KERNEL_CHECK: &str = "kernel has every feature the eBPF mode needs";
 
@@ -80,7 +83,7 @@ impl Tenants {
     /// Reads the programs of every cgroup hook we use on `root` (the cgroup2 mount, or a test's
     /// stand-in) and on its kubepods cgroup (found as the agent finds it).
     pub fn read(root: &Path) -> Self {
-        let shared = query::kubepods(root);
+        let shared = paths::kubepods(root);
         let mut roots = vec![root.to_path_buf()];
         roots.extend(shared.clone());
         let mut out = Self {
@@ -96,7 +99,7 @@ impl Tenants {
                 }
             };
             for program in names::PROGRAMS.iter().filter(|p| p.hook.on_cgroup()) {
-                let q = match query::prog_query(&file, program.hook.attach_type(), false) {
+                let q = match bpf::prog_query(&file, program.hook, false) {
                     Ok(q) => q,
                     Err(e) => {
                         out.errors.push(format!(
@@ -112,8 +115,8 @@ impl Tenants {
                     .iter()
                     .map(|&id| {
                         // In full (the BTF function's name), as bpftool prints it.
-                        let name = query::prog_by_id(id)
-                            .and_then(query::prog_full_name)
+                        let name = bpf::prog_by_id(id)
+                            .and_then(bpf::prog_full_name)
                             .unwrap_or_else(|e| match e.raw_os_error() {
                                 Some(libc::EPERM) => "? (opening a program by id needs \
                                                       CAP_SYS_ADMIN)"
@@ -422,7 +425,8 @@ fn ebpf_node_checks(facts: &NodeFacts) -> Vec<CheckResult> {
 
 #[cfg(test)]
 mod tests {
-    use linkerd_cni_common::{kernel, probe::Answer};
+    use linkerd_cni_common::kernel;
+    use linkerd_cni_sys::probe::Answer;
 
     use super::*;
 

@@ -42,25 +42,16 @@ pub const NFPROTO_INET: u8 = 1;
 pub const NFPROTO_IPV4: u8 = 2;
 pub const NFPROTO_IPV6: u8 = 10;
 
-/// Netlink header flags.
-pub const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_ACK: u16 = 0x4;
-pub const NLM_F_DUMP: u16 = 0x300;
-pub const NLM_F_EXCL: u16 = 0x200;
-pub const NLM_F_CREATE: u16 = 0x400;
-pub const NLM_F_APPEND: u16 = 0x800;
-/// `NLA_F_NESTED`: set on nested attributes, as libnftnl does.
-const NLA_F_NESTED: u16 = 0x8000;
-/// Netlink message header and `struct nfgenmsg` lengths.
-pub const NLMSG_HDRLEN: usize = 16;
-pub const NFGENMSG_LEN: usize = 4;
-pub const NLMSG_ERROR: u16 = 2;
-pub const NLMSG_DONE: u16 = 3;
+pub use linkerd_cni_sys::uapi::{
+    NFGENMSG_LEN, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
+    NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
+};
+/// Netlink header flags, message types and lengths (`NLA_F_NESTED` is set on nested
+/// attributes, as libnftnl does).
+use linkerd_cni_sys::uapi::{NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NLA_F_NESTED};
 
 // Attributes (`enum nft_*_attributes`).
 const NFTA_TABLE_NAME: u16 = 1;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_CHAIN_HOOK: u16 = 4;
 const NFTA_CHAIN_POLICY: u16 = 5;
 const NFTA_CHAIN_TYPE: u16 = 7;

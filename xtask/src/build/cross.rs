@@ -136,14 +136,19 @@ pub fn cargo_all_static(target: Target, subcommand: &str) -> anyhow::Result<Comm
 
 /// The node-side crates whose unit tests `cargo xtask cross-test` runs for another
 /// architecture, each with the C library of the binary it ships in: the plugin's (musl) and
-/// the agent's (glibc, with the installer it runs); proto is in both.
+/// the agent's (glibc, with the installer it runs); proto and the kernel's raw interface (sys)
+/// are in both.
 pub const CROSS_TESTED: &[(Libc, &[&str])] = &[
-    (Libc::Musl, &["linkerd-cni-proto", "linkerd-cni-plugin"]),
+    (
+        Libc::Musl,
+        &["linkerd-cni-proto", "linkerd-cni-sys", "linkerd-cni-plugin"],
+    ),
     (
         Libc::Gnu,
         &[
             "linkerd-cni-proto",
             "linkerd-cni-common",
+            "linkerd-cni-sys",
             "linkerd-cni-installer",
             "linkerd-cni-agent",
         ],

@@ -11,18 +11,19 @@
 //! Written for little-endian machines (x86_64, arm64): the instruction encoding puts the
 //! destination register in the low nibble.
 
-extern crate std;
-
 use std::{
-    fmt, format, io,
-    os::fd::{FromRawFd, OwnedFd},
-    string::{String, ToString},
-    vec::Vec,
+    fmt, io,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+};
+
+use linkerd_cni_common::{
+    kernel::{FEATURES, Feature, MissingList, Mode, Probe, SkLookupVariant, parse_release},
+    names::Hook,
 };
 
 use crate::{
-    kernel::{FEATURES, Feature, MissingList, Mode, Probe, SkLookupVariant, parse_release},
-    names::Hook,
+    bpf::{Insn, insn, link_create_raw, prog_load},
+    sock, uapi,
 };
 
 /// What the kernel said about one feature.
@@ -276,12 +277,18 @@ pub fn ask(probe: Probe) -> Answer {
         Probe::SkLookup => answer(load(Hook::SkLookup, &[R0_1, EXIT])),
         Probe::SoNetnsCookie => answer(netns_cookie()),
         Probe::NetnsCookieHelper => {
-            let prog = [call(BPF_FUNC_GET_NETNS_COOKIE), R0_1, EXIT];
+            let prog = [call(uapi::BPF_FUNC_GET_NETNS_COOKIE), R0_1, EXIT];
             answer(load(Hook::SockOps, &prog).and_then(|_| load(Hook::Getsockopt, &prog)))
         }
         Probe::SkLookupIngressIfindex => {
             // r2 = *(u32 *)(r1 + offsetof(struct bpf_sk_lookup, ingress_ifindex))
-            let read = insn(BPF_LDX_MEM_W, 2, 1, SK_LOOKUP_INGRESS_IFINDEX, 0);
+            let read = insn(
+                uapi::BPF_LDX_MEM_W,
+                2,
+                1,
+                uapi::SK_LOOKUP_INGRESS_IFINDEX,
+                0,
+            );
             answer(load(Hook::SkLookup, &[read, R0_1, EXIT]))
         }
     }
@@ -296,128 +303,25 @@ fn answer<T>(result: io::Result<T>) -> Answer {
     }
 }
 
-// bpf(2) commands, helper ids and opcodes from the kernel's UAPI (include/uapi/linux/bpf.h);
-// the program and attach types are the hooks' ([`Hook::row`]).
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_LINK_CREATE: libc::c_long = 28;
-
-const BPF_FUNC_GET_NETNS_COOKIE: i32 = 122;
-/// `offsetof(struct bpf_sk_lookup, ingress_ifindex)`.
-const SK_LOOKUP_INGRESS_IFINDEX: i16 = 64;
-/// `SO_NETNS_COOKIE` (asm-generic, as x86_64 and arm64 use).
-const SO_NETNS_COOKIE: libc::c_int = 71;
-
-/// `BPF_ALU64 | BPF_MOV | BPF_K`.
-const BPF_MOV64_IMM: u8 = 0xb7;
-/// `BPF_JMP | BPF_EXIT`.
-const BPF_EXIT: u8 = 0x95;
-/// `BPF_JMP | BPF_CALL`.
-const BPF_CALL: u8 = 0x85;
-/// `BPF_LDX | BPF_MEM | BPF_W`.
-const BPF_LDX_MEM_W: u8 = 0x61;
-
-/// One instruction (`struct bpf_insn`).
-type Insn = [u8; 8];
-
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    let off = off.to_le_bytes();
-    let imm = imm.to_le_bytes();
-    [
-        code,
-        (dst & 0xf) | (src << 4),
-        off[0],
-        off[1],
-        imm[0],
-        imm[1],
-        imm[2],
-        imm[3],
-    ]
-}
-
 /// `r0 = 1`: allow (every hook probed here accepts 1).
-const R0_1: Insn = insn(BPF_MOV64_IMM, 0, 0, 0, 1);
-const EXIT: Insn = insn(BPF_EXIT, 0, 0, 0, 0);
+const R0_1: Insn = insn(uapi::BPF_MOV64_IMM, 0, 0, 0, 1);
+const EXIT: Insn = insn(uapi::BPF_EXIT, 0, 0, 0, 0);
 
 const fn call(helper: i32) -> Insn {
-    insn(BPF_CALL, 0, 0, 0, helper)
-}
-
-/// The `BPF_PROG_LOAD` part of `union bpf_attr` (up to `expected_attach_type`, 4.17).
-#[repr(C)]
-#[derive(Default)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-}
-
-/// The `BPF_LINK_CREATE` part of `union bpf_attr`.
-#[repr(C)]
-#[derive(Default)]
-struct LinkCreateAttr {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-}
-
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
-    // SAFETY: attr is a live, initialised bpf_attr prefix of the size passed; the kernel
-    // zero-fills the rest of its union.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut T,
-            std::mem::size_of::<T>() as libc::c_uint,
-        )
-    };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: on success both commands used here return a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
+    insn(uapi::BPF_CALL, 0, 0, 0, helper)
 }
 
 /// Loads `insns` as a program of `hook` (its program type, and its attach type as the expected
 /// one); the fd closes when the result drops.
 fn load(hook: Hook, insns: &[Insn]) -> io::Result<OwnedFd> {
-    let license = b"GPL\0";
-    let mut name = [0u8; 16];
-    name[..9].copy_from_slice(b"l5d_probe");
-    let mut attr = ProgLoadAttr {
-        prog_type: hook.prog_type(),
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        prog_name: name,
-        expected_attach_type: hook.attach_type(),
-        ..Default::default()
-    };
-    bpf(BPF_PROG_LOAD, &mut attr)
+    prog_load(hook, "l5d_probe", insns, &mut [])
 }
 
 /// Whether `BPF_LINK_CREATE` takes cgroup programs: `EBADF` for the invalid cgroup fd means
 /// the kernel got as far as looking it up.
 fn link_create_exists() -> io::Result<()> {
     let prog = load(Hook::Connect4, &[R0_1, EXIT])?;
-    use std::os::fd::AsRawFd;
-    let mut attr = LinkCreateAttr {
-        prog_fd: prog.as_raw_fd() as u32,
-        target_fd: u32::MAX,
-        attach_type: Hook::Connect4.attach_type(),
-        flags: 0,
-    };
-    match bpf(BPF_LINK_CREATE, &mut attr) {
+    match link_create_raw(prog.as_raw_fd() as u32, u32::MAX, Hook::Connect4, 0) {
         Err(e) if e.raw_os_error() == Some(libc::EBADF) => Ok(()),
         Err(e) => Err(e),
         // Cannot happen (fd -1 is no cgroup); the link is closed on drop, never attached.
@@ -434,41 +338,29 @@ fn netns_cookie() -> io::Result<u64> {
     }
     // SAFETY: fd is the socket just created, owned by nothing else.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    use std::os::fd::AsRawFd;
-    let mut cookie = 0u64;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: cookie and len are valid for writes of the sizes given.
-    let ret = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &mut len,
-        )
-    };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cookie)
+    sock::netns_cookie(&sock)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::vec;
-
     use super::*;
 
     #[test]
     fn instructions_encode_as_the_kernel_reads_them() {
-        assert_eq!(R0_1, [0xb7, 0, 0, 0, 1, 0, 0, 0]);
-        assert_eq!(EXIT, [0x95, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(call(122), [0x85, 0, 0, 0, 122, 0, 0, 0]);
+        let bytes = |i: Insn| -> [u8; 8] {
+            let (off, imm) = (i.off.to_le_bytes(), i.imm.to_le_bytes());
+            [
+                i.code, i.regs, off[0], off[1], imm[0], imm[1], imm[2], imm[3],
+            ]
+        };
+        assert_eq!(bytes(R0_1), [0xb7, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(bytes(EXIT), [0x95, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(bytes(call(122)), [0x85, 0, 0, 0, 122, 0, 0, 0]);
         assert_eq!(
-            insn(BPF_LDX_MEM_W, 2, 1, 64, 0),
+            bytes(insn(uapi::BPF_LDX_MEM_W, 2, 1, 64, 0)),
             [0x61, 0x12, 64, 0, 0, 0, 0, 0]
         );
-        assert_eq!(std::mem::size_of::<ProgLoadAttr>(), 72);
+        assert_eq!(std::mem::size_of::<Insn>(), 8);
     }
 
     fn findings(answers: &[Answer]) -> Findings {
@@ -610,6 +502,34 @@ mod tests {
                     .into()
             )
         );
+    }
+
+    /// `bpf(2)` refused with `EPERM` (no `CAP_BPF`, or before 5.11 `RLIMIT_MEMLOCK`): every
+    /// feature asked with a program load is "cannot ask", never absent, and the verdict
+    /// refuses to guess; each load asked for its hook's own program type.
+    #[test]
+    fn a_refused_bpf_call_is_no_answer() {
+        let double =
+            crate::bpf::tests::Double::new(|_, _| Err(io::Error::from_raw_os_error(libc::EPERM)));
+        let findings = Findings::probe();
+        for (feature, answer) in &findings.answers {
+            if feature.probe != Probe::SoNetnsCookie {
+                assert!(
+                    matches!(answer, Answer::CannotAsk(_)),
+                    "{}: {answer:?}",
+                    feature.name
+                );
+            }
+        }
+        assert!(findings.verdict().is_err());
+        let prog_types: Vec<u32> = double
+            .calls()
+            .iter()
+            .filter(|(cmd, _)| *cmd == uapi::BPF_PROG_LOAD)
+            .map(|(_, a)| u32::from_ne_bytes([a[0], a[1], a[2], a[3]]))
+            .collect();
+        assert!(prog_types.contains(&Hook::SkLookup.prog_type()));
+        assert!(prog_types.contains(&Hook::Connect4.prog_type()));
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Prints the running kernel's answer to each feature probe and the verdict the agent and
 //! `linkerd check --node` give; exits 1 unless every feature is present. A dependency-free
-//! static binary for a bare guest: `cargo run -p linkerd-cni-common --features probe
-//! --example probe`.
+//! static binary for a bare guest: `cargo run -p linkerd-cni-sys --example
+//! probe`.
 
-use linkerd_cni_common::probe::Findings;
+use linkerd_cni_sys::probe::Findings;
 
 fn main() {
     let start = std::time::Instant::now();

@@ -1,4 +1,5 @@
-//! A namespace's owning user namespace, and a user namespace's `uid_map`/`gid_map` as the
+//! Namespace files: a namespace's type (`NS_GET_NSTYPE`), whether a file is on nsfs, and a
+//! namespace's owning user namespace with that user namespace's `uid_map`/`gid_map` as the
 //! initial user namespace sees them (host IDs): shared by the CNI plugin, which reads them at
 //! ADD and sends them to the agent, and the agent, which checks what it is sent against the
 //! pod's netns and reads them itself when it can.
@@ -16,18 +17,32 @@
 //! agent's container is the runtime's default seccomp profile, which allows `setns(2)` only to
 //! a holder of `CAP_SYS_ADMIN`. The plugin runs unconfined, as the runtime's child.
 
-extern crate std;
-
 use std::{
     fs::File,
     io,
     os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
     os::unix::fs::MetadataExt,
-    string::String,
 };
 
-/// `NS_GET_USERNS`: `_IO(0xb7, 0x1)`, the user namespace that owns a namespace.
-const NS_GET_USERNS: libc::c_ulong = 0xb701;
+use crate::uapi::{NS_GET_NSTYPE, NS_GET_USERNS, NSFS_MAGIC};
+
+/// The `CLONE_NEW*` type of the namespace file `ns` (`NS_GET_NSTYPE`, 4.11: before it the
+/// kernel answers `ENOTTY` or `EINVAL`).
+pub fn ns_type(ns: &impl AsFd) -> io::Result<libc::c_int> {
+    // SAFETY: an ioctl on an fd we hold; NS_GET_NSTYPE takes no argument and returns the
+    // namespace type or -1.
+    let kind = unsafe { libc::ioctl(ns.as_fd().as_raw_fd(), NS_GET_NSTYPE as _) };
+    if kind == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(kind)
+}
+
+/// Whether a filesystem's `statfs` magic (`f_type`) is nsfs's, the filesystem of
+/// `/proc/<pid>/ns/*` and their bind mounts.
+pub fn is_nsfs(f_type: i64) -> bool {
+    f_type == NSFS_MAGIC
+}
 
 /// The user namespace that owns the namespace `ns` (`NS_GET_USERNS`).
 pub fn owner(ns: &File) -> io::Result<File> {

@@ -1,39 +1,20 @@
 //! What is attached where: `BPF_PROG_QUERY` of a cgroup's or network namespace's programs and
 //! `BPF_OBJ_GET_INFO_BY_FD` of a program, for the agent's order checks
 //! (`agent/src/dataplane/order.rs`) and `linkerd check --node`'s list of the other tenants on
-//! the pods' path; and kubelet's cgroup of every pod, which both look at.
+//! the pods' path.
 //!
 //! Reading only: nothing here attaches, detaches or pins. Querying needs root (or `CAP_BPF`
 //! with `CAP_NET_ADMIN`), as `bpftool cgroup show` does.
 
-extern crate std;
-
 use std::{
     io,
-    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
-    path::{Path, PathBuf},
-    string::String,
-    vec,
-    vec::Vec,
+    os::fd::{AsFd, AsRawFd},
 };
 
-use crate::sys::{Attr, Info, bpf, obj_info, obj_info_into};
+use linkerd_cni_common::names::Hook;
 
-const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
-const BPF_PROG_QUERY: libc::c_long = 16;
-
-/// `BPF_F_ALLOW_OVERRIDE`: a descendant may attach its own program, which replaces this one
-/// for the descendant's sockets.
-pub const F_ALLOW_OVERRIDE: u32 = 1;
-/// `BPF_F_ALLOW_MULTI`: a program list; descendants' programs run first, then these.
-pub const F_ALLOW_MULTI: u32 = 2;
-/// `BPF_F_PREORDER` (6.15): runs before the programs of descendants, top-down.
-pub const F_PREORDER: u32 = 1 << 6;
-/// `BPF_F_QUERY_EFFECTIVE`.
-const F_QUERY_EFFECTIVE: u32 = 1;
-/// `BPF_SK_LOOKUP`: netns queries take no per-program flags.
-const ATTACH_SK_LOOKUP: u32 = crate::names::Hook::SkLookup.attach_type();
+use super::{Attr, Info, bpf, bpf_fd, obj_info, obj_info_into};
+use crate::uapi;
 
 /// What `BPF_PROG_QUERY` says about one hook of a cgroup or netns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -48,11 +29,12 @@ pub struct Query {
     pub prog_flags: Vec<u32>,
 }
 
-/// `BPF_PROG_QUERY` of `attach_type` (`enum bpf_attach_type`) on `target` (a cgroup or a
-/// netns): with `effective`, the programs that run for the target's sockets, in run order
-/// (cgroups only); without, the target's own programs with their flags.
-pub fn prog_query(target: impl AsFd, attach_type: u32, effective: bool) -> io::Result<Query> {
+/// `BPF_PROG_QUERY` of `hook` on `target` (a cgroup or a netns): with `effective`, the
+/// programs that run for the target's sockets, in run order (cgroups only); without, the
+/// target's own programs with their flags.
+pub fn prog_query(target: impl AsFd, hook: Hook, effective: bool) -> io::Result<Query> {
     let target = target.as_fd().as_raw_fd() as u32;
+    let attach_type = hook.attach_type();
     let mut cap = 16usize;
     loop {
         let mut ids = vec![0u32; cap];
@@ -61,17 +43,24 @@ pub fn prog_query(target: impl AsFd, attach_type: u32, effective: bool) -> io::R
             let mut attr = Attr::new();
             attr.put_u32(0, target)
                 .put_u32(4, attach_type)
-                .put_u32(8, if effective { F_QUERY_EFFECTIVE } else { 0 })
+                .put_u32(
+                    8,
+                    if effective {
+                        uapi::F_QUERY_EFFECTIVE
+                    } else {
+                        0
+                    },
+                )
                 .put_u64(16, ids.as_mut_ptr() as u64)
                 .put_u32(24, ids.len() as u32);
             if with_flags {
                 attr.put_u64(32, prog_flags.as_mut_ptr() as u64);
             }
-            let res = bpf(BPF_PROG_QUERY, &mut attr);
+            let res = bpf(uapi::BPF_PROG_QUERY, &mut attr);
             res.map(|_| (attr.u32_at(12), attr.u32_at(24) as usize))
         };
         // Per-program flags where the kernel has them (netns and effective queries refuse them).
-        let with_flags = !effective && attach_type != ATTACH_SK_LOOKUP;
+        let with_flags = !effective && hook != Hook::SkLookup;
         let res = match query(with_flags, &mut ids, &mut prog_flags) {
             Err(e) if with_flags && e.raw_os_error() == Some(libc::EINVAL) => {
                 query(false, &mut ids, &mut prog_flags).map(|r| (r, false))
@@ -97,12 +86,10 @@ pub fn prog_query(target: impl AsFd, attach_type: u32, effective: bool) -> io::R
 
 /// `BPF_PROG_GET_FD_BY_ID`: a new reference to the program with kernel id `id` (`ENOENT`
 /// once it is gone).
-pub fn prog_by_id(id: u32) -> io::Result<OwnedFd> {
+pub fn prog_by_id(id: u32) -> io::Result<std::os::fd::OwnedFd> {
     let mut attr = Attr::new();
     attr.put_u32(0, id);
-    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
-    // SAFETY: the kernel just returned this new fd to us.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    bpf_fd(uapi::BPF_PROG_GET_FD_BY_ID, &mut attr)
 }
 
 /// What the kernel says about a program (`struct bpf_prog_info`, the part used here).
@@ -147,7 +134,7 @@ pub fn prog_full_name(prog: impl AsFd) -> io::Result<String> {
     let short = prog_info(prog)?.name;
     match btf_func_name(prog) {
         Ok(Some(full)) => Ok(full),
-        _ if short.len() >= SHORT_NAME_MAX => Ok(std::format!(
+        _ if short.len() >= SHORT_NAME_MAX => Ok(format!(
             "{short} (the kernel's name, cut to {SHORT_NAME_MAX} characters: the program has \
              no BTF to read the full one from)"
         )),
@@ -175,9 +162,7 @@ fn btf_func_name(prog: std::os::fd::BorrowedFd<'_>) -> io::Result<Option<String>
     let type_id = u32::from_ne_bytes([records[4], records[5], records[6], records[7]]);
     let mut attr = Attr::new();
     attr.put_u32(0, btf_id);
-    let fd = bpf(BPF_BTF_GET_FD_BY_ID, &mut attr)?;
-    // SAFETY: the kernel just returned this new fd to us.
-    let btf = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let btf = bpf_fd(uapi::BPF_BTF_GET_FD_BY_ID, &mut attr)?;
     // struct bpf_btf_info { btf (0), btf_size (8), id (12), ... }: the size first, then the data.
     let size = obj_info::<32>(&btf)?.u32_at(8);
     let mut data = vec![0u8; size as usize];
@@ -232,21 +217,6 @@ pub fn btf_type_name(data: &[u8], type_id: u32) -> Option<String> {
         id += 1;
     }
     None
-}
-
-/// kubelet's cgroup of every pod under `root` (the cgroup2 mount): `kubepods.slice` (systemd
-/// driver) or `kubepods` (cgroupfs driver), whichever exists; `None` when neither or both do.
-pub fn kubepods(root: &Path) -> Option<PathBuf> {
-    let found: Vec<PathBuf> = crate::paths::POD_CGROUP_TREES
-        .iter()
-        .rev()
-        .map(|d| root.join(d))
-        .filter(|p| p.is_dir())
-        .collect();
-    match found.as_slice() {
-        [one] => Some(one.clone()),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
