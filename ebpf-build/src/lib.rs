@@ -1,4 +1,5 @@
-//! Builds the eBPF object (`ebpf/`, target `bpfel-unknown-none`).
+//! Builds the eBPF object (`ebpf/`, target `bpfel-unknown-none`), and beside it the stand-in
+//! tenant's object the coexistence tests load (`tests/tenant-ebpf/`, never shipped).
 //!
 //! Used by `cargo xtask build-ebpf` and by the agent's build script, so `cargo build` of the
 //! agent builds the object it embeds, or fails with one line naming the command to run.
@@ -21,8 +22,9 @@ use std::{
 
 /// Package name of the eBPF crate.
 pub const EBPF_PACKAGE: &str = "linkerd-cni-ebpf";
-/// The stand-in tenant's object (a socket load balancer for the coexistence tests), built
-/// next to the agent's object from the same crate; never embedded in the agent nor shipped.
+/// The stand-in tenant's package and object (a socket load balancer for the coexistence
+/// tests, `tests/tenant-ebpf/`), built next to the agent's object by the same command; never
+/// embedded in the agent nor shipped.
 pub const TENANT_OBJECT: &str = "linkerd-cni-ebpf-tenant";
 /// The BPF target (little endian: x86_64 and arm64 nodes).
 pub const TARGET: &str = "bpfel-unknown-none";
@@ -154,8 +156,8 @@ pub fn debian_cargo(workspace: &Path, program: &str) -> Command {
     cmd
 }
 
-/// `program` (Debian's cargo, or its clippy) running `subcommand` on the eBPF crate for
-/// [`TARGET`] with [`PROFILE`], with Debian's rustc (aya-ebpf enables
+/// `program` (Debian's cargo, or its clippy) running `subcommand` on the eBPF crate and the
+/// tenant's for [`TARGET`] with [`PROFILE`], with Debian's rustc (aya-ebpf enables
 /// `asm_experimental_arch`, hence `RUSTC_BOOTSTRAP`).
 fn bpf_cargo(workspace: &Path, program: &str, subcommand: &str, linker: &Path) -> Command {
     let mut cmd = debian_cargo(workspace, program);
@@ -164,6 +166,8 @@ fn bpf_cargo(workspace: &Path, program: &str, subcommand: &str, linker: &Path) -
             subcommand,
             "--package",
             EBPF_PACKAGE,
+            "--package",
+            TENANT_OBJECT,
             "--target",
             TARGET,
             "--profile",
@@ -246,6 +250,8 @@ pub fn source_paths(workspace: &Path) -> Vec<PathBuf> {
     [
         "ebpf/src",
         "ebpf/Cargo.toml",
+        "tests/tenant-ebpf/src",
+        "tests/tenant-ebpf/Cargo.toml",
         "common/src",
         "common/Cargo.toml",
         "Cargo.lock",

@@ -1,5 +1,5 @@
 //! Another eBPF tenant on our hooks: a stand-in for Cilium's and Calico's socket load balancer
-//! (`ebpf/src/tenant`, its own object, embedded here only), attached the ways the field
+//! (`tests/tenant-ebpf`, its own object, embedded here only), attached the ways the field
 //! attaches it (a bpf_link, `BPF_PROG_ATTACH` exclusive, with `BPF_F_ALLOW_OVERRIDE`, with
 //! `BPF_F_ALLOW_MULTI` and `BPF_F_PREORDER`), and a loader that detaches every program of a
 //! type. Always on test cgroups standing in for the cgroup2 root: everything it attached is

@@ -73,8 +73,8 @@ const CRATES: &[Layered] = &[
         folders: true,
     },
     Layered {
-        package: "bench",
-        roots: &["bench/src/main.rs"],
+        package: "tests/bench",
+        roots: &["tests/bench/src/main.rs"],
         layers: BENCH_LAYERS,
         declarations_only: &[],
         folders: true,

@@ -1,7 +1,7 @@
 //! `cargo xtask bench [--quick] [--baseline-bins DIR]`: builds the eBPF object and the release
 //! binaries the benchmark drives (agent, CNI plugin, stand-in API server, benchmark), then runs
-//! `linkerd-cni-bench run`, which writes `BENCHMARKS.md`, `bench/results.json` and
-//! `bench/chart.svg` at the workspace root. With `--baseline-bins`, DIR holds an earlier build's
+//! `linkerd-cni-bench run`, which writes `BENCHMARKS.md`, `tests/bench/results.json` and
+//! `tests/bench/chart.svg` at the workspace root. With `--baseline-bins`, DIR holds an earlier build's
 //! agent and plugin, measured beside ours (mode `ebpf-baseline`). Before the run it builds the
 //! DaemonSet's image (`cargo xtask image` into `target/image`: every architecture, this
 //! machine's only with `--quick`), whose archives' sizes the report gives (every per-architecture

@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use anyhow::bail;
+use linkerd_cni_ebpf_build::{EBPF_PACKAGE, TENANT_OBJECT};
 
 use crate::{
     build::{dist, ebpf::build_ebpf},
@@ -40,7 +41,7 @@ fn suite(args: &[String], phases: &mut Phases) -> anyhow::Result<()> {
         dist::build_plugin(false).map(drop)
     })?;
     // Unprivileged and self-contained tests, in parallel.
-    // (The default members: the eBPF crate only builds for the BPF target.)
+    // (The eBPF crates only build for the BPF target; the privileged tests run below.)
     phases.run("unit", || {
         run(cargo()
             .args([
@@ -48,7 +49,9 @@ fn suite(args: &[String], phases: &mut Phases) -> anyhow::Result<()> {
                 "--no-fail-fast",
                 "--workspace",
                 "--exclude",
-                "linkerd-cni-ebpf",
+                EBPF_PACKAGE,
+                "--exclude",
+                TENANT_OBJECT,
                 "--exclude",
                 "linkerd-cni-tests",
             ])

@@ -1,4 +1,4 @@
-//! The results of a run as `bench/results.json` holds them: the machine, the traffic rows
+//! The results of a run as `tests/bench/results.json` holds them: the machine, the traffic rows
 //! summarised from raw samples, the goal rows, and everything else each scenario returned.
 
 use std::collections::BTreeMap;

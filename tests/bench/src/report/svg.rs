@@ -1,4 +1,4 @@
-//! `bench/chart.svg`: the main comparisons as grouped bar panels, drawn by hand.
+//! `tests/bench/chart.svg`: the main comparisons as grouped bar panels, drawn by hand.
 
 use std::fmt::Write as _;
 

@@ -86,8 +86,8 @@ fn the_program_table_is_the_program_list() {
     }
 }
 
-/// Every program of the object is a function of that name in `ebpf/src` (the test-only
-/// `tenant` object aside), and no other `l5d_` function is.
+/// Every program of the object is a function of that name in `ebpf/src`, and no other `l5d_`
+/// function is.
 #[test]
 fn the_ebpf_crate_defines_the_program_list() {
     let dir = root().join("ebpf/src");

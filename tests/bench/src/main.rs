@@ -1,8 +1,8 @@
 //! `linkerd-cni-bench`: eBPF redirection against Linkerd's iptables rules and against no
 //! interception, on a simulated node (run it through `cargo xtask bench [--quick]`).
 //!
-//! `run` drives the whole benchmark and writes `BENCHMARKS.md`, `bench/results.json` and
-//! `bench/chart.svg`. The other subcommands are the pieces it starts inside pods: `proxy`,
+//! `run` drives the whole benchmark and writes `BENCHMARKS.md`, `tests/bench/results.json` and
+//! `tests/bench/chart.svg`. The other subcommands are the pieces it starts inside pods: `proxy`,
 //! `server`, `load` and `probe`.
 //!
 //! Layers, top first (each folder imports only from the folders below it, kept by
@@ -42,8 +42,8 @@ struct Cli {
 enum Cmd {
     /// Run every scenario and write the report.
     Run(run::RunArgs),
-    /// Re-render BENCHMARKS.md and bench/chart.svg from bench/results.json (after editing
-    /// bench/ANALYSIS.md).
+    /// Re-render BENCHMARKS.md and tests/bench/chart.svg from tests/bench/results.json (after editing
+    /// tests/bench/ANALYSIS.md).
     Render {
         #[arg(long, default_value = ".")]
         out_dir: PathBuf,
@@ -89,8 +89,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Render { out_dir } => {
-            let text = std::fs::read_to_string(out_dir.join("bench/results.json"))
-                .context("reading bench/results.json")?;
+            let text = std::fs::read_to_string(out_dir.join("tests/bench/results.json"))
+                .context("reading tests/bench/results.json")?;
             let mut results: report::Results = serde_json::from_str(&text)?;
             results.notes = run::read_notes(&out_dir);
             report::write(&out_dir, &results)

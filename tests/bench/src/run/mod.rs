@@ -1,5 +1,5 @@
 //! `linkerd-cni-bench run`: the whole benchmark on a simulated node, scenario by scenario, and
-//! the report it writes (`BENCHMARKS.md`, `bench/results.json`, `bench/chart.svg`); its hidden
+//! the report it writes (`BENCHMARKS.md`, `tests/bench/results.json`, `tests/bench/chart.svg`); its hidden
 //! flags run a part and print it instead.
 
 use std::{
@@ -78,9 +78,9 @@ pub struct RunArgs {
     image_dir: Option<PathBuf>,
 }
 
-/// The hand-written analysis kept in bench/ANALYSIS.md, if any.
+/// The hand-written analysis kept in tests/bench/ANALYSIS.md, if any.
 pub fn read_notes(root: &Path) -> Vec<String> {
-    std::fs::read_to_string(root.join("bench/ANALYSIS.md"))
+    std::fs::read_to_string(root.join("tests/bench/ANALYSIS.md"))
         .map(|n| vec![n.trim().to_string()])
         .unwrap_or_default()
 }
@@ -470,7 +470,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eprintln!("goal {met:>6}: {} — {}", g.goal, g.observed);
     }
     eprintln!(
-        "bench: wrote {} and bench/results.json, bench/chart.svg ({:.0} s)",
+        "bench: wrote {} and tests/bench/results.json, tests/bench/chart.svg ({:.0} s)",
         args.out_dir.join("BENCHMARKS.md").display(),
         results.duration_secs
     );

@@ -563,7 +563,7 @@ fn the_reconcile_row_says_the_cpu_of_a_rotation_and_of_a_pass() {
     );
 }
 
-/// The rendered text of `name` against its golden copy in `bench/testdata/report/`
+/// The rendered text of `name` against its golden copy in `tests/bench/testdata/report/`
 /// (`BENCH_BLESS=1` rewrites the golden copy instead).
 fn same_as_golden(name: &str, rendered: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
