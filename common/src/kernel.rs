@@ -310,18 +310,37 @@ pub struct MissingList(pub (u32, u32));
 
 impl fmt::Display for MissingList {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, feature) in missing(self.0).enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(
-                f,
-                "{} ({}.{}+)",
-                feature.name, feature.since.0, feature.since.1
-            )?;
-        }
-        Ok(())
+        write_features(f, missing(self.0))
     }
+}
+
+/// Features as one line: `name (5.15+), name (5.17+)`, each with the mainline release that
+/// brought it (the probes' findings, where [`MissingList`] is a version's).
+#[derive(Clone, Copy, Debug)]
+pub struct Named<'a>(pub &'a [&'static Feature]);
+
+impl fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_features(f, self.0.iter().copied())
+    }
+}
+
+/// The one way a list of features is written: `name (major.minor+)`, comma separated.
+fn write_features<'a>(
+    f: &mut fmt::Formatter<'_>,
+    features: impl Iterator<Item = &'a Feature>,
+) -> fmt::Result {
+    for (i, feature) in features.enumerate() {
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        write!(
+            f,
+            "{} ({}.{}+)",
+            feature.name, feature.since.0, feature.since.1
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -372,6 +391,10 @@ mod tests {
              programs (5.15+)"
         );
         assert_eq!(missing((4, 19)).count(), 6);
+        // The probes' list of features is written the same way.
+        let found: std::vec::Vec<&Feature> = missing((5, 10)).collect();
+        assert_eq!(Named(&found).to_string(), MissingList((5, 10)).to_string());
+        assert_eq!(Named(&[]).to_string(), "");
     }
 
     #[test]

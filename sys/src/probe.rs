@@ -17,7 +17,7 @@ use std::{
 };
 
 use linkerd_cni_common::{
-    kernel::{FEATURES, Feature, MissingList, Mode, Probe, SkLookupVariant, parse_release},
+    kernel::{FEATURES, Feature, MissingList, Mode, Named, Probe, SkLookupVariant, parse_release},
     names::Hook,
 };
 
@@ -223,26 +223,6 @@ impl Findings {
             }),
             (_, Err(why)) => Err(why),
         }
-    }
-}
-
-/// Features as one line: `name (5.15+), name (5.17+)`, each with the mainline release that
-/// brought it.
-pub struct Named<'a>(pub &'a [&'static Feature]);
-
-impl fmt::Display for Named<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, feature) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(
-                f,
-                "{} ({}.{}+)",
-                feature.name, feature.since.0, feature.since.1
-            )?;
-        }
-        Ok(())
     }
 }
 

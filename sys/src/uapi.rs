@@ -148,6 +148,44 @@ pub const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 /// `NSFS_MAGIC`: the filesystem of `/proc/<pid>/ns/*` and their bind mounts.
 pub const NSFS_MAGIC: i64 = 0x6e73_6673;
 
+/// `BTF_MAGIC`: the first two bytes of raw BTF (`struct btf_header`, include/uapi/linux/btf.h).
+pub const BTF_MAGIC: u16 = 0xeb9f;
+/// A BTF type's kind (`BTF_KIND_*`, bits 24-28 of `btf_type.info`).
+pub type BtfKind = u32;
+pub const BTF_KIND_INT: BtfKind = 1;
+pub const BTF_KIND_PTR: BtfKind = 2;
+pub const BTF_KIND_ARRAY: BtfKind = 3;
+pub const BTF_KIND_STRUCT: BtfKind = 4;
+pub const BTF_KIND_UNION: BtfKind = 5;
+pub const BTF_KIND_ENUM: BtfKind = 6;
+pub const BTF_KIND_TYPEDEF: BtfKind = 8;
+pub const BTF_KIND_VOLATILE: BtfKind = 9;
+pub const BTF_KIND_CONST: BtfKind = 10;
+pub const BTF_KIND_RESTRICT: BtfKind = 11;
+pub const BTF_KIND_FUNC: BtfKind = 12;
+pub const BTF_KIND_FUNC_PROTO: BtfKind = 13;
+pub const BTF_KIND_VAR: BtfKind = 14;
+pub const BTF_KIND_DATASEC: BtfKind = 15;
+pub const BTF_KIND_DECL_TAG: BtfKind = 17;
+pub const BTF_KIND_TYPE_TAG: BtfKind = 18;
+pub const BTF_KIND_ENUM64: BtfKind = 19;
+/// The last kind this reader knows (`BTF_KIND_MAX` of the 6.x headers).
+pub const BTF_KIND_MAX: BtfKind = BTF_KIND_ENUM64;
+
+/// How many bytes follow a `struct btf_type` of `kind` with `vlen` members (btf.h); `None` for
+/// a kind newer than [`BTF_KIND_MAX`], whose size cannot be known.
+pub const fn btf_type_trailer(kind: BtfKind, vlen: usize) -> Option<usize> {
+    Some(match kind {
+        BTF_KIND_INT | BTF_KIND_VAR | BTF_KIND_DECL_TAG => 4,
+        BTF_KIND_ARRAY => 12,
+        BTF_KIND_STRUCT | BTF_KIND_UNION | BTF_KIND_DATASEC | BTF_KIND_ENUM64 => 12 * vlen,
+        BTF_KIND_ENUM | BTF_KIND_FUNC_PROTO => 8 * vlen,
+        // PTR, FWD, TYPEDEF, the qualifiers, FUNC, FLOAT, TYPE_TAG: nothing.
+        0..=BTF_KIND_MAX => 0,
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

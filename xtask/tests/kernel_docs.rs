@@ -82,3 +82,36 @@ fn every_stated_floor_is_the_tables() {
         );
     }
 }
+
+/// The kernels booted here are listed once, in kernel-requirements.md's "Tested kernels" table:
+/// no other page repeats a row of it (README.md once had a copy that went stale).
+#[test]
+fn the_tested_kernels_are_one_table() {
+    let text = doc("docs/operating/kernel-requirements.md");
+    let section = text
+        .split("\n## Tested kernels\n")
+        .nth(1)
+        .expect("kernel-requirements.md has a Tested kernels section");
+    let kernels: Vec<&str> = section
+        .lines()
+        .take_while(|l| !l.starts_with("## "))
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|cell| cell.starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert!(
+        kernels.len() >= 4,
+        "the Tested kernels table lists the host's and the guests' kernels: {kernels:?}"
+    );
+    for path in ["README.md", "deploy/README.md", "docs/developing/tests.md"] {
+        let other = doc(path);
+        for kernel in &kernels {
+            assert!(
+                !other
+                    .lines()
+                    .any(|l| l.starts_with(&format!("| {kernel} "))),
+                "{path} repeats the tested kernel {kernel}'s row: link to kernel-requirements.md"
+            );
+        }
+    }
+}

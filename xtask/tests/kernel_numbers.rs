@@ -16,9 +16,9 @@ const BPF_CALL_SITE: &str = "sys/src/bpf/mod.rs";
 const UAPI: &str = "sys/src/uapi.rs";
 /// The numbers defined in `common` (shared with the eBPF programs) that `uapi` re-exports.
 const COMMON_NUMBERS: &str = "common/src/types.rs";
-/// Numbers of ioctls and filesystems that say nothing but themselves: written out only in
-/// [`UAPI`] (`SIOCGSKNS`, `NS_GET_USERNS`, `NS_GET_NSTYPE`, `NSFS_MAGIC`).
-const LITERALS: [&str; 4] = ["0x894c", "0xb701", "0xb703", "0x6e73_6673"];
+/// Numbers of ioctls, filesystems and formats that say nothing but themselves: written out
+/// only in [`UAPI`] (`SIOCGSKNS`, `NS_GET_USERNS`, `NS_GET_NSTYPE`, `NSFS_MAGIC`, `BTF_MAGIC`).
+const LITERALS: [&str; 5] = ["0x894c", "0xb701", "0xb703", "0x6e73_6673", "0xeb9f"];
 
 fn workspace() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

@@ -276,19 +276,17 @@ fn meta_path(pin_root: &Path) -> PathBuf {
 
 /// Raw BTF describing the meta map's key (`[1] u32`) and value (`[2] struct LayoutMeta`).
 fn meta_btf() -> Vec<u8> {
-    const KIND_INT: u32 = 1;
-    const KIND_STRUCT: u32 = 4;
     let strings = b"\0u32\0LayoutMeta\0version\0oldest_reader\0";
     let (u32_name, struct_name, version_name, reader_name) = (1u32, 5u32, 16u32, 24u32);
     let types: [u32; 13] = [
         // [1] INT 'u32' size 4, 32 bits unsigned at offset 0.
         u32_name,
-        KIND_INT << 24,
+        uapi::BTF_KIND_INT << 24,
         4,
         32,
         // [2] STRUCT 'LayoutMeta' size 8, two members.
         struct_name,
-        KIND_STRUCT << 24 | 2,
+        uapi::BTF_KIND_STRUCT << 24 | 2,
         8,
         version_name,
         1,
@@ -299,7 +297,7 @@ fn meta_btf() -> Vec<u8> {
     ];
     let types: Vec<u8> = types.iter().flat_map(|w| w.to_ne_bytes()).collect();
     let mut blob = Vec::new();
-    blob.extend_from_slice(&0xeb9f_u16.to_ne_bytes()); // magic
+    blob.extend_from_slice(&uapi::BTF_MAGIC.to_ne_bytes());
     blob.extend_from_slice(&[1, 0]); // version, flags
     for word in [
         24,
@@ -732,7 +730,7 @@ mod tests {
     fn meta_btf_is_well_formed() {
         let blob = meta_btf();
         let word = |o: usize| u32::from_ne_bytes(blob[o..o + 4].try_into().expect("4 bytes"));
-        assert_eq!(u16::from_ne_bytes([blob[0], blob[1]]), 0xeb9f);
+        assert_eq!(u16::from_ne_bytes([blob[0], blob[1]]), uapi::BTF_MAGIC);
         let (hdr, type_len, str_off, str_len) = (word(4), word(12), word(16), word(20));
         assert_eq!(hdr, 24);
         assert_eq!(blob.len() as u32, hdr + str_off + str_len);

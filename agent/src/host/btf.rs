@@ -11,27 +11,16 @@
 
 use std::{fmt, io, path::Path};
 
+use linkerd_cni_sys::uapi::{
+    BTF_KIND_ARRAY as KIND_ARRAY, BTF_KIND_CONST as KIND_CONST, BTF_KIND_ENUM as KIND_ENUM,
+    BTF_KIND_ENUM64 as KIND_ENUM64, BTF_KIND_INT as KIND_INT, BTF_KIND_PTR as KIND_PTR,
+    BTF_KIND_RESTRICT as KIND_RESTRICT, BTF_KIND_STRUCT as KIND_STRUCT,
+    BTF_KIND_TYPE_TAG as KIND_TYPE_TAG, BTF_KIND_TYPEDEF as KIND_TYPEDEF,
+    BTF_KIND_UNION as KIND_UNION, BTF_KIND_VOLATILE as KIND_VOLATILE, BTF_MAGIC, btf_type_trailer,
+};
+
 /// Where the kernel exposes its own BTF.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
-
-const BTF_MAGIC: u16 = 0xeb9f;
-
-const KIND_INT: u32 = 1;
-const KIND_PTR: u32 = 2;
-const KIND_ARRAY: u32 = 3;
-const KIND_STRUCT: u32 = 4;
-const KIND_UNION: u32 = 5;
-const KIND_ENUM: u32 = 6;
-const KIND_TYPEDEF: u32 = 8;
-const KIND_VOLATILE: u32 = 9;
-const KIND_CONST: u32 = 10;
-const KIND_RESTRICT: u32 = 11;
-const KIND_FUNC_PROTO: u32 = 13;
-const KIND_VAR: u32 = 14;
-const KIND_DATASEC: u32 = 15;
-const KIND_DECL_TAG: u32 = 17;
-const KIND_TYPE_TAG: u32 = 18;
-const KIND_ENUM64: u32 = 19;
 
 /// Why the BTF could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -130,14 +119,8 @@ impl Btf {
             offsets.push(u32::try_from(at).map_err(|_| BtfError::Malformed("too large"))?);
             let info = word(at + 4)?;
             let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
-            let extra = match kind {
-                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
-                KIND_ARRAY => 12,
-                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
-                KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
-                0..=19 => 0,
-                _ => return Err(BtfError::Malformed("unknown type kind")),
-            };
+            let extra =
+                btf_type_trailer(kind, vlen).ok_or(BtfError::Malformed("unknown type kind"))?;
             at += 12 + extra;
         }
         Ok(Self {

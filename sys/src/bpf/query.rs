@@ -180,7 +180,7 @@ pub fn btf_type_name(data: &[u8], type_id: u32) -> Option<String> {
             .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
     };
     let magic = data.get(0..2).map(|b| u16::from_ne_bytes([b[0], b[1]]))?;
-    if magic != 0xeb9f {
+    if magic != uapi::BTF_MAGIC {
         return None;
     }
     let hdr_len = u32_at(4)? as usize;
@@ -202,17 +202,7 @@ pub fn btf_type_name(data: &[u8], type_id: u32) -> Option<String> {
             return Some(String::from_utf8_lossy(&bytes[..len]).into_owned());
         }
         let vlen = (info & 0xffff) as usize;
-        // The bytes that follow `struct btf_type` for each kind (include/uapi/linux/btf.h).
-        let extra = match (info >> 24) & 0x1f {
-            1 | 14 | 17 => 4,   // INT, VAR, DECL_TAG
-            3 => 12,            // ARRAY
-            4 | 5 => 12 * vlen, // STRUCT, UNION
-            6 => 8 * vlen,      // ENUM
-            13 => 8 * vlen,     // FUNC_PROTO
-            15 => 12 * vlen,    // DATASEC
-            19 => 12 * vlen,    // ENUM64
-            _ => 0,             // PTR, FWD, TYPEDEF, qualifiers, FUNC, FLOAT, TYPE_TAG
-        };
+        let extra = uapi::btf_type_trailer((info >> 24) & 0x1f, vlen)?;
         off += 12 + extra;
         id += 1;
     }
@@ -240,7 +230,7 @@ mod tests {
         ty(0, 13, 1, 1, &[5, 1]); // [2] FUNC_PROTO (ctx: int) -> int
         ty(9, 12, 1, 2, &[]); // [3] FUNC tenant_sock4_connect
         let mut data = Vec::new();
-        data.extend_from_slice(&0xeb9fu16.to_ne_bytes());
+        data.extend_from_slice(&uapi::BTF_MAGIC.to_ne_bytes());
         data.extend_from_slice(&[1, 0]);
         for v in [
             24u32,
