@@ -468,15 +468,56 @@ fn agent_flags(bin: &Path) -> anyhow::Result<std::collections::BTreeSet<String>>
 /// sees the other's pods in its cache.
 pub const BASELINE_NODE_NAME: &str = "bench-node-baseline";
 
-/// `--baseline-bins DIR`: a second agent process running an earlier build's agent binary, and
-/// that build's plugin, beside ours: its own pin root, registry, socket, shared cgroup, health
-/// port and node name. Killed, unpinned and removed on drop.
-pub struct Baseline {
+/// A second agent process beside the measured one, with its own pin root, registry, socket,
+/// shared cgroup, health port and node name, and the plugin that registers pods with it.
+/// Killed, unpinned and removed on drop.
+pub struct SideAgent {
     pub agent: AgentProc,
     pub cni: Cni,
+    _shared_cgroup: CgroupGuard,
+}
+
+impl SideAgent {
+    /// Starts `agent_bin` for `node_name`, after `adjust` has changed its command line, and
+    /// waits until it answers on its socket; `what` names it in an error.
+    fn start(
+        what: &str,
+        agent_bin: &Path,
+        plugin: &Path,
+        kubeconfig: &Path,
+        node_name: &str,
+        max_pods: u32,
+        adjust: impl FnOnce(&mut AgentProc) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Self> {
+        let shared_cgroup = CgroupGuard::new()?;
+        let mut agent = AgentProc::stopped(
+            agent_bin,
+            kubeconfig,
+            shared_cgroup.path(),
+            node_name,
+            max_pods,
+        )?;
+        adjust(&mut agent)?;
+        agent
+            .spawn()
+            .with_context(|| format!("starting the {what}"))?;
+        Ok(Self {
+            cni: Cni {
+                plugin: plugin.into(),
+                socket: agent.socket().to_path_buf(),
+            },
+            agent,
+            _shared_cgroup: shared_cgroup,
+        })
+    }
+}
+
+/// `--baseline-bins DIR`: an earlier build's agent binary, and that build's plugin, beside
+/// ours (node [`BASELINE_NODE_NAME`]).
+pub struct Baseline {
+    pub side: SideAgent,
     /// For the report: the binary's version and the flags of ours it was started without.
     pub description: String,
-    _shared_cgroup: CgroupGuard,
 }
 
 impl Baseline {
@@ -498,16 +539,19 @@ impl Baseline {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default();
-        let shared_cgroup = CgroupGuard::new()?;
-        let mut agent = AgentProc::stopped(
+        let mut dropped = Vec::new();
+        let side = SideAgent::start(
+            "baseline agent",
             &agent_bin,
+            &plugin,
             kubeconfig,
-            shared_cgroup.path(),
             BASELINE_NODE_NAME,
             max_pods,
+            |agent| {
+                dropped = agent.keep_known_flags(&known)?;
+                Ok(())
+            },
         )?;
-        let dropped = agent.keep_known_flags(&known)?;
-        agent.spawn().context("starting the baseline agent")?;
         let description = format!(
             "{}{}",
             if version.is_empty() {
@@ -521,15 +565,7 @@ impl Baseline {
                 format!(", started without {} (unknown to it)", dropped.join(", "))
             }
         );
-        Ok(Self {
-            cni: Cni {
-                plugin,
-                socket: agent.socket().to_path_buf(),
-            },
-            agent,
-            description,
-            _shared_cgroup: shared_cgroup,
-        })
+        Ok(Self { side, description })
     }
 }
 
@@ -538,45 +574,29 @@ pub const FALLBACK_NODE_NAME: &str = "bench-node-fallback";
 
 /// A second agent of this build, forced into the per-node fallback (`--mode iptables`: the
 /// plugin writes Linkerd's rules as an nftables table in the pod's netns, no program), with
-/// its own registry, socket, health port and node name, and this build's plugin: the
-/// `fallback` mode's pod is registered through it as a node below the eBPF floor registers
-/// every pod. Killed and removed on drop.
-pub struct FallbackAgent {
-    pub agent: AgentProc,
-    pub cni: Cni,
-    _shared_cgroup: CgroupGuard,
-}
-
-impl FallbackAgent {
-    /// Starts `agent_bin` in the fallback and waits until it answers on its socket.
-    pub fn start(
-        agent_bin: &Path,
-        plugin: &Path,
-        kubeconfig: &Path,
-        max_pods: u32,
-    ) -> anyhow::Result<Self> {
-        let shared_cgroup = CgroupGuard::new()?;
-        let mut agent = AgentProc::stopped(
-            agent_bin,
-            kubeconfig,
-            shared_cgroup.path(),
-            FALLBACK_NODE_NAME,
-            max_pods,
-        )?;
-        agent
-            .command
-            .extra_args
-            .extend(["--mode".to_string(), "iptables".to_string()]);
-        agent.spawn().context("starting the fallback agent")?;
-        Ok(Self {
-            cni: Cni {
-                plugin: plugin.into(),
-                socket: agent.socket().to_path_buf(),
-            },
-            agent,
-            _shared_cgroup: shared_cgroup,
-        })
-    }
+/// this build's plugin: the `fallback` mode's pod is registered through it as a node below
+/// the eBPF floor registers every pod.
+pub fn start_fallback_agent(
+    agent_bin: &Path,
+    plugin: &Path,
+    kubeconfig: &Path,
+    max_pods: u32,
+) -> anyhow::Result<SideAgent> {
+    SideAgent::start(
+        "fallback agent",
+        agent_bin,
+        plugin,
+        kubeconfig,
+        FALLBACK_NODE_NAME,
+        max_pods,
+        |agent| {
+            agent
+                .command
+                .extra_args
+                .extend(["--mode".to_string(), "iptables".to_string()]);
+            Ok(())
+        },
+    )
 }
 
 /// A status request over the agent's registration socket `socket`: the number of registered

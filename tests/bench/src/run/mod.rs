@@ -256,7 +256,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     // The per-node fallback's pod is registered with a second agent of this build in
     // `--mode iptables` (issue 46: the fallback's CPU per connection beside eBPF's).
-    let fallback = node::FallbackAgent::start(
+    let fallback = node::start_fallback_agent(
         &bins.agent,
         &bins.plugin,
         &api.kubeconfig,
@@ -268,7 +268,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 .context("--baseline-bins")?;
             eprintln!(
                 "bench: baseline agent running, PID {} ({})",
-                b.agent.pid().unwrap_or(0),
+                b.side.agent.pid().unwrap_or(0),
                 b.description
             );
             Some(b)
@@ -375,7 +375,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         if let Some(b) = &baseline {
             msg.push_str(&format!(
                 "\nbaseline agent log (last lines):\n{}",
-                b.agent.log_tail()
+                b.side.agent.log_tail()
             ));
         }
         anyhow::anyhow!(msg)

@@ -349,7 +349,7 @@ impl Topology {
         cni: &Cni,
         shared_cgroup: &std::path::Path,
         pin_root: &std::path::Path,
-        fallback: &crate::node::FallbackAgent,
+        fallback: &crate::node::SideAgent,
         baseline: Option<&crate::node::Baseline>,
     ) -> anyhow::Result<Self> {
         let node = NetnsGuard::new()?;
@@ -458,7 +458,7 @@ impl Topology {
                     let b = baseline.context("no baseline agent")?;
                     add_meshed_pod(
                         api,
-                        &b.cni,
+                        &b.side.cni,
                         BASELINE_NODE_NAME,
                         &baseline_pod_id(),
                         pod.netns.path(),
@@ -500,8 +500,8 @@ impl Topology {
         // Every program of the agent, the pods' sk_lookup stubs included, is in force now.
         let bpf_ids = bpfstats::program_ids(pin_root);
         let baseline = baseline.map(|b| BaselineSide {
-            cni: b.cni.clone(),
-            bpf_ids: bpfstats::program_ids(b.agent.pin_root()),
+            cni: b.side.cni.clone(),
+            bpf_ids: bpfstats::program_ids(b.side.agent.pin_root()),
         });
         if let Some(b) = &baseline {
             let shared: Vec<&u32> = b.bpf_ids.intersection(&bpf_ids).collect();
