@@ -185,6 +185,20 @@ fn connect_from(ns: &NetnsGuard, to: SocketAddr) -> TcpStream {
     ns.run_in(move || connect(to)).expect("in the netns")
 }
 
+/// A connection from `client`'s namespace to `to`, listened on in `server`'s, arrives there
+/// from `source` itself: it went direct, not through a proxy.
+fn reaches_directly(
+    server: &NetnsGuard,
+    client: &NetnsGuard,
+    to: SocketAddr,
+    source: std::net::IpAddr,
+    what: &str,
+) {
+    let listener = listen_in(server, to);
+    let _conn = connect_from(client, to);
+    assert_eq!(waiting(&listener).map(|p| p.ip()), Some(source), "{what}");
+}
+
 /// The peer address of the one connection waiting on `l` (within 3 s), or `None`.
 fn waiting(l: &TcpListener) -> Option<SocketAddr> {
     l.set_nonblocking(true).expect("non-blocking");
@@ -260,13 +274,7 @@ fn ipv6_is_redirected_both_ways_when_enabled_and_left_alone_when_not() {
     assert_eq!(accept_original(&outbound), dialled, "outbound original dst");
     read_ok(app);
     // A skipped outbound port goes direct to the peer.
-    let db = listen_in(&peer, at(peer_ip, 5432));
-    let _conn = connect_from(&pod, at(peer_ip, 5432));
-    assert_eq!(
-        waiting(&db).map(|p| p.ip()),
-        Some(pod_ip.into()),
-        "5432 direct"
-    );
+    reaches_directly(&peer, &pod, at(peer_ip, 5432), pod_ip.into(), "5432 direct");
     assert_eq!(waiting(&outbound), None, "5432 not proxied");
 
     // Inbound: the peer's connection to the pod reaches the inbound port with its dialled
@@ -275,13 +283,7 @@ fn ipv6_is_redirected_both_ways_when_enabled_and_left_alone_when_not() {
     let from_peer = connect_from(&peer, dialled);
     assert_eq!(accept_original(&inbound), dialled, "inbound original dst");
     read_ok(from_peer);
-    let admin = listen_in(&pod, at(pod_ip, 4191));
-    let _conn = connect_from(&peer, at(pod_ip, 4191));
-    assert_eq!(
-        waiting(&admin).map(|p| p.ip()),
-        Some(peer_ip.into()),
-        "4191 direct"
-    );
+    reaches_directly(&pod, &peer, at(pod_ip, 4191), peer_ip.into(), "4191 direct");
     assert_eq!(waiting(&inbound), None, "4191 not proxied");
 
     // Without `ipv6: true` (Linkerd's default) IPv6 is not touched: both directions direct.
@@ -294,19 +296,19 @@ fn ipv6_is_redirected_both_ways_when_enabled_and_left_alone_when_not() {
         nft::list(&open(&pod)).expect("listing"),
         nft::expected(&v4_only)
     );
-    let out_direct = listen_in(&peer, at(peer_ip, 8081));
-    let _conn = connect_from(&pod, at(peer_ip, 8081));
-    assert_eq!(
-        waiting(&out_direct).map(|p| p.ip()),
-        Some(pod_ip.into()),
-        "outbound direct"
+    reaches_directly(
+        &peer,
+        &pod,
+        at(peer_ip, 8081),
+        pod_ip.into(),
+        "outbound direct",
     );
-    let in_direct = listen_in(&pod, at(pod_ip, 8082));
-    let _conn = connect_from(&peer, at(pod_ip, 8082));
-    assert_eq!(
-        waiting(&in_direct).map(|p| p.ip()),
-        Some(peer_ip.into()),
-        "inbound direct"
+    reaches_directly(
+        &pod,
+        &peer,
+        at(pod_ip, 8082),
+        peer_ip.into(),
+        "inbound direct",
     );
     assert_eq!(waiting(&outbound), None, "nothing proxied outbound");
     assert_eq!(waiting(&inbound), None, "nothing proxied inbound");
