@@ -671,3 +671,105 @@ fn running_pods_keep_their_rules_when_the_agent_restarts_in_another_mode() {
     let out = node.cni(Verb::Del, &new).expect("DEL");
     assert!(out.ok(), "DEL of the new pod: {}", out.stdout);
 }
+
+/// The other way round: the agent of a node running eBPF restarts in the fallback
+/// (`--mode=iptables` set on a running node). A pod the eBPF agent meshed keeps the
+/// redirection it has, made by the programs, links and maps that agent left pinned: still
+/// redirected, CHECK passing, and its DEL removes its record and links. A new pod gets
+/// Linkerd's rules. Once those pins are gone too (the node's bpffs lost), the fallback agent
+/// cannot show the old pod's redirection in force, and CHECK fails naming the node's mode.
+/// On a kernel below the floor (the 5.10 guest) no agent can mesh a pod with eBPF: there the
+/// test holds that `--mode=ebpf` is refused, so no such pod can exist.
+#[test]
+fn pods_the_ebpf_agent_meshed_keep_their_redirection_when_the_agent_restarts_in_the_fallback() {
+    if probed().mode == Mode::Iptables {
+        let missing = Findings::probe().missing();
+        let err = Findings::probe()
+            .choose(Some(Mode::Ebpf))
+            .expect_err("--mode=ebpf below the floor is refused");
+        for f in missing {
+            assert!(err.contains(f.name), "{err} names {}", f.name);
+        }
+        return;
+    }
+    let mut node = node_with(&["--mode", "ebpf"]);
+    let (_server_pod, server) = node.echo_pod("shop", "server", 8080);
+    let dst = server.addr();
+    let old = node.added_pod(PodSpec::meshed("shop", "old"));
+    recorded(&node, &old, Mode::Ebpf);
+    let old_proxy = old.start_proxy().expect("the old pod's proxy");
+    request(&old.container(APP_UID), &server, dst, "before\n");
+    assert_eq!(accepted_on(&old_proxy, OUTBOUND_PORT), [dst]);
+
+    node.kill_agent();
+    node.set_agent_args(FORCED.iter().map(|a| a.to_string()).collect());
+    node.start_agent().expect("the agent in the fallback");
+    let forced = Findings::probe()
+        .choose(Some(Mode::Iptables))
+        .expect("--mode=iptables runs anywhere");
+    assert_eq!(
+        node.inspect()
+            .expect("inspect")
+            .lines()
+            .next()
+            .map(String::from),
+        Some(format!("mode: {forced}")),
+        "inspect says the node's mode"
+    );
+
+    // The old pod: its record and links as the eBPF agent left them, still redirected,
+    // CHECK passes.
+    recorded(&node, &old, Mode::Ebpf);
+    request(&old.container(APP_UID), &server, dst, "after\n");
+    assert_eq!(accepted_on(&old_proxy, OUTBOUND_PORT), [dst, dst]);
+    let out = check(&node, &old);
+    assert!(out.ok(), "CHECK of the eBPF-meshed pod: {}", out.stdout);
+
+    // A new pod: Linkerd's rules.
+    let new = node.added_pod(PodSpec::meshed("shop", "new"));
+    recorded(&node, &new, Mode::Iptables);
+
+    // The old pod ends: its DEL removes its record and its links.
+    let out = node.cni(Verb::Del, &old).expect("DEL");
+    assert!(out.ok(), "DEL: {}", out.stdout);
+    let st = node.state().expect("state");
+    assert!(st.record(&old.container_id).is_none(), "unregistered");
+    assert!(
+        st.links_of(&old.container_id).is_empty(),
+        "its links unpinned"
+    );
+
+    // Another eBPF-meshed pod, then the pins are lost under a fallback agent: its CHECK
+    // fails, naming why nothing can be in force.
+    node.kill_agent();
+    node.set_agent_args(vec!["--mode".into(), "ebpf".into()]);
+    node.start_agent().expect("the agent in eBPF mode again");
+    let lost = node.added_pod(PodSpec::meshed("shop", "lost"));
+    recorded(&node, &lost, Mode::Ebpf);
+    node.kill_agent();
+    for sub in paths::PIN_DIRS {
+        let dir = node.pin_root().join(sub);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .unwrap_or_else(|e| panic!("removing {}: {e}", dir.display()));
+        }
+    }
+    node.set_agent_args(FORCED.iter().map(|a| a.to_string()).collect());
+    node.start_agent().expect("the agent in the fallback");
+    let out = check(&node, &lost);
+    assert!(
+        !out.ok(),
+        "CHECK with no program left must fail: {}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(&forced.reason),
+        "CHECK names the node's mode ({}): {}",
+        forced.reason,
+        out.stdout
+    );
+    for pod in [&new, &lost] {
+        let out = node.cni(Verb::Del, pod).expect("DEL");
+        assert!(out.ok(), "DEL of {}: {}", pod.spec.name, out.stdout);
+    }
+}
