@@ -296,22 +296,7 @@ fn meta_btf() -> Vec<u8> {
         32,
     ];
     let types: Vec<u8> = types.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    let mut blob = Vec::new();
-    blob.extend_from_slice(&uapi::BTF_MAGIC.to_ne_bytes());
-    blob.extend_from_slice(&[1, 0]); // version, flags
-    for word in [
-        24,
-        0,
-        types.len() as u32,
-        types.len() as u32,
-        strings.len() as u32,
-    ] {
-        // hdr_len, type_off, type_len, str_off, str_len
-        blob.extend_from_slice(&word.to_ne_bytes());
-    }
-    blob.extend_from_slice(&types);
-    blob.extend_from_slice(strings);
-    blob
+    bpf::raw_btf(&types, strings)
 }
 
 /// Records this agent's layout in the meta map (created and pinned if missing).

@@ -312,15 +312,7 @@ mod tests {
                 t.extend_from_slice(&w.to_ne_bytes());
             }
         }
-        let mut out = Vec::new();
-        out.extend_from_slice(&BTF_MAGIC.to_ne_bytes());
-        out.extend_from_slice(&[1, 0]);
-        for w in [24, 0, t.len() as u32, t.len() as u32, strings.len() as u32] {
-            out.extend_from_slice(&w.to_ne_bytes());
-        }
-        out.extend_from_slice(&t);
-        out.extend_from_slice(strings);
-        out
+        linkerd_cni_sys::bpf::raw_btf(&t, strings)
     }
 
     /// `struct s { int a; union { struct { u16 x; u16 y; }; u32 z; }; volatile u8 st; }`, with

@@ -84,7 +84,25 @@ pub fn map_create(
     bpf_fd(uapi::BPF_MAP_CREATE, &mut attr)
 }
 
-/// `BPF_BTF_LOAD`: loads a raw BTF blob (header, types, strings).
+/// A raw BTF blob as [`btf_load`] takes it and the kernel gives it back (`struct btf_header`,
+/// version 1, no flags, then `types` and `strings` back to back): `types` are the records
+/// after the header, `strings` the string section (starting with its empty string).
+pub fn raw_btf(types: &[u8], strings: &[u8]) -> Vec<u8> {
+    const HEADER_LEN: u32 = 24;
+    let mut blob = Vec::with_capacity(HEADER_LEN as usize + types.len() + strings.len());
+    blob.extend_from_slice(&uapi::BTF_MAGIC.to_ne_bytes());
+    blob.extend_from_slice(&[1, 0]); // version, flags
+    let (type_len, str_len) = (types.len() as u32, strings.len() as u32);
+    // hdr_len, type_off, type_len, str_off, str_len
+    for word in [HEADER_LEN, 0, type_len, type_len, str_len] {
+        blob.extend_from_slice(&word.to_ne_bytes());
+    }
+    blob.extend_from_slice(types);
+    blob.extend_from_slice(strings);
+    blob
+}
+
+/// `BPF_BTF_LOAD`: loads a raw BTF blob (header, types, strings; see [`raw_btf`]).
 pub fn btf_load(blob: &[u8]) -> io::Result<OwnedFd> {
     let mut attr = Attr::new();
     attr.put_u64(0, blob.as_ptr() as u64)

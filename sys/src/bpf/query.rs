@@ -229,21 +229,7 @@ mod tests {
         ty(1, 1, 0, 4, &[32]); // [1] INT int
         ty(0, 13, 1, 1, &[5, 1]); // [2] FUNC_PROTO (ctx: int) -> int
         ty(9, 12, 1, 2, &[]); // [3] FUNC tenant_sock4_connect
-        let mut data = Vec::new();
-        data.extend_from_slice(&uapi::BTF_MAGIC.to_ne_bytes());
-        data.extend_from_slice(&[1, 0]);
-        for v in [
-            24u32,
-            0,
-            types.len() as u32,
-            types.len() as u32,
-            strings.len() as u32,
-        ] {
-            data.extend_from_slice(&v.to_ne_bytes());
-        }
-        data.extend_from_slice(&types);
-        data.extend_from_slice(strings);
-        data
+        crate::bpf::raw_btf(&types, strings)
     }
 
     #[test]
