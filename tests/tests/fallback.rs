@@ -626,6 +626,44 @@ fn the_probes_choose_the_mode_and_meshed_pods_are_redirected_in_it() {
     meshes_pods_end_to_end(&mut node, choice.mode);
 }
 
+/// A meshed pod `name` added in `mode`, its proxy started, and one request of its app to
+/// `server` that reached the server through that proxy.
+fn meshed_pod_through_its_proxy(
+    node: &SimNode,
+    name: &str,
+    mode: Mode,
+    server: &EchoServer,
+) -> (SimPod, TestProxy) {
+    let pod = node.added_pod(PodSpec::meshed("shop", name));
+    recorded(node, &pod, mode);
+    let proxy = pod.start_proxy().expect("the pod's proxy");
+    request(&pod.container(APP_UID), server, server.addr(), "before\n");
+    assert_eq!(accepted_on(&proxy, OUTBOUND_PORT), [server.addr()]);
+    (pod, proxy)
+}
+
+/// After the agent's restart, `pod` (of [`meshed_pod_through_its_proxy`]) is as it was: its
+/// record and its `mode`'s state, a second request through its proxy, CHECK passing.
+fn still_through_its_proxy(
+    node: &SimNode,
+    pod: &SimPod,
+    mode: Mode,
+    proxy: &TestProxy,
+    server: &EchoServer,
+) {
+    let dst = server.addr();
+    recorded(node, pod, mode);
+    request(&pod.container(APP_UID), server, dst, "after\n");
+    assert_eq!(accepted_on(proxy, OUTBOUND_PORT), [dst, dst]);
+    let out = check(node, pod);
+    assert!(
+        out.ok(),
+        "CHECK of {} after the restart: {}",
+        pod.spec.name,
+        out.stdout
+    );
+}
+
 /// A node whose agent restarts in the mode its kernel now gets (`auto`; on the host, eBPF: a
 /// node upgraded above the floor, or `--mode=iptables` dropped): a pod meshed by the fallback
 /// keeps its rules and its record (`rules: true`) until it ends, still redirected and CHECK
@@ -636,11 +674,7 @@ fn running_pods_keep_their_rules_when_the_agent_restarts_in_another_mode() {
     let mut node = node_with(FORCED);
     let (_server_pod, server) = node.echo_pod("shop", "server", 8080);
     let dst = server.addr();
-    let old = node.added_pod(PodSpec::meshed("shop", "old"));
-    recorded(&node, &old, Mode::Iptables);
-    let old_proxy = old.start_proxy().expect("the old pod's proxy");
-    request(&old.container(APP_UID), &server, dst, "before\n");
-    assert_eq!(accepted_on(&old_proxy, OUTBOUND_PORT), [dst]);
+    let (old, old_proxy) = meshed_pod_through_its_proxy(&node, "old", Mode::Iptables, &server);
 
     let now = probed();
     node.kill_agent();
@@ -649,11 +683,7 @@ fn running_pods_keep_their_rules_when_the_agent_restarts_in_another_mode() {
     assert_mode_shown(&node, &now);
 
     // The running pod: its rules and record as they were, still redirected, CHECK passes.
-    recorded(&node, &old, Mode::Iptables);
-    request(&old.container(APP_UID), &server, dst, "after\n");
-    assert_eq!(accepted_on(&old_proxy, OUTBOUND_PORT), [dst, dst]);
-    let out = check(&node, &old);
-    assert!(out.ok(), "CHECK of the running pod: {}", out.stdout);
+    still_through_its_proxy(&node, &old, Mode::Iptables, &old_proxy, &server);
 
     // A new pod: the mode the kernel gets now.
     let new = node.added_pod(PodSpec::meshed("shop", "new"));
@@ -694,12 +724,7 @@ fn pods_the_ebpf_agent_meshed_keep_their_redirection_when_the_agent_restarts_in_
     }
     let mut node = node_with(&["--mode", "ebpf"]);
     let (_server_pod, server) = node.echo_pod("shop", "server", 8080);
-    let dst = server.addr();
-    let old = node.added_pod(PodSpec::meshed("shop", "old"));
-    recorded(&node, &old, Mode::Ebpf);
-    let old_proxy = old.start_proxy().expect("the old pod's proxy");
-    request(&old.container(APP_UID), &server, dst, "before\n");
-    assert_eq!(accepted_on(&old_proxy, OUTBOUND_PORT), [dst]);
+    let (old, old_proxy) = meshed_pod_through_its_proxy(&node, "old", Mode::Ebpf, &server);
 
     node.kill_agent();
     node.set_agent_args(FORCED.iter().map(|a| a.to_string()).collect());
@@ -719,11 +744,7 @@ fn pods_the_ebpf_agent_meshed_keep_their_redirection_when_the_agent_restarts_in_
 
     // The old pod: its record and links as the eBPF agent left them, still redirected,
     // CHECK passes.
-    recorded(&node, &old, Mode::Ebpf);
-    request(&old.container(APP_UID), &server, dst, "after\n");
-    assert_eq!(accepted_on(&old_proxy, OUTBOUND_PORT), [dst, dst]);
-    let out = check(&node, &old);
-    assert!(out.ok(), "CHECK of the eBPF-meshed pod: {}", out.stdout);
+    still_through_its_proxy(&node, &old, Mode::Ebpf, &old_proxy, &server);
 
     // A new pod: Linkerd's rules.
     let new = node.added_pod(PodSpec::meshed("shop", "new"));
