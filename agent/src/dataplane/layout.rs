@@ -22,7 +22,6 @@
 //! programs wrote meanwhile, moves the new maps over the old pins and records the version. A
 //! crash half way leaves the old pins in place: the next start plans and migrates again.
 
-use linkerd_cni_sys::uapi;
 use std::{
     fs, io,
     os::fd::{AsFd, BorrowedFd, OwnedFd},
@@ -31,7 +30,10 @@ use std::{
 
 use linkerd_cni_common::{LAYOUT_OLDEST_READER, LAYOUT_VERSION, LayoutMeta, names, paths};
 
-use linkerd_cni_sys::bpf::{self, MapInfo};
+use linkerd_cni_sys::{
+    bpf::{self, MapInfo},
+    uapi,
+};
 
 /// Earlier layouts whose entries mean what ours mean when key and value sizes match (their
 /// entries are copied). Layout 1 differs from 2 only by the missing BTF; 3 and 4 only add a

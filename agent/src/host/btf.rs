@@ -12,11 +12,9 @@
 use std::{fmt, io, path::Path};
 
 use linkerd_cni_sys::uapi::{
-    BTF_KIND_ARRAY as KIND_ARRAY, BTF_KIND_CONST as KIND_CONST, BTF_KIND_ENUM as KIND_ENUM,
-    BTF_KIND_ENUM64 as KIND_ENUM64, BTF_KIND_INT as KIND_INT, BTF_KIND_PTR as KIND_PTR,
-    BTF_KIND_RESTRICT as KIND_RESTRICT, BTF_KIND_STRUCT as KIND_STRUCT,
-    BTF_KIND_TYPE_TAG as KIND_TYPE_TAG, BTF_KIND_TYPEDEF as KIND_TYPEDEF,
-    BTF_KIND_UNION as KIND_UNION, BTF_KIND_VOLATILE as KIND_VOLATILE, BTF_MAGIC, btf_type_trailer,
+    BTF_KIND_ARRAY, BTF_KIND_CONST, BTF_KIND_ENUM, BTF_KIND_ENUM64, BTF_KIND_INT, BTF_KIND_PTR,
+    BTF_KIND_RESTRICT, BTF_KIND_STRUCT, BTF_KIND_TYPE_TAG, BTF_KIND_TYPEDEF, BTF_KIND_UNION,
+    BTF_KIND_VOLATILE, BTF_MAGIC, btf_type_trailer,
 };
 
 /// Where the kernel exposes its own BTF.
@@ -168,15 +166,16 @@ impl Btf {
         let (at, kind, _, _) = self.record(id)?;
         let size_or_type = self.word(at + 8);
         match kind {
-            KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64 => Some(size_or_type),
-            KIND_PTR => Some(8),
-            KIND_ARRAY => {
+            BTF_KIND_INT | BTF_KIND_STRUCT | BTF_KIND_UNION | BTF_KIND_ENUM | BTF_KIND_ENUM64 => {
+                Some(size_or_type)
+            }
+            BTF_KIND_PTR => Some(8),
+            BTF_KIND_ARRAY => {
                 let (elem, nelems) = (self.word(at + 12), self.word(at + 20));
                 self.size_of(elem, depth + 1)?.checked_mul(nelems)
             }
-            KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
-                self.size_of(size_or_type, depth + 1)
-            }
+            BTF_KIND_TYPEDEF | BTF_KIND_VOLATILE | BTF_KIND_CONST | BTF_KIND_RESTRICT
+            | BTF_KIND_TYPE_TAG => self.size_of(size_or_type, depth + 1),
             _ => None,
         }
     }
@@ -188,10 +187,9 @@ impl Btf {
         }
         let (at, kind, _, _) = self.record(id)?;
         match kind {
-            KIND_STRUCT | KIND_UNION => Some(id),
-            KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
-                self.composite(self.word(at + 8), depth + 1)
-            }
+            BTF_KIND_STRUCT | BTF_KIND_UNION => Some(id),
+            BTF_KIND_TYPEDEF | BTF_KIND_VOLATILE | BTF_KIND_CONST | BTF_KIND_RESTRICT
+            | BTF_KIND_TYPE_TAG => self.composite(self.word(at + 8), depth + 1),
             _ => None,
         }
     }
@@ -207,7 +205,7 @@ impl Btf {
     fn struct_ids(&self, names: &[&str]) -> Vec<Option<u32>> {
         let mut ids = vec![None; names.len()];
         for id in 1..=self.offsets.len() as u32 {
-            let Some((at, KIND_STRUCT, _, _)) = self.record(id) else {
+            let Some((at, BTF_KIND_STRUCT, _, _)) = self.record(id) else {
                 continue;
             };
             let name = self.name(self.word(at));
@@ -324,13 +322,20 @@ mod tests {
         let strings = b"\0int\0u16\0u8\0s\0a\0x\0y\0z\0st\0";
         let (int, u16_, u8_, s, a, x, y, z, st) = (1, 5, 9, 12, 14, 16, 18, 20, 22);
         let types: &[Record] = &[
-            (int, KIND_INT, 0, false, 4, &[32]),                 // [1] int
-            (u16_, KIND_INT, 0, false, 2, &[16]),                // [2] u16
-            (u8_, KIND_INT, 0, false, 1, &[8]),                  // [3] u8
-            (0, KIND_VOLATILE, 0, false, 3, &[]),                // [4] volatile u8
-            (0, KIND_STRUCT, 2, false, 4, &[x, 2, 0, y, 2, 16]), // [5] { x; y; }
-            (0, KIND_UNION, 2, false, 4, &[0, 5, 0, z, 1, 0]),   // [6] union { [5]; z; }
-            (s, KIND_STRUCT, 3, true, 12, &[a, 1, 0, 0, 6, 32, st, 4, 64]), // [7]
+            (int, BTF_KIND_INT, 0, false, 4, &[32]),  // [1] int
+            (u16_, BTF_KIND_INT, 0, false, 2, &[16]), // [2] u16
+            (u8_, BTF_KIND_INT, 0, false, 1, &[8]),   // [3] u8
+            (0, BTF_KIND_VOLATILE, 0, false, 3, &[]), // [4] volatile u8
+            (0, BTF_KIND_STRUCT, 2, false, 4, &[x, 2, 0, y, 2, 16]), // [5] { x; y; }
+            (0, BTF_KIND_UNION, 2, false, 4, &[0, 5, 0, z, 1, 0]), // [6] union { [5]; z; }
+            (
+                s,
+                BTF_KIND_STRUCT,
+                3,
+                true,
+                12,
+                &[a, 1, 0, 0, 6, 32, st, 4, 64],
+            ), // [7]
         ];
         let btf = Btf::parse(blob(strings, types)).expect("parses");
         let _ = (int, u16_, u8_);
@@ -355,7 +360,7 @@ mod tests {
     #[test]
     fn not_btf_is_an_error() {
         assert!(Btf::parse(vec![0; 64]).is_err());
-        let mut cut = blob(b"\0", &[(0, KIND_INT, 0, false, 4, &[32])]);
+        let mut cut = blob(b"\0", &[(0, BTF_KIND_INT, 0, false, 4, &[32])]);
         cut.truncate(30);
         assert!(Btf::parse(cut).is_err());
     }
