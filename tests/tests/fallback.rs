@@ -713,8 +713,10 @@ fn running_pods_keep_their_rules_when_the_agent_restarts_in_another_mode() {
 #[test]
 fn pods_the_ebpf_agent_meshed_keep_their_redirection_when_the_agent_restarts_in_the_fallback() {
     if probed().mode == Mode::Iptables {
-        let missing = Findings::probe().missing();
-        let err = Findings::probe()
+        // One round of probes for both: the list and the refusal must be of the same answers.
+        let findings = Findings::probe();
+        let missing = findings.missing();
+        let err = findings
             .choose(Some(Mode::Ebpf))
             .expect_err("--mode=ebpf below the floor is refused");
         for f in missing {
